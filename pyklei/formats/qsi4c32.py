@@ -1,0 +1,132 @@
+"""qsi4c32: signed int4 weights, one bf16 scale per block of `bl` elements along K.
+
+The numpy reference for the format in docs/FORMAT.md (the C kernels and the converter are
+tested against it). A weight W of shape [N, K] (N output rows, K inputs) is two arrays:
+
+    qs     uint8  [N, K/2]    two's-complement int4, two per byte
+    scales uint16 [N, K/bl]   bfloat16 bits
+
+Nibble order is fixed per 32-element chunk, whatever bl is: byte j (0..15) of chunk c holds
+element 32c+j in its low nibble and element 32c+16+j in its high nibble. Low nibbles of 16
+consecutive bytes are then 16 consecutive elements, which is what SIMD unpacking wants.
+
+    W[n, k] ~= bf16_to_f32(scales[n, k // bl]) * q[n, k],   q in [-8, 7]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .bf16 import bf16_to_f32, f32_to_bf16
+
+QSI4C32_BLOCK_SIZES = (32, 64, 128, 256)
+QMIN, QMAX = -8, 7
+
+# Divisors t for the candidate scales s = absmax / t of the error search. t = 8 maps a
+# negative extreme exactly onto -8; t = 7 maps a positive one onto +7; the values between
+# and around trade clipping of the extreme against resolution for the rest of the block.
+SEARCH_DIVISORS = np.arange(6.0, 8.5001, 0.125, dtype=np.float32)
+_ROWS_PER_CHUNK_ELEMS = 1 << 20  # bounds the temporary memory of the search
+
+
+def check_shape(n: int, k: int, bl: int) -> None:
+    if bl not in QSI4C32_BLOCK_SIZES:
+        raise ValueError(f"qsi4c32 block size must be one of {QSI4C32_BLOCK_SIZES}, got {bl}")
+    if k % bl != 0:
+        raise ValueError(
+            f"qsi4c32 needs K divisible by the block size: K={k} is not a multiple of {bl}; "
+            f"choose a block size that divides {k} or keep this tensor at 8 bits / f16")
+    if n <= 0 or k <= 0:
+        raise ValueError(f"qsi4c32 needs a non-empty [N, K] matrix, got [{n}, {k}]")
+
+
+def pack_nibbles(q) -> np.ndarray:
+    """int8 [N, K] in [-8, 7] -> uint8 [N, K/2] in the qsi4c32 chunk nibble order."""
+    q = np.asarray(q)
+    n, k = q.shape
+    if k % 32:
+        raise ValueError(f"K={k} is not a multiple of 32")
+    if q.size and (q.min() < QMIN or q.max() > QMAX):
+        raise ValueError("int4 values must lie in [-8, 7]")
+    nib = (q.astype(np.int8).view(np.uint8) & 0x0F).reshape(n, k // 32, 2, 16)
+    return (nib[:, :, 0, :] | (nib[:, :, 1, :] << 4)).reshape(n, k // 2).astype(np.uint8)
+
+
+def unpack_nibbles(qs) -> np.ndarray:
+    """uint8 [N, K/2] -> int8 [N, K] (sign-extended int4)."""
+    qs = np.asarray(qs, dtype=np.uint8)
+    n, half = qs.shape
+    b = qs.reshape(n, half // 16, 1, 16)
+    nib = np.concatenate([b & 0x0F, b >> 4], axis=2).reshape(n, half * 2)
+    return ((nib.astype(np.int8) ^ 8) - 8).astype(np.int8)  # sign-extend 4 -> 8 bits
+
+
+def _quantize_blocks(xb: np.ndarray, search: bool):
+    """xb: float32 [B, bl] -> (q int8 [B, bl], scale bits uint16 [B])."""
+    amax = np.abs(xb).max(axis=1)
+    divisors = SEARCH_DIVISORS if search else np.array([8.0], dtype=np.float32)
+    best_err = np.full(xb.shape[0], np.inf, dtype=np.float32)
+    best_bits = np.zeros(xb.shape[0], dtype=np.uint16)
+    for t in divisors:
+        bits = f32_to_bf16(amax / np.float32(t))
+        s = bf16_to_f32(bits)
+        q = _round_to_int4(xb, s)
+        err = np.square(xb - s[:, None] * q).sum(axis=1, dtype=np.float32)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_bits = np.where(better, bits, best_bits)
+    if search:
+        # One least-squares refit of the scale for the chosen rounding: s* = <x,q>/<q,q>.
+        s = bf16_to_f32(best_bits)
+        q = _round_to_int4(xb, s).astype(np.float32)
+        qq = (q * q).sum(axis=1)
+        fit = np.where(qq > 0, (xb * q).sum(axis=1) / np.where(qq > 0, qq, 1), 0).astype(np.float32)
+        bits = f32_to_bf16(np.abs(fit))
+        s2 = bf16_to_f32(bits)
+        err = np.square(xb - s2[:, None] * _round_to_int4(xb, s2)).sum(axis=1, dtype=np.float32)
+        best_bits = np.where(err < best_err, bits, best_bits)
+    s = bf16_to_f32(best_bits)
+    return _round_to_int4(xb, s), best_bits
+
+
+def _round_to_int4(xb, s):
+    safe = np.where(s > 0, s, np.float32(1))
+    q = np.rint(xb / safe[:, None])
+    q = np.where((s > 0)[:, None], q, 0)
+    return np.clip(q, QMIN, QMAX).astype(np.int8)
+
+
+def quantize_qsi4c32(w, bl: int = 32, search: bool = True):
+    """float [N, K] -> (qs uint8 [N, K/2], scales uint16 bf16 [N, K/bl]).
+
+    Each block's scale is chosen to minimise that block's squared error: candidates
+    absmax/t for t in SEARCH_DIVISORS, each rounded to bf16 first (so the error is that of
+    the stored scale), then one least-squares refit. With search=False the scale is
+    absmax/8 (bf16-rounded). Values are rounded half-to-even and clamped to [-8, 7].
+    """
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"qsi4c32 expects a 2-D [N, K] weight, got shape {w.shape}")
+    n, k = w.shape
+    check_shape(n, k, bl)
+    if not np.isfinite(w).all():
+        raise ValueError("weight has NaN or Inf values; cannot quantize")
+    qs = np.empty((n, k // 2), dtype=np.uint8)
+    scales = np.empty((n, k // bl), dtype=np.uint16)
+    rows = max(1, _ROWS_PER_CHUNK_ELEMS // k)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search)
+        qs[r0:r1] = pack_nibbles(q.reshape(r1 - r0, k))
+        scales[r0:r1] = bits.reshape(r1 - r0, k // bl)
+    return qs, scales
+
+
+def dequantize_qsi4c32(qs, scales) -> np.ndarray:
+    """(qs [N, K/2], scales [N, K/bl]) -> float32 [N, K]."""
+    q = unpack_nibbles(qs)
+    n, k = q.shape
+    nb = np.asarray(scales).shape[1]
+    if k % nb:
+        raise ValueError(f"scales shape {np.asarray(scales).shape} does not fit K={k}")
+    s = bf16_to_f32(scales)
+    return (q.reshape(n, nb, k // nb).astype(np.float32) * s[:, :, None]).reshape(n, k)

@@ -1,0 +1,254 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""pyklei._ext: the Python face of the C kernel layer (pyklei_ext/ops, pyklei_ext/isa).
+
+Kernels run with the GIL released on a persistent thread pool owned by an `Ops` object.
+"""
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint32_t
+
+import numpy as np
+
+cdef extern from "ops/pk_cpu.h":
+    uint32_t pk_cpu_features()
+    const char *pk_cpu_features_string(uint32_t features)
+
+cdef extern from "ops/pk_matmul.h":
+    ctypedef enum pk_format:
+        PK_FMT_QSI4C32
+        PK_FMT_QSI8CX
+    ctypedef struct pk_lhs:
+        int m, k
+        const int8_t *q
+        size_t ld
+        const float *scale
+        const int32_t *zp
+    ctypedef struct pk_kernel:
+        const char *name
+        const char *isa
+        pk_format fmt
+        uint32_t features
+        int priority
+        int m_min
+        int n_step
+        void *rhs_pack
+    ctypedef struct pk_rhs:
+        pk_format fmt
+        int n, k, bl
+    ctypedef struct pk_ctx:
+        pass
+    int pk_kernel_count()
+    const pk_kernel *pk_kernel_at(int i)
+    const pk_kernel *pk_kernel_by_name(const char *name)
+    int pk_kernel_supported(const pk_kernel *kern)
+    int pk_dispatch_init()
+    const char *pk_last_error()
+    const pk_kernel *pk_dispatch_select(pk_format fmt, int m)
+    int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void *qs,
+                       const void *scales, const pk_kernel *extra) nogil
+    void pk_rhs_release(pk_rhs *rhs)
+    size_t pk_rhs_owned_bytes(const pk_rhs *rhs)
+    void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) nogil
+    pk_ctx *pk_ctx_create(int n_threads)
+    void pk_ctx_destroy(pk_ctx *ctx)
+    int pk_ctx_threads(const pk_ctx *ctx)
+    int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx,
+                      float *dst, size_t ldd, float clamp_lo, float clamp_hi,
+                      const pk_kernel *kern) nogil
+    int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs, float *dst, size_t ldd,
+                      float clamp_lo, float clamp_hi, const pk_kernel *kern) nogil
+
+cdef extern from "<math.h>":
+    float INFINITY
+
+FORMATS = {"qsi4c32": PK_FMT_QSI4C32, "qsi8cx": PK_FMT_QSI8CX}
+_FORMAT_NAMES = {PK_FMT_QSI4C32: "qsi4c32", PK_FMT_QSI8CX: "qsi8cx"}
+
+
+class KernelError(RuntimeError):
+    """A kernel cannot be used here (unknown name, CPU lacks the feature, bad forcing)."""
+
+
+cdef str _last_error():
+    return pk_last_error().decode("utf-8", "replace")
+
+
+cdef int _init() except -1:
+    if pk_dispatch_init() != 0:
+        raise KernelError(_last_error())
+    return 0
+
+
+def cpu_features():
+    """The CPU features the kernels may use, e.g. ['avx2', 'avx512vnni']."""
+    s = pk_cpu_features_string(pk_cpu_features()).decode()
+    return s.split() if s else []
+
+
+def kernels():
+    """Every kernel compiled in, with whether this CPU can run it."""
+    out = []
+    for i in range(pk_kernel_count()):
+        k = pk_kernel_at(i)
+        out.append({
+            "name": k.name.decode(), "isa": k.isa.decode(), "format": _FORMAT_NAMES[k.fmt],
+            "supported": bool(pk_kernel_supported(k)), "priority": k.priority,
+            "m_min": k.m_min, "n_step": k.n_step, "repacks_weights": k.rhs_pack != NULL,
+        })
+    return out
+
+
+def selected_kernel(str fmt, int m):
+    """Name of the kernel the dispatch table picks for weight format `fmt` and M rows."""
+    _init()
+    cdef const pk_kernel *k = pk_dispatch_select(FORMATS[fmt], m)
+    if k == NULL:
+        raise KernelError(_last_error())
+    return k.name.decode()
+
+
+cdef const pk_kernel *_kernel(object name) except? NULL:
+    if name is None:
+        return NULL
+    cdef const pk_kernel *k = pk_kernel_by_name(name.encode())
+    if k == NULL:
+        raise KernelError(f"no kernel named {name!r}")
+    if not pk_kernel_supported(k):
+        raise KernelError(f"this CPU ({' '.join(cpu_features()) or 'baseline'}) cannot run {name}")
+    return k
+
+
+def quantize_qai8dx(x):
+    """C activation quantizer: float32 [M, K] -> (q int8 [M, K], scale f32 [M], zp int32 [M])."""
+    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef Py_ssize_t m = xv.shape[0], k = xv.shape[1], i
+    q = np.empty((m, k), np.int8)
+    scale = np.empty(m, np.float32)
+    zp = np.empty(m, np.int32)
+    cdef int8_t[:, ::1] qv = q
+    cdef float[::1] sv = scale
+    cdef int32_t[::1] zv = zp
+    if k == 0:
+        raise ValueError("cannot quantize rows of length 0")
+    with nogil:
+        for i in range(m):
+            pk_quantize_qai8dx_row(<int>k, &xv[i, 0], &qv[i, 0], &sv[i], &zv[i])
+    return q, scale, zp
+
+
+cdef class QWeight:
+    """A quantized weight [N, K] prepared for the kernels (arrays borrowed, kept alive here)."""
+    cdef pk_rhs rhs
+    cdef object _qs, _scales
+    cdef readonly str format
+    cdef readonly int n, k, block_size
+
+    def __cinit__(self, str fmt, qs, scales, int block_size=32, extra_kernel=None):
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; expected one of {sorted(FORMATS)}")
+        _init()
+        cdef const uint8_t[:, ::1] qv
+        cdef const uint16_t[:, ::1] s4
+        cdef const float[::1] s8
+        cdef const void *sp
+        cdef int n, k
+        if fmt == "qsi4c32":
+            qv = np.ascontiguousarray(qs, dtype=np.uint8)
+            s4 = np.ascontiguousarray(scales, dtype=np.uint16)
+            n, k = qv.shape[0], qv.shape[1] * 2
+            if s4.shape[0] != n or s4.shape[1] * block_size != k:
+                raise ValueError(f"qsi4c32 scales shape {tuple(s4.shape)} does not match "
+                                 f"[{n}, {k}] with block size {block_size}")
+            sp = &s4[0, 0]
+            self._scales = s4
+        else:
+            qv = np.ascontiguousarray(qs).view(np.uint8)
+            s8 = np.ascontiguousarray(scales, dtype=np.float32)
+            n, k = qv.shape[0], qv.shape[1]
+            if s8.shape[0] != n:
+                raise ValueError(f"qsi8cx scales shape {tuple(s8.shape)} does not match N={n}")
+            sp = &s8[0]
+            self._scales = s8
+            block_size = k
+        self._qs = qv
+        cdef const pk_kernel *extra = _kernel(extra_kernel)
+        if pk_rhs_prepare(&self.rhs, FORMATS[fmt], n, k, block_size, &qv[0, 0], sp, extra) != 0:
+            raise ValueError(_last_error())
+        self.format, self.n, self.k, self.block_size = fmt, n, k, block_size
+
+    def __dealloc__(self):
+        pk_rhs_release(&self.rhs)
+
+    @property
+    def owned_bytes(self):
+        """Bytes this weight owns beyond the borrowed arrays (row sums, repacked copies)."""
+        return pk_rhs_owned_bytes(&self.rhs)
+
+
+cdef class Ops:
+    """A thread pool and scratch space for matmuls; one per model (not shared between threads)."""
+    cdef pk_ctx *ctx
+
+    def __cinit__(self, int n_threads=1):
+        if n_threads < 1:
+            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        _init()
+        self.ctx = pk_ctx_create(n_threads)
+        if self.ctx == NULL:
+            raise KernelError(_last_error())
+
+    def __dealloc__(self):
+        if self.ctx != NULL:
+            pk_ctx_destroy(self.ctx)
+
+    @property
+    def n_threads(self):
+        return pk_ctx_threads(self.ctx)
+
+    def matmul(self, QWeight w, x, out=None, clamp=None, kernel=None):
+        """y[M, N] = clamp(qai8dx(x[M, K]) @ W^T) in float32."""
+        xa = np.ascontiguousarray(x, dtype=np.float32)
+        if xa.ndim == 1:
+            xa = xa.reshape(1, -1)
+        cdef const float[:, ::1] xv = xa
+        if xv.shape[1] != w.k:
+            raise ValueError(f"x has K={xv.shape[1]}, the weight expects K={w.k}")
+        cdef int m = xv.shape[0]
+        if out is None:
+            out = np.empty((m, w.n), np.float32)
+        cdef float[:, ::1] ov = out
+        if ov.shape[0] != m or ov.shape[1] != w.n:
+            raise ValueError(f"out must have shape ({m}, {w.n})")
+        cdef float lo = -INFINITY, hi = INFINITY
+        if clamp is not None:
+            lo, hi = clamp
+        cdef const pk_kernel *kern = _kernel(kernel)
+        cdef int rc
+        if m == 0:
+            return out
+        with nogil:
+            rc = pk_matmul_f32(self.ctx, &w.rhs, m, &xv[0, 0], xv.shape[1], &ov[0, 0], ov.shape[1],
+                               lo, hi, kern)
+        if rc != 0:
+            raise KernelError(_last_error())
+        return out
+
+    def matmul_lhs(self, QWeight w, q, scale, zp, kernel=None):
+        """Like matmul, from activations already in qai8dx (q int8 [M, K], scale [M], zp [M])."""
+        cdef const int8_t[:, ::1] qv = np.ascontiguousarray(q, dtype=np.int8)
+        cdef const float[::1] sv = np.ascontiguousarray(scale, dtype=np.float32)
+        cdef const int32_t[::1] zv = np.ascontiguousarray(zp, dtype=np.int32)
+        cdef int m = qv.shape[0]
+        if qv.shape[1] != w.k or sv.shape[0] != m or zv.shape[0] != m:
+            raise ValueError("q must be [M, K] with scale and zp of length M")
+        out = np.empty((m, w.n), np.float32)
+        cdef float[:, ::1] ov = out
+        cdef pk_lhs lhs
+        lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], &sv[0], &zv[0]
+        cdef const pk_kernel *kern = _kernel(kernel)
+        cdef int rc
+        if m == 0:
+            return out
+        with nogil:
+            rc = pk_matmul_lhs(self.ctx, &w.rhs, &lhs, &ov[0, 0], ov.shape[1], -INFINITY, INFINITY, kern)
+        if rc != 0:
+            raise KernelError(_last_error())
+        return out

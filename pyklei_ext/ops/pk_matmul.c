@@ -1,0 +1,415 @@
+#include "pk_matmul.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pk_cpu.h"
+
+/* ---- registry: one table per ISA file ------------------------------------------------ */
+
+extern const pk_kernel pk_kernels_scalar[];
+extern const int pk_kernels_scalar_count;
+#if defined(__x86_64__)
+extern const pk_kernel pk_kernels_x86_avx2[], pk_kernels_x86_vnni[], pk_kernels_x86_amx[];
+extern const int pk_kernels_x86_avx2_count, pk_kernels_x86_vnni_count, pk_kernels_x86_amx_count;
+#elif defined(__aarch64__)
+extern const pk_kernel pk_kernels_arm_neon[];
+extern const int pk_kernels_arm_neon_count;
+#endif
+
+static const struct { const pk_kernel *table; const int *count; } families[] = {
+    {pk_kernels_scalar, &pk_kernels_scalar_count},
+#if defined(__x86_64__)
+    {pk_kernels_x86_avx2, &pk_kernels_x86_avx2_count},
+    {pk_kernels_x86_vnni, &pk_kernels_x86_vnni_count},
+    {pk_kernels_x86_amx, &pk_kernels_x86_amx_count},
+#elif defined(__aarch64__)
+    {pk_kernels_arm_neon, &pk_kernels_arm_neon_count},
+#endif
+};
+#define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
+
+int pk_kernel_count(void) {
+    int n = 0;
+    for (int f = 0; f < N_FAMILIES; f++) n += *families[f].count;
+    return n;
+}
+
+const pk_kernel *pk_kernel_at(int i) {
+    for (int f = 0; f < N_FAMILIES; f++) {
+        if (i < *families[f].count) return &families[f].table[i];
+        i -= *families[f].count;
+    }
+    return NULL;
+}
+
+const pk_kernel *pk_kernel_by_name(const char *name) {
+    for (int i = 0; i < pk_kernel_count(); i++)
+        if (strcmp(pk_kernel_at(i)->name, name) == 0) return pk_kernel_at(i);
+    return NULL;
+}
+
+int pk_kernel_supported(const pk_kernel *kern) {
+    return (pk_cpu_features() & kern->features) == kern->features;
+}
+
+/* ---- errors and logging --------------------------------------------------------------- */
+
+static __thread char last_error[512];
+
+const char *pk_last_error(void) { return last_error; }
+
+static int fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *fmt_name(pk_format f) { return f == PK_FMT_QSI4C32 ? "qsi4c32" : "qsi8cx"; }
+
+/* PYKLEI_LOG=kernels (or 1): one stderr line per distinct (kernel, m, n, k). */
+static int log_kernels = -1;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t logged[512];
+
+static void log_call(const pk_kernel *kern, int m, int n, int k) {
+    if (!log_kernels) return;
+    const uint64_t key = ((uint64_t)(uintptr_t)kern * 0x9E3779B97F4A7C15ull)
+                       ^ ((uint64_t)m << 42) ^ ((uint64_t)n << 21) ^ (uint64_t)k;
+    pthread_mutex_lock(&log_lock);
+    for (size_t i = 0; i < sizeof logged / sizeof logged[0]; i++) {
+        size_t slot = (key + i) % (sizeof logged / sizeof logged[0]);
+        if (logged[slot] == key) break;
+        if (logged[slot] == 0) {
+            logged[slot] = key;
+            fprintf(stderr, "pyklei: matmul %s m=%d n=%d k=%d -> %s\n", fmt_name(kern->fmt), m, n, k,
+                    kern->name);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* ---- dispatch table, built once -------------------------------------------------------- */
+
+#define MAX_KERNELS 64
+static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
+static int dispatch_status = 0;
+static char dispatch_error[512];
+static const pk_kernel *usable[PK_FMT_COUNT][MAX_KERNELS];  /* sorted by priority, best first */
+static int n_usable[PK_FMT_COUNT];
+
+static int forced_match(const char *list, const pk_kernel *kern) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save))
+        if (!strcmp(tok, kern->name) || !strcmp(tok, kern->isa)) return 1;
+    return 0;
+}
+
+static void build_dispatch(void) {
+    const char *lv = getenv("PYKLEI_LOG");
+    log_kernels = lv && (strstr(lv, "kernel") || !strcmp(lv, "1"));
+    const char *force = getenv("PYKLEI_KERNEL");
+    if (force && !*force) force = NULL;
+    if (force) {   /* every forced name must exist and run on this CPU */
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", force);
+        for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            int known = 0, ok = 0;
+            for (int i = 0; i < pk_kernel_count(); i++) {
+                const pk_kernel *kern = pk_kernel_at(i);
+                if (strcmp(tok, kern->name) && strcmp(tok, kern->isa)) continue;
+                known = 1;
+                ok |= pk_kernel_supported(kern);
+            }
+            if (!known || !ok) {
+                snprintf(dispatch_error, sizeof dispatch_error,
+                         "PYKLEI_KERNEL=%s: %s '%s' (CPU features: %s)", force,
+                         known ? "this CPU cannot run" : "no kernel or ISA named", tok,
+                         pk_cpu_features_string(pk_cpu_features()));
+                dispatch_status = -1;
+                return;
+            }
+        }
+    }
+    for (int f = 0; f < PK_FMT_COUNT; f++) {
+        int forced_any = 0;
+        for (int i = 0; force && i < pk_kernel_count(); i++)
+            forced_any |= pk_kernel_at(i)->fmt == (pk_format)f && forced_match(force, pk_kernel_at(i));
+        n_usable[f] = 0;
+        for (int i = 0; i < pk_kernel_count() && n_usable[f] < MAX_KERNELS; i++) {
+            const pk_kernel *kern = pk_kernel_at(i);
+            if (kern->fmt != (pk_format)f || !pk_kernel_supported(kern)) continue;
+            if (forced_any && !forced_match(force, kern)) continue;
+            int j = n_usable[f]++;
+            while (j > 0 && usable[f][j - 1]->priority < kern->priority) {
+                usable[f][j] = usable[f][j - 1];
+                j--;
+            }
+            usable[f][j] = kern;
+        }
+        if (n_usable[f] == 0) {
+            snprintf(dispatch_error, sizeof dispatch_error, "no usable %s kernel", fmt_name(f));
+            dispatch_status = -1;
+            return;
+        }
+    }
+    if (log_kernels)
+        fprintf(stderr, "pyklei: CPU features: %s%s%s\n", pk_cpu_features_string(pk_cpu_features()),
+                force ? "; PYKLEI_KERNEL=" : "", force ? force : "");
+}
+
+int pk_dispatch_init(void) {
+    pthread_once(&dispatch_once, build_dispatch);
+    if (dispatch_status) return fail("%s", dispatch_error);
+    return 0;
+}
+
+const pk_kernel *pk_dispatch_select(pk_format fmt, int m) {
+    if (pk_dispatch_init() || fmt < 0 || fmt >= PK_FMT_COUNT) return NULL;
+    const pk_kernel *fallback = NULL;
+    for (int i = 0; i < n_usable[fmt]; i++) {
+        const pk_kernel *kern = usable[fmt][i];
+        if (kern->m_min <= m) return kern;
+        if (!fallback || kern->m_min < fallback->m_min) fallback = kern;
+    }
+    return fallback;
+}
+
+/* ---- weights --------------------------------------------------------------------------- */
+
+static int add_packed(pk_rhs *rhs, const pk_kernel *kern) {
+    if (!kern || !kern->rhs_pack || kern->fmt != rhs->fmt) return 0;
+    int slot = -1;
+    for (int i = 0; i < PK_MAX_PACKED; i++) {
+        if (rhs->packed_for[i] == kern) return 0;
+        if (!rhs->packed_for[i] && slot < 0) slot = i;
+    }
+    if (slot < 0) return fail("too many repacked layouts for one weight");
+    const size_t bytes = kern->rhs_packed_size(rhs);
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return fail("out of memory repacking for %s", kern->name);
+    kern->rhs_pack(rhs, p);
+    rhs->packed_for[slot] = kern;
+    rhs->packed[slot] = p;
+    rhs->packed_bytes[slot] = bytes;
+    return 0;
+}
+
+int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void *qs,
+                   const void *scales, const pk_kernel *extra) {
+    memset(rhs, 0, sizeof *rhs);
+    if (pk_dispatch_init()) return -1;
+    if (n <= 0 || k <= 0) return fail("weight shape [%d, %d] is empty", n, k);
+    if (fmt == PK_FMT_QSI4C32) {
+        if (bl != 32 && bl != 64 && bl != 128 && bl != 256)
+            return fail("qsi4c32 block size %d is not one of 32, 64, 128, 256", bl);
+        if (k % bl) return fail("qsi4c32: K=%d is not a multiple of the block size %d", k, bl);
+    } else if (fmt == PK_FMT_QSI8CX) {
+        bl = k;
+    } else {
+        return fail("unknown weight format %d", (int)fmt);
+    }
+    rhs->fmt = fmt;
+    rhs->n = n;
+    rhs->k = k;
+    rhs->bl = bl;
+    rhs->qs = qs;
+    rhs->scales = scales;
+    if (fmt == PK_FMT_QSI4C32) {
+        rhs->rsum = malloc(sizeof(float) * (size_t)n);
+        if (!rhs->rsum) return fail("out of memory");
+        const int nb = k / bl;
+        for (int r = 0; r < n; r++) {
+            const uint8_t *row = rhs->qs + (size_t)r * (k / 2);
+            const uint16_t *s = (const uint16_t *)scales + (size_t)r * nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int isum = 0;
+                /* sum of sign-extended nibbles, 32 elements (16 bytes) at a time */
+                for (int j = b * bl / 2; j < (b + 1) * bl / 2; j++)
+                    isum += (((row[j] & 15) ^ 8) - 8) + (((row[j] >> 4) ^ 8) - 8);
+                acc += pk_bf16_to_f32(s[b]) * (float)isum;
+            }
+            rhs->rsum[r] = acc;
+        }
+    } else {
+        rhs->isum = malloc(sizeof(int32_t) * (size_t)n);
+        if (!rhs->isum) return fail("out of memory");
+        for (int r = 0; r < n; r++) {
+            const int8_t *row = (const int8_t *)qs + (size_t)r * k;
+            int32_t acc = 0;
+            for (int j = 0; j < k; j++) acc += row[j];
+            rhs->isum[r] = acc;
+        }
+    }
+    /* Repack for every kernel the table may choose for this format, and for `extra`. */
+    for (int i = 0; i < n_usable[fmt]; i++)
+        if (add_packed(rhs, usable[fmt][i])) { pk_rhs_release(rhs); return -1; }
+    if (add_packed(rhs, extra)) { pk_rhs_release(rhs); return -1; }
+    return 0;
+}
+
+void pk_rhs_release(pk_rhs *rhs) {
+    free(rhs->rsum);
+    free(rhs->isum);
+    for (int i = 0; i < PK_MAX_PACKED; i++) free(rhs->packed[i]);
+    memset(rhs, 0, sizeof *rhs);
+}
+
+size_t pk_rhs_owned_bytes(const pk_rhs *rhs) {
+    size_t b = (rhs->rsum ? sizeof(float) : sizeof(int32_t)) * (size_t)rhs->n;
+    for (int i = 0; i < PK_MAX_PACKED; i++) b += rhs->packed_bytes[i];
+    return b;
+}
+
+static const void *packed_for(const pk_rhs *rhs, const pk_kernel *kern) {
+    for (int i = 0; i < PK_MAX_PACKED; i++)
+        if (rhs->packed_for[i] == kern) return rhs->packed[i];
+    return NULL;
+}
+
+/* ---- activations ----------------------------------------------------------------------- */
+
+void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+    float mn = 0.0f, mx = 0.0f;
+    for (int i = 0; i < k; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    const float rng = mx - mn;
+    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
+    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
+    float z = rintf(-128.0f - mn * inv);
+    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
+    const int32_t zi = (int32_t)z;
+    *zp = zi;
+    for (int i = 0; i < k; i++) {
+        int32_t v = (int32_t)rintf(x[i] * inv) + zi;
+        q[i] = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
+    }
+}
+
+/* ---- context and matmul ---------------------------------------------------------------- */
+
+struct pk_ctx {
+    pk_pool *pool;
+    int8_t *q;           /* scratch for quantized activations */
+    float *scale;
+    int32_t *zp;
+    size_t cap_q, cap_m;
+};
+
+pk_ctx *pk_ctx_create(int n_threads) {
+    if (pk_dispatch_init()) return NULL;
+    pk_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) { fail("out of memory"); return NULL; }
+    ctx->pool = pk_pool_create(n_threads);
+    if (!ctx->pool) { free(ctx); fail("cannot start %d threads", n_threads); return NULL; }
+    return ctx;
+}
+
+void pk_ctx_destroy(pk_ctx *ctx) {
+    if (!ctx) return;
+    pk_pool_destroy(ctx->pool);
+    free(ctx->q);
+    free(ctx->scale);
+    free(ctx->zp);
+    free(ctx);
+}
+
+int pk_ctx_threads(const pk_ctx *ctx) { return pk_pool_size(ctx->pool); }
+pk_pool *pk_ctx_pool(pk_ctx *ctx) { return ctx->pool; }
+
+typedef struct {
+    const pk_kernel *kern;
+    const pk_rhs *rhs;
+    const pk_lhs *lhs;
+    const void *packed;
+    float *dst;
+    size_t ldd;
+    float lo, hi;
+    /* quantization stage */
+    const float *x;
+    size_t ldx;
+    int8_t *q;
+} matmul_job;
+
+static void run_quantize(void *arg, int ith, int nth) {
+    matmul_job *job = arg;
+    const int m = job->lhs->m, k = job->lhs->k;
+    for (int i = ith; i < m; i += nth)
+        pk_quantize_qai8dx_row(k, job->x + (size_t)i * job->ldx, job->q + (size_t)i * job->lhs->ld,
+                               (float *)job->lhs->scale + i, (int32_t *)job->lhs->zp + i);
+}
+
+static void run_kernel(void *arg, int ith, int nth) {
+    matmul_job *job = arg;
+    const int n = job->rhs->n, step = job->kern->n_step > 0 ? job->kern->n_step : 1;
+    const int blocks = (n + step - 1) / step;
+    const int b0 = (int)((long long)blocks * ith / nth), b1 = (int)((long long)blocks * (ith + 1) / nth);
+    const int n0 = b0 * step, n1 = b1 * step < n ? b1 * step : n;
+    if (n0 < n1)
+        job->kern->run(job->lhs->m, n0, n1, job->lhs, job->rhs, job->packed, job->dst, job->ldd,
+                       job->lo, job->hi);
+}
+
+static int check_kernel(const pk_rhs *rhs, const pk_kernel **kern, int m) {
+    if (!*kern) {
+        *kern = pk_dispatch_select(rhs->fmt, m);
+        if (!*kern) return fail("%s", pk_last_error()[0] ? pk_last_error() : "no kernel");
+    } else {
+        if ((*kern)->fmt != rhs->fmt)
+            return fail("kernel %s computes %s weights, not %s", (*kern)->name, fmt_name((*kern)->fmt),
+                        fmt_name(rhs->fmt));
+        if (!pk_kernel_supported(*kern))
+            return fail("this CPU cannot run kernel %s (CPU features: %s)", (*kern)->name,
+                        pk_cpu_features_string(pk_cpu_features()));
+    }
+    if ((*kern)->rhs_pack && !packed_for(rhs, *kern))
+        return fail("weight was not repacked for kernel %s", (*kern)->name);
+    return 0;
+}
+
+int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs, float *dst, size_t ldd,
+                  float clamp_lo, float clamp_hi, const pk_kernel *kern) {
+    if (lhs->k != rhs->k) return fail("activation K=%d does not match weight K=%d", lhs->k, rhs->k);
+    if (lhs->m <= 0) return 0;
+    if (check_kernel(rhs, &kern, lhs->m)) return -1;
+    log_call(kern, lhs->m, rhs->n, rhs->k);
+    matmul_job job = {kern, rhs, lhs, packed_for(rhs, kern), dst, ldd, clamp_lo, clamp_hi, NULL, 0, NULL};
+    pk_pool_run(ctx->pool, run_kernel, &job);
+    return 0;
+}
+
+int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx, float *dst,
+                  size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern) {
+    if (m <= 0) return 0;
+    const int k = rhs->k;
+    const size_t ld = ((size_t)k + 63) & ~(size_t)63;
+    if (ctx->cap_q < ld * (size_t)m) {
+        free(ctx->q);
+        if (posix_memalign((void **)&ctx->q, 64, ld * (size_t)m)) { ctx->q = NULL; ctx->cap_q = 0; return fail("out of memory"); }
+        ctx->cap_q = ld * (size_t)m;
+    }
+    if (ctx->cap_m < (size_t)m) {
+        free(ctx->scale);
+        free(ctx->zp);
+        ctx->scale = malloc(sizeof(float) * (size_t)m);
+        ctx->zp = malloc(sizeof(int32_t) * (size_t)m);
+        if (!ctx->scale || !ctx->zp) { ctx->cap_m = 0; return fail("out of memory"); }
+        ctx->cap_m = (size_t)m;
+    }
+    pk_lhs lhs = {m, k, ctx->q, ld, ctx->scale, ctx->zp};
+    matmul_job job = {NULL, rhs, &lhs, NULL, dst, ldd, clamp_lo, clamp_hi, x, ldx, ctx->q};
+    if (m == 1) run_quantize(&job, 0, 1);
+    else pk_pool_run(ctx->pool, run_quantize, &job);
+    return pk_matmul_lhs(ctx, rhs, &lhs, dst, ldd, clamp_lo, clamp_hi, kern);
+}

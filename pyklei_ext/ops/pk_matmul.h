@@ -1,0 +1,130 @@
+/* The kernel layer: f32 activations [M, K] x quantized weights [N, K]^T -> f32 [M, N].
+ *
+ * Activations are quantized per row to qai8dx (asymmetric int8) on the fly; weights are
+ * qsi4c32 (int4, bf16 scale per block of bl along K) or qsi8cx (int8, f32 scale per row).
+ * docs/FORMAT.md defines the bytes and the arithmetic; docs/KERNELS.md the kernels.
+ *
+ * Layers: pk_matmul (this file: weights, dispatch, threads) -> pk_kernel micro-kernels
+ * (isa/matmul_<isa>.c, one file per ISA family, per-function target attributes). */
+#ifndef PK_MATMUL_H
+#define PK_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pk_pool.h"
+
+typedef enum { PK_FMT_QSI4C32 = 0, PK_FMT_QSI8CX = 1, PK_FMT_COUNT } pk_format;
+
+/* qai8dx activations, canonical layout. */
+typedef struct {
+    int m, k;
+    const int8_t *q;       /* [m][ld] int8, row i at q + i*ld */
+    size_t ld;             /* row stride in bytes, >= k */
+    const float *scale;    /* [m] */
+    const int32_t *zp;     /* [m] */
+} pk_lhs;
+
+#define PK_MAX_PACKED 4
+
+/* A weight prepared for the kernels. The canonical arrays are borrowed (often straight
+ * from the memory-mapped file); the row sums and any repacked copies are owned. */
+typedef struct pk_rhs {
+    pk_format fmt;
+    int n, k, bl;                   /* bl: qsi4c32 block length; k for qsi8cx */
+    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi8cx: int8 [n][k] */
+    const void *scales;             /* qsi4c32: bf16 [n][k/bl]; qsi8cx: float [n] */
+    float *rsum;                    /* qsi4c32: [n] sum_k of the dequantized row */
+    int32_t *isum;                  /* qsi8cx:  [n] sum_k of the int8 row */
+    /* Kernel-specific repacked copies (e.g. tile-interleaved for AMX), made on prepare. */
+    const struct pk_kernel *packed_for[PK_MAX_PACKED];
+    void *packed[PK_MAX_PACKED];
+    size_t packed_bytes[PK_MAX_PACKED];
+} pk_rhs;
+
+/* One micro-kernel. Any kernel computes correct results for every m >= 1 and any
+ * [n0, n1) range; m_min only says from which m the dispatch prefers it. */
+typedef struct pk_kernel {
+    const char *name;        /* contract in the name: qai8dx_qsi4c32_1x4_avx512vnni */
+    const char *isa;         /* tag usable in PYKLEI_KERNEL: scalar, avx2, avx512vnni, ... */
+    pk_format fmt;
+    uint32_t features;       /* PK_CPU_* bits required */
+    int priority;            /* higher wins among usable kernels */
+    int m_min;               /* preferred for m >= m_min */
+    int n_step;              /* threads split N in multiples of this */
+    /* Optional weight repacking for this kernel (NULL when it reads the canonical layout). */
+    size_t (*rhs_packed_size)(const pk_rhs *rhs);
+    void (*rhs_pack)(const pk_rhs *rhs, void *dst);
+    /* dst[i*ldd + j] for i in [0, m), j in [n0, n1); packed is this kernel's repack or NULL */
+    void (*run)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
+} pk_kernel;
+
+/* ---- registry and dispatch ---------------------------------------------------------- */
+
+/* All kernels compiled for this architecture (supported by the CPU or not). */
+int pk_kernel_count(void);
+const pk_kernel *pk_kernel_at(int i);
+const pk_kernel *pk_kernel_by_name(const char *name);
+int pk_kernel_supported(const pk_kernel *kern);
+
+/* Builds the dispatch table once from the CPU features and PYKLEI_KERNEL (a comma list of
+ * kernel names or ISA tags that restricts the choice; a format with no forced match keeps
+ * its default). Returns 0, or -1 with a message in pk_last_error(). */
+int pk_dispatch_init(void);
+const char *pk_last_error(void);
+
+/* The kernel the table picks for (fmt, m); NULL if init failed. */
+const pk_kernel *pk_dispatch_select(pk_format fmt, int m);
+
+/* ---- weights ------------------------------------------------------------------------ */
+
+/* Fills rhs for borrowed arrays and computes row sums and repacks for the kernels the
+ * table may pick (plus `extra`, if not NULL). Returns 0, or -1 (see pk_last_error()). */
+int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl,
+                   const void *qs, const void *scales, const pk_kernel *extra);
+void pk_rhs_release(pk_rhs *rhs);
+size_t pk_rhs_owned_bytes(const pk_rhs *rhs);
+
+/* ---- activations -------------------------------------------------------------------- */
+
+/* qai8dx of one row, byte-exact with the numpy reference (pyklei.formats.qai8dx). */
+void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+typedef struct pk_ctx pk_ctx;
+
+pk_ctx *pk_ctx_create(int n_threads);
+void pk_ctx_destroy(pk_ctx *ctx);
+int pk_ctx_threads(const pk_ctx *ctx);
+pk_pool *pk_ctx_pool(pk_ctx *ctx);
+
+/* dst[M, N] = clamp(quant(x[M, K]) @ W^T). x rows at x + i*ldx, dst rows at dst + i*ldd.
+ * kern NULL: the dispatch table chooses. Returns 0, or -1 (pk_last_error()). */
+int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx,
+                  float *dst, size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern);
+
+/* Same with activations already quantized (tests feed exact integer cases this way). */
+int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs,
+                  float *dst, size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern);
+
+/* ---- helpers shared by the ISA files ------------------------------------------------ */
+
+static inline float pk_bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v = { (uint32_t)b << 16 };
+    return v.f;
+}
+
+static inline float pk_clampf(float v, float lo, float hi) {
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* Element kk of a qsi4c32 row (sign-extended int4), following the chunk nibble order. */
+static inline int pk_qsi4c32_get(const uint8_t *row, int kk) {
+    const uint8_t b = row[(kk >> 5) * 16 + (kk & 15)];
+    const int nib = (kk & 16) ? (b >> 4) : (b & 15);
+    return (nib ^ 8) - 8;
+}
+
+#endif

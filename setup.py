@@ -1,0 +1,33 @@
+"""Build of pyklei: the Python packages and the C kernel extension pyklei._ext.
+
+Kernels compile at the architecture's baseline (x86-64 / armv8-a); SIMD code paths carry
+per-function target attributes and are chosen at run time, so one binary runs everywhere.
+"""
+import glob
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+c_sources = sorted(glob.glob("pyklei_ext/ops/*.c") + glob.glob("pyklei_ext/isa/*.c"))
+compile_args = ["-O3", "-pthread", "-ffp-contract=off", "-fno-math-errno",
+                "-Wall", "-Wno-unused-function"]
+if os.environ.get("PYKLEI_DEBUG_BUILD"):   # sanitizer / debug builds
+    compile_args = ["-O1", "-g", "-std=gnu11", "-pthread", "-ffp-contract=off",
+                    "-fno-omit-frame-pointer"] + os.environ["PYKLEI_DEBUG_BUILD"].split()
+
+ext = Extension(
+    "pyklei._ext",
+    sources=["pyklei_ext/_ext.pyx"] + c_sources,
+    include_dirs=["pyklei_ext", numpy.get_include()],
+    extra_compile_args=compile_args,
+    extra_link_args=["-pthread"],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+)
+
+setup(
+    packages=["pyklei", "pyklei.formats", "pyklei.converters"],
+    package_dir={"pyklei": "pyklei", "pyklei.converters": "converters"},
+    ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
+)
