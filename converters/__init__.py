@@ -1,0 +1,50 @@
+"""pyklei's converters: Hugging Face Llama checkpoints or llama.cpp GGUF files -> one
+self-contained pyklei GGUF (qsi4c32 weights). See docs/FORMAT.md, section "Converter".
+
+    from pyklei.converters import convert
+    result = convert("SmolLM2-135M-Instruct/", "smollm2.gguf")
+    print(result.summary())
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .core import DEFAULT_EMBEDDING_BITS, ConversionResult, write_model
+from .errors import ConversionError
+
+__all__ = ["ConversionError", "ConversionResult", "convert", "DEFAULT_EMBEDDING_BITS"]
+
+
+def convert(hf_dir, out_path, group_size: int = 32,
+            embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
+            force: bool = False, progress: bool = False) -> ConversionResult:
+    """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
+    model, into a pyklei GGUF at out_path (written atomically).
+
+    group_size: qsi4c32 block length (32, 64, 128, 256).
+    embedding_bits: 4 (qsi4c32), 8 (qsi8cx, default) or 16 (f16) for token_embd.weight and,
+        if the model is untied, output.weight.
+    keep: ["PATTERN=FMT", ...] or {PATTERN: FMT}: fnmatch patterns over GGUF (or HF) tensor
+        names; FMT in q4, q8, f16, bf16, f32; the first matching pattern wins.
+    Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
+    """
+    src_path = Path(hf_dir)
+    out_path = Path(out_path)
+    if not src_path.exists():
+        raise ConversionError(f"missing input: {src_path} does not exist")
+    if out_path.exists() and not force:
+        raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
+    if out_path.exists() and src_path.resolve() == out_path.resolve():
+        raise ConversionError("the output path is the input file")
+    if src_path.is_file():
+        from .llamacpp_gguf import gguf_source
+        src = gguf_source(src_path, name)
+    else:
+        from .hf_llama import hf_source
+        src = hf_source(src_path, name)
+    try:
+        return write_model(src, out_path, group_size=group_size, embedding_bits=embedding_bits,
+                           keep=keep, name=name, force=force, progress=progress)
+    finally:
+        if src.close:
+            src.close()

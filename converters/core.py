@@ -1,0 +1,367 @@
+"""The format-independent half of the converter: quantization policy and the streaming writer.
+
+A *source* (HF safetensors checkpoint, llama.cpp GGUF) describes the model as metadata
+key/values plus an ordered list of `SourceTensor`s whose shapes are known up front and whose
+rows can be read on demand as float32. `write_model` then
+
+1. decides each tensor's output format (qsi4c32, qsi8cx, f16, bf16, f32),
+2. writes the GGUF header, metadata and tensor infos (all shapes are known),
+3. streams the tensor data chunk by chunk of rows (read -> quantize -> write), so memory
+   holds one chunk plus the small scale arrays, never the model,
+4. writes to a temporary file next to the output and renames it at the end; on any error or
+   interrupt the temporary file is removed.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+from pyklei.formats import (
+    QSI4C32_BLOCK_SIZES,
+    dequantize_qsi4c32,
+    dequantize_qsi8cx,
+    f32_to_bf16,
+    quantize_qsi4c32,
+    quantize_qsi8cx,
+)
+from pyklei.formats import gguf_keys as K
+
+from .errors import ConversionError
+
+CONVERTER_VERSION = "1"
+FORMATS = ("q4", "q8", "f16", "bf16", "f32")
+FORMAT_LONG = {"q4": "qsi4c32", "q8": "qsi8cx", "f16": "f16", "bf16": "bf16", "f32": "f32"}
+EMBEDDING_BITS = {4: "q4", 8: "q8", 16: "f16"}
+DEFAULT_EMBEDDING_BITS = 8
+CHUNK_ELEMS = 1 << 23  # rows per chunk: ~8M elements (32 MB of float32)
+F16_MAX = 65504.0
+
+
+@dataclass
+class SourceTensor:
+    name: str                      # GGUF tensor name (llama.cpp's)
+    shape: tuple[int, ...]         # logical numpy shape: (N, K) or (n,)
+    kind: str                      # "linear" | "embedding" | "output" | "norm" | "rope_freqs"
+    read: Callable[[int, int], np.ndarray]  # rows r0:r1 -> float32 array
+    src_name: str = ""             # name in the source (HF name), for messages and --keep
+    whole: bool = False            # must be read in one piece (e.g. q/k row permutation)
+
+
+@dataclass
+class ModelSource:
+    kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]]
+    tensors: list[SourceTensor]
+    description: str
+    close: Callable[[], None] | None = None
+    after_tensor: Callable[[], None] | None = None  # e.g. drop mmapped pages from RSS
+
+
+@dataclass
+class TensorReport:
+    name: str
+    fmt: str
+    shape: tuple[int, ...]
+    nbytes: int
+    rel_rmse: float
+
+
+@dataclass
+class ConversionResult:
+    path: Path
+    source: str
+    tensors: list[TensorReport] = field(default_factory=list)
+    file_size: int = 0
+    seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    group_size: int = 32
+
+    @property
+    def n_params(self) -> int:
+        return sum(math.prod(t.shape) for t in self.tensors)
+
+    def bits_per_weight(self, kinds: tuple[str, ...] | None = None) -> float:
+        ts = [t for t in self.tensors if kinds is None or t.fmt in kinds]
+        n = sum(math.prod(t.shape) for t in ts)
+        return 8.0 * sum(t.nbytes for t in ts) / n if n else 0.0
+
+    def by_format(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for t in self.tensors:
+            out[t.fmt] = out.get(t.fmt, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        lines = [f"converted {self.source} -> {self.path}"]
+        fm = ", ".join(f"{FORMAT_LONG[f]}: {n}" for f, n in sorted(self.by_format().items()))
+        lines.append(f"  tensors: {len(self.tensors)} ({fm})")
+        lines.append(f"  parameters: {self.n_params:,}; file size: {self.file_size / 1e6:.1f} MB")
+        lines.append(f"  bits per weight: {self.bits_per_weight():.3f} overall, "
+                     f"{self.bits_per_weight(('q4',)):.3f} for qsi4c32 tensors "
+                     f"(group size {self.group_size})")
+        for fmt in ("q4", "q8", "f16"):
+            errs = [t.rel_rmse for t in self.tensors if t.fmt == fmt]
+            if errs:
+                worst = max((t for t in self.tensors if t.fmt == fmt), key=lambda t: t.rel_rmse)
+                lines.append(f"  relative RMSE ({FORMAT_LONG[fmt]}): mean {np.mean(errs):.4f}, "
+                             f"max {worst.rel_rmse:.4f} ({worst.name})")
+        lines.append(f"  time: {self.seconds:.1f} s; peak RSS: {self.peak_rss_mb:.0f} MB")
+        return "\n".join(lines)
+
+
+def parse_keep(keep) -> list[tuple[str, str]]:
+    """["PATTERN=FMT", ...] or {PATTERN: FMT} -> [(pattern, fmt)] (first match wins)."""
+    if not keep:
+        return []
+    items = keep.items() if isinstance(keep, dict) else [_split_keep(k) for k in keep]
+    out = []
+    for pat, fmt in items:
+        fmt = fmt.strip().lower()
+        fmt = {"8": "q8", "q8_0": "q8", "qsi8cx": "q8", "4": "q4", "qsi4c32": "q4",
+               "16": "f16"}.get(fmt, fmt)
+        if fmt not in FORMATS:
+            raise ConversionError(f"--keep {pat}={fmt}: unknown format; use one of {', '.join(FORMATS)}")
+        out.append((pat.strip(), fmt))
+    return out
+
+
+def _split_keep(s: str) -> tuple[str, str]:
+    if "=" not in s:
+        raise ConversionError(f"--keep expects PATTERN=FORMAT (e.g. 'blk.*.ffn_down.weight=q8'), got {s!r}")
+    pat, fmt = s.rsplit("=", 1)
+    return pat, fmt
+
+
+def choose_format(t: SourceTensor, group_size: int, embedding_bits: int,
+                  keep: list[tuple[str, str]]) -> str:
+    if t.kind in ("norm", "rope_freqs"):
+        for pat, fmt in keep:
+            if _matches(pat, t) and fmt != "f32":
+                raise ConversionError(f"--keep {pat}={fmt}: {t.name} is a {t.kind} tensor, "
+                                      f"which is always stored as f32")
+        return "f32"
+    fmt = "q4" if t.kind == "linear" else EMBEDDING_BITS[embedding_bits]
+    for pat, f in keep:
+        if _matches(pat, t):
+            fmt = f
+            break
+    if fmt == "q4":
+        n, k = t.shape
+        if k % group_size or k % 32:
+            ok = [b for b in QSI4C32_BLOCK_SIZES if k % b == 0]
+            hint = (f"use --group-size {ok[-1]}" if ok else "no qsi4c32 group size fits")
+            raise ConversionError(
+                f"{t.name}: input dimension K={k} is not divisible by the group size "
+                f"{group_size}; {hint}, or keep this tensor at 8 bits with "
+                f"--keep '{t.name}=q8'")
+    return fmt
+
+
+def _matches(pat: str, t: SourceTensor) -> bool:
+    return fnmatch.fnmatchcase(t.name, pat) or bool(t.src_name and fnmatch.fnmatchcase(t.src_name, pat))
+
+
+def _outputs(t: SourceTensor, fmt: str, bl: int):
+    """GGUF tensors written for t: [(name, numpy shape, numpy dtype, GGML type)]."""
+    if fmt == "q4":
+        n, k = t.shape
+        return [(t.name, (n, k // 2), np.int8, GGMLQuantizationType.I8),
+                (K.scales_name(t.name), (n, k // bl), np.uint16, GGMLQuantizationType.BF16)]
+    if fmt == "q8":
+        n, k = t.shape
+        return [(t.name, (n, k), np.int8, GGMLQuantizationType.I8),
+                (K.scales_name(t.name), (n,), np.float32, GGMLQuantizationType.F32)]
+    return [(t.name, t.shape, {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[fmt],
+             {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
+              "bf16": GGMLQuantizationType.BF16}[fmt])]
+
+
+class _DataStream:
+    """Appends tensor data to the open GGUF file at the offsets the tensor infos promised."""
+
+    def __init__(self, fout, alignment: int):
+        self.f = fout
+        self.align = alignment
+        self._pad()
+        self.data_start = self.f.tell()
+        self.offset = 0   # offset of the current tensor within the data section
+        self.written = 0
+
+    def _pad(self):
+        pad = -self.f.tell() % self.align
+        if pad:
+            self.f.write(b"\0" * pad)
+
+    def begin(self):
+        self._pad()
+        assert self.f.tell() - self.data_start == self.offset, "tensor data misplaced"
+        self.written = 0
+
+    def write(self, a: np.ndarray):
+        a = np.ascontiguousarray(a)
+        self.f.write(a.data if a.flags.c_contiguous else a.tobytes())
+        self.written += a.nbytes
+
+    def end(self, nbytes: int):
+        if self.written != nbytes:
+            raise AssertionError(f"wrote {self.written} bytes for a {nbytes}-byte tensor")
+        self.offset += nbytes + (-nbytes % self.align)
+
+
+def write_model(src: ModelSource, out_path, *, group_size: int = 32,
+                embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
+                force: bool = False, progress: bool = True) -> ConversionResult:
+    t0 = time.time()
+    out_path = Path(out_path)
+    if group_size not in QSI4C32_BLOCK_SIZES:
+        raise ConversionError(f"--group-size must be one of {QSI4C32_BLOCK_SIZES}, got {group_size}")
+    if embedding_bits not in EMBEDDING_BITS:
+        raise ConversionError(f"--embedding-bits must be 4, 8 or 16, got {embedding_bits}")
+    if out_path.is_dir():
+        raise ConversionError(f"output {out_path} is a directory; give a file name")
+    if out_path.exists() and not force:
+        raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
+    keep = parse_keep(keep)
+    plan = [(t, choose_format(t, group_size, embedding_bits, keep)) for t in src.tensors]
+
+    w = GGUFWriter(None, K.ARCH)
+    w.add_custom_alignment(K.ALIGNMENT)
+    for key, val, vtype, sub in src.kv:
+        if key in (K.GENERAL_ARCHITECTURE, K.GENERAL_ALIGNMENT, K.KEY_FORMAT_VERSION,
+                   K.KEY_BLOCK_SIZE, K.KEY_CONVERTER_VERSION) or key.startswith(K.KEY_FORMAT_PREFIX):
+            continue
+        if key == K.GENERAL_NAME and name:
+            continue
+        w.add_key_value(key, val, vtype, sub)
+    if name:
+        w.add_key_value(K.GENERAL_NAME, name, GGUFValueType.STRING)
+    w.add_uint32(K.KEY_FORMAT_VERSION, K.FORMAT_VERSION)
+    w.add_uint32(K.KEY_BLOCK_SIZE, group_size)
+    w.add_string(K.KEY_CONVERTER_VERSION, CONVERTER_VERSION)
+    for t, fmt in plan:
+        if fmt in ("q4", "q8"):
+            w.add_string(K.format_key(t.name), FORMAT_LONG[fmt])
+    outs = []
+    for t, fmt in plan:
+        o = _outputs(t, fmt, group_size)
+        outs.append(o)
+        for oname, shape, dtype, gtype in o:
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            w.add_tensor_info(oname, shape, np.dtype(dtype), nbytes, raw_dtype=gtype)
+
+    result = ConversionResult(path=out_path, source=src.description, group_size=group_size)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".part")
+    os.close(fd)
+    bar = None
+    try:
+        w.write_header_to_file(Path(tmp))
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        stream = _DataStream(w.fout[0], K.ALIGNMENT)
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(plan), unit="tensor", desc="converting", dynamic_ncols=True)
+        for (t, fmt), o in zip(plan, outs):
+            rep = _write_tensor(stream, t, fmt, group_size, o)
+            result.tensors.append(rep)
+            if src.after_tensor:
+                src.after_tensor()
+            if bar is not None:
+                bar.set_postfix_str(f"{t.name} {FORMAT_LONG[fmt]} rel.RMSE {rep.rel_rmse:.4f}",
+                                    refresh=False)
+                bar.update(1)
+        w.fout[0].flush()
+        os.fsync(w.fout[0].fileno())
+        w.close()
+        if out_path.exists() and not force:  # checked again: it may have appeared meanwhile
+            raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
+        os.replace(tmp, out_path)
+    except BaseException as e:
+        w.close()
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(e, ValueError) and not isinstance(e, ConversionError):
+            raise ConversionError(f"conversion failed: {e}") from e
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    result.file_size = out_path.stat().st_size
+    result.seconds = time.time() - t0
+    result.peak_rss_mb = peak_rss_mb()
+    return result
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs) -> TensorReport:
+    rows = t.shape[0]
+    row_elems = math.prod(t.shape[1:]) if len(t.shape) > 1 else 1
+    step = rows if (t.whole or len(t.shape) == 1) else max(1, CHUNK_ELEMS // row_elems)
+    err2 = 0.0
+    ref2 = 0.0
+    side = []  # scales, written after the qs tensor
+    stream.begin()
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        x = np.asarray(t.read(r0, r1), dtype=np.float32)
+        want = (r1 - r0,) + tuple(t.shape[1:])
+        if x.shape != want:
+            raise ConversionError(f"{t.name}: source gave shape {x.shape}, expected {want}")
+        if not np.isfinite(x).all():
+            raise ConversionError(f"{t.name} ({t.src_name or 'source'}) has NaN or Inf values")
+        if fmt == "q4":
+            qs, sc = quantize_qsi4c32(x, bl)
+            stream.write(qs)
+            side.append(sc)
+            deq = dequantize_qsi4c32(qs, sc)
+        elif fmt == "q8":
+            q, sc = quantize_qsi8cx(x)
+            stream.write(q)
+            side.append(sc)
+            deq = dequantize_qsi8cx(q, sc)
+        elif fmt == "f16":
+            big = float(np.abs(x).max()) if x.size else 0.0
+            if big > F16_MAX:
+                raise ConversionError(f"{t.name}: |value| {big:g} overflows f16; keep it as "
+                                      f"bf16 or q8 instead (--keep '{t.name}=bf16')")
+            h = x.astype(np.float16)
+            stream.write(h)
+            deq = h.astype(np.float32)
+        elif fmt == "bf16":
+            b = f32_to_bf16(x)
+            stream.write(b)
+            deq = (b.astype(np.uint32) << 16).view(np.float32)
+        else:
+            stream.write(x)
+            deq = x
+        d = (x - deq).ravel()
+        err2 += float(np.dot(d, d))
+        xr = x.ravel()
+        ref2 += float(np.dot(xr, xr))
+        del x, deq, d, xr
+    stream.end(math.prod(outs[0][1]) * np.dtype(outs[0][2]).itemsize)
+    nbytes = math.prod(outs[0][1]) * np.dtype(outs[0][2]).itemsize
+    if len(outs) > 1:
+        stream.begin()
+        sc = np.concatenate(side, axis=0)
+        stream.write(sc)
+        n2 = math.prod(outs[1][1]) * np.dtype(outs[1][2]).itemsize
+        stream.end(n2)
+        nbytes += n2
+    rel = math.sqrt(err2 / ref2) if ref2 > 0 else 0.0
+    return TensorReport(t.name, fmt, tuple(t.shape), nbytes, rel)

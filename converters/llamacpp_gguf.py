@@ -1,0 +1,135 @@
+"""llama.cpp GGUF files of llama models -> a ModelSource.
+
+Tensors of type F32, F16, BF16, Q8_0, Q4_0 and Q4_1 are dequantized with
+`gguf.quants.dequantize` (row chunk by row chunk); q/k are already in llama.cpp's order.
+Metadata keys are copied with their types, except those describing llama.cpp's own storage
+(general.file_type, general.quantization_version, general.alignment, split.*).
+"""
+from __future__ import annotations
+
+import mmap
+import re
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf import GGUFValueType as T
+from gguf.quants import dequantize
+
+from pyklei.formats import gguf_keys as K
+
+from .core import ModelSource, SourceTensor
+from .errors import ConversionError
+
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
+DROPPED_KEYS = ("general.file_type", "general.quantization_version", "general.alignment")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+
+
+def _field_value(f):
+    v = f.contents()
+    if f.types and f.types[0] == T.ARRAY and f.types[-1] == T.UINT8 and len(f.types) == 2:
+        return bytes(v)
+    return v
+
+
+def gguf_source(path, name: str | None = None) -> ModelSource:
+    path = Path(path)
+    if not path.is_file():
+        raise ConversionError(f"missing input file: {path}")
+    try:
+        r = GGUFReader(path)
+    except Exception as e:  # the reader raises ValueError/struct errors on corrupt files
+        raise ConversionError(f"{path}: not a readable GGUF file ({e})") from None
+    fields = r.fields
+    arch = fields["general.architecture"].contents() if "general.architecture" in fields else None
+    if K.KEY_FORMAT_VERSION in fields:
+        raise ConversionError(f"{path} is already a pyklei model file")
+    if arch != "llama":
+        raise ConversionError(f"unsupported architecture {arch!r} in {path}; only 'llama'")
+    kv = []
+    for key, f in fields.items():
+        if key.startswith("GGUF.") or key.startswith("split.") or key in DROPPED_KEYS:
+            continue
+        vtype = f.types[0]
+        sub = f.types[1] if vtype == T.ARRAY else None
+        if vtype == T.ARRAY and len(f.types) > 2:
+            raise ConversionError(f"{path}: nested array key {key!r} is not supported")
+        kv.append((key, _field_value(f), vtype, sub))
+
+    def num(key, default=None):
+        if key in fields:
+            return fields[key].contents()
+        if default is None:
+            raise ConversionError(f"{path} lacks metadata key {key!r}")
+        return default
+
+    n_embd, n_layer = int(num(K.EMBEDDING_LENGTH)), int(num(K.BLOCK_COUNT))
+    n_head = int(num(K.HEAD_COUNT))
+    n_head_kv = int(num(K.HEAD_COUNT_KV, n_head))
+    head_dim = int(num(K.KEY_LENGTH, n_embd // n_head))
+    n_ff = int(num(K.FEED_FORWARD_LENGTH))
+    by_name = {t.name: t for t in r.tensors}
+    if K.TOKEN_EMBD not in by_name:
+        raise ConversionError(f"{path} has no {K.TOKEN_EMBD}")
+    vocab = int(by_name[K.TOKEN_EMBD].shape[1])
+    if K.VOCAB_SIZE not in fields:
+        kv.append((K.VOCAB_SIZE, vocab, T.UINT32, None))
+    expect = {K.TOKEN_EMBD: ((vocab, n_embd), "embedding"), K.OUTPUT_NORM: ((n_embd,), "norm")}
+    shapes = {"attn_norm": (n_embd,), "ffn_norm": (n_embd,),
+              "attn_q": (n_head * head_dim, n_embd), "attn_k": (n_head_kv * head_dim, n_embd),
+              "attn_v": (n_head_kv * head_dim, n_embd), "attn_output": (n_embd, n_head * head_dim),
+              "ffn_gate": (n_ff, n_embd), "ffn_up": (n_ff, n_embd), "ffn_down": (n_embd, n_ff)}
+    for i in range(n_layer):
+        for part, shape in shapes.items():
+            expect[K.blk(i, part)] = (shape, "norm" if part.endswith("norm") else "linear")
+    if K.OUTPUT in by_name:
+        expect[K.OUTPUT] = ((vocab, n_embd), "output")
+    if K.ROPE_FREQS in by_name:
+        expect[K.ROPE_FREQS] = ((head_dim // 2,), "rope_freqs")
+    for t in r.tensors:
+        if t.name not in expect:
+            raise ConversionError(f"{path}: unsupported tensor {t.name} (not part of a llama model "
+                                  f"with {n_layer} blocks)")
+    data = getattr(r.data, "_mmap", None)
+
+    def drop_pages():
+        # The reader maps the whole file; tell the kernel we are done with the pages read
+        # so far, so resident memory stays at a chunk (pages stay in the page cache).
+        if data is not None and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                data.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):
+                pass
+
+    tensors = []
+    for gname, (shape, kind) in expect.items():
+        if gname not in by_name:
+            raise ConversionError(f"{path} lacks tensor {gname}")
+        t = by_name[gname]
+        lshape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if lshape != shape:
+            raise ConversionError(f"{path}: {gname} has shape {list(lshape)}, the metadata "
+                                  f"implies {list(shape)}")
+        if t.tensor_type not in SUPPORTED_TYPES:
+            raise ConversionError(
+                f"{path}: tensor {gname} has type {t.tensor_type.name}; supported: "
+                f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
+
+        def read(r0, r1, t=t, shape=shape):
+            raw = np.asarray(t.data[r0:r1] if len(shape) > 1 else t.data)
+            if t.tensor_type == Q.BF16:
+                out = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            else:
+                out = dequantize(raw, t.tensor_type)
+            if len(shape) == 1:
+                return np.asarray(out, np.float32).reshape(shape)[r0:r1]
+            return np.asarray(out, np.float32).reshape((r1 - r0,) + shape[1:])
+
+        tensors.append(SourceTensor(gname, shape, kind, read, gname))
+    rank = {K.ROPE_FREQS: 0, K.TOKEN_EMBD: 1, K.OUTPUT_NORM: 3, K.OUTPUT: 4}
+    tensors.sort(key=lambda s: rank.get(s.name, 2))
+    kv.append((K.KEY_SOURCE, "gguf", T.STRING, None))
+    return ModelSource(kv=kv, tensors=tensors, description=f"{path} (llama.cpp GGUF)",
+                       after_tensor=drop_pages)

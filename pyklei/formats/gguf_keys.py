@@ -1,0 +1,86 @@
+"""Names shared by the converter and the loader: pyklei's GGUF keys and the tensor naming.
+
+docs/FORMAT.md ("GGUF container" and "Converter") is the specification; this module is the
+single place the strings live, so the writer and the reader cannot drift apart.
+"""
+from __future__ import annotations
+
+ARCH = "llama"
+FORMAT_VERSION = 1
+ALIGNMENT = 64
+
+# pyklei's own keys
+KEY_FORMAT_VERSION = "pyklei.format_version"
+KEY_BLOCK_SIZE = "pyklei.qsi4c32.block_size"
+KEY_FORMAT_PREFIX = "pyklei.format."          # + tensor name -> "qsi4c32" | "qsi8cx"
+KEY_EOS_IDS = "pyklei.eos_token_ids"          # every id that ends generation (array uint32)
+KEY_SOURCE = "pyklei.converter.source"        # "hf" | "gguf"
+KEY_CONVERTER_VERSION = "pyklei.converter.version"
+
+SCALES_SUFFIX = ".scales"
+
+# Weight formats (values of pyklei.format.<name>); tensors without such a key use their
+# native GGUF type (F32, F16, BF16).
+QSI4C32 = "qsi4c32"
+QSI8CX = "qsi8cx"
+PACKED_FORMATS = (QSI4C32, QSI8CX)
+
+# llama.cpp metadata keys (a subset of gguf.Keys, spelled out so readers need no gguf import)
+GENERAL_ARCHITECTURE = "general.architecture"
+GENERAL_ALIGNMENT = "general.alignment"
+GENERAL_NAME = "general.name"
+
+
+def llama_key(suffix: str) -> str:
+    return f"{ARCH}.{suffix}"
+
+
+CONTEXT_LENGTH = llama_key("context_length")
+EMBEDDING_LENGTH = llama_key("embedding_length")
+BLOCK_COUNT = llama_key("block_count")
+FEED_FORWARD_LENGTH = llama_key("feed_forward_length")
+HEAD_COUNT = llama_key("attention.head_count")
+HEAD_COUNT_KV = llama_key("attention.head_count_kv")
+KEY_LENGTH = llama_key("attention.key_length")
+VALUE_LENGTH = llama_key("attention.value_length")
+RMS_EPS = llama_key("attention.layer_norm_rms_epsilon")
+ROPE_FREQ_BASE = llama_key("rope.freq_base")
+ROPE_DIM = llama_key("rope.dimension_count")
+VOCAB_SIZE = llama_key("vocab_size")
+
+# Tensor names (llama.cpp's)
+TOKEN_EMBD = "token_embd.weight"
+OUTPUT = "output.weight"
+OUTPUT_NORM = "output_norm.weight"
+ROPE_FREQS = "rope_freqs.weight"
+BLOCK_TENSORS = (
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+)
+BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+BLOCK_NORMS = ("attn_norm", "ffn_norm")
+
+
+def blk(i: int, part: str) -> str:
+    """Tensor name of `part` (e.g. "attn_q") in block i: "blk.{i}.attn_q.weight"."""
+    return f"blk.{i}.{part}.weight"
+
+
+def scales_name(name: str) -> str:
+    return name + SCALES_SUFFIX
+
+
+def format_key(name: str) -> str:
+    return KEY_FORMAT_PREFIX + name
+
+# Llama 3 RoPE scaling, informational: the runtime applies it through the rope_freqs tensor
+# (pair i of a head rotates by pos * theta**(-2i/d) / rope_freqs[i]), as llama.cpp does.
+ROPE_SCALING_TYPE = "pyklei.rope.scaling.type"                  # "llama3"
+ROPE_SCALING_FACTOR = "pyklei.rope.scaling.factor"
+ROPE_SCALING_LOW = "pyklei.rope.scaling.low_freq_factor"
+ROPE_SCALING_HIGH = "pyklei.rope.scaling.high_freq_factor"
+ROPE_SCALING_ORIG_CTX = "pyklei.rope.scaling.original_context_length"
+
+# SentencePiece tokenizers: the original tokenizer.model bytes (array uint8), next to
+# llama.cpp's tokens/scores/token_type arrays.
+KEY_SPM_MODEL = "pyklei.tokenizer.sentencepiece_model"
