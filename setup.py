@@ -10,7 +10,8 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-c_sources = sorted(glob.glob("pyklei_ext/ops/*.c") + glob.glob("pyklei_ext/isa/*.c"))
+c_sources = sorted(glob.glob("pyklei_ext/ops/*.c") + glob.glob("pyklei_ext/isa/*.c")
+                   + glob.glob("pyklei_ext/model/*.c"))
 compile_args = ["-O3", "-pthread", "-ffp-contract=off", "-fno-math-errno",
                 "-Wall", "-Wno-unused-function"]
 if os.environ.get("PYKLEI_DEBUG_BUILD"):   # sanitizer / debug builds

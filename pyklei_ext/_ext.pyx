@@ -252,3 +252,162 @@ cdef class Ops:
         if rc != 0:
             raise KernelError(_last_error())
         return out
+
+
+# ---- the Llama forward pass (pyklei_ext/model) ---------------------------------------------
+
+cdef extern from "ops/pk_nn.h":
+    ctypedef enum pk_dtype:
+        PK_T_F32
+        PK_T_F16
+        PK_T_BF16
+        PK_T_QSI4C32
+        PK_T_QSI8CX
+    ctypedef struct pk_tensor:
+        pk_dtype type
+        int n, k, bl
+        const void *data
+        const void *scales
+
+cdef extern from "model/pk_llama.h":
+    ctypedef struct pk_llama_hparams:
+        int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff
+        float rms_eps, rope_theta
+        int n_ctx, n_batch, kv_f16
+    ctypedef struct pk_llama_layer:
+        const float *attn_norm
+        const float *ffn_norm
+        const pk_rhs *wq
+        const pk_rhs *wk
+        const pk_rhs *wv
+        const pk_rhs *wo
+        const pk_rhs *w_gate
+        const pk_rhs *w_up
+        const pk_rhs *w_down
+    ctypedef struct pk_llama_weights:
+        pk_tensor tok_embd
+        const pk_rhs *lm_head
+        const float *output_norm
+        const float *rope_freqs
+        const pk_llama_layer *layers
+    ctypedef struct pk_llama:
+        pass
+    pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx)
+    void pk_llama_destroy(pk_llama *model)
+    size_t pk_llama_state_bytes(const pk_llama *model)
+    int pk_llama_forward(pk_llama *model, const int32_t *tokens, int n, int pos0, float *logits,
+                         int all_logits, volatile int *interrupt) nogil
+
+from libc.stdlib cimport calloc, free
+
+_DTYPES = {"f32": PK_T_F32, "f16": PK_T_F16, "bf16": PK_T_BF16, "qsi4c32": PK_T_QSI4C32,
+           "qsi8cx": PK_T_QSI8CX}
+
+
+cdef const float *_f32_ptr(object arr, list keep, Py_ssize_t n, str what) except NULL:
+    cdef const float[::1] v = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+    if v.shape[0] != n:
+        raise ValueError(f"{what} has {v.shape[0]} values, expected {n}")
+    keep.append(v)
+    return &v[0]
+
+
+cdef class LlamaRuntime:
+    """The C forward pass over borrowed weights; owns the KV cache and scratch buffers.
+
+    Not safe to call from two threads at once (the caller serialises)."""
+    cdef pk_llama *model
+    cdef pk_llama_layer *layers
+    cdef list _keep
+    cdef readonly Ops ops
+    cdef readonly int n_vocab, n_ctx, n_batch
+    cdef volatile int interrupt
+
+    def __cinit__(self, Ops ops, dict hp, tuple tok_embd, QWeight lm_head, output_norm,
+                  rope_freqs, list layers):
+        cdef pk_llama_hparams h
+        cdef pk_llama_weights w
+        cdef int i
+        cdef QWeight qw
+        cdef const uint8_t[::1] emb_bytes
+        self._keep = [ops, lm_head]
+        self.ops = ops
+        h.n_vocab, h.n_embd, h.n_layer = hp["n_vocab"], hp["n_embd"], hp["n_layer"]
+        h.n_head, h.n_head_kv, h.head_dim, h.n_ff = hp["n_head"], hp["n_head_kv"], hp["head_dim"], hp["n_ff"]
+        h.rms_eps, h.rope_theta = hp["rms_eps"], hp["rope_theta"]
+        h.n_ctx, h.n_batch, h.kv_f16 = hp["n_ctx"], hp["n_batch"], 1 if hp.get("kv_f16") else 0
+        if len(layers) != h.n_layer:
+            raise ValueError(f"{len(layers)} layers given, hparams say {h.n_layer}")
+        # token embedding table: (dtype name, data array, scales array or None, block size)
+        dtype, data, scales, bl = tok_embd
+        if dtype not in _DTYPES:
+            raise ValueError(f"unsupported embedding type {dtype!r}")
+        emb_bytes = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self._keep.append(emb_bytes)
+        w.tok_embd.type = _DTYPES[dtype]
+        w.tok_embd.n, w.tok_embd.k, w.tok_embd.bl = h.n_vocab, h.n_embd, bl
+        w.tok_embd.data = &emb_bytes[0]
+        w.tok_embd.scales = NULL
+        if scales is not None:
+            sc = np.ascontiguousarray(scales).reshape(-1).view(np.uint8)
+            self._keep.append(sc)
+            emb_bytes = sc
+            w.tok_embd.scales = &emb_bytes[0]
+        w.lm_head = &lm_head.rhs
+        w.output_norm = _f32_ptr(output_norm, self._keep, h.n_embd, "output_norm")
+        w.rope_freqs = NULL if rope_freqs is None else _f32_ptr(rope_freqs, self._keep, h.head_dim // 2, "rope_freqs")
+        self.layers = <pk_llama_layer *>calloc(h.n_layer, sizeof(pk_llama_layer))
+        if self.layers == NULL:
+            raise MemoryError()
+        for i, L in enumerate(layers):
+            self.layers[i].attn_norm = _f32_ptr(L["attn_norm"], self._keep, h.n_embd, f"blk.{i}.attn_norm")
+            self.layers[i].ffn_norm = _f32_ptr(L["ffn_norm"], self._keep, h.n_embd, f"blk.{i}.ffn_norm")
+            for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+                qw = L[name]
+                self._keep.append(qw)
+            self.layers[i].wq = &(<QWeight>L["wq"]).rhs
+            self.layers[i].wk = &(<QWeight>L["wk"]).rhs
+            self.layers[i].wv = &(<QWeight>L["wv"]).rhs
+            self.layers[i].wo = &(<QWeight>L["wo"]).rhs
+            self.layers[i].w_gate = &(<QWeight>L["w_gate"]).rhs
+            self.layers[i].w_up = &(<QWeight>L["w_up"]).rhs
+            self.layers[i].w_down = &(<QWeight>L["w_down"]).rhs
+        w.layers = self.layers
+        self.model = pk_llama_create(&h, &w, ops.ctx)
+        if self.model == NULL:
+            raise ValueError(_last_error())
+        self.n_vocab, self.n_ctx, self.n_batch = h.n_vocab, h.n_ctx, h.n_batch
+
+    def __dealloc__(self):
+        if self.model != NULL:
+            pk_llama_destroy(self.model)
+        free(self.layers)
+
+    @property
+    def state_bytes(self):
+        """Bytes of the KV cache and scratch buffers."""
+        return pk_llama_state_bytes(self.model)
+
+    def request_interrupt(self):
+        """Makes a running forward() stop at the next layer boundary (thread-safe)."""
+        self.interrupt = 1
+
+    def forward(self, tokens, int pos0, bint all_logits=False):
+        """Runs tokens at positions pos0.. and returns float32 logits: [n, n_vocab] when
+        all_logits, else [n_vocab] for the last token. Returns None if interrupted."""
+        cdef const int32_t[::1] tv = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef int n = tv.shape[0]
+        if n == 0:
+            raise ValueError("no tokens to evaluate")
+        shape = [n, self.n_vocab] if all_logits else [self.n_vocab]
+        out = np.empty(shape, np.float32)
+        cdef float[::1] ov = out.reshape(-1)
+        cdef int rc
+        self.interrupt = 0
+        with nogil:
+            rc = pk_llama_forward(self.model, &tv[0], n, pos0, &ov[0], all_logits, &self.interrupt)
+        if rc == 1:
+            return None
+        if rc != 0:
+            raise ValueError(_last_error())
+        return out

@@ -31,6 +31,7 @@ static const struct { const pk_kernel *table; const int *count; } families[] = {
     {pk_kernels_arm_neon, &pk_kernels_arm_neon_count},
 #endif
 };
+#define fail pk_set_error
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
 
 int pk_kernel_count(void) {
@@ -63,7 +64,7 @@ static __thread char last_error[512];
 
 const char *pk_last_error(void) { return last_error; }
 
-static int fail(const char *fmt, ...) {
+int pk_set_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);

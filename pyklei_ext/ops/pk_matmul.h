@@ -73,6 +73,8 @@ int pk_kernel_supported(const pk_kernel *kern);
  * its default). Returns 0, or -1 with a message in pk_last_error(). */
 int pk_dispatch_init(void);
 const char *pk_last_error(void);
+/* Sets this thread's error message (for the layers above the kernels); returns -1. */
+int pk_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The kernel the table picks for (fmt, m); NULL if init failed. */
 const pk_kernel *pk_dispatch_select(pk_format fmt, int m);

@@ -1,0 +1,238 @@
+#include "pk_llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pk_llama {
+    pk_llama_hparams hp;
+    pk_llama_weights w;
+    pk_llama_layer *layers;
+    pk_ctx *ctx;
+    float *inv_freq;     /* [head_dim/2] */
+    void *k_cache;       /* [n_layer][n_head_kv][n_ctx][head_dim] f32 or f16 */
+    void *v_cache;       /* same */
+    /* scratch, n_batch rows each */
+    float *x;            /* [B][n_embd] residual stream */
+    float *xn;           /* [B][n_embd] normalised */
+    float *q;            /* [B][n_head*hd] */
+    float *k;            /* [B][n_kv*hd] */
+    float *v;            /* [B][n_kv*hd] */
+    float *att;          /* [B][n_head*hd] attention output */
+    float *gate;         /* [B][n_ff] */
+    float *up;           /* [B][n_ff] */
+    float *scores;       /* [n_threads][n_ctx] */
+    size_t state_bytes;
+};
+
+#define err(...) pk_set_error(__VA_ARGS__)
+
+static void *alloc(pk_llama *m, size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
+    m->state_bytes += bytes;
+    return p;
+}
+
+pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx) {
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
+        hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0) {
+        err("invalid hyperparameters");
+        return NULL;
+    }
+    pk_llama *m = calloc(1, sizeof *m);
+    if (!m) { err("out of memory"); return NULL; }
+    m->hp = *hp;
+    m->w = *w;
+    m->ctx = ctx;
+    m->layers = malloc(sizeof(pk_llama_layer) * hp->n_layer);
+    const int hd = hp->head_dim, B = hp->n_batch, nt = pk_ctx_threads(ctx);
+    const size_t kv_elems = (size_t)hp->n_layer * hp->n_head_kv * hp->n_ctx * hd;
+    const size_t es = hp->kv_f16 ? 2 : 4;
+    m->inv_freq = alloc(m, sizeof(float) * (hd / 2));
+    m->k_cache = alloc(m, kv_elems * es);
+    m->v_cache = alloc(m, kv_elems * es);
+    m->x = alloc(m, sizeof(float) * B * hp->n_embd);
+    m->xn = alloc(m, sizeof(float) * B * hp->n_embd);
+    m->q = alloc(m, sizeof(float) * B * hp->n_head * hd);
+    m->k = alloc(m, sizeof(float) * B * hp->n_head_kv * hd);
+    m->v = alloc(m, sizeof(float) * B * hp->n_head_kv * hd);
+    m->att = alloc(m, sizeof(float) * B * hp->n_head * hd);
+    m->gate = alloc(m, sizeof(float) * B * hp->n_ff);
+    m->up = alloc(m, sizeof(float) * B * hp->n_ff);
+    m->scores = alloc(m, sizeof(float) * nt * hp->n_ctx);
+    if (!m->layers || !m->inv_freq || !m->k_cache || !m->v_cache || !m->x || !m->xn || !m->q ||
+        !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores) {
+        pk_llama_destroy(m);
+        err("out of memory allocating the KV cache and scratch (lower n_ctx or n_batch)");
+        return NULL;
+    }
+    memcpy(m->layers, w->layers, sizeof(pk_llama_layer) * hp->n_layer);
+    m->w.layers = m->layers;
+    /* inv_freq[i] = theta^(-2i/hd), divided by llama3's per-frequency factor if present;
+     * computed like the float32 reference implementations do */
+    for (int i = 0; i < hd / 2; i++) {
+        float f = (float)(1.0 / pow((double)hp->rope_theta, (double)(2 * i) / hd));
+        if (w->rope_freqs) f = f / w->rope_freqs[i];
+        m->inv_freq[i] = f;
+    }
+    return m;
+}
+
+void pk_llama_destroy(pk_llama *m) {
+    if (!m) return;
+    free(m->layers);
+    free(m->inv_freq);
+    free(m->k_cache);
+    free(m->v_cache);
+    free(m->x);
+    free(m->xn);
+    free(m->q);
+    free(m->k);
+    free(m->v);
+    free(m->att);
+    free(m->gate);
+    free(m->up);
+    free(m->scores);
+    free(m);
+}
+
+size_t pk_llama_state_bytes(const pk_llama *m) { return m->state_bytes; }
+
+/* ---- parallel row ops ----------------------------------------------------------------- */
+
+typedef struct {
+    pk_llama *m;
+    int n, pos0, layer;
+    const float *norm_w;   /* rmsnorm */
+} row_job;
+
+static void job_rmsnorm(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    const int d = j->m->hp.n_embd;
+    for (int t = ith; t < j->n; t += nth)
+        pk_rmsnorm(d, j->m->x + (size_t)t * d, j->norm_w, j->m->hp.rms_eps, j->m->xn + (size_t)t * d);
+}
+
+/* RoPE on q and k, then K/V rows into the cache. */
+static void job_rope_store(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    pk_llama *m = j->m;
+    const pk_llama_hparams *hp = &m->hp;
+    const int hd = hp->head_dim, nkv = hp->n_head_kv;
+    const size_t es = hp->kv_f16 ? 2 : 4;
+    for (int t = ith; t < j->n; t += nth) {
+        const int pos = j->pos0 + t;
+        float *q = m->q + (size_t)t * hp->n_head * hd, *k = m->k + (size_t)t * nkv * hd;
+        const float *v = m->v + (size_t)t * nkv * hd;
+        pk_rope(hp->n_head, hd, pos, m->inv_freq, q);
+        pk_rope(nkv, hd, pos, m->inv_freq, k);
+        for (int h = 0; h < nkv; h++) {
+            const size_t off = ((((size_t)j->layer * nkv + h) * hp->n_ctx) + pos) * hd;
+            if (hp->kv_f16) {
+                pk_f32_to_f16_row(hd, k + (size_t)h * hd, (uint16_t *)m->k_cache + off);
+                pk_f32_to_f16_row(hd, v + (size_t)h * hd, (uint16_t *)m->v_cache + off);
+            } else {
+                memcpy((char *)m->k_cache + off * es, k + (size_t)h * hd, sizeof(float) * hd);
+                memcpy((char *)m->v_cache + off * es, v + (size_t)h * hd, sizeof(float) * hd);
+            }
+        }
+    }
+}
+
+/* Causal attention: query row t (position pos0+t) sees cache positions [0, pos0+t]. */
+static void job_attention(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    pk_llama *m = j->m;
+    const pk_llama_hparams *hp = &m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    const size_t es = hp->kv_f16 ? 2 : 4;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = m->scores + (size_t)ith * hp->n_ctx;
+    for (int idx = ith; idx < j->n * nh; idx += nth) {
+        const int t = idx / nh, h = idx % nh, kvh = h / group;
+        const size_t base = (((size_t)j->layer * nkv + kvh) * hp->n_ctx) * hd * es;
+        pk_attend_head(hd, j->pos0 + t + 1, m->q + ((size_t)t * nh + h) * hd,
+                       (const char *)m->k_cache + base, (const char *)m->v_cache + base, hp->kv_f16,
+                       scale, scores, m->att + ((size_t)t * nh + h) * hd);
+    }
+}
+
+static void job_swiglu(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    const int f = j->m->hp.n_ff;
+    for (int t = ith; t < j->n; t += nth)
+        pk_swiglu(f, j->m->gate + (size_t)t * f, j->m->up + (size_t)t * f, j->m->gate + (size_t)t * f);
+}
+
+static void run_rows(pk_llama *m, pk_task_fn fn, row_job *job, int work) {
+    if (work <= 1) fn(job, 0, 1);       /* one row: no wake-up */
+    else pk_pool_run(pk_ctx_pool(m->ctx), fn, job);
+}
+
+static int mm(pk_llama *m, const pk_rhs *w, int n, const float *x, float *y) {
+    return pk_matmul_f32(m->ctx, w, n, x, w->k, y, w->n, -INFINITY, INFINITY, NULL);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, float *logits,
+                         int all_logits, volatile int *interrupt) {
+    const pk_llama_hparams *hp = &m->hp;
+    const int d = hp->n_embd;
+    for (int t = 0; t < n; t++) pk_tensor_row_f32(&m->w.tok_embd, tokens[t], m->x + (size_t)t * d);
+
+    row_job job = {m, n, pos0, 0, NULL};
+    for (int l = 0; l < hp->n_layer; l++) {
+        if (interrupt && *interrupt) return 1;
+        const pk_llama_layer *L = &m->layers[l];
+        job.layer = l;
+        /* attention block */
+        job.norm_w = L->attn_norm;
+        run_rows(m, job_rmsnorm, &job, n);
+        if (mm(m, L->wq, n, m->xn, m->q) || mm(m, L->wk, n, m->xn, m->k) || mm(m, L->wv, n, m->xn, m->v))
+            return -1;
+        run_rows(m, job_rope_store, &job, n);
+        run_rows(m, job_attention, &job, n * hp->n_head);
+        if (mm(m, L->wo, n, m->att, m->xn)) return -1;
+        for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->xn[i];
+        /* MLP block */
+        job.norm_w = L->ffn_norm;
+        run_rows(m, job_rmsnorm, &job, n);
+        if (mm(m, L->w_gate, n, m->xn, m->gate) || mm(m, L->w_up, n, m->xn, m->up)) return -1;
+        run_rows(m, job_swiglu, &job, n);
+        if (mm(m, L->w_down, n, m->gate, m->xn)) return -1;
+        for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->xn[i];
+    }
+    if (!logits) return 0;
+    /* final norm and lm_head: all rows, or only the last */
+    const int first = all_logits ? 0 : n - 1, rows = n - first;
+    for (int t = first; t < n; t++)
+        pk_rmsnorm(d, m->x + (size_t)t * d, m->w.output_norm, hp->rms_eps, m->xn + (size_t)(t - first) * d);
+    return mm(m, m->w.lm_head, rows, m->xn, logits);
+}
+
+int pk_llama_forward(pk_llama *m, const int32_t *tokens, int n, int pos0, float *logits,
+                     int all_logits, volatile int *interrupt) {
+    const pk_llama_hparams *hp = &m->hp;
+    if (n <= 0) return err("no tokens to evaluate");
+    if (pos0 < 0 || pos0 + n > hp->n_ctx) {
+        return err("positions %d..%d exceed the context of %d tokens", pos0, pos0 + n - 1, hp->n_ctx);
+    }
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab) {
+            return err("token id %d at index %d is outside the vocabulary [0, %d)", (int)tokens[t], t,
+                       hp->n_vocab);
+        }
+    for (int c = 0; c < n; c += hp->n_batch) {
+        const int len = n - c < hp->n_batch ? n - c : hp->n_batch;
+        const int last = c + len == n;
+        /* an intermediate chunk without all_logits only fills the cache */
+        float *out = all_logits ? logits + (size_t)c * hp->n_vocab : (last ? logits : NULL);
+        const int rc = forward_chunk(m, tokens + c, len, pos0 + c, out, all_logits, interrupt);
+        if (rc) return rc;
+    }
+    return 0;
+}

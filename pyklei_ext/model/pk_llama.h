@@ -1,0 +1,48 @@
+/* The Llama forward pass: embeddings -> n_layer x (RMSNorm, GQA attention with RoPE over a
+ * KV cache, RMSNorm, SwiGLU MLP) -> RMSNorm -> lm_head. Prefill runs all rows of a chunk
+ * through the kernel layer as GEMMs; decode is the same code with one row (GEMVs). */
+#ifndef PK_LLAMA_H
+#define PK_LLAMA_H
+
+#include <stdint.h>
+
+#include "../ops/pk_matmul.h"
+#include "../ops/pk_nn.h"
+
+typedef struct {
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
+    float rms_eps, rope_theta;
+    int n_ctx;        /* KV cache length */
+    int n_batch;      /* rows per prefill chunk (scratch is sized for it) */
+    int kv_f16;       /* KV cache in f16 instead of f32 */
+} pk_llama_hparams;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;                            /* [n_embd] */
+    const pk_rhs *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;      /* prepared weights */
+} pk_llama_layer;
+
+typedef struct {
+    pk_tensor tok_embd;          /* [n_vocab, n_embd], read by rows */
+    const pk_rhs *lm_head;       /* [n_vocab, n_embd]; the same data as tok_embd when tied */
+    const float *output_norm;    /* [n_embd] */
+    const float *rope_freqs;     /* [head_dim/2] llama3 frequency divisors, or NULL */
+    const pk_llama_layer *layers;/* [n_layer] */
+} pk_llama_weights;
+
+typedef struct pk_llama pk_llama;
+
+/* Copies hparams/weight pointers (the weights themselves stay borrowed), allocates the
+ * KV cache and scratch. NULL on failure (pk_last_error()). */
+pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx);
+void pk_llama_destroy(pk_llama *model);
+size_t pk_llama_state_bytes(const pk_llama *model);   /* KV cache + scratch */
+
+/* Runs tokens[0..n) at positions pos0.. (the cache must hold positions < pos0 already),
+ * writing K/V for them. logits: [n][n_vocab] if all_logits, else [n_vocab] for the last token.
+ * Returns 0, or -1 (pk_last_error()) for bad token ids or positions beyond n_ctx.
+ * *interrupt (may be NULL) is polled between chunks and layers; if set, returns 1. */
+int pk_llama_forward(pk_llama *model, const int32_t *tokens, int n, int pos0, float *logits,
+                     int all_logits, volatile int *interrupt);
+
+#endif
