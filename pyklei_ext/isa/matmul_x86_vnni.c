@@ -1,6 +1,439 @@
-/* placeholder table: kernels land here (work in progress) */
+/* x86 VNNI kernels: AVX-512 VNNI (EVEX vpdpbusd on zmm) and AVX-VNNI (VEX vpdpbusd on ymm,
+ * client CPUs without AVX-512). docs/KERNELS.md describes the kernels; docs/FORMAT.md the
+ * arithmetic. All kernels read the canonical weight layout (no repacking at prepare time).
+ *
+ * vpdpbusd multiplies unsigned bytes by signed bytes, four products per int32 lane.
+ *
+ * GEMV (1x4): activations become unsigned (q ^ 0x80 = q + 128) and weights stay signed.
+ *   sum_k (q+128) w = D + 128 sum_k w, and the 128 folds into the zero point:
+ *   dst = scale * (sum_b s_b D'_b - (zp + 128) R), D' the offset block dot.
+ *   int4 weights are widened without a table as 16*w: (byte << 4) & 0xF0 for the low
+ *   nibble, byte & 0xF0 for the high one; the 16 is taken out (exactly) at the row end.
+ * GEMM (MRx32): a panel of 32 weight rows is transposed per call into a per-thread buffer
+ *   (dword j of a vector = 4 consecutive k of row j) holding unsigned w + 8 (int4) or
+ *   w + 128 (int8); activations are signed and broadcast 4 bytes at a time. The offset is
+ *   removed by starting each block's int32 accumulator at -off * sum_{k in block} a. */
 #include "../ops/pk_matmul.h"
+#include "../ops/pk_cpu.h"
+
 #if defined(__x86_64__)
-const pk_kernel pk_kernels_x86_vnni[] = {{0}};
-const int pk_kernels_x86_vnni_count = 0;
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "x86_common.h"
+
+#define Z_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define Z_INLINE static inline __attribute__((always_inline)) Z_TARGET
+
+/* ====================================================================================
+ * AVX-512 VNNI, GEMV: qai8dx x qsi4c32, 1 activation row x 4 weight rows
+ * ==================================================================================== */
+
+/* Activation row -> unsigned bytes in the order of one 64-byte slab of qs (128 elements,
+ * 4 chunks of 32): bytes 0..63 pair with the low nibbles (chunk c's elements 0..15 in
+ * 128-bit lane c), bytes 64..127 with the high nibbles (elements 16..31). */
+Z_TARGET static void z_prep_q4_gemv(int m, int k, const pk_lhs *lhs, uint8_t *out, size_t ldo) {
+    const __m512i idx_lo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);
+    const __m512i idx_hi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < m; i++) {
+        const int8_t *a = lhs->q + (size_t)i * lhs->ld;
+        uint8_t *o = out + (size_t)i * ldo;
+        int kk = 0;
+        for (; kk + 128 <= k; kk += 128) {
+            const __m512i z0 = _mm512_loadu_si512(a + kk), z1 = _mm512_loadu_si512(a + kk + 64);
+            _mm512_store_si512(o + kk, _mm512_xor_si512(_mm512_permutex2var_epi64(z0, idx_lo, z1), x80));
+            _mm512_store_si512(o + kk + 64, _mm512_xor_si512(_mm512_permutex2var_epi64(z0, idx_hi, z1), x80));
+        }
+        if (kk < k) {
+            memset(o + kk, 0x80, 128);
+            for (int c = 0; c < (k - kk) / 32; c++)
+                for (int j = 0; j < 16; j++) {
+                    o[kk + 16 * c + j] = (uint8_t)(a[kk + 32 * c + j] ^ 0x80);
+                    o[kk + 64 + 16 * c + j] = (uint8_t)(a[kk + 32 * c + 16 + j] ^ 0x80);
+                }
+        }
+    }
+}
+
+/* Dot of one prepared activation row with 4 weight rows; sums[r] = sum_b s_b D'_b. */
+Z_INLINE void z_gemv_q4_rows(const int BL, int k, const uint8_t *const w[4],
+                             const uint16_t *const s[4], const uint8_t *act, float sums[4]) {
+    const __m512i F0 = _mm512_set1_epi8((char)0xF0);
+    /* bf16 -> f32 per 128-bit lane c: BL 32 takes scale c of the 4 broadcast, BL 64 scale c/2 */
+    const __m512i sctrl = BL == 32
+        ? _mm512_set_epi32(0x0706FFFF, 0x0706FFFF, 0x0706FFFF, 0x0706FFFF, 0x0504FFFF, 0x0504FFFF,
+                           0x0504FFFF, 0x0504FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
+                           0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF)
+        : _mm512_set_epi32(0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
+                           0x0302FFFF, 0x0302FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF,
+                           0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF);
+    __m512 acc[4];
+    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
+    const int G = k / 128;
+    if (BL <= 64) {
+        for (int g = 0; g < G; g++) {
+            const __m512i alo = _mm512_load_si512(act + 128 * g), ahi = _mm512_load_si512(act + 128 * g + 64);
+            for (int r = 0; r < 4; r++) {
+                const __m512i v = _mm512_loadu_si512(w[r] + 64 * g);
+                const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
+                const __m512i whi = _mm512_and_si512(v, F0);
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo, wlo);
+                d = _mm512_dpbusd_epi32(d, ahi, whi);
+                __m512i sraw;
+                if (BL == 32) {
+                    long long t;
+                    memcpy(&t, s[r] + 4 * g, 8);
+                    sraw = _mm512_set1_epi64(t);
+                } else {
+                    sraw = _mm512_set1_epi32(pk_load_i32(s[r] + 2 * g));
+                }
+                const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r]);
+            }
+        }
+        if (k % 128) {   /* 1..3 trailing chunks of 32 */
+            const int nch = (k % 128) / 32, nbl = nch * 32 / BL;
+            const __mmask64 wm = (__mmask64)((1ull << (16 * nch)) - 1);
+            const __m512i alo = _mm512_load_si512(act + 128 * G), ahi = _mm512_load_si512(act + 128 * G + 64);
+            for (int r = 0; r < 4; r++) {
+                const __m512i v = _mm512_maskz_loadu_epi8(wm, w[r] + 64 * G);
+                const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
+                const __m512i whi = _mm512_and_si512(v, F0);
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo, wlo);
+                d = _mm512_dpbusd_epi32(d, ahi, whi);
+                const __m128i st = _mm_maskz_loadu_epi16((__mmask8)((1u << nbl) - 1), s[r] + G * (128 / BL));
+                const __m512i sraw = _mm512_broadcastq_epi64(st);
+                const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r]);
+            }
+        }
+    } else {
+        const int gpb = BL / 128, nb = k / BL;
+        for (int b = 0; b < nb; b++) {
+            __m512i d[4];
+            for (int r = 0; r < 4; r++) d[r] = _mm512_setzero_si512();
+            for (int gg = 0; gg < gpb; gg++) {
+                const int g = b * gpb + gg;
+                const __m512i alo = _mm512_load_si512(act + 128 * g), ahi = _mm512_load_si512(act + 128 * g + 64);
+                for (int r = 0; r < 4; r++) {
+                    const __m512i v = _mm512_loadu_si512(w[r] + 64 * g);
+                    d[r] = _mm512_dpbusd_epi32(d[r], alo, _mm512_and_si512(_mm512_slli_epi16(v, 4), F0));
+                    d[r] = _mm512_dpbusd_epi32(d[r], ahi, _mm512_and_si512(v, F0));
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), _mm512_set1_ps(pk_bf16_to_f32(s[r][b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) sums[r] = _mm512_reduce_add_ps(acc[r]) * 0.0625f;
+}
+
+Z_TARGET static void z_q4_gemv_bl(const int BL, int k, const uint8_t *const w[4], const uint16_t *const s[4],
+                                  const uint8_t *act, float sums[4]) {
+    switch (BL) {   /* constant-folded instantiations */
+    case 32: z_gemv_q4_rows(32, k, w, s, act, sums); break;
+    case 64: z_gemv_q4_rows(64, k, w, s, act, sums); break;
+    case 128: z_gemv_q4_rows(128, k, w, s, act, sums); break;
+    default: z_gemv_q4_rows(256, k, w, s, act, sums); break;
+    }
+}
+
+Z_TARGET static void qai8dx_qsi4c32_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                   const pk_rhs *rhs, const void *packed, float *dst,
+                                                   size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
+    const size_t ldo = pk_round_up((size_t)k, 128);
+    uint8_t *act = pk_scratch(0, ldo * (size_t)m);
+    if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    z_prep_q4_gemv(m, k, lhs, act, ldo);
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        const uint8_t *w[4];
+        const uint16_t *s[4];
+        for (int r = 0; r < 4; r++) {   /* rows past n1 repeat the last row; not stored */
+            const int rr = n + (r < nr ? r : nr - 1);
+            w[r] = rhs->qs + (size_t)rr * (k / 2);
+            s[r] = (const uint16_t *)rhs->scales + (size_t)rr * nb;
+        }
+        for (int i = 0; i < m; i++) {
+            float sums[4];
+            z_q4_gemv_bl(bl, k, w, s, act + (size_t)i * ldo, sums);
+            const float zpf = (float)(lhs->zp[i] + 128), sc = lhs->scale[i];
+            for (int r = 0; r < nr; r++)
+                dst[(size_t)i * ldd + n + r] = pk_clampf(sc * (sums[r] - zpf * rhs->rsum[n + r]), lo, hi);
+        }
+    }
+}
+
+/* ====================================================================================
+ * AVX-512 VNNI, GEMV: qai8dx x qsi8cx, 1 x 4, exact int32 until the final scaling
+ * ==================================================================================== */
+
+Z_TARGET static void qai8dx_qsi8cx_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                  const pk_rhs *rhs, const void *packed, float *dst,
+                                                  size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, G = k / 64;
+    const size_t ldo = pk_round_up((size_t)k, 64);
+    uint8_t *act = pk_scratch(0, ldo * (size_t)m);
+    if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    for (int i = 0; i < m; i++) {
+        const int8_t *a = lhs->q + (size_t)i * lhs->ld;
+        uint8_t *o = act + (size_t)i * ldo;
+        for (int g = 0; g < G; g++)
+            _mm512_store_si512(o + 64 * g, _mm512_xor_si512(_mm512_loadu_si512(a + 64 * g), x80));
+        if (k % 64)
+            _mm512_store_si512(o + 64 * G, _mm512_xor_si512(
+                _mm512_maskz_loadu_epi8((__mmask64)((1ull << (k % 64)) - 1), a + 64 * G), x80));
+    }
+    const __mmask64 tm = (__mmask64)((1ull << (k % 64)) - 1);
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        const int8_t *w[4];
+        for (int r = 0; r < 4; r++)
+            w[r] = (const int8_t *)rhs->qs + (size_t)(n + (r < nr ? r : nr - 1)) * k;
+        for (int i = 0; i < m; i++) {
+            const uint8_t *ai = act + (size_t)i * ldo;
+            __m512i acc[4];
+            for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_si512();
+            for (int g = 0; g < G; g++) {
+                const __m512i av = _mm512_load_si512(ai + 64 * g);
+                for (int r = 0; r < 4; r++)
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_loadu_si512(w[r] + 64 * g));
+            }
+            if (k % 64) {
+                const __m512i av = _mm512_load_si512(ai + 64 * G);
+                for (int r = 0; r < 4; r++)
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_maskz_loadu_epi8(tm, w[r] + 64 * G));
+            }
+            const int32_t zp = lhs->zp[i] + 128;
+            for (int r = 0; r < nr; r++) {
+                const int32_t d = _mm512_reduce_add_epi32(acc[r]) - zp * rhs->isum[n + r];
+                const float v = lhs->scale[i] * ((const float *)rhs->scales)[n + r] * (float)d;
+                dst[(size_t)i * ldd + n + r] = pk_clampf(v, lo, hi);
+            }
+        }
+    }
+}
+
+/* ====================================================================================
+ * AVX-512 VNNI, GEMM: qai8dx x {qsi4c32, qsi8cx}, register tile 6 x 32
+ * ==================================================================================== */
+
+#define ZMR 6
+#define ZNR 32
+
+/* 4x4 transposes of dwords inside 128-bit lanes: L[j] lane l dword i -> Q[i] dword 4l+j. */
+Z_INLINE void z_transpose4(const __m512i L[4], __m512i Q[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(L[0], L[1]), t1 = _mm512_unpackhi_epi32(L[0], L[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(L[2], L[3]), t3 = _mm512_unpackhi_epi32(L[2], L[3]);
+    Q[0] = _mm512_unpacklo_epi64(t0, t2);
+    Q[1] = _mm512_unpackhi_epi64(t0, t2);
+    Q[2] = _mm512_unpacklo_epi64(t1, t3);
+    Q[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+Z_INLINE __m512i z_load4rows(const uint8_t *const *row, int j, size_t off) {
+    /* lane l <- row 4l + j, so that after z_transpose4 dword p holds row p */
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[j] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 + j] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[8 + j] + off)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[12 + j] + off)), 3);
+    return v;
+}
+
+/* Panel of 32 rows [np, np+32) (rows >= n1 repeat row n1-1), quad-major:
+ * panel[(q * 32 + r) * 4 + t] = weight (row r, k = 4q + t) + off, as unsigned bytes
+ * (int4: off = 8 when sub == 0; sub == 8 gives signed int4 for AMX). */
+Z_TARGET static void z_pack_q4_panel(const pk_rhs *rhs, int np, int n1, uint8_t *panel, float *spanel,
+                                     float *rs, int sub) {
+    const int k = rhs->k, nb = k / rhs->bl;
+    const uint8_t *row[ZNR];
+    for (int r = 0; r < ZNR; r++) {
+        const int rr = np + r < n1 ? np + r : n1 - 1;
+        row[r] = rhs->qs + (size_t)rr * (k / 2);
+        const uint16_t *s = (const uint16_t *)rhs->scales + (size_t)rr * nb;
+        for (int b = 0; b < nb; b++) spanel[b * ZNR + r] = pk_bf16_to_f32(s[b]);
+        rs[r] = rhs->rsum[rr];
+    }
+    const __m512i x88 = _mm512_set1_epi8((char)0x88), m0f = _mm512_set1_epi8(0x0F);
+    const __m512i vsub = _mm512_set1_epi8((char)sub);
+    for (int c = 0; c < k / 32; c++) {
+        for (int h = 0; h < 2; h++) {
+            __m512i L[4], H[4], Q[4];
+            for (int j = 0; j < 4; j++) {
+                const __m512i x = _mm512_xor_si512(z_load4rows(row + 16 * h, j, (size_t)16 * c), x88);
+                L[j] = _mm512_sub_epi8(_mm512_and_si512(x, m0f), vsub);
+                H[j] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(x, 4), m0f), vsub);
+            }
+            uint8_t *p = panel + ((size_t)(8 * c) * ZNR + 16 * h) * 4;
+            z_transpose4(L, Q);
+            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)i * ZNR * 4, Q[i]);
+            z_transpose4(H, Q);
+            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)(4 + i) * ZNR * 4, Q[i]);
+        }
+    }
+}
+
+/* int8 rows, K padded to kp (multiple of 16) with zeros; bytes w ^ xr (0x80: unsigned w+128). */
+Z_TARGET static void z_pack_q8_panel(const pk_rhs *rhs, int np, int n1, int kp, uint8_t *panel,
+                                     float *ws, int32_t *isum, int xr) {
+    const int k = rhs->k;
+    const uint8_t *row[ZNR];
+    for (int r = 0; r < ZNR; r++) {
+        const int rr = np + r < n1 ? np + r : n1 - 1;
+        row[r] = rhs->qs + (size_t)rr * k;
+        ws[r] = ((const float *)rhs->scales)[rr];
+        isum[r] = rhs->isum[rr];
+    }
+    const __m512i vx = _mm512_set1_epi8((char)xr);
+    for (int c = 0; c < kp / 16; c++) {
+        const int rem = k - 16 * c;
+        const __mmask16 lm = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
+        for (int h = 0; h < 2; h++) {
+            __m512i L[4], Q[4];
+            for (int j = 0; j < 4; j++) {
+                __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(lm, row[16 * h + j] + 16 * c));
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 4 + j] + 16 * c), 1);
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 8 + j] + 16 * c), 2);
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 12 + j] + 16 * c), 3);
+                L[j] = _mm512_xor_si512(v, vx);
+            }
+            z_transpose4(L, Q);
+            uint8_t *p = panel + ((size_t)(4 * c) * ZNR + 16 * h) * 4;
+            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)i * ZNR * 4, Q[i]);
+        }
+    }
+}
+
+/* MR rows of activations x one panel. Q8 = 0: qsi4c32 (nbk blocks of qpb quads, float
+ * accumulation per block); Q8 = 1: qsi8cx (one block over all of K, int32 to the end). */
+Z_INLINE void z_gemm_tile(const int MR, const int Q8, const pk_lhs *lhs, int i0, const int8_t *a,
+                          size_t lda, const int32_t *corr, int nbc, int nbk, int qpb,
+                          const uint8_t *panel, const float *spanel, const float *rs,
+                          const int32_t *isum, int nvalid, float *dst, size_t ldd, float lo, float hi) {
+    __m512 f[ZMR][2];
+    __m512i acc[ZMR][2];
+    for (int i = 0; i < MR; i++) f[i][0] = f[i][1] = _mm512_setzero_ps();
+    for (int b = 0; b < nbk; b++) {
+        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nbc + b]);
+        const uint8_t *pw = panel + (size_t)b * qpb * ZNR * 4;
+        const int8_t *pa = a + (size_t)i0 * lda + (size_t)b * qpb * 4;
+        for (int q = 0; q < qpb; q++) {
+            const __m512i w0 = _mm512_load_si512(pw + (size_t)q * ZNR * 4);
+            const __m512i w1 = _mm512_load_si512(pw + (size_t)q * ZNR * 4 + 64);
+            for (int i = 0; i < MR; i++) {
+                const __m512i av = _mm512_set1_epi32(pk_load_i32(pa + (size_t)i * lda + 4 * q));
+                acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], w0, av);
+                acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], w1, av);
+            }
+        }
+        if (!Q8) {
+            const __m512 s0 = _mm512_load_ps(spanel + (size_t)b * ZNR), s1 = _mm512_load_ps(spanel + (size_t)b * ZNR + 16);
+            for (int i = 0; i < MR; i++) {
+                f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][0]), s0, f[i][0]);
+                f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), s1, f[i][1]);
+            }
+        }
+    }
+    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (int i = 0; i < MR; i++) {
+        const int ii = i0 + i;
+        for (int j = 0; j < 2; j++) {
+            const int nv = nvalid - 16 * j;
+            if (nv <= 0) break;
+            const __mmask16 sm = nv >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nv) - 1);
+            __m512 v;
+            if (!Q8) {   /* scale * (acc - zp * R), in the scalar kernel's order */
+                const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_load_ps(rs + 16 * j));
+                v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(f[i][j], t));
+            } else {     /* (scale * s) * (float)(D - zp * isum): bit-exact with the scalar */
+                const __m512i d = _mm512_sub_epi32(acc[i][j], _mm512_mullo_epi32(_mm512_set1_epi32(lhs->zp[ii]),
+                                                                                  _mm512_load_si512(isum + 16 * j)));
+                const __m512 ss = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_load_ps(rs + 16 * j));
+                v = _mm512_mul_ps(ss, _mm512_cvtepi32_ps(d));
+            }
+            v = _mm512_min_ps(vhi, _mm512_max_ps(vlo, v));   /* NaN passes through, as in pk_clampf */
+            _mm512_mask_storeu_ps(dst + (size_t)ii * ldd + 16 * j, sm, v);
+        }
+    }
+}
+
+Z_TARGET static void z_gemm_panel(const int Q8, int m, const pk_lhs *lhs, const int8_t *a, size_t lda,
+                                  const int32_t *corr, int nbc, int nbk, int qpb, const uint8_t *panel,
+                                  const float *spanel, const float *rs, const int32_t *isum, int nvalid,
+                                  float *dst, size_t ldd, float lo, float hi) {
+    int i0 = 0;
+    for (; i0 + ZMR <= m; i0 += ZMR)
+        z_gemm_tile(ZMR, Q8, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi);
+    switch (m - i0) {
+#define Z_TAIL(R) case R: z_gemm_tile(R, Q8, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi); break;
+    Z_TAIL(1) Z_TAIL(2) Z_TAIL(3) Z_TAIL(4) Z_TAIL(5)
+#undef Z_TAIL
+    default: break;
+    }
+}
+
+Z_TARGET static void qai8dx_qsi4c32_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                    const pk_rhs *rhs, const void *packed, float *dst,
+                                                    size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
+    const int8_t *a;
+    size_t lda;
+    int32_t *corr;
+    uint8_t *panel = pk_scratch(0, (size_t)k * ZNR + sizeof(float) * ((size_t)nb * ZNR + ZNR));
+    if (!panel || pk_gemm_lhs_prep(lhs, m, k, k, bl, 8, &a, &lda, &corr)) {
+        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        return;
+    }
+    float *spanel = (float *)(panel + (size_t)k * ZNR), *rs = spanel + (size_t)nb * ZNR;
+    for (int np = n0; np < n1; np += ZNR) {
+        z_pack_q4_panel(rhs, np, n1, panel, spanel, rs, 0);
+        z_gemm_panel(0, m, lhs, a, lda, corr, nb, nb, bl / 4, panel, spanel, rs, NULL,
+                     n1 - np < ZNR ? n1 - np : ZNR, dst + np, ldd, lo, hi);
+    }
+}
+
+Z_TARGET static void qai8dx_qsi8cx_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                   const pk_rhs *rhs, const void *packed, float *dst,
+                                                   size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, kp = (int)pk_round_up((size_t)k, 16);
+    const int8_t *a;
+    size_t lda;
+    int32_t *corr;
+    uint8_t *panel = pk_scratch(0, (size_t)kp * ZNR + 2 * sizeof(float) * ZNR);
+    if (!panel || pk_gemm_lhs_prep(lhs, m, k, kp, k, 128, &a, &lda, &corr)) {
+        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        return;
+    }
+    float *ws = (float *)(panel + (size_t)kp * ZNR);
+    int32_t *isum = (int32_t *)(ws + ZNR);
+    for (int np = n0; np < n1; np += ZNR) {
+        z_pack_q8_panel(rhs, np, n1, kp, panel, ws, isum, 0x80);
+        z_gemm_panel(1, m, lhs, a, lda, corr, 1, 1, kp / 4, panel, NULL, ws, isum,
+                     n1 - np < ZNR ? n1 - np : ZNR, dst + np, ldd, lo, hi);
+    }
+}
+
+#endif /* __x86_64__ */
+
+/* ---- table --------------------------------------------------------------------------- */
+#if defined(__x86_64__)
+const pk_kernel pk_kernels_x86_vnni[] = {
+    {"qai8dx_qsi4c32_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 4,
+     NULL, NULL, qai8dx_qsi4c32_1x4_avx512vnni},
+    {"qai8dx_qsi4c32_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, 4, ZNR,
+     NULL, NULL, qai8dx_qsi4c32_6x32_avx512vnni},
+    {"qai8dx_qsi8cx_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
+     NULL, NULL, qai8dx_qsi8cx_1x4_avx512vnni},
+    {"qai8dx_qsi8cx_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, 4, ZNR,
+     NULL, NULL, qai8dx_qsi8cx_6x32_avx512vnni},
+};
+const int pk_kernels_x86_vnni_count = sizeof pk_kernels_x86_vnni / sizeof pk_kernels_x86_vnni[0];
 #endif
