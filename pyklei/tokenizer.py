@@ -1,0 +1,769 @@
+"""Tokenizers read from a GGUF file alone, giving the same ids as the Hugging Face tokenizers.
+
+``Tokenizer.from_gguf(path)`` reads the ``tokenizer.ggml.*`` metadata of a pyklei or a
+llama.cpp GGUF file and builds one of two back ends:
+
+* ``tokenizer.ggml.model = gpt2`` -- byte-level BPE, run by **tiktoken**. The pre-tokenizer
+  (the regex that cuts text into words before BPE) is chosen by ``tokenizer.ggml.pre``:
+
+  ==========================  ======================================================
+  ``tokenizer.ggml.pre``      Hugging Face pre-tokenizer it reproduces
+  ==========================  ======================================================
+  ``llama-bpe``, ``llama3``,  Llama 3: ``Split`` on its regex + ``ByteLevel(use_regex=False)``
+  ``llama-v3``
+  ``smollm``                  SmolLM/SmolLM2: ``Digits(individual_digits=True)`` +
+                              ``ByteLevel(add_prefix_space=False, use_regex=True)``
+  ``gpt2``, ``gpt-2``         GPT-2: ``ByteLevel(add_prefix_space=False, use_regex=True)``
+  ==========================  ======================================================
+
+  Any other value raises :class:`TokenizerError`; pyklei never guesses a pre-tokenizer.
+  tiktoken merges the adjacent pair whose concatenation has the lowest rank, and we use the
+  token id as the rank. That is the Hugging Face BPE (merge the pair that comes first in the
+  merge list) whenever every merged token's id grows with the position of its first merge,
+  which is checked when the file is loaded (it holds for Llama 3 and SmolLM2).
+
+* ``tokenizer.ggml.model = llama`` -- SentencePiece, run by **sentencepiece**. A ModelProto
+  (BPE, byte fallback when the vocabulary has byte tokens, identity normalizer, dummy
+  prefix, no removal of extra whitespace) is serialized from the tokens, scores and types
+  (a tiny hand-written protobuf encoder: no ``protobuf`` dependency). A pyklei file may carry
+  the original ``tokenizer.model`` bytes under :data:`SP_MODEL_KEY` (a uint8 array); they are
+  used as they are when present.
+
+Special tokens
+    Tokens of type CONTROL and UNKNOWN are *special*: ``encode(..., parse_special=True)``
+    turns their exact text into their id (longest match first), ``parse_special=False``
+    encodes that text as ordinary text. USER_DEFINED tokens are always matched in text, as
+    Hugging Face does for non-special added tokens. For SentencePiece vocabularies every
+    piece of text between special tokens gets its own dummy-prefix space, as Hugging Face's
+    ``LlamaTokenizerFast`` (``Prepend("▁")`` normalizer) does.
+
+BOS / EOS
+    ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` decide when present. When a file lacks
+    ``add_bos_token``: SentencePiece vocabularies and the Llama 3 pre-tokenizers add BOS (as
+    their Hugging Face tokenizers do), other byte-level vocabularies don't.
+
+Bytes a vocabulary lacks
+    Byte-level BPE: a byte with no token is dropped, as Hugging Face's BPE does when the
+    model has no ``unk_token`` (SmolLM2 lacks 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d, 0xf1,
+    0xf2 among the bytes that can occur in UTF-8 text). SentencePiece: byte fallback tokens
+    ``<0xXX>`` when the vocabulary has them, else the unknown token.
+
+Decoding follows the Hugging Face decoders: ByteLevel (UTF-8, invalid sequences become
+U+FFFD) for byte-level BPE; ``Replace("▁", " ")`` + ``ByteFallback`` + ``Fuse`` +
+``Strip(" ", 1, 0)`` for SentencePiece.
+"""
+from __future__ import annotations
+
+import codecs
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "Tokenizer",
+    "StreamingDetokenizer",
+    "TokenizerError",
+    "read_gguf_metadata",
+    "SP_MODEL_KEY",
+    "END_OF_TURN_TOKENS",
+]
+
+#: Metadata key under which a pyklei GGUF may store the raw SentencePiece ``tokenizer.model``.
+SP_MODEL_KEY = "pyklei.tokenizer.sp_model"
+
+# llama.cpp / GGUF token types (tokenizer.ggml.token_type).
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
+
+#: Control tokens that end a turn or a text in the models pyklei knows; ``Tokenizer.eos_ids``
+#: holds every CONTROL (or USER_DEFINED) token whose text is one of these, beside the ids named
+#: by ``tokenizer.ggml.eos_token_id``, ``eot_token_id`` and ``eom_token_id``.
+END_OF_TURN_TOKENS = frozenset({
+    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",      # Llama 3
+    "<|im_end|>", "<|endoftext|>",                       # ChatML (SmolLM, Qwen), GPT-2
+    "</s>",                                              # Llama 2, Mistral
+    "<|end|>", "<end_of_turn>", "<|eot|>", "<EOT>",     # Phi-3, Gemma, others
+})
+
+
+class TokenizerError(ValueError):
+    """A GGUF file whose tokenizer pyklei cannot build (missing keys, unknown pre-tokenizer...)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF metadata
+# ---------------------------------------------------------------------------------------------
+# gguf.GGUFReader parses every array element into its own numpy view, which takes ~11 s for the
+# Llama 3 vocabulary (128k tokens + 280k merges). The tokenizer only needs the key/value section,
+# so this private reader walks it directly (GGUF v2/v3, little-endian) and stops before the
+# tensor infos. Value type codes are gguf.GGUFValueType's.
+
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_gguf_metadata(path: str | os.PathLike, prefixes: Sequence[str] | None = None) -> dict[str, Any]:
+    """The key/value metadata of a GGUF file.
+
+    Scalars become Python values, strings ``str`` (``bytes`` if not UTF-8), numeric arrays numpy
+    arrays, string arrays lists of ``str``. With ``prefixes``, only keys starting with one of them
+    are decoded (the others are skipped). Raises :class:`TokenizerError` for a file that is not
+    GGUF v2/v3.
+    """
+    path = Path(path)
+    try:
+        fh = open(path, "rb")
+    except OSError as e:
+        raise TokenizerError(f"cannot open {path}: {e}") from e
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 24:
+            raise TokenizerError(f"{path} is not a GGUF file (only {size} bytes)")
+        buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            return _parse_kv(buf, path, prefixes)
+        finally:
+            buf.close()
+
+
+def _parse_kv(buf: mmap.mmap, path: Path, prefixes: Sequence[str] | None) -> dict[str, Any]:
+    if buf[:4] != b"GGUF":
+        raise TokenizerError(f"{path} is not a GGUF file (magic {bytes(buf[:4])!r})")
+    (version,) = struct.unpack_from("<I", buf, 4)
+    if version not in (2, 3):
+        raise TokenizerError(f"{path}: unsupported GGUF version {version} (pyklei reads v2 and v3, little-endian)")
+    _n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+    off = 24
+    unpack_from = struct.unpack_from
+    out: dict[str, Any] = {}
+
+    def read_str(o: int) -> tuple[bytes, int]:
+        (n,) = unpack_from("<Q", buf, o)
+        o += 8
+        return buf[o:o + n], o + n
+
+    def skip_or_read(vtype: int, o: int, want: bool) -> tuple[Any, int]:
+        if vtype in _SCALAR:
+            fmt = _SCALAR[vtype]
+            return (unpack_from(fmt, buf, o)[0] if want else None), o + struct.calcsize(fmt)
+        if vtype == _STRING:
+            s, o = read_str(o)
+            if not want:
+                return None, o
+            try:
+                return s.decode("utf-8"), o
+            except UnicodeDecodeError:
+                return s, o
+        if vtype == _ARRAY:
+            itype, n = unpack_from("<IQ", buf, o)
+            o += 12
+            if itype in _NP:
+                dt = np.dtype(_NP[itype])
+                end = o + n * dt.itemsize
+                return (np.frombuffer(buf[o:end], dtype=dt).copy() if want else None), end
+            if itype == _STRING:
+                items = []
+                append = items.append
+                for _ in range(n):
+                    (ln,) = unpack_from("<Q", buf, o)
+                    o += 8
+                    if want:
+                        append(buf[o:o + ln])
+                    o += ln
+                if not want:
+                    return None, o
+                # Token texts are UTF-8 in every converter we know; keep bytes for the odd one that is not.
+                dec = []
+                for b in items:
+                    try:
+                        dec.append(b.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        dec.append(b)
+                return dec, o
+            arr = []
+            for _ in range(n):
+                v, o = skip_or_read(itype, o, want)
+                arr.append(v)
+            return (arr if want else None), o
+        raise TokenizerError(f"{path}: unknown GGUF value type {vtype} at offset {o}")
+
+    try:
+        for _ in range(n_kv):
+            kb, off = read_str(off)
+            key = kb.decode("utf-8", "replace")
+            (vtype,) = unpack_from("<I", buf, off)
+            off += 4
+            want = prefixes is None or key.startswith(tuple(prefixes))
+            val, off = skip_or_read(vtype, off, want)
+            if want:
+                out[key] = val
+    except (struct.error, IndexError, ValueError) as e:
+        if isinstance(e, TokenizerError):
+            raise
+        raise TokenizerError(f"{path}: truncated or corrupt GGUF metadata ({e})") from e
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte-level BPE helpers
+# ---------------------------------------------------------------------------------------------
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from bytes to printable characters used in byte-level vocabularies."""
+    keep = list(range(0x21, 0x7F)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    table = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(0x100 + extra)
+            extra += 1
+    return table
+
+
+_B2U = _byte_to_unicode()
+_U2B = {u: b for b, u in _B2U.items()}
+
+# Pre-tokenizer regexes (tiktoken / fancy-regex syntax), each reproducing a Hugging Face
+# pre-tokenizer chain exactly.
+_GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# Digits(individual_digits=True) isolates every \p{N} character before the GPT-2 regex runs on
+# the pieces between them. In one regex: a digit is its own word, and a whitespace run followed
+# by a digit ends where the piece ended, hence the lookahead (?![^\s\p{N}]) in place of (?!\S).
+_SMOLLM_PAT = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
+_LLAMA3_PAT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+               r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+# tokenizer.ggml.pre -> (regex, add BOS when the file does not say)
+_PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
+    "llama-bpe": (_LLAMA3_PAT, True),
+    "llama3": (_LLAMA3_PAT, True),
+    "llama-v3": (_LLAMA3_PAT, True),
+    "smollm": (_SMOLLM_PAT, False),
+    "gpt2": (_GPT2_PAT, False),
+    "gpt-2": (_GPT2_PAT, False),
+}
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece ModelProto, serialized by hand (field numbers of sentencepiece_model.proto)
+# ---------------------------------------------------------------------------------------------
+
+
+def _varint(n: int) -> bytes:
+    if n < 0:
+        n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _pb_len(field_no: int, payload: bytes) -> bytes:
+    return _varint(field_no << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _pb_int(field_no: int, v: int) -> bytes:
+    return _varint(field_no << 3) + _varint(int(v))
+
+
+def _pb_float(field_no: int, v: float) -> bytes:
+    return _varint(field_no << 3 | 5) + struct.pack("<f", v)
+
+
+def _sentencepiece_model_proto(tokens: Sequence[str], scores: np.ndarray, types: np.ndarray,
+                               unk_id: int, bos_id: int, eos_id: int, add_dummy_prefix: bool) -> bytes:
+    parts = []
+    # ModelProto.pieces (1): SentencePiece{piece=1, score=2, type=3}
+    for tok, score, ty in zip(tokens, scores.tolist(), types.tolist()):
+        ty = int(ty) if int(ty) in (1, 2, 3, 4, 5, 6) else TOKEN_NORMAL
+        body = _pb_len(1, tok.encode("utf-8")) + _pb_float(2, float(score))
+        if ty != TOKEN_NORMAL:
+            body += _pb_int(3, ty)
+        parts.append(_pb_len(1, body))
+    has_bytes = bool(np.any(types == TOKEN_BYTE))
+    # TrainerSpec (2): model_type=3 (BPE=2), vocab_size=4, byte_fallback=35, unk/bos/eos/pad ids 40-43
+    trainer = (_pb_int(3, 2) + _pb_int(4, len(tokens)) + _pb_int(35, int(has_bytes))
+               + _pb_int(40, unk_id) + _pb_int(41, bos_id) + _pb_int(42, eos_id) + _pb_int(43, -1))
+    parts.append(_pb_len(2, trainer))
+    # NormalizerSpec (3): name=1, add_dummy_prefix=3, remove_extra_whitespaces=4, escape_whitespaces=5
+    norm = (_pb_len(1, b"identity") + _pb_int(3, int(add_dummy_prefix)) + _pb_int(4, 0) + _pb_int(5, 1))
+    parts.append(_pb_len(3, norm))
+    return b"".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+
+def _meta_int(meta: dict, key: str) -> int | None:
+    v = meta.get(key)
+    return None if v is None else int(v)
+
+
+@dataclass
+class Tokenizer:
+    """A tokenizer built from GGUF metadata. Build it with :meth:`from_gguf`."""
+
+    model: str                       # "gpt2" (byte-level BPE) or "llama" (SentencePiece)
+    pre: str | None                  # tokenizer.ggml.pre
+    tokens: list[str]                # vocabulary texts, as stored
+    token_types: np.ndarray          # int32 GGUF token types
+    bos_id: int | None
+    eos_id: int | None
+    eos_ids: tuple[int, ...]
+    unk_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | None = None
+    path: str | None = None
+    _pieces: list[bytes] = field(default_factory=list, repr=False)   # token id -> bytes it decodes to
+    _special: dict[str, int] = field(default_factory=dict, repr=False)  # CONTROL/UNKNOWN text -> id
+    _user: dict[str, int] = field(default_factory=dict, repr=False)     # USER_DEFINED text -> id
+    _special_re: Any = field(default=None, repr=False)
+    _user_re: Any = field(default=None, repr=False)
+    _all_re: Any = field(default=None, repr=False)   # special and user-defined texts
+    _enc: Any = field(default=None, repr=False)     # tiktoken.Encoding
+    _sp: Any = field(default=None, repr=False)      # sentencepiece.SentencePieceProcessor
+    _drop_from: int = field(default=0, repr=False)  # tiktoken ranks >= this are bytes the vocab lacks
+    _missing: bytes = field(default=b"", repr=False)   # bytes the byte-level vocabulary lacks
+    _missing_re: Any = field(default=None, repr=False)  # finds characters whose UTF-8 has such a byte
+    _split_re: Any = field(default=None, repr=False)
+    _sp_byte: np.ndarray | None = field(default=None, repr=False)  # SPM: byte value of <0xXX> tokens, else -1
+    _token_to_id: dict[str, int] | None = field(default=None, repr=False)
+
+    # ---- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Build the tokenizer of a GGUF file (pyklei's or llama.cpp's) from its metadata alone."""
+        meta = read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture", SP_MODEL_KEY))
+        return cls.from_metadata(meta, path=str(path))
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any], path: str | None = None) -> "Tokenizer":
+        where = path or "metadata"
+        model = meta.get("tokenizer.ggml.model")
+        if model is None:
+            raise TokenizerError(f"{where}: no tokenizer (tokenizer.ggml.model is missing)")
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise TokenizerError(f"{where}: tokenizer.ggml.tokens is missing or empty")
+        if any(isinstance(t, bytes) for t in tokens):
+            raise TokenizerError(f"{where}: tokenizer.ggml.tokens holds texts that are not UTF-8")
+        n = len(tokens)
+        types = meta.get("tokenizer.ggml.token_type")
+        types = (np.full(n, TOKEN_NORMAL, np.int32) if types is None else np.asarray(types, np.int32))
+        if len(types) != n:
+            raise TokenizerError(f"{where}: {len(types)} token types for {n} tokens")
+
+        def tid(key: str) -> int | None:
+            v = _meta_int(meta, key)
+            return v if v is not None and 0 <= v < n else None
+
+        bos, eos, unk, pad = (tid("tokenizer.ggml.bos_token_id"), tid("tokenizer.ggml.eos_token_id"),
+                              tid("tokenizer.ggml.unknown_token_id"), tid("tokenizer.ggml.padding_token_id"))
+        pre = meta.get("tokenizer.ggml.pre")
+        if model == "gpt2":
+            if pre not in _PRE_TOKENIZERS:
+                raise TokenizerError(
+                    f"{where}: unknown pre-tokenizer tokenizer.ggml.pre={pre!r} for a byte-level BPE "
+                    f"vocabulary; pyklei knows {sorted(_PRE_TOKENIZERS)}")
+            default_bos = _PRE_TOKENIZERS[pre][1]
+        elif model == "llama":
+            default_bos = True
+        else:
+            raise TokenizerError(f"{where}: tokenizer.ggml.model={model!r} is not supported "
+                                 "(pyklei reads 'gpt2' byte-level BPE and 'llama' SentencePiece)")
+        add_bos = meta.get("tokenizer.ggml.add_bos_token")
+        add_bos = default_bos if add_bos is None else bool(add_bos)
+        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        if add_bos and bos is None:
+            raise TokenizerError(f"{where}: the tokenizer adds BOS but has no valid tokenizer.ggml.bos_token_id")
+
+        # eos_ids: the metadata's EOS/EOT/EOM ids first, then end-of-turn control tokens.
+        eos_list: list[int] = []
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            v = tid(key)
+            if v is not None and v not in eos_list:
+                eos_list.append(v)
+        for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_USER_DEFINED))[0].tolist():
+            if tokens[i] in END_OF_TURN_TOKENS and i not in eos_list:
+                eos_list.append(i)
+
+        template = meta.get("tokenizer.chat_template")
+        if isinstance(template, bytes):
+            template = template.decode("utf-8", "replace")
+
+        special = {tokens[i]: i for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_UNKNOWN))[0].tolist()
+                   if tokens[i]}
+        user = {tokens[i]: i for i in np.nonzero(types == TOKEN_USER_DEFINED)[0].tolist() if tokens[i]}
+
+        self = cls(model=model, pre=pre, tokens=list(tokens), token_types=types, bos_id=bos, eos_id=eos,
+                   eos_ids=tuple(eos_list), unk_id=unk, pad_id=pad, add_bos=add_bos, add_eos=add_eos,
+                   chat_template=template or None, path=path, _special=special, _user=user)
+        self._special_re = _alternation(special)
+        self._user_re = _alternation(user)
+        self._all_re = _alternation({**user, **special})
+        if model == "gpt2":
+            self._build_bpe(meta, where)
+        else:
+            self._build_spm(meta, where)
+        return self
+
+    def _build_bpe(self, meta: dict, where: str) -> None:
+        import tiktoken
+
+        tokens, types = self.tokens, self.token_types
+        n = len(tokens)
+        pieces: list[bytes] = [b""] * n
+        byte_level: list[bytes | None] = [None] * n
+        u2b = _U2B
+        for i, t in enumerate(tokens):
+            ty = types[i]
+            if ty == TOKEN_NORMAL or ty == TOKEN_BYTE or ty == TOKEN_UNUSED:
+                try:
+                    b = bytes([u2b[c] for c in t])
+                except KeyError:
+                    b = None
+                byte_level[i] = b
+                pieces[i] = b if b is not None else t.encode("utf-8")
+            else:  # CONTROL, UNKNOWN, USER_DEFINED decode to their text
+                pieces[i] = t.encode("utf-8")
+        self._pieces = pieces
+
+        merges = meta.get("tokenizer.ggml.merges")
+        if not merges:
+            raise TokenizerError(f"{where}: a byte-level BPE vocabulary needs tokenizer.ggml.merges")
+        # Only single bytes and the results of merges take part in BPE. Check that the ids of merge
+        # results grow with their first merge, so that id order == merge order (see module doc).
+        tok_id = {t: i for i, t in enumerate(tokens)}
+        produced: set[int] = set()
+        last = -1
+        for m in merges:
+            a, sep, b = m.partition(" ")
+            r = tok_id.get(a + b) if sep else None
+            if r is None or r in produced:
+                continue
+            if r < last:
+                raise TokenizerError(
+                    f"{where}: merge {m!r} makes token {r} after token {last}; pyklei's tiktoken back end "
+                    "needs token ids in merge order")
+            produced.add(r)
+            last = r
+        ranks: dict[bytes, int] = {}
+        for i, b in enumerate(byte_level):
+            if b is None or b in ranks:
+                continue
+            if len(b) == 1 or i in produced:
+                ranks[b] = i
+        # Bytes the vocabulary lacks get ranks past the vocabulary; their ids are dropped after
+        # encoding (Hugging Face's BPE without unk_token drops them too). Without this, tiktoken
+        # panics (pyo3 PanicException, a BaseException) on them.
+        self._drop_from = max(n, max(ranks.values()) + 1)
+        missing = [byte for byte in range(256) if bytes([byte]) not in ranks]
+        for byte in missing:
+            ranks[bytes([byte])] = self._drop_from + byte
+        self._missing = bytes(missing)
+        self._missing_re = _chars_with_bytes(missing)
+        pat = _PRE_TOKENIZERS[self.pre][0]
+        self._enc = tiktoken.Encoding(name=f"pyklei-{self.pre}", pat_str=pat, mergeable_ranks=ranks,
+                                      special_tokens={})
+
+    def _build_spm(self, meta: dict, where: str) -> None:
+        import sentencepiece as spm
+
+        tokens, types = self.tokens, self.token_types
+        raw = meta.get(SP_MODEL_KEY)
+        if raw is not None:
+            proto = raw.tobytes() if isinstance(raw, np.ndarray) else bytes(raw)
+        else:
+            scores = meta.get("tokenizer.ggml.scores")
+            if scores is None or len(scores) != len(tokens):
+                raise TokenizerError(f"{where}: a SentencePiece vocabulary needs tokenizer.ggml.scores")
+            if self.unk_id is None:
+                unk = np.nonzero(types == TOKEN_UNKNOWN)[0]
+                if len(unk) == 0:
+                    raise TokenizerError(f"{where}: a SentencePiece vocabulary needs an unknown token")
+                self.unk_id = int(unk[0])
+            add_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+            add_prefix = True if add_prefix is None else bool(add_prefix)
+            proto = _sentencepiece_model_proto(
+                tokens, np.asarray(scores, np.float32), types, self.unk_id,
+                -1 if self.bos_id is None else self.bos_id, -1 if self.eos_id is None else self.eos_id,
+                add_prefix)
+        sp = spm.SentencePieceProcessor()
+        try:
+            sp.LoadFromSerializedProto(proto)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError on a bad model
+            raise TokenizerError(f"{where}: sentencepiece refused the model built from the GGUF: {e}") from e
+        if sp.get_piece_size() != len(tokens):
+            raise TokenizerError(f"{where}: sentencepiece model has {sp.get_piece_size()} pieces, "
+                                 f"the GGUF {len(tokens)} tokens")
+        self._sp = sp
+        byte_of = np.full(len(tokens), -1, np.int32)
+        pieces: list[bytes] = []
+        for i, t in enumerate(tokens):
+            if types[i] == TOKEN_BYTE and len(t) == 6 and t.startswith("<0x") and t.endswith(">"):
+                byte_of[i] = int(t[3:5], 16)
+                pieces.append(bytes([byte_of[i]]))
+            else:
+                pieces.append(t.replace("\u2581", " ").encode("utf-8"))
+        self._sp_byte = byte_of
+        self._pieces = pieces
+
+    # ---- properties ---------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of CONTROL and UNKNOWN tokens (skipped by ``decode(..., skip_special=True)``)."""
+        return frozenset(self._special.values())
+
+    def is_eos(self, token_id: int) -> bool:
+        return token_id in self.eos_ids
+
+    def id_to_token(self, token_id: int) -> str:
+        """The token's text as stored in the vocabulary (e.g. ``'Ġhello'``, ``'▁hello'``)."""
+        return self.tokens[token_id]
+
+    def token_to_id(self, token: str) -> int | None:
+        """Inverse of :meth:`id_to_token` (``None`` if absent)."""
+        if self._token_to_id is None:
+            self._token_to_id = {t: i for i, t in reversed(list(enumerate(self.tokens)))}
+        return self._token_to_id.get(token)
+
+    def token_to_piece(self, token_id: int) -> bytes:
+        """The bytes the token stands for in decoded text (llama.cpp's token_to_piece).
+
+        A SentencePiece word-start token gives its leading space (``'▁the'`` -> ``b' the'``); the
+        single space that :meth:`decode` strips at the start of a text is not removed here.
+        """
+        return self._pieces[token_id]
+
+    # ---- encoding -----------------------------------------------------------------------------
+    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = True,
+               add_eos: bool | None = None) -> list[int]:
+        """Token ids of ``text``.
+
+        ``add_bos`` / ``add_eos``: ``None`` follows the file's metadata (see the module doc).
+        ``parse_special``: turn the text of CONTROL/UNKNOWN tokens into their ids (True) or
+        encode it as ordinary text (False). USER_DEFINED tokens are matched either way.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, not {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates become U+FFFD (as tiktoken does) in every back end
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        ids: list[int] = []
+        if (self.add_bos if add_bos is None else add_bos):
+            if self.bos_id is None:
+                raise TokenizerError("this tokenizer has no BOS token")
+            ids.append(self.bos_id)
+        rx = self._all_re if parse_special else self._user_re
+        if rx is None:
+            if text:
+                ids.extend(self._encode_ordinary(text))
+        else:
+            table = {**self._user, **self._special} if parse_special else self._user
+            pos = 0
+            for m in rx.finditer(text):
+                if m.start() > pos:
+                    ids.extend(self._encode_ordinary(text[pos:m.start()]))
+                ids.append(table[m.group()])
+                pos = m.end()
+            if pos < len(text):
+                ids.extend(self._encode_ordinary(text[pos:]))
+        if (self.add_eos if add_eos is None else add_eos) and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def encode_batch(self, texts: Iterable[str], **kw: Any) -> list[list[int]]:
+        return [self.encode(t, **kw) for t in texts]
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        if self._enc is None:
+            return self._sp.encode(text)
+        if self._missing_re is not None and self._missing_re.search(text):
+            return self._encode_dropping_missing(text)
+        return self._enc.encode_ordinary(text)
+
+    def _encode_dropping_missing(self, text: str) -> list[int]:
+        # Hugging Face's BPE drops a byte it has no token for from the word *before* merging, so
+        # its neighbours may merge across the gap; tiktoken would keep it as a separate part.
+        # Split with the same regex (the `regex` package, a dependency of tiktoken), delete the
+        # missing bytes from each word, then BPE each word with tiktoken.
+        import regex
+
+        if self._split_re is None:
+            self._split_re = regex.compile(_PRE_TOKENIZERS[self.pre][0])
+        table = bytes.maketrans(b"", b"")
+        ids: list[int] = []
+        for m in self._split_re.finditer(text):
+            word = m.group().encode("utf-8").translate(table, self._missing)
+            if word:
+                ids.extend(self._enc._encode_single_piece(word))
+        return ids
+
+    # ---- decoding -----------------------------------------------------------------------------
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of ``ids``, as the Hugging Face tokenizer's ``decode`` gives it.
+
+        ``skip_special`` leaves out CONTROL and UNKNOWN tokens (``skip_special_tokens``).
+        """
+        ids = [int(i) for i in ids]
+        if skip_special:
+            sp = self.special_ids
+            ids = [i for i in ids if i not in sp]
+        pieces = self._pieces
+        if self._sp is None:
+            return b"".join([pieces[i] for i in ids]).decode("utf-8", "replace")
+        # SentencePiece: Hugging Face's ByteFallback decodes each run of <0xXX> tokens as UTF-8,
+        # or turns every byte of the run into U+FFFD when the run is not valid UTF-8.
+        byte_of = self._sp_byte
+        out: list[str] = []
+        run = bytearray()
+        for i in ids:
+            b = byte_of[i]
+            if b >= 0:
+                run.append(b)
+                continue
+            if run:
+                out.append(_decode_run(run))
+                run.clear()
+            out.append(pieces[i].decode("utf-8"))
+        if run:
+            out.append(_decode_run(run))
+        text = "".join(out)
+        return text[1:] if text.startswith(" ") else text
+
+    def detokenizer(self, skip_special: bool = False) -> "StreamingDetokenizer":
+        """A fresh :class:`StreamingDetokenizer` for this tokenizer."""
+        return StreamingDetokenizer(self, skip_special=skip_special)
+
+    # ---- chat ---------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            tokenize: bool = False, **kwargs: Any) -> str | list[int]:
+        """Render ``messages`` with the file's own chat template (see :mod:`pyklei.chat_template`).
+
+        With ``tokenize=True`` the text is encoded with special-token parsing and no added BOS
+        (templates that want a BOS write ``{{ bos_token }}`` themselves, as with Hugging Face).
+        """
+        from .chat_template import render
+
+        text = render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=self._token_text(self.bos_id), eos_token=self._token_text(self.eos_id),
+                      **kwargs)
+        if tokenize:
+            return self.encode(text, add_bos=False, parse_special=True)
+        return text
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else self.tokens[token_id]
+
+
+def _chars_with_bytes(missing: Sequence[int]):
+    """A regex finding the characters whose UTF-8 encoding contains one of the ``missing`` bytes."""
+    if not missing:
+        return None
+    if any(0x80 <= b < 0xC0 for b in missing):
+        return re.compile(r"[^\x00-\x7f]|[" + "".join(re.escape(chr(b)) for b in missing if b < 0x80) + "]"
+                          if any(b < 0x80 for b in missing) else r"[^\x00-\x7f]")
+    parts = []
+    for b in missing:
+        if b < 0x80:
+            lo = hi = b
+        elif 0xC2 <= b <= 0xDF:
+            lo = (b - 0xC0) << 6
+            hi = lo + 0x3F
+        elif 0xE0 <= b <= 0xEF:
+            lo = max((b - 0xE0) << 12, 0x800)
+            hi = ((b - 0xE0) << 12) + 0xFFF
+        elif 0xF0 <= b <= 0xF4:
+            lo = max((b - 0xF0) << 18, 0x10000)
+            hi = min(((b - 0xF0) << 18) + 0x3FFFF, 0x10FFFF)
+        else:  # 0xC0, 0xC1, 0xF5-0xFF never occur in UTF-8
+            continue
+        if 0xD800 <= lo <= 0xDFFF or 0xD800 <= hi <= 0xDFFF:
+            lo, hi = (lo, 0xD7FF) if lo < 0xD800 else (0xE000, hi)
+        parts.append(re.escape(chr(lo)) if lo == hi else f"{re.escape(chr(lo))}-{re.escape(chr(hi))}")
+    return re.compile("[" + "".join(parts) + "]") if parts else None
+
+
+def _decode_run(run: bytearray) -> str:
+    try:
+        return run.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd" * len(run)
+
+
+def _alternation(words: dict[str, int]):
+    """A regex matching any of ``words``, longest first (leftmost-longest like Hugging Face)."""
+    if not words:
+        return None
+    return re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)))
+
+
+class StreamingDetokenizer:
+    """Turns token ids into text one token at a time, never emitting a broken UTF-8 sequence.
+
+    ``add_token(id)`` returns the text that became final with this token (possibly ``""``):
+    bytes of a UTF-8 sequence that is not complete yet are held back until the next tokens
+    complete it (mlx-lm style). ``finalize()`` returns what is held back, invalid bytes as
+    U+FFFD. The concatenation of all returned strings equals ``tokenizer.decode(ids)`` for any
+    ids of byte-level BPE vocabularies, and for SentencePiece ones whenever runs of byte tokens
+    are valid UTF-8 (``decode`` then follows Hugging Face in turning a whole invalid run into
+    U+FFFD, which a stream cannot know in advance). The leading space of a SentencePiece text
+    is stripped as ``decode`` does. ``text`` holds everything emitted so far.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self._skip = tokenizer.special_ids if skip_special else frozenset()
+        self._strip_space = tokenizer.model == "llama"
+        self.reset()
+
+    def reset(self) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
+        self._started = False
+        self.tokens: list[int] = []
+        self._chunks: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._chunks)
+
+    def add_token(self, token_id: int) -> str:
+        token_id = int(token_id)
+        self.tokens.append(token_id)
+        if token_id in self._skip:
+            return ""
+        return self._emit(self._dec.decode(self.tokenizer._pieces[token_id]))
+
+    def add_tokens(self, ids: Iterable[int]) -> str:
+        return "".join(self.add_token(i) for i in ids)
+
+    def finalize(self) -> str:
+        return self._emit(self._dec.decode(b"", final=True))
+
+    def _emit(self, s: str) -> str:
+        if s and not self._started:
+            self._started = True
+            if self._strip_space and s.startswith(" "):
+                s = s[1:]
+        if s:
+            self._chunks.append(s)
+        return s
