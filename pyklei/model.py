@@ -1,0 +1,182 @@
+"""The model runtime: a pyklei GGUF file memory-mapped into the C forward pass.
+
+    model = Model("smollm2.gguf", n_threads=2, n_ctx=2048)
+    logits = model.eval(tokens)             # last position; reuses the cached prefix
+    all_logits = model.logits(tokens)       # every position, from an empty cache
+
+Weights are used in place from the memory map; the kernel layer owns only a float per
+weight row (R, the row sums of docs/FORMAT.md) and any repacked copies a kernel needs,
+reported by `weights_owned_bytes`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import _ext
+from .formats.model_file import ModelFileError, Tensor, read_model
+
+_LINEARS = (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
+            ("w_gate", "ffn_gate"), ("w_up", "ffn_up"), ("w_down", "ffn_down"))
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (hyperthread siblings count once)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = set()
+    for c in cpus:
+        try:
+            base = f"/sys/devices/system/cpu/cpu{c}/topology/"
+            cores.add((Path(base + "physical_package_id").read_text().strip(),
+                       Path(base + "core_id").read_text().strip()))
+        except OSError:
+            cores.add(("?", str(c)))
+    return max(1, len(cores) or (os.cpu_count() or 1))
+
+
+def _qweight(t: Tensor) -> _ext.QWeight:
+    if t.format == "qsi4c32":
+        return _ext.QWeight("qsi4c32", t.qs, t.scales, t.block_size)
+    if t.format == "qsi8cx":
+        return _ext.QWeight("qsi8cx", t.qs, t.scales)
+    raise ModelFileError(f"{t.name} is stored as {t.format}; linear weights must be qsi4c32 or "
+                         f"qsi8cx (re-convert the model)")
+
+
+class Model:
+    def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
+                 n_batch: int = 256, kv_cache: str = "f32"):
+        t0 = time.perf_counter()
+        if n_threads is not None and n_threads < 1:
+            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        if n_ctx is not None and n_ctx < 1:
+            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+        if n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+        if kv_cache not in ("f32", "f16"):
+            raise ValueError(f"kv_cache must be 'f32' or 'f16', got {kv_cache!r}")
+        self.file = read_model(path)
+        hp = self.file.hparams
+        self.hparams = hp
+        self.n_threads = n_threads or physical_cores()
+        self.n_ctx = n_ctx or min(hp.context_length, 4096)
+        self.ops = _ext.Ops(self.n_threads)
+
+        layers = []
+        for i in range(hp.n_layer):
+            layer = {
+                "attn_norm": self.file.layer(i, "attn_norm").data,
+                "ffn_norm": self.file.layer(i, "ffn_norm").data,
+            }
+            for key, part in _LINEARS:
+                layer[key] = _qweight(self.file.layer(i, part))
+            layers.append(layer)
+        self._layers = layers
+
+        emb = self.file.tensor("token_embd.weight")
+        if emb.format in ("qsi4c32", "qsi8cx"):
+            emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size or 0)
+        else:
+            emb_spec = (emb.format, emb.data, None, 0)
+        out = self.file.output
+        if out.format in ("qsi4c32", "qsi8cx"):
+            self.lm_head = _qweight(out)
+        else:
+            # The kernels take quantized weights only: an f16/f32 lm_head is quantized to
+            # qsi8cx here, once (n_vocab * n_embd bytes of memory).
+            from .formats import quantize_qsi8cx
+            qs, s = quantize_qsi8cx(out.dequantize())
+            self.lm_head = _ext.QWeight("qsi8cx", qs, s)
+        rope_freqs = self.file.tensor("rope_freqs.weight").data if hp.has_rope_freqs else None
+        rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
+                     n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
+                     rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
+                     n_batch=n_batch, kv_f16=kv_cache == "f16")
+        self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
+                                         self.file.tensor("output_norm.weight").data, rope_freqs,
+                                         layers)
+        self._cached: list[int] = []          # tokens whose K/V are in the cache, in order
+        self.last_eval_tokens = 0             # tokens the last eval() actually ran
+        self.load_seconds = time.perf_counter() - t0
+
+    # ---- introspection -----------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.hparams.vocab_size
+
+    @property
+    def weights_owned_bytes(self) -> int:
+        ws = [self.lm_head] + [l[k] for l in self._layers for k, _ in _LINEARS]
+        return sum(w.owned_bytes for w in ws)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.runtime.state_bytes
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return list(self._cached)
+
+    # ---- evaluation --------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forgets the KV cache contents."""
+        self._cached = []
+
+    def _check(self, tokens) -> np.ndarray:
+        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if toks.size == 0:
+            raise ValueError("no tokens to evaluate")
+        if toks.size > self.n_ctx:
+            raise ValueError(f"{toks.size} tokens do not fit the context of {self.n_ctx} tokens "
+                             f"(load with a larger n_ctx, up to {self.hparams.context_length})")
+        bad = (toks < 0) | (toks >= self.vocab_size)
+        if bad.any():
+            raise ValueError(f"token id {int(toks[bad][0])} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return toks.astype(np.int32)
+
+    def _forward(self, toks: np.ndarray, pos0: int, all_logits: bool):
+        try:
+            out = self.runtime.forward(toks, pos0, all_logits)
+        except BaseException:
+            self._cached = self._cached[:pos0]   # positions >= pos0 may be half written
+            raise
+        if out is None:
+            self._cached = self._cached[:pos0]
+            raise KeyboardInterrupt
+        return out
+
+    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits [n_vocab] after `tokens`, reusing the longest cached prefix: a chat turn
+        only runs its new tokens."""
+        toks = self._check(tokens)
+        n = 0
+        limit = min(len(self._cached), len(toks) - 1)   # at least one token runs for logits
+        while n < limit and self._cached[n] == toks[n]:
+            n += 1
+        self._cached = self._cached[:n]
+        logits = self._forward(toks[n:], n, False)
+        self._cached.extend(int(t) for t in toks[n:])
+        self.last_eval_tokens = len(toks) - n
+        return logits
+
+    def step(self, token: int) -> np.ndarray:
+        """Decode one token after the cached ones: logits [n_vocab] (the generation hot path)."""
+        pos = len(self._cached)
+        if pos >= self.n_ctx:
+            raise ValueError(f"the context of {self.n_ctx} tokens is full")
+        logits = self._forward(np.array([token], np.int32), pos, False)
+        self._cached.append(int(token))
+        return logits
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """float32 [len(tokens), n_vocab]: logits at every position, computed from scratch."""
+        toks = self._check(tokens)
+        self._cached = []
+        out = self._forward(toks, 0, True)
+        self._cached = [int(t) for t in toks]
+        return out
