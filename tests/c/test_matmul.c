@@ -1,0 +1,559 @@
+/* Standalone kernel test: every compiled-in kernel this CPU supports against the scalar
+ * reference kernel (and the reference against an independent int64/double evaluation).
+ *
+ * Build (native):  gcc -O2 -pthread -ffp-contract=off -Ipyklei_ext tests/c/test_matmul.c
+ *                  <every .c file of pyklei_ext/ops and pyklei_ext/isa> -lm -o test_matmul
+ * (cross: aarch64-linux-gnu-gcc ... -static, run with qemu-aarch64 -cpu ...; see
+ * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators),
+ * --seed N, --verbose.
+ *
+ * Checks:
+ *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
+ *    and on random rows (range and round-trip invariants);
+ *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
+ *    since the dispatch table is built once per process;
+ *  - matmul, for each kernel and shape (N x K x M x bl from the lists below, trimmed by a
+ *    work budget so that every value of each list occurs):
+ *      (a) exact integer cases (bf16 scales 1.0, activation scale 1, zp = 0 or zp != 0,
+ *          and extreme values): results must equal the exact int64 value (as float);
+ *      (b) random cases (random bf16 scales, activations quantized from random floats,
+ *          sometimes finite clamps): |kernel - ref| <= (K/bl + 8) * 2^-23 * T, where T is
+ *          the sum of the absolute values of all terms (scale * |s| * |q_a - zp| * |q_w|);
+ *          the reference itself is checked against a double evaluation with the same bound;
+ *      (c) guards: dst is a tile inside a larger buffer filled with a NaN sentinel, with
+ *          ldd > N; nothing outside the written tile may change. Each case runs once through
+ *          pk_matmul_lhs / pk_matmul_f32 (2 threads splitting N) and once directly on a
+ *          random sub-range [n0, n1) with a random m.
+ * Last line: "<P> passed, <F> failed"; exit status 1 on any failure. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ops/pk_cpu.h"
+#include "ops/pk_matmul.h"
+
+static int n_pass, n_fail, verbose;
+static int fail_prints;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (cond) {                                                                        \
+            n_pass++;                                                                      \
+        } else {                                                                           \
+            n_fail++;                                                                      \
+            if (fail_prints++ < 40) {                                                      \
+                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
+                printf(__VA_ARGS__);                                                       \
+                printf("\n");                                                              \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+
+/* ---- random numbers -------------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+static int rnd_int(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+static float rnd_unit(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); } /* [0,1) */
+
+static uint16_t f32_to_bf16(float f) {   /* round to nearest even */
+    union { float f; uint32_t u; } v = {f};
+    return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
+}
+
+/* ---- qai8dx quantizer ------------------------------------------------------------------- */
+
+static const struct {
+    int k;
+    float x[8];
+    int8_t q[8];
+    float scale;
+    int32_t zp;
+} golden_rows[] = {   /* generated with pyklei.formats.quantize_qai8dx */
+    {5, {0, 0, 0, 0, 0}, {-128, -128, -128, -128, -128}, 1.0f, -128},
+    {1, {3.0f}, {127}, 0.0117647061124444f, -128},
+    {1, {-2.0f}, {-128}, 0.007843137718737125f, 127},
+    {2, {-1.0f, 1.0f}, {-128, 127}, 0.007843137718737125f, 0},
+    {8, {0.100000001f, -0.200000003f, 0.300000012f, 0.25f, -0.0500000007f, 9.99999994e-09f, 7.5f, -3.25f},
+     {-49, -56, -44, -45, -52, -51, 127, -128}, 0.04215686395764351f, -51},
+    {3, {1e-30f, -1e-30f, 0}, {127, -128, 0}, 7.843137080976313e-33f, 0},
+    {3, {-5.0f, -4.0f, -3.0f}, {-128, -77, -26}, 0.019607843831181526f, 127},
+    {4, {2.0f, 4.0f, 6.0f, 8.0f}, {-64, 0, 63, 127}, 0.0313725508749485f, -128},
+    {7, {-100.0f, 155.0f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f}, {-128, 127, -28, -26, -26, -28, -30}, 1.0f, -28},
+    {3, {1.00000002e+30f, -1.00000002e+30f, 5.00000008e+29f}, {126, -128, 63}, 7.843137650707567e+27f, -1},
+    {3, {3.00000001e+38f, -3.00000001e+38f, 1.0f}, {-128, -128, -128}, INFINITY, -128},
+    {5, {0.333333313f, -0.666666687f, 0.999899983f, 0.00100000005f, -0.25f}, {25, -128, 127, -26, -64},
+     0.006535555236041546f, -26},
+};
+
+static void test_quantize(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    for (size_t r = 0; r < sizeof golden_rows / sizeof golden_rows[0]; r++) {
+        int8_t q[8];
+        float scale;
+        int32_t zp;
+        pk_quantize_qai8dx_row(golden_rows[r].k, golden_rows[r].x, q, &scale, &zp);
+        CHECK(!memcmp(q, golden_rows[r].q, (size_t)golden_rows[r].k) && scale == golden_rows[r].scale &&
+                  zp == golden_rows[r].zp,
+              "qai8dx golden row %zu: scale %.9g zp %d", r, scale, zp);
+    }
+    /* random rows: invariants (q in range, zp in range, round trip within one step) */
+    for (int t = 0; t < 200; t++) {
+        const int k = rnd_int(1, 300);
+        float *x = malloc(sizeof(float) * (size_t)k);
+        int8_t *q = malloc((size_t)k);
+        const int kind = t % 4;
+        const float mag = powf(10.0f, (float)rnd_int(-6, 6));
+        for (int i = 0; i < k; i++) {
+            float v = (2.0f * rnd_unit() - 1.0f) * mag;
+            if (kind == 1) v = fabsf(v);
+            if (kind == 2) v = -fabsf(v);
+            if (kind == 3 && (rnd() & 3) == 0) v = 0.0f;
+            x[i] = v;
+        }
+        float scale;
+        int32_t zp;
+        pk_quantize_qai8dx_row(k, x, q, &scale, &zp);
+        int ok = scale > 0 && zp >= -128 && zp <= 127;
+        for (int i = 0; i < k && ok; i++)
+            ok = fabsf(x[i] - scale * (float)(q[i] - zp)) <= 1.01f * scale;
+        CHECK(ok, "qai8dx random row %d (k=%d, kind %d): scale %g zp %d", t, k, kind, scale, zp);
+        free(x);
+        free(q);
+    }
+    printf("quantize_qai8dx_row: %d cases passed%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* ---- dispatch / PYKLEI_KERNEL (each check in a forked child) ---------------------------- */
+
+static const char *fmt_str(pk_format f) { return f == PK_FMT_QSI4C32 ? "qsi4c32" : "qsi8cx"; }
+
+/* In the child: force `force` (or unset), then check what the table picks. Returns the
+ * exit status (0 ok). want_isa / want_name: what every pick must match (NULL: anything);
+ * expect_refusal: pk_dispatch_init must fail. */
+static int dispatch_child(const char *force, const char *want_isa, const char *want_name, int expect_refusal) {
+    if (force) setenv("PYKLEI_KERNEL", force, 1);
+    else unsetenv("PYKLEI_KERNEL");
+    const char *label = force ? force : "(unset)";
+    if (pk_dispatch_init()) {
+        printf("PYKLEI_KERNEL=%s: refused: %s\n", label, pk_last_error());
+        return expect_refusal ? 0 : 1;
+    }
+    if (expect_refusal) {
+        printf("PYKLEI_KERNEL=%s: accepted, expected a refusal\n", label);
+        return 1;
+    }
+    int bad = 0;
+    for (int f = 0; f < PK_FMT_COUNT; f++) {
+        const pk_kernel *k1 = pk_dispatch_select((pk_format)f, 1);
+        const pk_kernel *k64 = pk_dispatch_select((pk_format)f, 64);
+        if (!k1 || !k64) { printf("PYKLEI_KERNEL=%s: no kernel for %s\n", label, fmt_str(f)); return 1; }
+        printf("PYKLEI_KERNEL=%s %s: dispatch m=1 -> %s, m=64 -> %s\n", label, fmt_str(f), k1->name, k64->name);
+        /* a forced tag only binds the formats that have a kernel with that tag */
+        int has = 0;
+        for (int i = 0; i < pk_kernel_count(); i++) {
+            const pk_kernel *k = pk_kernel_at(i);
+            if (k->fmt == (pk_format)f && ((want_isa && !strcmp(k->isa, want_isa)) ||
+                                           (want_name && !strcmp(k->name, want_name))))
+                has = 1;
+        }
+        if (!has) continue;
+        for (int j = 0; j < 2; j++) {
+            const pk_kernel *k = j ? k64 : k1;
+            if ((want_isa && strcmp(k->isa, want_isa)) || (want_name && strcmp(k->name, want_name))) bad = 1;
+        }
+    }
+    return bad;
+}
+
+static void run_dispatch_check(const char *force, const char *want_isa, const char *want_name,
+                               int expect_refusal) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int rc = dispatch_child(force, want_isa, want_name, expect_refusal);
+        fflush(stdout);
+        _exit(rc);
+    }
+    int status = 0;
+    const int ok = pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    CHECK(ok, "dispatch check PYKLEI_KERNEL=%s", force ? force : "(unset)");
+}
+
+static void test_dispatch(void) {
+    run_dispatch_check(NULL, NULL, NULL, 0);
+    const char *tags[32];
+    int n_tags = 0;
+    const pk_kernel *named = NULL;
+    for (int i = 0; i < pk_kernel_count(); i++) {
+        const pk_kernel *k = pk_kernel_at(i);
+        int seen = 0;
+        for (int t = 0; t < n_tags; t++) seen |= !strcmp(tags[t], k->isa);
+        if (!seen && n_tags < 32) tags[n_tags++] = k->isa;
+        if (pk_kernel_supported(k) && strcmp(k->isa, "scalar")) named = k;
+    }
+    for (int t = 0; t < n_tags; t++) {
+        int supported = 0;
+        for (int i = 0; i < pk_kernel_count(); i++)
+            supported |= !strcmp(pk_kernel_at(i)->isa, tags[t]) && pk_kernel_supported(pk_kernel_at(i));
+        run_dispatch_check(tags[t], tags[t], NULL, !supported);
+    }
+    if (named) run_dispatch_check(named->name, NULL, named->name, 0);
+    run_dispatch_check("no_such_kernel", NULL, NULL, 1);
+}
+
+/* ---- matmul cases ----------------------------------------------------------------------- */
+
+static const int Ns[] = {1, 3, 4, 5, 8, 17, 64, 67, 96};
+static const int Ks[] = {32, 64, 96, 256, 576, 1536, 4096, 8192};
+static const int K8_extra[] = {1, 7, 100};   /* qsi8cx allows any K */
+static const int Ms[] = {1, 2, 3, 4, 5, 8, 16, 33, 67};
+static const int BLs[] = {32, 64, 128, 256};
+#define COUNT(a) ((int)(sizeof a / sizeof a[0]))
+
+enum { V_EXACT_ZP0, V_EXACT_ZP, V_EXACT_EXTREME, V_RANDOM, V_RANDOM_F32, V_COUNT };
+static const char *variant_name[V_COUNT] = {"exact zp=0", "exact zp", "exact extreme", "random", "random f32"};
+
+#define SENTINEL 0x7FBADBADu   /* a quiet NaN no kernel produces */
+
+typedef struct {
+    const char *name;
+    int passed, failed, skipped;
+    double max_ratio;   /* random cases: max |kernel - ref| / bound */
+} kstat;
+static kstat kstats[64];
+
+static float *guard_alloc(size_t rows, size_t ldd) {
+    float *buf = malloc(sizeof(float) * rows * ldd);
+    for (size_t i = 0; i < rows * ldd; i++) memcpy(&buf[i], &(uint32_t){SENTINEL}, 4);
+    return buf;
+}
+
+static int is_sentinel(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u == SENTINEL;
+}
+
+/* Checks buf (rows x ldd) with a tile at (r0, c0) of m x [n0, n1) (relative to the tile
+ * origin) against ref (ld N) and tol (ld N; NULL: exact); everything else must be sentinel. */
+static double tile_ratio;   /* max |v - want| / tol of the last check_tile */
+
+static int check_tile(const float *buf, size_t rows, size_t ldd, size_t r0, size_t c0, int m, int n0, int n1,
+                      const float *ref, const float *tol, int N, char *why, size_t why_len) {
+    tile_ratio = 0.0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < ldd; c++) {
+            const float v = buf[r * ldd + c];
+            const long i = (long)r - (long)r0, j = (long)c - (long)c0;
+            if (i >= 0 && i < m && j >= n0 && j < n1) {
+                const float want = ref[i * N + j];
+                const int ok = tol ? fabsf(v - want) <= tol[i * N + j] : v == want;
+                if (tol && v != want && fabsf(v - want) / tol[i * N + j] > tile_ratio)
+                    tile_ratio = fabsf(v - want) / tol[i * N + j];
+                if (!ok) {
+                    snprintf(why, why_len, "dst[%ld][%ld] = %.9g, want %.9g (tol %.3g)", i, j, v, want,
+                             tol ? tol[i * N + j] : 0.0);
+                    return 0;
+                }
+            } else if (!is_sentinel(v)) {
+                snprintf(why, why_len, "wrote outside the tile at buffer row %zu col %zu (tile at %zu,%zu; m=%d n=[%d,%d))",
+                         r, c, r0, c0, m, n0, n1);
+                return 0;
+            }
+        }
+    return 1;
+}
+
+typedef struct {
+    pk_format fmt;
+    int M, N, K, bl, variant;
+} mcase;
+
+static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
+    const int M = cs->M, N = cs->N, K = cs->K, bl = cs->bl, v = cs->variant;
+    const int q4 = cs->fmt == PK_FMT_QSI4C32, nb = K / bl;
+    const int exact = v <= V_EXACT_EXTREME;
+    /* weights */
+    const size_t wbytes = q4 ? (size_t)N * K / 2 : (size_t)N * K;
+    uint8_t *qs = malloc(wbytes);
+    void *scales = q4 ? malloc(sizeof(uint16_t) * (size_t)N * nb) : malloc(sizeof(float) * (size_t)N);
+    for (size_t i = 0; i < wbytes; i++) {
+        if (v == V_EXACT_EXTREME) {
+            if (q4) qs[i] = (uint8_t)(((rnd() & 3) ? 0x8 : 0x7) | (((rnd() & 3) ? 0x8 : 0x7) << 4));
+            else qs[i] = (uint8_t)(int8_t)((rnd() & 3) ? -127 : 127);
+        } else {
+            qs[i] = q4 ? (uint8_t)rnd() : (uint8_t)(int8_t)rnd_int(-127, 127);
+        }
+    }
+    if (q4) {
+        uint16_t *s = scales;
+        for (int i = 0; i < N * nb; i++) {
+            float f = exact ? 1.0f : (0.001f + 0.05f * rnd_unit()) * ((rnd() & 7) ? 1.0f : -1.0f);
+            if (!exact && (rnd() % 50) == 0) f = 0.0f;
+            s[i] = f32_to_bf16(f);
+        }
+    } else {
+        float *s = scales;
+        for (int i = 0; i < N; i++) s[i] = exact ? 1.0f : 0.0005f + 0.02f * rnd_unit();
+    }
+    /* activations: ld > K for some cases; padding bytes are junk the kernels must not use */
+    const size_t ld = (size_t)K + ((M + N) % 2 ? 16 : 0);
+    int8_t *aq = malloc(ld * (size_t)M);
+    float *ascale = malloc(sizeof(float) * (size_t)M);
+    int32_t *azp = malloc(sizeof(int32_t) * (size_t)M);
+    const size_t ldx = (size_t)K + 3;
+    float *x = NULL;
+    for (size_t i = 0; i < ld * (size_t)M; i++) aq[i] = (int8_t)rnd();
+    if (exact) {
+        for (int i = 0; i < M; i++) {
+            ascale[i] = 1.0f;
+            azp[i] = v == V_EXACT_ZP0 ? 0 : (v == V_EXACT_EXTREME ? ((rnd() & 1) ? 127 : -128) : rnd_int(-128, 127));
+            if (v == V_EXACT_EXTREME)
+                for (int j = 0; j < K; j++) aq[(size_t)i * ld + j] = (rnd() & 3) ? -128 : 127;
+        }
+    } else {
+        x = malloc(sizeof(float) * ldx * (size_t)M);
+        for (int i = 0; i < M; i++) {
+            const float mag = powf(2.0f, (float)rnd_int(-4, 4));
+            const int kind = rnd_int(0, 3);   /* mixed / positive / negative / sparse */
+            for (int j = 0; j < K; j++) {
+                float f = (2.0f * rnd_unit() - 1.0f) * mag;
+                if (kind == 1) f = fabsf(f);
+                if (kind == 2) f = -fabsf(f);
+                if (kind == 3 && (rnd() & 3)) f = 0.0f;
+                x[(size_t)i * ldx + j] = f;
+            }
+            pk_quantize_qai8dx_row(K, x + (size_t)i * ldx, aq + (size_t)i * ld, &ascale[i], &azp[i]);
+        }
+    }
+    pk_lhs lhs = {M, K, aq, ld, ascale, azp};
+
+    /* the weight, prepared once (kernels with a repacked layout get their own below) */
+    pk_rhs rhs;
+    if (pk_rhs_prepare(&rhs, cs->fmt, N, K, bl, qs, scales, NULL)) {
+        CHECK(0, "pk_rhs_prepare: %s", pk_last_error());
+        goto out;
+    }
+
+    /* reference kernel, unclamped */
+    float *ref = malloc(sizeof(float) * (size_t)M * N);
+    float *tol = malloc(sizeof(float) * (size_t)M * N);
+    ref_kern->run(M, 0, N, &lhs, &rhs, NULL, ref, (size_t)N, -INFINITY, INFINITY);
+
+    /* independent evaluation: int64 exact dots, double sums, and the error scale T */
+    int ref_ok = 1;
+    char why[256] = "";
+    for (int i = 0; i < M && ref_ok; i++) {
+        const int8_t *a = aq + (size_t)i * ld;
+        for (int n = 0; n < N; n++) {
+            double truth = 0.0, T = 0.0;
+            int64_t exact_sum = 0;
+            for (int b = 0; b < (q4 ? nb : 1); b++) {
+                const int kb0 = q4 ? b * bl : 0, kb1 = q4 ? (b + 1) * bl : K;
+                const double s = q4 ? (double)pk_bf16_to_f32(((uint16_t *)scales)[(size_t)n * nb + b])
+                                    : (double)((float *)scales)[n];
+                int64_t d = 0, dabs = 0;
+                for (int kk = kb0; kk < kb1; kk++) {
+                    const int w = q4 ? pk_qsi4c32_get(qs + (size_t)n * (K / 2), kk) : ((int8_t *)qs)[(size_t)n * K + kk];
+                    const int av = a[kk] - azp[i];
+                    d += (int64_t)av * w;
+                    dabs += (int64_t)abs(av) * abs(w) + (int64_t)abs(a[kk]) * abs(w);
+                }
+                exact_sum += d;
+                truth += s * (double)d;
+                T += fabs(s) * (double)dabs;
+            }
+            truth *= ascale[i];
+            T *= ascale[i];
+            const float bound = (float)((double)(nb + 8) * ldexp(1.0, -23) * T) + 1e-30f;
+            tol[i * N + n] = bound;
+            const float r = ref[i * N + n];
+            if (exact ? r != (float)exact_sum : fabs((double)r - truth) > bound) {
+                snprintf(why, sizeof why, "ref[%d][%d] = %.9g, independent %.9g", i, n, r,
+                         exact ? (double)(float)exact_sum : truth);
+                ref_ok = 0;
+                break;
+            }
+        }
+    }
+    CHECK(ref_ok, "reference %s %s M=%d N=%d K=%d bl=%d: %s", fmt_str(cs->fmt), variant_name[v], M, N, K, bl, why);
+
+    /* clamps: finite for some random cases (applied to the reference the same way) */
+    float lo = -INFINITY, hi = INFINITY;
+    if (!exact && (rnd() & 1)) {
+        const float c = fabsf(ref[(M * N) / 2]) * 0.5f;
+        lo = -c;
+        hi = c * 1.5f;
+        for (int i = 0; i < M * N; i++) ref[i] = pk_clampf(ref[i], lo, hi);
+    }
+
+    for (int ki = 0; ki < pk_kernel_count(); ki++) {
+        const pk_kernel *kern = pk_kernel_at(ki);
+        if (kern->fmt != cs->fmt || !pk_kernel_supported(kern)) continue;
+        pk_rhs own, *r = &rhs;
+        if (kern->rhs_pack) {
+            if (pk_rhs_prepare(&own, cs->fmt, N, K, bl, qs, scales, kern)) {
+                CHECK(0, "pk_rhs_prepare for %s: %s", kern->name, pk_last_error());
+                kstats[ki].failed++;
+                continue;
+            }
+            r = &own;
+        }
+        int ok = 1;
+        /* (1) the whole matmul through the library entry point (threads split N) */
+        {
+            const size_t ldd = (size_t)N + 5, rows = (size_t)M + 2;
+            float *buf = guard_alloc(rows, ldd);
+            float *dst = buf + ldd + 2;
+            int rc;
+            if (v == V_RANDOM_F32) rc = pk_matmul_f32(ctx, r, M, x, ldx, dst, ldd, lo, hi, kern);
+            else rc = pk_matmul_lhs(ctx, r, &lhs, dst, ldd, lo, hi, kern);
+            if (rc) snprintf(why, sizeof why, "matmul returned %d: %s", rc, pk_last_error());
+            ok = !rc && check_tile(buf, rows, ldd, 1, 2, M, 0, N, ref, exact ? NULL : tol, N, why, sizeof why);
+            if (tile_ratio > kstats[ki].max_ratio) kstats[ki].max_ratio = tile_ratio;
+            free(buf);
+        }
+        /* (2) the kernel directly, on a sub-range [n0, n1) and the first m rows */
+        if (ok) {
+            const int n0 = rnd_int(0, N - 1), n1 = rnd_int(n0 + 1, N), m = rnd_int(1, M);
+            const size_t ldd = (size_t)N + 3, rows = (size_t)m + 1;
+            float *buf = guard_alloc(rows, ldd);
+            const void *packed = NULL;
+            for (int p = 0; p < PK_MAX_PACKED; p++)
+                if (r->packed_for[p] == kern) packed = r->packed[p];
+            kern->run(m, n0, n1, &lhs, r, packed, buf + 1, ldd, lo, hi);
+            ok = check_tile(buf, rows, ldd, 0, 1, m, n0, n1, ref, exact ? NULL : tol, N, why, sizeof why);
+            if (tile_ratio > kstats[ki].max_ratio) kstats[ki].max_ratio = tile_ratio;
+            if (!ok) {
+                char tmp[200];
+                snprintf(tmp, sizeof tmp, "%s", why);
+                snprintf(why, sizeof why, "direct run m=%d n=[%d,%d): %s", m, n0, n1, tmp);
+            }
+            free(buf);
+        }
+        CHECK(ok, "%s %s M=%d N=%d K=%d bl=%d: %s", kern->name, variant_name[v], M, N, K, bl, why);
+        if (ok) kstats[ki].passed++;
+        else kstats[ki].failed++;
+        if (verbose) printf("  %s %s M=%d N=%d K=%d bl=%d: %s\n", kern->name, variant_name[v], M, N, K, bl, ok ? "ok" : why);
+        if (r == &own) pk_rhs_release(&own);
+    }
+    free(ref);
+    free(tol);
+    pk_rhs_release(&rhs);
+out:
+    free(qs);
+    free(scales);
+    free(aq);
+    free(ascale);
+    free(azp);
+    free(x);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--verbose")) verbose = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--seed N] [--verbose]\n", argv[0]);
+            return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    printf("cpu features: %s\n", pk_cpu_features_string(pk_cpu_features()));
+    printf("kernels compiled in: %d\n", pk_kernel_count());
+
+    /* dispatch checks first: children must fork before this process builds its table */
+    test_dispatch();
+    unsetenv("PYKLEI_KERNEL");
+    if (pk_dispatch_init()) {
+        printf("FAIL pk_dispatch_init: %s\n", pk_last_error());
+        printf("%d passed, %d failed\n", n_pass, n_fail + 1);
+        return 1;
+    }
+
+    test_quantize();
+
+    const pk_kernel *ref4 = NULL, *ref8 = NULL;
+    for (int i = 0; i < pk_kernel_count(); i++) {
+        const pk_kernel *k = pk_kernel_at(i);
+        kstats[i].name = k->name;
+        if (!strcmp(k->isa, "scalar")) *(k->fmt == PK_FMT_QSI4C32 ? &ref4 : &ref8) = k;
+    }
+    if (!ref4 || !ref8) {
+        printf("FAIL: no scalar reference kernels\n%d passed, %d failed\n", n_pass, n_fail + 1);
+        return 1;
+    }
+    pk_ctx *ctx = pk_ctx_create(2);
+    if (!ctx) {
+        printf("FAIL pk_ctx_create: %s\n%d passed, %d failed\n", pk_last_error(), n_pass, n_fail + 1);
+        return 1;
+    }
+
+    /* Shape selection: all (N, K, M, bl) with M*N*K within a work budget, plus, so that
+     * every list value occurs with the large K, the smallest shapes for each K. */
+    const long budget = quick ? 40000 : 1500000;
+    int n_cases = 0, rot = 0;
+    for (int f = 0; f < PK_FMT_COUNT; f++) {
+        const int nk = COUNT(Ks) + (f == PK_FMT_QSI8CX ? COUNT(K8_extra) : 0);
+        for (int ik = 0; ik < nk; ik++) {
+            const int K = ik < COUNT(Ks) ? Ks[ik] : K8_extra[ik - COUNT(Ks)];
+            for (int ib = 0; ib < COUNT(BLs); ib++) {
+                const int bl = f == PK_FMT_QSI4C32 ? BLs[ib] : K;
+                if (f == PK_FMT_QSI4C32 && K % bl) continue;
+                if (f == PK_FMT_QSI8CX && ib > 0) break;
+                for (int in = 0; in < COUNT(Ns); in++)
+                    for (int im = 0; im < COUNT(Ms); im++) {
+                        const int N = Ns[in], M = Ms[im];
+                        const long work = (long)M * N * K;
+                        /* always: each M with N = 5 (a tail) and each N with M = 5, at the
+                         * block size 32 / the largest block size only in quick mode */
+                        const int corner = (N == 5 || M == 5) && (!quick || ib == 0);
+                        if (work > budget && !(corner && work <= 64 * (long)budget)) continue;
+                        /* one exact and one random variant per shape, rotating */
+                        const int ve = (rot % 3), vr = V_RANDOM + (rot / 3) % 2;
+                        rot++;
+                        const int vs[2] = {ve, vr};
+                        for (int t = 0; t < 2; t++) {
+                            const mcase cs = {(pk_format)f, M, N, K, bl, vs[t]};
+                            run_case(&cs, ctx, f == PK_FMT_QSI4C32 ? ref4 : ref8);
+                            n_cases++;
+                        }
+                    }
+            }
+        }
+    }
+    pk_ctx_destroy(ctx);
+
+    printf("matmul: %d shape/variant cases (%s set)\n", n_cases, quick ? "quick" : "full");
+    for (int i = 0; i < pk_kernel_count(); i++) {
+        const pk_kernel *k = pk_kernel_at(i);
+        if (!pk_kernel_supported(k)) {
+            char missing[160];   /* pk_cpu_features_string returns one static buffer */
+            snprintf(missing, sizeof missing, "%s", pk_cpu_features_string(k->features & ~pk_cpu_features()));
+            printf("kernel %s: skipped (needs %s; cpu has: %s)\n", k->name, missing,
+                   pk_cpu_features_string(pk_cpu_features()));
+            continue;
+        }
+        char extra[96];
+        if (kstats[i].max_ratio == 0.0) snprintf(extra, sizeof extra, " (random cases: bit-identical to the reference)");
+        else snprintf(extra, sizeof extra, " (random cases: max |diff| = %.2g x bound)", kstats[i].max_ratio);
+        if (kstats[i].failed)
+            printf("kernel %s: %d cases passed, %d FAILED%s\n", k->name, kstats[i].passed, kstats[i].failed, extra);
+        else printf("kernel %s: %d cases passed%s\n", k->name, kstats[i].passed, extra);
+    }
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
