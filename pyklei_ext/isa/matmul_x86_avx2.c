@@ -1,6 +1,74 @@
-/* placeholder table: kernels land here (work in progress) */
+/* x86 AVX2 + FMA kernels (Haswell and later, Zen): vpmaddubsw (u8 x s8 -> s16 pairs) and
+ * vpmaddwd. The qsi4c32 GEMV and GEMM bodies are shared with AVX-VNNI through
+ * x86_ymm_tmpl.h; docs/KERNELS.md describes the kernels. All read the canonical weights. */
 #include "../ops/pk_matmul.h"
+#include "../ops/pk_cpu.h"
+
 #if defined(__x86_64__)
-const pk_kernel pk_kernels_x86_avx2[] = {{0}};
-const int pk_kernels_x86_avx2_count = 0;
+#include <immintrin.h>
+#include <string.h>
+
+#include "x86_common.h"
+
+#define Y_TARGET __attribute__((target("avx2,fma,f16c")))
+#define Y_NAME(x) x##_avx2
+#define Y_VNNI 0
+#define Y_MR 4
+#define Y_NRV 1
+#include "x86_ymm_tmpl.h"
+
+/* qai8dx x qsi8cx, 1 x 4. vpmaddubsw would saturate on int8 x int8 (2 * 255 * 127 > 32767),
+ * so both sides are widened to int16 and multiplied with vpmaddwd: exact int32 dots, the
+ * result bit-exact with the scalar kernel. */
+Y_TARGET static void qai8dx_qsi8cx_1x4_avx2(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                            const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, G = k / 16;
+    const size_t ldo = pk_round_up((size_t)k, 16);
+    int16_t *act = pk_scratch(0, sizeof(int16_t) * ldo * (size_t)m);
+    if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    for (int i = 0; i < m; i++) {
+        const int8_t *a = lhs->q + (size_t)i * lhs->ld;
+        int16_t *o = act + (size_t)i * ldo;
+        for (int g = 0; g < G; g++)
+            _mm256_store_si256((__m256i *)(o + 16 * g), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(a + 16 * g))));
+        for (int kk = 16 * G; kk < k; kk++) o[kk] = a[kk];
+    }
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        const int8_t *w[4];
+        for (int r = 0; r < 4; r++) w[r] = (const int8_t *)rhs->qs + (size_t)(n + (r < nr ? r : nr - 1)) * k;
+        for (int i = 0; i < m; i++) {
+            const int16_t *ai = act + (size_t)i * ldo;
+            __m256i acc[4];
+            for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_si256();
+            for (int g = 0; g < G; g++) {
+                const __m256i av = _mm256_load_si256((const __m256i *)(ai + 16 * g));
+                for (int r = 0; r < 4; r++) {
+                    const __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w[r] + 16 * g)));
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(av, wv));
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
+                const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+                int32_t d = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+                for (int kk = 16 * G; kk < k; kk++) d += (int32_t)ai[kk] * w[r][kk];
+                d -= lhs->zp[i] * rhs->isum[n + r];
+                const float v = lhs->scale[i] * ((const float *)rhs->scales)[n + r] * (float)d;
+                dst[(size_t)i * ldd + n + r] = pk_clampf(v, lo, hi);
+            }
+        }
+    }
+}
+
+#endif /* __x86_64__ */
+
+#if defined(__x86_64__)
+const pk_kernel pk_kernels_x86_avx2[] = {
+    {"qai8dx_qsi4c32_1x4_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, y_q4_gemv_avx2},
+    {"qai8dx_qsi4c32_4x8_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 11, 4, 8, NULL, NULL, y_q4_gemm_avx2},
+    {"qai8dx_qsi8cx_1x4_avx2", "avx2", PK_FMT_QSI8CX, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, qai8dx_qsi8cx_1x4_avx2},
+};
+const int pk_kernels_x86_avx2_count = sizeof pk_kernels_x86_avx2 / sizeof pk_kernels_x86_avx2[0];
 #endif

@@ -421,6 +421,30 @@ Z_TARGET static void qai8dx_qsi8cx_6x32_avx512vnni(int m, int n0, int n1, const 
     }
 }
 
+/* ====================================================================================
+ * AVX-VNNI (VEX vpdpbusd on ymm): the 256-bit template with vpdpbusd, tile 3 x 16
+ * ==================================================================================== */
+
+#define Y_TARGET __attribute__((target("avxvnni,avx2,fma,f16c")))
+#define Y_NAME(x) x##_avxvnni
+#define Y_VNNI 1
+#define Y_MR 3
+#define Y_NRV 2
+#define Y_DPBUSD _mm256_dpbusd_avx_epi32
+#include "x86_ymm_tmpl.h"
+
+/* Test twin of the AVX-VNNI kernels: the same template compiled with the EVEX encoding of
+ * vpdpbusd on ymm (AVX512VL + VNNI), so AVX-512 machines (and CI) check the AVX-VNNI code
+ * paths; only the instruction encoding differs. Priority -1: never chosen unless forced. */
+#undef Y_TARGET
+#undef Y_NAME
+#undef Y_DPBUSD
+#define Y_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
+#define Y_NAME(x) x##_avxvnni_evex
+#define Y_DPBUSD _mm256_dpbusd_epi32
+#include "x86_ymm_tmpl.h"
+
+
 #endif /* __x86_64__ */
 
 /* ---- table --------------------------------------------------------------------------- */
@@ -434,6 +458,22 @@ const pk_kernel pk_kernels_x86_vnni[] = {
      NULL, NULL, qai8dx_qsi8cx_1x4_avx512vnni},
     {"qai8dx_qsi8cx_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, 4, ZNR,
      NULL, NULL, qai8dx_qsi8cx_6x32_avx512vnni},
+    {"qai8dx_qsi4c32_1x4_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 20, 1, 4,
+     NULL, NULL, y_q4_gemv_avxvnni},
+    {"qai8dx_qsi4c32_3x16_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 21, 4, 16,
+     NULL, NULL, y_q4_gemm_avxvnni},
+    {"qai8dx_qsi8cx_1x4_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 20, 1, 4,
+     NULL, NULL, y_q8_gemv_avxvnni},
+    {"qai8dx_qsi8cx_3x16_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 21, 4, 16,
+     NULL, NULL, y_q8_gemm_avxvnni},
+    {"qai8dx_qsi4c32_1x4_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 1, 4,
+     NULL, NULL, y_q4_gemv_avxvnni_evex},
+    {"qai8dx_qsi4c32_3x16_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 4, 16,
+     NULL, NULL, y_q4_gemm_avxvnni_evex},
+    {"qai8dx_qsi8cx_1x4_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 1, 4,
+     NULL, NULL, y_q8_gemv_avxvnni_evex},
+    {"qai8dx_qsi8cx_3x16_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 4, 16,
+     NULL, NULL, y_q8_gemm_avxvnni_evex},
 };
 const int pk_kernels_x86_vnni_count = sizeof pk_kernels_x86_vnni / sizeof pk_kernels_x86_vnni[0];
 #endif
