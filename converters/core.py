@@ -142,17 +142,18 @@ def _split_keep(s: str) -> tuple[str, str]:
 
 
 def choose_format(t: SourceTensor, group_size: int, embedding_bits: int,
-                  keep: list[tuple[str, str]]) -> str:
+                  keep: list[tuple[str, str]], used: set | None = None) -> str:
+    """Output format of t. Norms and rope_freqs are always f32 (--keep patterns skip them);
+    linear weights default to q4, embeddings/output to --embedding-bits; the first --keep
+    pattern matching the GGUF or source name overrides that."""
     if t.kind in ("norm", "rope_freqs"):
-        for pat, fmt in keep:
-            if _matches(pat, t) and fmt != "f32":
-                raise ConversionError(f"--keep {pat}={fmt}: {t.name} is a {t.kind} tensor, "
-                                      f"which is always stored as f32")
         return "f32"
     fmt = "q4" if t.kind == "linear" else EMBEDDING_BITS[embedding_bits]
     for pat, f in keep:
         if _matches(pat, t):
             fmt = f
+            if used is not None:
+                used.add(pat)
             break
     if fmt == "q4":
         n, k = t.shape
@@ -231,7 +232,13 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
     if out_path.exists() and not force:
         raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
     keep = parse_keep(keep)
-    plan = [(t, choose_format(t, group_size, embedding_bits, keep)) for t in src.tensors]
+    used: set = set()
+    plan = [(t, choose_format(t, group_size, embedding_bits, keep, used)) for t in src.tensors]
+    for pat, fmt in keep:
+        if pat not in used:
+            raise ConversionError(
+                f"--keep {pat}={fmt} matches no weight matrix (patterns are globs over GGUF "
+                f"names like 'blk.*.ffn_down.weight' or HF names; norms are always f32)")
 
     w = GGUFWriter(None, K.ARCH)
     w.add_custom_alignment(K.ALIGNMENT)

@@ -34,6 +34,31 @@ def _field_value(f):
     return v
 
 
+def _eos_kv(fields) -> list:
+    """eot_token_id (when absent, found by the token's text) and pyklei.eos_token_ids."""
+    from .hf_tokenizer import EOM_TEXTS, EOT_TEXTS
+
+    if "tokenizer.ggml.tokens" not in fields or K.KEY_EOS_IDS in fields:
+        return []
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    index = {}
+    for i, t in enumerate(tokens):
+        index.setdefault(t, i)
+    out, ids = [], []
+    for key, texts in (("eos", ()), ("eot", EOT_TEXTS), ("eom", EOM_TEXTS)):
+        f = fields.get(f"tokenizer.ggml.{key}_token_id")
+        i = int(f.contents()) if f is not None else next((index[t] for t in texts if t in index), None)
+        if i is None:
+            continue
+        if f is None:
+            out.append((f"tokenizer.ggml.{key}_token_id", i, T.UINT32, None))
+        if i not in ids:
+            ids.append(i)
+    if ids:
+        out.append((K.KEY_EOS_IDS, ids, T.ARRAY, T.UINT32))
+    return out
+
+
 def gguf_source(path, name: str | None = None) -> ModelSource:
     path = Path(path)
     if not path.is_file():
@@ -130,6 +155,7 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
         tensors.append(SourceTensor(gname, shape, kind, read, gname))
     rank = {K.ROPE_FREQS: 0, K.TOKEN_EMBD: 1, K.OUTPUT_NORM: 3, K.OUTPUT: 4}
     tensors.sort(key=lambda s: rank.get(s.name, 2))
+    kv += _eos_kv(fields)
     kv.append((K.KEY_SOURCE, "gguf", T.STRING, None))
     return ModelSource(kv=kv, tensors=tensors, description=f"{path} (llama.cpp GGUF)",
                        after_tensor=drop_pages)

@@ -1,0 +1,259 @@
+"""A strict reader of pyklei model files (GGUF, see docs/FORMAT.md "GGUF container").
+
+    mf = read_model("model.gguf")
+    mf.hparams.n_layer, mf.tokenizer["tokenizer.ggml.tokens"], mf.eos_token_ids
+    w = mf.tensor("blk.0.attn_q.weight")     # w.format == "qsi4c32", w.qs, w.scales (views)
+    mf.tensor("token_embd.weight").dequantize()
+
+Tensor arrays are numpy views over one read-only np.memmap of the file: nothing is copied.
+Everything the runtime relies on is validated here, with errors that say what is wrong
+(ModelFileError, a ValueError): the format version, the architecture, hyperparameters, the
+presence, GGUF type and shape of every tensor of the model, and the data alignment.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import gguf_keys as K
+from .bf16 import bf16_to_f32
+from .qsi4c32 import QSI4C32_BLOCK_SIZES, dequantize_qsi4c32
+from .qsi8cx import dequantize_qsi8cx
+
+
+class ModelFileError(ValueError):
+    """The file is not a valid pyklei model file (message says why)."""
+
+
+@dataclass(frozen=True)
+class HParams:
+    vocab_size: int
+    context_length: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+    rope_dim: int
+    tied: bool                 # True: token_embd.weight is also the lm_head (no output.weight)
+    has_rope_freqs: bool       # llama3 RoPE scaling factors in rope_freqs.weight
+    block_size: int            # pyklei.qsi4c32.block_size (default qsi4c32 group size)
+
+
+@dataclass
+class Tensor:
+    name: str
+    format: str                  # "qsi4c32" | "qsi8cx" | "f32" | "f16" | "bf16"
+    shape: tuple[int, ...]       # logical shape: (N, K) for matrices, (n,) for vectors
+    data: np.ndarray | None = None     # f32/f16 values, bf16 as uint16 bits (plain formats)
+    qs: np.ndarray | None = None       # qsi4c32: uint8 [N, K/2]; qsi8cx: int8 [N, K]
+    scales: np.ndarray | None = None   # qsi4c32: uint16 bf16 bits [N, K/bl]; qsi8cx: f32 [N]
+
+    @property
+    def block_size(self) -> int | None:
+        if self.format != K.QSI4C32:
+            return None
+        return self.shape[1] // self.scales.shape[1]
+
+    def dequantize(self) -> np.ndarray:
+        """float32 copy of the logical tensor."""
+        if self.format == K.QSI4C32:
+            return dequantize_qsi4c32(self.qs, self.scales)
+        if self.format == K.QSI8CX:
+            return dequantize_qsi8cx(self.qs, self.scales)
+        if self.format == "bf16":
+            return bf16_to_f32(self.data)
+        return np.asarray(self.data, dtype=np.float32).copy()
+
+
+@dataclass
+class ModelFile:
+    path: Path
+    hparams: HParams
+    metadata: dict[str, Any]
+    tensors: dict[str, Tensor]
+    eos_token_ids: list[int] = field(default_factory=list)
+    _reader: Any = None
+
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path} has no tensor {name!r}") from None
+
+    def layer(self, i: int, part: str) -> Tensor:
+        return self.tensor(K.blk(i, part))
+
+    @property
+    def tokenizer(self) -> dict[str, Any]:
+        return {k: v for k, v in self.metadata.items() if k.startswith("tokenizer.")}
+
+    @property
+    def output(self) -> Tensor:
+        """The lm_head weight: output.weight, or token_embd.weight when tied."""
+        return self.tensors.get(K.OUTPUT) or self.tensors[K.TOKEN_EMBD]
+
+
+def _value(f):
+    from gguf import GGUFValueType as T
+    if f.types and f.types[0] == T.ARRAY and len(f.types) == 2 and f.types[1] == T.UINT8:
+        return bytes(np.asarray(f.contents(), dtype=np.uint8))
+    return f.contents()
+
+
+def read_model(path) -> ModelFile:
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"no such model file: {path}")
+    try:
+        r = GGUFReader(path, "r")
+    except Exception as e:
+        raise ModelFileError(f"{path}: not a readable GGUF file ({e})") from None
+    md = {k: _value(f) for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    ver = md.get(K.KEY_FORMAT_VERSION)
+    if ver is None:
+        raise ModelFileError(f"{path} is not a pyklei model file (no {K.KEY_FORMAT_VERSION}); "
+                             f"convert it with `pyklei convert {path.name} -o OUT.gguf`")
+    if ver != K.FORMAT_VERSION:
+        raise ModelFileError(f"{path} has pyklei format version {ver}; this pyklei reads "
+                             f"version {K.FORMAT_VERSION} (re-convert the model)")
+    if md.get(K.GENERAL_ARCHITECTURE) != K.ARCH:
+        raise ModelFileError(f"{path}: architecture {md.get(K.GENERAL_ARCHITECTURE)!r}, expected 'llama'")
+    if md.get(K.GENERAL_ALIGNMENT, 32) % K.ALIGNMENT:
+        raise ModelFileError(f"{path}: general.alignment {md.get(K.GENERAL_ALIGNMENT)} is not a "
+                             f"multiple of {K.ALIGNMENT}")
+
+    def need(key, typ=int):
+        if key not in md:
+            raise ModelFileError(f"{path} lacks metadata key {key!r}")
+        try:
+            return typ(md[key])
+        except (TypeError, ValueError):
+            raise ModelFileError(f"{path}: metadata {key!r} = {md[key]!r} is not {typ.__name__}") from None
+
+    raw = {t.name: t for t in r.tensors}
+    n_embd, n_head = need(K.EMBEDDING_LENGTH), need(K.HEAD_COUNT)
+    head_dim = int(md.get(K.KEY_LENGTH, n_embd // max(n_head, 1)))
+    hp = HParams(
+        vocab_size=need(K.VOCAB_SIZE),
+        context_length=need(K.CONTEXT_LENGTH),
+        n_embd=n_embd,
+        n_layer=need(K.BLOCK_COUNT),
+        n_ff=need(K.FEED_FORWARD_LENGTH),
+        n_head=n_head,
+        n_head_kv=int(md.get(K.HEAD_COUNT_KV, n_head)),
+        head_dim=head_dim,
+        rms_eps=need(K.RMS_EPS, float),
+        rope_theta=float(md.get(K.ROPE_FREQ_BASE, 10000.0)),
+        rope_dim=int(md.get(K.ROPE_DIM, head_dim)),
+        tied=K.OUTPUT not in raw,
+        has_rope_freqs=K.ROPE_FREQS in raw,
+        block_size=need(K.KEY_BLOCK_SIZE),
+    )
+    for fld in ("vocab_size", "n_embd", "n_layer", "n_ff", "n_head", "n_head_kv", "head_dim"):
+        if getattr(hp, fld) <= 0:
+            raise ModelFileError(f"{path}: {fld} = {getattr(hp, fld)} must be positive")
+    if hp.n_head % hp.n_head_kv:
+        raise ModelFileError(f"{path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
+    if hp.rope_dim != hp.head_dim:
+        raise ModelFileError(f"{path}: partial RoPE (rope.dimension_count {hp.rope_dim} != head_dim "
+                             f"{hp.head_dim}) is not supported")
+    if hp.block_size not in QSI4C32_BLOCK_SIZES:
+        raise ModelFileError(f"{path}: {K.KEY_BLOCK_SIZE} = {hp.block_size} is not one of {QSI4C32_BLOCK_SIZES}")
+
+    h, v, f, hd = hp.n_embd, hp.vocab_size, hp.n_ff, hp.head_dim
+    expect = {K.TOKEN_EMBD: (v, h), K.OUTPUT_NORM: (h,)}
+    for i in range(hp.n_layer):
+        expect.update({
+            K.blk(i, "attn_norm"): (h,), K.blk(i, "ffn_norm"): (h,),
+            K.blk(i, "attn_q"): (hp.n_head * hd, h), K.blk(i, "attn_k"): (hp.n_head_kv * hd, h),
+            K.blk(i, "attn_v"): (hp.n_head_kv * hd, h), K.blk(i, "attn_output"): (h, hp.n_head * hd),
+            K.blk(i, "ffn_gate"): (f, h), K.blk(i, "ffn_up"): (f, h), K.blk(i, "ffn_down"): (h, f),
+        })
+    if not hp.tied:
+        expect[K.OUTPUT] = (v, h)
+    if hp.has_rope_freqs:
+        expect[K.ROPE_FREQS] = (hd // 2,)
+    companions = {K.scales_name(n) for n in expect}
+    for name in raw:
+        if name not in expect and name not in companions:
+            raise ModelFileError(f"{path}: unexpected tensor {name!r}")
+    align = int(md.get(K.GENERAL_ALIGNMENT, 32))
+
+    def dims(t):  # numpy-order dims
+        return tuple(int(d) for d in reversed(t.shape.tolist()))
+
+    def get(name, gtype, shape):
+        t = raw.get(name)
+        if t is None:
+            raise ModelFileError(f"{path} lacks tensor {name!r}")
+        if t.tensor_type != gtype:
+            raise ModelFileError(f"{path}: tensor {name} has GGUF type {t.tensor_type.name}, "
+                                 f"expected {gtype.name}")
+        if dims(t) != tuple(shape):
+            raise ModelFileError(f"{path}: tensor {name} has shape {list(dims(t))}, expected {list(shape)}")
+        if t.data_offset % align:
+            raise ModelFileError(f"{path}: tensor {name} data is not {align}-byte aligned")
+        return t.data
+
+    tensors: dict[str, Tensor] = {}
+    plain = {Q.F32: ("f32", np.float32), Q.F16: ("f16", np.float16), Q.BF16: ("bf16", np.uint16)}
+    for name, shape in expect.items():
+        fmt = md.get(K.format_key(name))
+        if fmt == K.QSI4C32:
+            if len(shape) != 2:
+                raise ModelFileError(f"{path}: {name} cannot be qsi4c32 (shape {list(shape)})")
+            n, k = shape
+            sc_t = raw.get(K.scales_name(name))
+            if sc_t is None:
+                raise ModelFileError(f"{path}: qsi4c32 tensor {name} lacks {K.scales_name(name)}")
+            nb = dims(sc_t)[-1] if len(dims(sc_t)) == 2 else 0
+            if nb <= 0 or k % nb or (k // nb) not in QSI4C32_BLOCK_SIZES:
+                raise ModelFileError(f"{path}: {K.scales_name(name)} shape {list(dims(sc_t))} does "
+                                     f"not give a valid block size for K={k}")
+            qs = get(name, Q.I8, (n, k // 2)).view(np.uint8)
+            sc = get(K.scales_name(name), Q.BF16, (n, nb)).view(np.uint16).reshape(n, nb)
+            tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
+        elif fmt == K.QSI8CX:
+            if len(shape) != 2:
+                raise ModelFileError(f"{path}: {name} cannot be qsi8cx (shape {list(shape)})")
+            n, k = shape
+            qs = get(name, Q.I8, (n, k))
+            sc = get(K.scales_name(name), Q.F32, (n,))
+            tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
+        elif fmt is None:
+            t = raw.get(name)
+            if t is None:
+                raise ModelFileError(f"{path} lacks tensor {name!r}")
+            if t.tensor_type not in plain or (len(shape) == 1 and t.tensor_type != Q.F32):
+                raise ModelFileError(f"{path}: tensor {name} has unsupported GGUF type "
+                                     f"{t.tensor_type.name} (and no {K.format_key(name)} key)")
+            pf, dt = plain[t.tensor_type]
+            data = get(name, t.tensor_type, shape).view(dt).reshape(shape)
+            tensors[name] = Tensor(name, pf, shape, data=data)
+        else:
+            raise ModelFileError(f"{path}: {K.format_key(name)} = {fmt!r} is not a known format")
+    toks = md.get("tokenizer.ggml.tokens")
+    if toks is None:
+        raise ModelFileError(f"{path} has no tokenizer (tokenizer.ggml.tokens)")
+    if len(toks) != hp.vocab_size:
+        raise ModelFileError(f"{path}: {len(toks)} tokens but vocab_size {hp.vocab_size}")
+    eos = md.get(K.KEY_EOS_IDS)
+    eos_ids = [int(i) for i in eos] if eos is not None else []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in md and int(md[key]) not in eos_ids:
+            eos_ids.append(int(md[key]))
+    for i in eos_ids:
+        if not 0 <= i < hp.vocab_size:
+            raise ModelFileError(f"{path}: EOS id {i} outside the vocabulary")
+    return ModelFile(path=path, hparams=hp, metadata=md, tensors=tensors, eos_token_ids=eos_ids,
+                     _reader=r)

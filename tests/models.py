@@ -1,0 +1,171 @@
+"""Model fixtures for tests: tiny random Llama checkpoints and the real SmolLM2 HF checkpoint.
+
+    from models import make_tiny_llama, smollm2_hf_dir     # tests/ is on sys.path in tests
+    d = make_tiny_llama(tmp_path / "tiny", head_dim=64, tied=True, tokenizer="bpe", seed=0)
+    AutoModelForCausalLM.from_pretrained(d)    # a real LlamaForCausalLM checkpoint
+
+make_tiny_llama writes, with transformers (config + random weights) and tokenizers /
+sentencepiece (a small tokenizer trained on generated text), a Llama 3.2-style checkpoint:
+llama3 RoPE scaling (factor 32, low 1, high 4, original context 8192, theta 500000), GQA,
+tied or untied embeddings, bf16 safetensors, tokenizer.json (Llama 3 pre-tokenizer, byte-level
+BPE, <|begin_of_text|>/<|eot_id|> specials, chat template) or tokenizer.model (SentencePiece
+BPE with byte fallback, Llama 2 style), tokenizer_config.json, generation_config.json.
+Everything is deterministic in `seed`.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = ("the of and to in is was for on that with as by at from it an be this which or are "
+         "have had not but were his her they one all their there been has more when will would "
+         "who what so out up into than them can only other new some could time these two may "
+         "first then do any like my now over such our man me even most made after also did "
+         "many before must through back years where much your way well down should because "
+         "each just those people how too little state good very make world still own see men "
+         "work long get here between both life being under never day same another know while "
+         "last might us great old year off come since against go came right used take three "
+         "llama model token paris france capital river mountain number seven eleven").split()
+
+LLAMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+    "<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+SPM_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}[{{ message['role'] }}] {{ message['content'] }}"
+    "{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+def sample_text(n_lines: int = 2000, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n_lines):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(4, 16))]
+        if rng.random() < 0.3:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 99999)))
+        s = " ".join(words)
+        s = s[0].upper() + s[1:] + rng.choice([".", "!", "?", ",", ";"])
+        if rng.random() < 0.1:
+            s += " Ünïcödé – “quotes” 日本語 🙂"
+        lines.append(s)
+    return lines
+
+
+def _bpe_tokenizer(out: Path, vocab_size: int, seed: int) -> dict:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    from pyklei.converters.hf_tokenizer import LLAMA3_REGEX
+
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                "<|end_header_id|>", "<|eot_id|>"]
+    tok = Tokenizer(models.BPE(ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(specials), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[])
+    tok.train_from_iterator(sample_text(seed=seed), trainer=trainer)
+    n = tok.get_vocab_size()
+    # Specials after the regular vocabulary, like Llama 3 (ids 128000+).
+    tok.add_special_tokens(specials)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                      pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                      special_tokens=[("<|begin_of_text|>", bos)]),
+    ])
+    tok.save(str(out / "tokenizer.json"))
+    eot, eos = tok.token_to_id("<|eot_id|>"), tok.token_to_id("<|end_of_text|>")
+    assert n + len(specials) <= vocab_size
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+        "clean_up_tokenization_spaces": True, "model_max_length": 131072,
+        "chat_template": LLAMA3_CHAT_TEMPLATE,
+        "added_tokens_decoder": {str(tok.token_to_id(s)): {
+            "content": s, "lstrip": False, "rstrip": False, "normalized": False,
+            "single_word": False, "special": True} for s in specials},
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    return {"bos_token_id": bos, "eos_token_id": [eos, eot], "pad_token_id": None}
+
+
+def _spm_tokenizer(out: Path, vocab_size: int, seed: int) -> dict:
+    import io
+
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample_text(seed=seed)), model_writer=buf,
+        vocab_size=vocab_size, model_type="bpe", byte_fallback=True, split_digits=True,
+        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        hard_vocab_limit=False, num_threads=1, minloglevel=2, add_dummy_prefix=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity")
+    (out / "tokenizer.model").write_bytes(buf.getvalue())
+    tok_cfg = {
+        "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "legacy": False,
+        "clean_up_tokenization_spaces": False, "model_max_length": 131072,
+        "chat_template": SPM_CHAT_TEMPLATE,
+        "sp_model_kwargs": {},
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    return {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": None}
+
+
+def make_tiny_llama(dir, head_dim: int = 64, tied: bool = True, tokenizer: str = "bpe",
+                    seed: int = 0, *, hidden_size: int = 256, n_head: int = 4, n_head_kv: int = 2,
+                    n_layer: int = 2, intermediate_size: int = 512, vocab_size: int = 512,
+                    dtype: str = "bfloat16", rope_scaling: bool = True,
+                    init_std: float = 0.05) -> Path:
+    """Write a tiny random Llama 3.2-style HF checkpoint into `dir` (created) and return it.
+
+    tokenizer: "bpe" (Llama 3-style byte-level BPE tokenizer.json) or "spm" (SentencePiece
+    tokenizer.model). With the defaults q has n_head*head_dim = 256 (head_dim 64) or 512
+    (head_dim 128) rows, so head_dim 128 also covers n_head*head_dim != hidden_size.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer == "bpe":
+        ids = _bpe_tokenizer(out, vocab_size, seed)
+    elif tokenizer == "spm":
+        ids = _spm_tokenizer(out, vocab_size, seed)
+    else:
+        raise ValueError(f"tokenizer must be 'bpe' or 'spm', got {tokenizer!r}")
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192} if rope_scaling else None
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_head_kv,
+        head_dim=head_dim, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=rope, tie_word_embeddings=tied,
+        initializer_range=init_std, **ids)
+    cfg.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # norms away from 1 so a mix-up of norm weights shows
+        g = torch.Generator().manual_seed(seed + 1)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    return out
+
+
+def smollm2_hf_dir() -> Path:
+    """The real SmolLM2-135M-Instruct HF checkpoint (~/.cache/pyklei/SmolLM2-135M-Instruct-hf),
+    built from llama.cpp's Q4_1 GGUF on first use (see pyklei.converters.gguf_to_hf)."""
+    from pyklei.converters.gguf_to_hf import smollm2_hf
+
+    return smollm2_hf()
