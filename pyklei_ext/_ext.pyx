@@ -253,6 +253,31 @@ cdef class Ops:
             raise KernelError(_last_error())
         return out
 
+    def matmul_lhs_into(self, QWeight w, q, scale, zp, float[:, ::1] out, int row0, int col0,
+                        kernel=None, clamp=None):
+        """Test hook: matmul_lhs writing into out[row0:row0+M, col0:col0+N] of a larger array
+        (row stride out.shape[1]), so tests can check that nothing outside is touched."""
+        cdef const int8_t[:, ::1] qv = np.ascontiguousarray(q, dtype=np.int8)
+        cdef const float[::1] sv = np.ascontiguousarray(scale, dtype=np.float32)
+        cdef const int32_t[::1] zv = np.ascontiguousarray(zp, dtype=np.int32)
+        cdef int m = qv.shape[0]
+        if qv.shape[1] != w.k or sv.shape[0] != m or zv.shape[0] != m:
+            raise ValueError("q must be [M, K] with scale and zp of length M")
+        if m == 0 or row0 < 0 or col0 < 0 or row0 + m > out.shape[0] or col0 + w.n > out.shape[1]:
+            raise ValueError("the [M, N] window does not fit in out")
+        cdef float lo = -INFINITY, hi = INFINITY
+        if clamp is not None:
+            lo, hi = clamp
+        cdef pk_lhs lhs
+        lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], &sv[0], &zv[0]
+        cdef const pk_kernel *kern = _kernel(kernel)
+        cdef int rc
+        with nogil:
+            rc = pk_matmul_lhs(self.ctx, &w.rhs, &lhs, &out[row0, col0], out.shape[1], lo, hi, kern)
+        if rc != 0:
+            raise KernelError(_last_error())
+        return out
+
 
 # ---- the Llama forward pass (pyklei_ext/model) ---------------------------------------------
 

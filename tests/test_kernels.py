@@ -1,0 +1,347 @@
+"""Every matmul kernel against the scalar kernel and the numpy reference (docs/KERNELS.md).
+
+For each kernel in pyklei._ext.kernels() (kernels this CPU cannot run are skipped, naming the
+missing feature), on odd and aligned shapes (N not a multiple of any tile, K from 32 to 8192,
+M from 1 to 67) and block sizes 32/64/128/256:
+  (a) exact integer cases: activation scale 1, zp 0 (and zp != 0), weight scales 1.0 -> the
+      result is an integer below 2**24 (or rounded once, qsi8cx) and must be equal;
+  (b) random cases: within the bound of `tolerance()` (stated there);
+  (c) the output window: nothing outside [M rows x N cols] of a larger buffer changes;
+  (d) dispatch forcing through PYKLEI_KERNEL / PYKLEI_LOG=kernels in a subprocess;
+  (e) the C qai8dx quantizer is byte-exact with the numpy reference.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pyklei import _ext
+from pyklei.formats import (
+    bf16_to_f32,
+    dequantize_qsi4c32,
+    f32_to_bf16,
+    pack_nibbles,
+    quantize_qai8dx,
+    unpack_nibbles,
+)
+
+KERNELS = _ext.kernels()
+FEATURES = set(_ext.cpu_features())
+# the CPU feature (as pk_cpu_features_string names it) each ISA tag needs
+ISA_FEATURE = {"scalar": None, "avx2": "avx2", "avxvnni": "avxvnni", "avx512vnni": "avx512vnni",
+               "avxvnni_evex": "avx512vnni", "amx": "amx_int8", "neon": "neon", "dotprod": "dotprod",
+               "i8mm": "i8mm"}
+SCALAR = {k["format"]: k["name"] for k in KERNELS if k["isa"] == "scalar"}
+U = 2.0 ** -24   # float32 unit roundoff
+
+
+def kernel_params(fmt):
+    out = []
+    for k in KERNELS:
+        if k["format"] != fmt:
+            continue
+        need = ISA_FEATURE.get(k["isa"], k["isa"])
+        marks = [] if k["supported"] else [pytest.mark.skip(
+            reason=f"{k['name']}: this CPU lacks {need} (has: {' '.join(sorted(FEATURES)) or 'baseline'})")]
+        out.append(pytest.param(k["name"], marks=marks, id=k["name"]))
+    return out
+
+
+# (M, N, K, bl): N in {1, 3, 5, 17, 33, 67, 96}, K 32..8192, M incl. 1, 2, 3, 4, 5, 16, 33, 67
+SHAPES = [
+    (1, 1, 32, 32), (1, 3, 64, 64), (2, 17, 96, 32), (3, 67, 128, 128), (4, 96, 256, 256),
+    (5, 33, 576, 32), (16, 96, 576, 64), (33, 17, 1536, 128), (67, 67, 2048, 256),
+    (1, 67, 8192, 32), (16, 17, 8192, 64), (67, 5, 160, 32), (1, 96, 4096, 128), (33, 1, 32, 32),
+    (7, 40, 768, 256), (67, 96, 1024, 32),
+]
+# qsi8cx has no block constraint on K: add 0/1/3/5/17 to exercise every tail
+Q8_K_EXTRA = [0, 1, 3, 5, 17]
+
+
+def shape_id(s):
+    return "M%d-N%d-K%d-bl%d" % s
+
+
+_cache = {}
+
+
+def make_case(fmt, idx, kind):
+    """Deterministic weights and activations for SHAPES[idx]; kind: 'random' | 'exact' | 'exact_zp'."""
+    key = (fmt, idx, kind)
+    if key in _cache:
+        return _cache[key]
+    m, n, k, bl = SHAPES[idx]
+    rng = np.random.default_rng(1000 * idx + {"random": 1, "exact": 2, "exact_zp": 3}[kind] + (7 if fmt == "qsi8cx" else 0))
+    if fmt == "qsi8cx":
+        k += Q8_K_EXTRA[idx % len(Q8_K_EXTRA)]
+        qw = rng.integers(-127, 128, (n, k)).astype(np.int8)
+        ws = np.ones(n, np.float32) if kind != "random" else rng.uniform(1e-3, 0.05, n).astype(np.float32)
+        w = _ext.QWeight(fmt, qw, ws)
+        wdeq = qw.astype(np.float64) * ws.astype(np.float64)[:, None]
+    else:
+        qw = rng.integers(-8, 8, (n, k)).astype(np.int8)
+        qs = pack_nibbles(qw)
+        if kind == "random":
+            sc = f32_to_bf16(rng.uniform(1e-3, 0.1, (n, k // bl)).astype(np.float32))
+        else:
+            sc = np.full((n, k // bl), 0x3F80, np.uint16)   # bf16 1.0
+        w = _ext.QWeight(fmt, qs, sc, bl)
+        wdeq = dequantize_qsi4c32(qs, sc).astype(np.float64)
+    qa = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    if kind == "random":
+        scale = rng.uniform(1e-3, 0.1, m).astype(np.float32)
+        zp = rng.integers(-128, 128, m).astype(np.int32)
+    else:
+        scale = np.ones(m, np.float32)
+        zp = np.zeros(m, np.int32) if kind == "exact" else rng.integers(-128, 128, m).astype(np.int32)
+    case = dict(m=m, n=n, k=k, bl=bl, w=w, wdeq=wdeq, qw=qw, qa=qa, scale=scale, zp=zp)
+    _cache[key] = case
+    return case
+
+
+def reference(case):
+    """float64: scale[m] * sum_k (q[m,k] - zp[m]) * W[n,k], W the dequantized weight."""
+    a = case["qa"].astype(np.float64) - case["zp"][:, None]
+    return case["scale"].astype(np.float64)[:, None] * (a @ case["wdeq"].T)
+
+
+def tolerance(case):
+    """Bound on |y - y_ref| for the random cases.
+
+    Kernels compute exact int32 block dots; float32 enters at the per-block scaling and the
+    sum over blocks, in any order and with or without the +128 activation offset (the GEMV
+    kernels fold it into the zero point: zp + 128, R). With T the sum of the magnitudes of
+    all terms any of these evaluations forms,
+        T[m, n] = scale[m] * sum_k (|q[m,k]| + |zp[m]| + 256) * |W[n,k]|,
+    a float32 sum of at most nb + 24 roundings (nb = K/bl block terms, lane reductions,
+    the zero-point term and the final products) is within (nb + 24) * u * T, u = 2**-24
+    (the classical gamma_n bound, linear in the number of roundings)."""
+    nb = case["k"] // case["bl"] if case["w"].format == "qsi4c32" else 1
+    a = np.abs(case["qa"].astype(np.float64)) + np.abs(case["zp"])[:, None] + 256
+    t = case["scale"].astype(np.float64)[:, None] * (a @ np.abs(case["wdeq"]).T)
+    return (nb + 24) * U * t
+
+
+def run(ops, case, kernel):
+    return ops.matmul_lhs(case["w"], case["qa"], case["scale"], case["zp"], kernel=kernel)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return _ext.Ops(2)
+
+
+# ---- (a) exact integer cases ---------------------------------------------------------------
+
+@pytest.mark.parametrize("idx", range(len(SHAPES)), ids=[shape_id(s) for s in SHAPES])
+@pytest.mark.parametrize("kind", ["exact", "exact_zp"])
+@pytest.mark.parametrize("kernel", kernel_params("qsi4c32"))
+def test_qsi4c32_exact(ops, kernel, kind, idx):
+    c = make_case("qsi4c32", idx, kind)
+    # all partial sums are integers below 2**24 (|q_a + 128| * 8 * K <= 255 * 8 * 8192 < 2**24):
+    # every kernel is exact
+    want = ((c["qa"].astype(np.int64) - c["zp"][:, None]) @ c["qw"].astype(np.int64).T).astype(np.float32)
+    got = run(ops, c, kernel)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("idx", range(len(SHAPES)), ids=[shape_id(s) for s in SHAPES])
+@pytest.mark.parametrize("kind", ["exact", "exact_zp"])
+@pytest.mark.parametrize("kernel", kernel_params("qsi8cx"))
+def test_qsi8cx_exact(ops, kernel, kind, idx):
+    c = make_case("qsi8cx", idx, kind)
+    # int32 dot minus zp * isum, converted once (round to nearest even, like numpy's cast)
+    d = (c["qa"].astype(np.int64) - c["zp"][:, None]) @ c["qw"].astype(np.int64).T
+    got = run(ops, c, kernel)
+    np.testing.assert_array_equal(got, d.astype(np.float32))
+
+
+# ---- (b) random cases ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("idx", range(len(SHAPES)), ids=[shape_id(s) for s in SHAPES])
+@pytest.mark.parametrize("kernel", kernel_params("qsi4c32"))
+def test_qsi4c32_random(ops, kernel, idx):
+    c = make_case("qsi4c32", idx, "random")
+    got = run(ops, c, kernel).astype(np.float64)
+    ref = reference(c)
+    tol = tolerance(c)
+    assert np.all(np.abs(got - ref) <= tol), f"max excess {np.max(np.abs(got - ref) - tol)}"
+    scal = run(ops, c, SCALAR["qsi4c32"]).astype(np.float64)
+    assert np.all(np.abs(got - scal) <= 2 * tol)
+
+
+@pytest.mark.parametrize("idx", range(len(SHAPES)), ids=[shape_id(s) for s in SHAPES])
+@pytest.mark.parametrize("kernel", kernel_params("qsi8cx"))
+def test_qsi8cx_random(ops, kernel, idx):
+    c = make_case("qsi8cx", idx, "random")
+    got = run(ops, c, kernel)
+    # exact int32 dot, then (scale * s) * float(d): three roundings -> within 4u |ref|;
+    # and the same float expression as the scalar kernel -> bit-exact with it
+    ref = reference(c)
+    assert np.all(np.abs(got - ref) <= 4 * U * np.abs(ref) + 1e-30)
+    np.testing.assert_array_equal(got, run(ops, c, SCALAR["qsi8cx"]))
+
+
+@pytest.mark.parametrize("m,n,k,bl", [(1, 67, 576, 32), (5, 96, 1536, 64), (67, 33, 2048, 128),
+                                      (16, 17, 512, 256)])
+@pytest.mark.parametrize("kernel", kernel_params("qsi4c32"))
+def test_qsi4c32_float_path(ops, kernel, m, n, k, bl):
+    """f32 activations through the C quantizer: same as numpy quantize + reference."""
+    rng = np.random.default_rng(m * n + k)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+    qw = rng.integers(-8, 8, (n, k)).astype(np.int8)
+    qs, sc = pack_nibbles(qw), f32_to_bf16(rng.uniform(1e-3, 0.1, (n, k // bl)).astype(np.float32))
+    w = _ext.QWeight("qsi4c32", qs, sc, bl)
+    qa, scale, zp = quantize_qai8dx(x)
+    c = dict(m=m, n=n, k=k, bl=bl, w=w, wdeq=dequantize_qsi4c32(qs, sc).astype(np.float64), qa=qa,
+             scale=scale, zp=zp)
+    got = ops.matmul(w, x, kernel=kernel).astype(np.float64)
+    assert np.all(np.abs(got - reference(c)) <= tolerance(c))
+
+
+# ---- (c) the output window and the clamp ----------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi8cx"])
+@pytest.mark.parametrize("idx", [0, 2, 5, 11, 15], ids=[shape_id(SHAPES[i]) for i in [0, 2, 5, 11, 15]])
+def test_output_window(ops, fmt, idx):
+    c = make_case(fmt, idx, "random")
+    m, n = c["m"], c["n"]
+    for k in KERNELS:
+        if k["format"] != fmt or not k["supported"]:
+            continue
+        want = run(ops, c, k["name"])
+        big = np.full((m + 5, n + 37), 1234.5, np.float32)
+        ops.matmul_lhs_into(c["w"], c["qa"], c["scale"], c["zp"], big, 2, 19, kernel=k["name"])
+        inside = np.zeros(big.shape, bool)
+        inside[2:2 + m, 19:19 + n] = True
+        assert np.all(big[~inside] == np.float32(1234.5)), k["name"]
+        np.testing.assert_array_equal(big[2:2 + m, 19:19 + n], want, err_msg=k["name"])
+        # clamp: same values, clipped
+        lo, hi = np.percentile(want, 25), np.percentile(want, 75)
+        big2 = np.zeros((m, n), np.float32)
+        ops.matmul_lhs_into(c["w"], c["qa"], c["scale"], c["zp"], big2, 0, 0, kernel=k["name"],
+                            clamp=(lo, hi))
+        np.testing.assert_array_equal(big2, np.clip(want, np.float32(lo), np.float32(hi)),
+                                      err_msg=k["name"])
+
+
+def test_no_weight_repacking():
+    """The x86 kernels read the canonical layout: a weight owns only its row sums."""
+    qw = np.zeros((64, 256), np.int8)
+    w = _ext.QWeight("qsi4c32", pack_nibbles(qw), np.full((64, 8), 0x3F80, np.uint16), 32)
+    if not any(k["repacks_weights"] and k["supported"] and k["format"] == "qsi4c32" for k in KERNELS):
+        assert w.owned_bytes == 4 * 64
+
+
+# ---- (d) dispatch, forcing and logging -------------------------------------------------------
+
+def test_dispatch_rule():
+    """The table picks the highest-priority supported kernel with m_min <= M."""
+    for fmt in ("qsi4c32", "qsi8cx"):
+        usable = [k for k in KERNELS if k["format"] == fmt and k["supported"]]
+        for m in (1, 2, 3, 4, 5, 16, 33, 128):
+            cands = [k for k in usable if k["m_min"] <= m]
+            best = max(cands, key=lambda k: k["priority"])
+            assert _ext.selected_kernel(fmt, m) == best["name"], (fmt, m)
+
+
+def _run_forced(env_kernel, code):
+    env = dict(os.environ, PYKLEI_KERNEL=env_kernel, PYKLEI_LOG="kernels")
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+FORCE_CODE = """
+import numpy as np
+from pyklei import _ext
+from pyklei.formats import pack_nibbles
+w = _ext.QWeight("qsi4c32", pack_nibbles(np.ones((8, 64), np.int8)), np.full((8, 2), 0x3F80, np.uint16), 32)
+y = _ext.Ops(1).matmul(w, np.ones((M, 64), np.float32))
+print(_ext.selected_kernel("qsi4c32", M))
+"""
+
+
+@pytest.mark.parametrize("isa", sorted({k["isa"] for k in KERNELS}))
+def test_forcing(isa):
+    ks = [k for k in KERNELS if k["isa"] == isa and k["format"] == "qsi4c32"]
+    if not ks:
+        pytest.skip(f"no qsi4c32 kernel for {isa}")
+    if not ks[0]["supported"]:
+        r = _run_forced(isa, FORCE_CODE.replace("M", "1"))
+        assert r.returncode != 0 and "this CPU cannot run" in r.stderr, r.stderr
+        return
+    for m in (1, 64):
+        r = _run_forced(isa, FORCE_CODE.replace("M", str(m)))
+        assert r.returncode == 0, r.stderr
+        name = r.stdout.strip()
+        assert name in {k["name"] for k in ks}
+        assert f"pyklei: matmul qsi4c32 m={m} n=8 k=64 -> {name}" in r.stderr, r.stderr
+        assert "pyklei: CPU features:" in r.stderr
+
+
+def test_forcing_by_name_and_unknown():
+    k = next(k for k in KERNELS if k["supported"] and k["format"] == "qsi4c32" and k["isa"] != "scalar")
+    r = _run_forced(k["name"], FORCE_CODE.replace("M", "64"))
+    assert r.returncode == 0 and r.stdout.strip() == k["name"], r.stderr
+    r = _run_forced("no_such_kernel", FORCE_CODE.replace("M", "1"))
+    assert r.returncode != 0 and "no kernel or ISA named 'no_such_kernel'" in r.stderr
+
+
+def test_kernel_argument_errors(ops):
+    c = make_case("qsi4c32", 0, "random")
+    with pytest.raises(_ext.KernelError, match="no kernel named"):
+        run(ops, c, "qai8dx_qsi4c32_bogus")
+    with pytest.raises(_ext.KernelError, match="qsi8cx weights, not qsi4c32"):
+        run(ops, c, SCALAR["qsi8cx"])
+    for k in KERNELS:
+        if not k["supported"]:
+            with pytest.raises(_ext.KernelError, match="cannot run"):
+                run(ops, c, k["name"])
+
+
+# ---- (e) the C activation quantizer ----------------------------------------------------------
+
+def quantizer_rows():
+    rng = np.random.default_rng(5)
+    rows = [rng.standard_normal(4096) * 3, np.zeros(64), -np.abs(rng.standard_normal(100)) - 0.1,
+            np.abs(rng.standard_normal(100)) + 1, np.array([1e20, -3e19, 0.5, 7.0]),
+            np.array([3.5]), np.array([-2.0]), np.array([0.0]),
+            np.array([0.5, 1.5, 2.5, -0.5, 255.0, 127.5, -127.5]),     # ties at inv == 1
+            rng.standard_normal(2048) * 1e-38,                             # subnormal range
+            np.concatenate([rng.standard_normal(1000), [1e4]]),           # one outlier
+            np.full(33, -7.25), np.linspace(-1, 3, 577)]
+    return [r.astype(np.float32) for r in rows]
+
+
+@pytest.mark.parametrize("i", range(len(quantizer_rows())))
+def test_quantizer_byte_exact(i):
+    x = quantizer_rows()[i][None, :]
+    with np.errstate(all="ignore"):
+        q0, s0, z0 = quantize_qai8dx(x)
+    q1, s1, z1 = _ext.quantize_qai8dx(x)
+    np.testing.assert_array_equal(q1, q0)
+    np.testing.assert_array_equal(s1.view(np.uint32), s0.view(np.uint32))
+    np.testing.assert_array_equal(z1, z0)
+
+
+def test_quantizer_many_rows():
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((67, 1000)) * rng.uniform(1e-3, 1e3, (67, 1))).astype(np.float32)
+    x[3] = 0
+    x[5] = -np.abs(x[5])
+    q0, s0, z0 = quantize_qai8dx(x)
+    q1, s1, z1 = _ext.quantize_qai8dx(x)
+    np.testing.assert_array_equal(q1, q0)
+    np.testing.assert_array_equal(s1, s0)
+    np.testing.assert_array_equal(z1, z0)
+
+
+def test_reference_helpers_consistent():
+    """Sanity of the test's own reference: unpack(pack(q)) and bf16 1.0."""
+    q = np.random.default_rng(1).integers(-8, 8, (3, 64)).astype(np.int8)
+    np.testing.assert_array_equal(unpack_nibbles(pack_nibbles(q)), q)
+    assert bf16_to_f32(np.array([0x3F80], np.uint16))[0] == 1.0
