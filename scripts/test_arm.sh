@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Kernel tests for aarch64 under qemu-user, plus the same test program natively.
+#
+#   scripts/test_arm.sh [--full]
+#
+# Cross-compiles tests/c/test_matmul.c with the whole kernel layer (pyklei_ext/ops,
+# pyklei_ext/isa) for aarch64 (static), runs it under qemu-aarch64 with three CPU models
+# and checks from its output which code paths ran:
+#   cortex-a53   features "neon"               -> neon kernels run, dotprod/i8mm skipped
+#   neoverse-n1  features "neon dotprod"       -> neon + dotprod kernels run, i8mm skipped
+#   max          features "neon dotprod i8mm"  -> every kernel runs
+# then builds and runs the program natively (and once more with AddressSanitizer when the
+# compiler supports it). --full runs the large shape set under qemu too (slower).
+# Installs the toolchain with apt-get when missing (Debian 12; as root or via sudo).
+# Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FULL=0
+for arg in "$@"; do
+    case "$arg" in
+        --full) FULL=1 ;;
+        *) echo "usage: $0 [--full]" >&2; exit 2 ;;
+    esac
+done
+
+T0=$(date +%s)
+say() { printf '[test_arm %3ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+die() { say "FAIL: $*"; exit 1; }
+
+# ---- toolchain -----------------------------------------------------------------------------
+need_pkgs=()
+command -v aarch64-linux-gnu-gcc >/dev/null || need_pkgs+=(gcc-aarch64-linux-gnu)
+[ -e /usr/aarch64-linux-gnu/lib/libc.a ] || need_pkgs+=(libc6-dev-arm64-cross)
+command -v qemu-aarch64 >/dev/null || need_pkgs+=(qemu-user)
+command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        command -v sudo >/dev/null || die "missing ${need_pkgs[*]} and not root (no sudo)"
+        SUDO="sudo"
+    fi
+    say "installing ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    # apt-get update only when the package lists cannot satisfy the install
+    if ! $SUDO apt-get install -y --no-install-recommends "${need_pkgs[@]}" >/dev/null 2>&1; then
+        $SUDO apt-get update -qq
+        $SUDO apt-get install -y --no-install-recommends "${need_pkgs[@]}" >/dev/null
+    fi
+fi
+say "$(aarch64-linux-gnu-gcc --version | head -1); $(qemu-aarch64 --version | head -1)"
+
+# ---- build -------------------------------------------------------------------------------
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/pyklei_test_arm.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+SRCS=(tests/c/test_matmul.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
+# the flags of setup.py that matter for results (no fp contraction), at the arch baseline
+CFLAGS=(-O2 -std=gnu11 -pthread -ffp-contract=off -fno-math-errno -Wall -Wno-unused-function -Ipyklei_ext)
+
+say "cross-compiling for aarch64 (armv8-a baseline, static)"
+aarch64-linux-gnu-gcc "${CFLAGS[@]}" -static "${SRCS[@]}" -lm -o "$WORK/test_matmul_aarch64"
+say "compiling natively ($(uname -m))"
+gcc "${CFLAGS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_native"
+
+# ---- runs --------------------------------------------------------------------------------
+FAILED=0
+
+# check_run NAME LOG RC WANT_FEATURES RUN_TAGS SKIP_TAGS DEFAULT_DISPATCH
+#   RUN_TAGS: ISA suffixes whose kernels must have run and passed; SKIP_TAGS: must be skipped;
+#   DEFAULT_DISPATCH: what the unforced table must pick for qsi4c32 ("m=1 -> A, m=64 -> B").
+check_run() {
+    local name=$1 log=$2 rc=$3 feats=$4 run_tags=$5 skip_tags=$6 want_default=$7 bad=0 tag line
+    grep -qx "cpu features: $feats" "$log" \
+        || { say "  $name: expected 'cpu features: $feats', got '$(grep '^cpu features' "$log")'"; bad=1; }
+    for tag in $run_tags; do
+        local n_run n_total
+        n_total=$(grep -cE "^kernel qai8dx_[a-z0-9]+_[0-9]+x[0-9]+_${tag}:" "$log" || true)
+        n_run=$(grep -cE "^kernel qai8dx_[a-z0-9]+_[0-9]+x[0-9]+_${tag}: [1-9][0-9]* cases passed( \(|$)" "$log" || true)
+        if [ "$n_total" -eq 0 ] || [ "$n_run" -ne "$n_total" ]; then
+            say "  $name: $tag kernels: $n_run of $n_total ran and passed"; bad=1
+        fi
+        # every format has a kernel of this tag, so forcing it must pick it for m=1
+        grep -qE "^PYKLEI_KERNEL=${tag} qsi4c32: dispatch m=1 -> qai8dx_qsi4c32_[0-9]+x[0-9]+_${tag}," "$log" \
+            || { say "  $name: PYKLEI_KERNEL=$tag did not dispatch a $tag kernel"; bad=1; }
+    done
+    for tag in $skip_tags; do
+        local n_skip n_total
+        n_total=$(grep -cE "^kernel qai8dx_[a-z0-9]+_[0-9]+x[0-9]+_${tag}:" "$log" || true)
+        n_skip=$(grep -cE "^kernel qai8dx_[a-z0-9]+_[0-9]+x[0-9]+_${tag}: skipped" "$log" || true)
+        if [ "$n_total" -eq 0 ] || [ "$n_skip" -ne "$n_total" ]; then
+            say "  $name: $tag kernels: $n_skip of $n_total skipped (all expected skipped)"; bad=1
+        fi
+        grep -qE "^PYKLEI_KERNEL=${tag}: refused" "$log" \
+            || { say "  $name: PYKLEI_KERNEL=$tag was not refused"; bad=1; }
+    done
+    grep -qx "PYKLEI_KERNEL=(unset) qsi4c32: dispatch $want_default" "$log" \
+        || { say "  $name: default dispatch is not '$want_default'"; bad=1; }
+    line=$(tail -n 1 "$log")
+    [[ "$line" =~ ^[0-9]+\ passed,\ 0\ failed$ ]] || { say "  $name: last line '$line'"; bad=1; }
+    [ "$rc" -eq 0 ] || { say "  $name: exit status $rc"; bad=1; }
+    grep -E "^(FAIL|kernel .*FAILED)" "$log" | head -20 | sed "s/^/    /" || true
+    if [ $bad -eq 0 ]; then
+        say "  $name: ok: $(grep '^cpu features' "$log"); $line"
+        grep -E "^kernel .*(cases passed|skipped)" "$log" | sed -E 's/ \(random cases.*//; s/^/      /'
+        grep -E "^PYKLEI_KERNEL=\(unset\)" "$log" | sed 's/^/      /'
+    else
+        FAILED=1
+        say "  $name: FAILED (log follows)"
+        sed 's/^/    | /' "$log" | tail -n 40
+    fi
+}
+
+QARGS=(--quick)
+[ $FULL -eq 1 ] && QARGS=()
+Q4=qai8dx_qsi4c32
+for spec in "cortex-a53|neon|neon|dotprod i8mm|m=1 -> ${Q4}_1x4_neon, m=64 -> ${Q4}_1x4_neon" \
+            "neoverse-n1|neon dotprod|neon dotprod|i8mm|m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_dotprod" \
+            "max|neon dotprod i8mm|neon dotprod i8mm||m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_i8mm"; do
+    IFS='|' read -r cpu feats run_tags skip_tags want_default <<<"$spec"
+    say "qemu-aarch64 -cpu $cpu ${QARGS[*]}"
+    rc=0
+    qemu-aarch64 -cpu "$cpu" "$WORK/test_matmul_aarch64" "${QARGS[@]}" >"$WORK/$cpu.log" 2>&1 || rc=$?
+    check_run "$cpu" "$WORK/$cpu.log" "$rc" "$feats" "$run_tags" "$skip_tags" "$want_default"
+done
+
+say "native $(uname -m) run (full shape set)"
+rc=0
+"$WORK/test_matmul_native" >"$WORK/native.log" 2>&1 || rc=$?
+if [ $rc -eq 0 ] && tail -n 1 "$WORK/native.log" | grep -qE '^[0-9]+ passed, 0 failed$'; then
+    say "  native: ok: $(grep '^cpu features' "$WORK/native.log"); $(tail -n 1 "$WORK/native.log")"
+    grep -E "^kernel " "$WORK/native.log" | sed -E 's/ \(random cases.*//; s/^/      /'
+else
+    FAILED=1
+    say "  native: FAILED (exit $rc)"
+    grep -E "^(FAIL|kernel)" "$WORK/native.log" | head -30 | sed 's/^/    | /'
+    tail -n 1 "$WORK/native.log" | sed 's/^/    | /'
+fi
+
+if echo 'int main(void){return 0;}' | gcc -fsanitize=address,undefined -x c - -o "$WORK/asan_probe" 2>/dev/null \
+   && "$WORK/asan_probe" 2>/dev/null; then
+    say "native run with AddressSanitizer + UBSan (quick shape set)"
+    gcc "${CFLAGS[@]/-O2/-O1}" -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+        -fno-omit-frame-pointer "${SRCS[@]}" -lm -o "$WORK/test_matmul_asan"
+    rc=0
+    ASAN_OPTIONS=detect_leaks=1 "$WORK/test_matmul_asan" --quick >"$WORK/asan.log" 2>&1 || rc=$?
+    if [ $rc -eq 0 ] && tail -n 1 "$WORK/asan.log" | grep -qE '^[0-9]+ passed, 0 failed$'; then
+        say "  asan: ok: $(tail -n 1 "$WORK/asan.log")"
+    else
+        FAILED=1
+        say "  asan: FAILED (exit $rc)"
+        grep -E "ERROR|SUMMARY|runtime error|^FAIL" "$WORK/asan.log" | head -20 | sed 's/^/    | /'
+        tail -n 1 "$WORK/asan.log" | sed 's/^/    | /'
+    fi
+else
+    say "AddressSanitizer not available with this gcc; skipped"
+fi
+
+if [ $FAILED -ne 0 ]; then
+    say "FAILED"
+    exit 1
+fi
+say "all aarch64 (qemu) and native kernel tests passed"
