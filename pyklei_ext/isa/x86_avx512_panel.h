@@ -1,0 +1,97 @@
+/* AVX-512 weight panels for the GEMM kernels (matmul_x86_vnni.c, matmul_x86_amx.c): 32
+ * weight rows transposed so that 4 consecutive k of one row form one dword and a 64-byte
+ * row of the panel holds one k-quad of 16 weight rows. This is the int8 "VNNI layout" both
+ * vpdpbusd (one zmm per 16 rows) and the AMX B tile (K/4 rows x 16 columns x 4 bytes, stride
+ * 128 bytes here) consume. Include after x86_common.h and <immintrin.h>. */
+#ifndef PK_X86_AVX512_PANEL_H
+#define PK_X86_AVX512_PANEL_H
+
+#define ZP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define ZP_INLINE static inline __attribute__((always_inline)) ZP_TARGET
+
+#define ZNR 32
+
+/* 4x4 transposes of dwords inside 128-bit lanes: L[j] lane l dword i -> Q[i] dword 4l+j. */
+ZP_INLINE void z_transpose4(const __m512i L[4], __m512i Q[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(L[0], L[1]), t1 = _mm512_unpackhi_epi32(L[0], L[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(L[2], L[3]), t3 = _mm512_unpackhi_epi32(L[2], L[3]);
+    Q[0] = _mm512_unpacklo_epi64(t0, t2);
+    Q[1] = _mm512_unpackhi_epi64(t0, t2);
+    Q[2] = _mm512_unpacklo_epi64(t1, t3);
+    Q[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+ZP_INLINE __m512i z_load4rows(const uint8_t *const *row, int j, size_t off) {
+    /* lane l <- row 4l + j, so that after z_transpose4 dword p holds row p */
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[j] + off)));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 + j] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[8 + j] + off)), 2);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[12 + j] + off)), 3);
+    return v;
+}
+
+/* Panel of 32 rows [np, np+32) (rows >= n1 repeat row n1-1), quad-major:
+ * panel[(q * 32 + r) * 4 + t] = weight (row r, k = 4q + t) + off, as unsigned bytes
+ * (int4: off = 8 when sub == 0; sub == 8 gives signed int4 for AMX). */
+ZP_TARGET static void z_pack_q4_panel(const pk_rhs *rhs, int np, int n1, uint8_t *panel, float *spanel,
+                                     float *rs, int sub) {
+    const int k = rhs->k, nb = k / rhs->bl;
+    const uint8_t *row[ZNR];
+    for (int r = 0; r < ZNR; r++) {
+        const int rr = np + r < n1 ? np + r : n1 - 1;
+        row[r] = rhs->qs + (size_t)rr * (k / 2);
+        const uint16_t *s = (const uint16_t *)rhs->scales + (size_t)rr * nb;
+        for (int b = 0; b < nb; b++) spanel[b * ZNR + r] = pk_bf16_to_f32(s[b]);
+        rs[r] = rhs->rsum[rr];
+    }
+    const __m512i x88 = _mm512_set1_epi8((char)0x88), m0f = _mm512_set1_epi8(0x0F);
+    const __m512i vsub = _mm512_set1_epi8((char)sub);
+    for (int c = 0; c < k / 32; c++) {
+        for (int h = 0; h < 2; h++) {
+            __m512i L[4], H[4], Q[4];
+            for (int j = 0; j < 4; j++) {
+                const __m512i x = _mm512_xor_si512(z_load4rows(row + 16 * h, j, (size_t)16 * c), x88);
+                L[j] = _mm512_sub_epi8(_mm512_and_si512(x, m0f), vsub);
+                H[j] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(x, 4), m0f), vsub);
+            }
+            uint8_t *p = panel + ((size_t)(8 * c) * ZNR + 16 * h) * 4;
+            z_transpose4(L, Q);
+            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)i * ZNR * 4, Q[i]);
+            z_transpose4(H, Q);
+            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)(4 + i) * ZNR * 4, Q[i]);
+        }
+    }
+}
+
+/* int8 rows, K padded to kp (multiple of 16) with zeros; bytes w ^ xr (0x80: unsigned w+128). */
+ZP_TARGET static void z_pack_q8_panel(const pk_rhs *rhs, int np, int n1, int kp, uint8_t *panel,
+                                     float *ws, int32_t *isum, int xr) {
+    const int k = rhs->k;
+    const uint8_t *row[ZNR];
+    for (int r = 0; r < ZNR; r++) {
+        const int rr = np + r < n1 ? np + r : n1 - 1;
+        row[r] = rhs->qs + (size_t)rr * k;
+        ws[r] = ((const float *)rhs->scales)[rr];
+        isum[r] = rhs->isum[rr];
+    }
+    const __m512i vx = _mm512_set1_epi8((char)xr);
+    for (int c = 0; c < kp / 16; c++) {
+        const int rem = k - 16 * c;
+        const __mmask16 lm = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
+        for (int h = 0; h < 2; h++) {
+            __m512i L[4], Q[4];
+            for (int j = 0; j < 4; j++) {
+                __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(lm, row[16 * h + j] + 16 * c));
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 4 + j] + 16 * c), 1);
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 8 + j] + 16 * c), 2);
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 12 + j] + 16 * c), 3);
+                L[j] = _mm512_xor_si512(v, vx);
+            }
+            z_transpose4(L, Q);
+            uint8_t *p = panel + ((size_t)(4 * c) * ZNR + 16 * h) * 4;
+            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)i * ZNR * 4, Q[i]);
+        }
+    }
+}
+
+#endif
