@@ -167,8 +167,9 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None
     """Write numpy arrays as a safetensors file, streaming one tensor at a time.
 
     `tensors` maps name -> (dtype string "BF16"|"F16"|"F32", shape, producer) where
-    producer() returns the raw array (uint16 bits for BF16) of that shape; producers are
-    called in order while writing, so only one tensor is in memory at a time.
+    producer() returns the raw array (uint16 bits for BF16) of that shape, or an iterator of
+    consecutive row chunks of it; producers are called in order while writing, so only one
+    tensor (or chunk) is in memory at a time.
     """
     header: dict = {}
     if metadata:
@@ -184,11 +185,18 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> None
         f.write(len(hbytes).to_bytes(8, "little"))
         f.write(hbytes)
         for name, (dtype, shape, produce) in tensors.items():
-            a = np.ascontiguousarray(produce())
+            out = produce()
+            chunks = [out] if isinstance(out, np.ndarray) else out
             want = _DTYPES[dtype][0]
-            if a.dtype != want or tuple(a.shape) != tuple(shape):
-                raise ValueError(f"{name}: producer gave {a.dtype} {a.shape}, "
-                                 f"expected {np.dtype(want)} {tuple(shape)}")
-            a.tofile(f)
+            rows = 0
+            for a in chunks:
+                a = np.ascontiguousarray(a)
+                if a.dtype != want or tuple(a.shape[1:]) != tuple(shape[1:]):
+                    raise ValueError(f"{name}: producer gave {a.dtype} {a.shape}, "
+                                     f"expected {np.dtype(want)} {tuple(shape)}")
+                a.tofile(f)
+                rows += a.shape[0] if a.ndim else 1
+            if rows != (shape[0] if shape else 1):
+                raise ValueError(f"{name}: producer gave {rows} rows, expected {tuple(shape)}")
         f.flush()
         os.fsync(f.fileno())
