@@ -24,9 +24,9 @@ _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
 class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32"):
+                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2"):
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
-                           kv_cache=kv_cache)
+                           kv_cache=kv_cache, activations=activations)
         self.tokenizer = Tokenizer.from_gguf(path)
         if self.tokenizer.vocab_size != self.model.vocab_size:
             raise ValueError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, the model "

@@ -4,6 +4,10 @@
     logits = model.eval(tokens)             # last position; reuses the cached prefix
     all_logits = model.logits(tokens)       # every position, from an empty cache
 
+Activations are quantized per row at run time: `activations="qai8dx2"` (default) adds a
+residual int8 plane to KleidiAI's qai8dx, which SmolLM2's outlier channels need to agree with
+float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme.
+
 Weights are used in place from the memory map; the kernel layer owns only a float per
 weight row (R, the row sums of docs/FORMAT.md) and any repacked copies a kernel needs,
 reported by `weights_owned_bytes`.
@@ -49,7 +53,7 @@ def _qweight(t: Tensor) -> _ext.QWeight:
 
 class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32"):
+                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2"):
         t0 = time.perf_counter()
         if n_threads is not None and n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
@@ -64,7 +68,10 @@ class Model:
         self.hparams = hp
         self.n_threads = n_threads or physical_cores()
         self.n_ctx = n_ctx or min(hp.context_length, 4096)
-        self.ops = _ext.Ops(self.n_threads)
+        # qai8dx2 (default): two int8 planes per activation row, ~16-bit precision; qai8dx:
+        # one plane (KleidiAI's scheme), faster prefill, loses accuracy on outlier channels.
+        self.ops = _ext.Ops(self.n_threads, activations)
+        self.activations = activations
 
         layers = []
         for i in range(hp.n_layer):

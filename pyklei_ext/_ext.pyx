@@ -47,6 +47,12 @@ cdef extern from "ops/pk_matmul.h":
     void pk_rhs_release(pk_rhs *rhs)
     size_t pk_rhs_owned_bytes(const pk_rhs *rhs)
     void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) nogil
+    int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
+                                    int32_t *zp) nogil
+    void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,
+                                 int8_t *q2, float *s2, int32_t *z2) nogil
+    void pk_ctx_set_act_planes(pk_ctx *ctx, int planes)
+    int pk_ctx_act_planes(const pk_ctx *ctx)
     pk_ctx *pk_ctx_create(int n_threads)
     void pk_ctx_destroy(pk_ctx *ctx)
     int pk_ctx_threads(const pk_ctx *ctx)
@@ -116,8 +122,10 @@ cdef const pk_kernel *_kernel(object name) except? NULL:
     return k
 
 
-def quantize_qai8dx(x):
-    """C activation quantizer: float32 [M, K] -> (q int8 [M, K], scale f32 [M], zp int32 [M])."""
+def quantize_qai8dx(x, impl=None):
+    """C activation quantizer: float32 [M, K] -> (q int8 [M, K], scale f32 [M], zp int32 [M]).
+
+    impl (tests): force "scalar", "avx2" or "avx512"; None picks the best for this CPU."""
     cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
     cdef Py_ssize_t m = xv.shape[0], k = xv.shape[1], i
     q = np.empty((m, k), np.int8)
@@ -128,9 +136,42 @@ def quantize_qai8dx(x):
     cdef int32_t[::1] zv = zp
     if k == 0:
         raise ValueError("cannot quantize rows of length 0")
+    cdef bytes name
+    cdef const char *cname
+    cdef int rc = 0
+    if impl is None:
+        with nogil:
+            for i in range(m):
+                pk_quantize_qai8dx_row(<int>k, &xv[i, 0], &qv[i, 0], &sv[i], &zv[i])
+    else:
+        name = impl.encode()
+        cname = name
+        with nogil:
+            for i in range(m):
+                rc |= pk_quantize_qai8dx_row_impl(cname, <int>k, &xv[i, 0], &qv[i, 0], &sv[i], &zv[i])
+        if rc:
+            raise KernelError(f"quantizer {impl!r} is not available on this CPU")
+    return q, scale, zp
+
+
+def quantize_qai8dx2(x):
+    """C two-plane quantizer: float32 [M, K] -> (q int8 [2M, K], scale [2M], zp [2M])."""
+    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef Py_ssize_t m = xv.shape[0], k = xv.shape[1], i
+    if k == 0:
+        raise ValueError("cannot quantize rows of length 0")
+    q = np.empty((2 * m, k), np.int8)
+    scale = np.empty(2 * m, np.float32)
+    zp = np.empty(2 * m, np.int32)
+    r = np.empty(k, np.float32)
+    cdef int8_t[:, ::1] qv = q
+    cdef float[::1] sv = scale
+    cdef int32_t[::1] zv = zp
+    cdef float[::1] rv = r
     with nogil:
         for i in range(m):
-            pk_quantize_qai8dx_row(<int>k, &xv[i, 0], &qv[i, 0], &sv[i], &zv[i])
+            pk_quantize_qai8dx2_row(<int>k, &xv[i, 0], &rv[0], &qv[2 * i, 0], &sv[2 * i], &zv[2 * i],
+                                    &qv[2 * i + 1, 0], &sv[2 * i + 1], &zv[2 * i + 1])
     return q, scale, zp
 
 
@@ -187,13 +228,21 @@ cdef class Ops:
     """A thread pool and scratch space for matmuls; one per model (not shared between threads)."""
     cdef pk_ctx *ctx
 
-    def __cinit__(self, int n_threads=1):
+    def __cinit__(self, int n_threads=1, str activations="qai8dx"):
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        if activations not in ("qai8dx", "qai8dx2"):
+            raise ValueError(f"activations must be 'qai8dx' or 'qai8dx2', got {activations!r}")
         _init()
         self.ctx = pk_ctx_create(n_threads)
         if self.ctx == NULL:
             raise KernelError(_last_error())
+        pk_ctx_set_act_planes(self.ctx, 2 if activations == "qai8dx2" else 1)
+
+    @property
+    def activations(self):
+        """'qai8dx' (one int8 plane per row) or 'qai8dx2' (plus a residual plane)."""
+        return "qai8dx2" if pk_ctx_act_planes(self.ctx) == 2 else "qai8dx"
 
     def __dealloc__(self):
         if self.ctx != NULL:

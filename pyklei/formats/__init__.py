@@ -4,7 +4,7 @@ Both the converters and the runtime stand on this layer; neither imports the oth
 docs/FORMAT.md is the byte-level specification these modules implement.
 """
 from .bf16 import bf16_to_f32, f32_to_bf16
-from .qai8dx import dequantize_qai8dx, quantize_qai8dx
+from .qai8dx import dequantize_qai8dx, dequantize_qai8dx2, quantize_qai8dx, quantize_qai8dx2
 from .qsi4c32 import (
     QSI4C32_BLOCK_SIZES,
     dequantize_qsi4c32,
@@ -18,11 +18,13 @@ __all__ = [
     "QSI4C32_BLOCK_SIZES",
     "bf16_to_f32",
     "dequantize_qai8dx",
+    "dequantize_qai8dx2",
     "dequantize_qsi4c32",
     "dequantize_qsi8cx",
     "f32_to_bf16",
     "pack_nibbles",
     "quantize_qai8dx",
+    "quantize_qai8dx2",
     "quantize_qsi4c32",
     "quantize_qsi8cx",
     "unpack_nibbles",

@@ -279,7 +279,39 @@ static const void *packed_for(const pk_rhs *rhs, const pk_kernel *kern) {
 
 /* ---- activations ----------------------------------------------------------------------- */
 
+#if defined(__x86_64__)
+/* SIMD row quantizers (isa/matmul_x86_avx2.c, isa/matmul_x86_vnni.c), byte-exact with the
+ * scalar one below. */
+void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+#endif
+
 void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+#if defined(__x86_64__)
+    const uint32_t f = pk_cpu_features();
+    if (f & PK_CPU_AVX512VNNI) { pk_quantize_qai8dx_row_avx512(k, x, q, scale, zp); return; }
+    if (f & PK_CPU_AVX2) { pk_quantize_qai8dx_row_avx2(k, x, q, scale, zp); return; }
+#endif
+    pk_quantize_qai8dx_row_scalar(k, x, q, scale, zp);
+}
+
+int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
+                                int32_t *zp) {
+    if (!strcmp(impl, "scalar")) { pk_quantize_qai8dx_row_scalar(k, x, q, scale, zp); return 0; }
+#if defined(__x86_64__)
+    if (!strcmp(impl, "avx2") && (pk_cpu_features() & PK_CPU_AVX2)) {
+        pk_quantize_qai8dx_row_avx2(k, x, q, scale, zp);
+        return 0;
+    }
+    if (!strcmp(impl, "avx512") && (pk_cpu_features() & PK_CPU_AVX512VNNI)) {
+        pk_quantize_qai8dx_row_avx512(k, x, q, scale, zp);
+        return 0;
+    }
+#endif
+    return -1;
+}
+
+void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
     float mn = 0.0f, mx = 0.0f;
     for (int i = 0; i < k; i++) {
         mn = x[i] < mn ? x[i] : mn;
@@ -298,15 +330,30 @@ void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int3
     }
 }
 
+void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,
+                             int8_t *q2, float *s2, int32_t *z2) {
+    pk_quantize_qai8dx_row(k, x, q1, s1, z1);
+    const float s = *s1;
+    const int32_t z = *z1;
+    for (int i = 0; i < k; i++) r[i] = x[i] - s * (float)((int32_t)q1[i] - z);
+    pk_quantize_qai8dx_row(k, r, q2, s2, z2);
+}
+
 /* ---- context and matmul ---------------------------------------------------------------- */
 
 struct pk_ctx {
     pk_pool *pool;
-    int8_t *q;           /* scratch for quantized activations */
-    float *scale;
-    int32_t *zp;
-    size_t cap_q, cap_m;
+    int planes;          /* activation planes: 1 (qai8dx) or 2 (qai8dx2) */
+    int8_t *q;           /* scratch for quantized activations [planes*m][ld] */
+    float *scale;        /* [planes*m] */
+    int32_t *zp;         /* [planes*m] */
+    float *resid;        /* [n_threads][k] residual rows (2 planes) */
+    float *dst2;         /* [2m][n] per-plane products (2 planes) */
+    size_t cap_q, cap_scale, cap_zp, cap_resid, cap_dst2;
 };
+
+void pk_ctx_set_act_planes(pk_ctx *ctx, int planes) { ctx->planes = planes == 2 ? 2 : 1; }
+int pk_ctx_act_planes(const pk_ctx *ctx) { return ctx->planes; }
 
 pk_ctx *pk_ctx_create(int n_threads) {
     if (pk_dispatch_init()) return NULL;
@@ -314,6 +361,7 @@ pk_ctx *pk_ctx_create(int n_threads) {
     if (!ctx) { fail("out of memory"); return NULL; }
     ctx->pool = pk_pool_create(n_threads);
     if (!ctx->pool) { free(ctx); fail("cannot start %d threads", n_threads); return NULL; }
+    ctx->planes = 1;
     return ctx;
 }
 
@@ -323,6 +371,8 @@ void pk_ctx_destroy(pk_ctx *ctx) {
     free(ctx->q);
     free(ctx->scale);
     free(ctx->zp);
+    free(ctx->resid);
+    free(ctx->dst2);
     free(ctx);
 }
 
@@ -341,14 +391,26 @@ typedef struct {
     const float *x;
     size_t ldx;
     int8_t *q;
+    float *resid;        /* two planes: per-thread residual rows, else NULL */
 } matmul_job;
 
 static void run_quantize(void *arg, int ith, int nth) {
     matmul_job *job = arg;
     const int m = job->lhs->m, k = job->lhs->k;
-    for (int i = ith; i < m; i += nth)
-        pk_quantize_qai8dx_row(k, job->x + (size_t)i * job->ldx, job->q + (size_t)i * job->lhs->ld,
-                               (float *)job->lhs->scale + i, (int32_t *)job->lhs->zp + i);
+    const size_t ld = job->lhs->ld;
+    float *sc = (float *)job->lhs->scale;
+    int32_t *zp = (int32_t *)job->lhs->zp;
+    if (!job->resid) {
+        for (int i = ith; i < m; i += nth)
+            pk_quantize_qai8dx_row(k, job->x + (size_t)i * job->ldx, job->q + (size_t)i * ld, sc + i, zp + i);
+        return;
+    }
+    /* two planes: lhs rows 2i (plane 1) and 2i+1 (residual plane) */
+    float *r = job->resid + (size_t)ith * k;
+    for (int i = ith; i < m / 2; i += nth)
+        pk_quantize_qai8dx2_row(k, job->x + (size_t)i * job->ldx, r, job->q + (size_t)(2 * i) * ld,
+                                sc + 2 * i, zp + 2 * i, job->q + (size_t)(2 * i + 1) * ld,
+                                sc + 2 * i + 1, zp + 2 * i + 1);
 }
 
 static void run_kernel(void *arg, int ith, int nth) {
@@ -385,32 +447,45 @@ int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs, float *dst,
     if (lhs->m <= 0) return 0;
     if (check_kernel(rhs, &kern, lhs->m)) return -1;
     log_call(kern, lhs->m, rhs->n, rhs->k);
-    matmul_job job = {kern, rhs, lhs, packed_for(rhs, kern), dst, ldd, clamp_lo, clamp_hi, NULL, 0, NULL};
+    matmul_job job = {kern, rhs, lhs, packed_for(rhs, kern), dst, ldd, clamp_lo, clamp_hi, NULL, 0, NULL, NULL};
     pk_pool_run(ctx->pool, run_kernel, &job);
+    return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t bytes) {
+    if (*cap >= bytes) return 0;
+    free(*p);
+    if (posix_memalign(p, 64, bytes)) { *p = NULL; *cap = 0; return fail("out of memory"); }
+    *cap = bytes;
     return 0;
 }
 
 int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx, float *dst,
                   size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern) {
     if (m <= 0) return 0;
-    const int k = rhs->k;
+    const int k = rhs->k, n = rhs->n, planes = ctx->planes, rows = planes * m;
     const size_t ld = ((size_t)k + 63) & ~(size_t)63;
-    if (ctx->cap_q < ld * (size_t)m) {
-        free(ctx->q);
-        if (posix_memalign((void **)&ctx->q, 64, ld * (size_t)m)) { ctx->q = NULL; ctx->cap_q = 0; return fail("out of memory"); }
-        ctx->cap_q = ld * (size_t)m;
+    if (grow((void **)&ctx->q, &ctx->cap_q, ld * (size_t)rows) ||
+        grow((void **)&ctx->scale, &ctx->cap_scale, sizeof(float) * (size_t)rows) ||
+        grow((void **)&ctx->zp, &ctx->cap_zp, sizeof(int32_t) * (size_t)rows))
+        return -1;
+    pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp};
+    matmul_job job = {NULL, rhs, &lhs, NULL, dst, ldd, clamp_lo, clamp_hi, x, ldx, ctx->q, NULL};
+    if (planes == 2) {
+        if (grow((void **)&ctx->resid, &ctx->cap_resid, sizeof(float) * (size_t)k * pk_pool_size(ctx->pool)) ||
+            grow((void **)&ctx->dst2, &ctx->cap_dst2, sizeof(float) * (size_t)rows * n))
+            return -1;
+        job.resid = ctx->resid;
     }
-    if (ctx->cap_m < (size_t)m) {
-        free(ctx->scale);
-        free(ctx->zp);
-        ctx->scale = malloc(sizeof(float) * (size_t)m);
-        ctx->zp = malloc(sizeof(int32_t) * (size_t)m);
-        if (!ctx->scale || !ctx->zp) { ctx->cap_m = 0; return fail("out of memory"); }
-        ctx->cap_m = (size_t)m;
-    }
-    pk_lhs lhs = {m, k, ctx->q, ld, ctx->scale, ctx->zp};
-    matmul_job job = {NULL, rhs, &lhs, NULL, dst, ldd, clamp_lo, clamp_hi, x, ldx, ctx->q};
     if (m == 1) run_quantize(&job, 0, 1);
     else pk_pool_run(ctx->pool, run_quantize, &job);
-    return pk_matmul_lhs(ctx, rhs, &lhs, dst, ldd, clamp_lo, clamp_hi, kern);
+    if (planes == 1) return pk_matmul_lhs(ctx, rhs, &lhs, dst, ldd, clamp_lo, clamp_hi, kern);
+    /* plane products into dst2 rows 2i, 2i+1; then dst = clamp(sum) */
+    if (pk_matmul_lhs(ctx, rhs, &lhs, ctx->dst2, n, -INFINITY, INFINITY, kern)) return -1;
+    for (int i = 0; i < m; i++) {
+        const float *a = ctx->dst2 + (size_t)(2 * i) * n, *b = a + n;
+        float *d = dst + (size_t)i * ldd;
+        for (int j = 0; j < n; j++) d[j] = pk_clampf(a[j] + b[j], clamp_lo, clamp_hi);
+    }
+    return 0;
 }

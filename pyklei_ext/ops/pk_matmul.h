@@ -92,6 +92,12 @@ size_t pk_rhs_owned_bytes(const pk_rhs *rhs);
 
 /* qai8dx of one row, byte-exact with the numpy reference (pyklei.formats.qai8dx). */
 void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+/* The portable version, and a named one for tests: impl "scalar", "avx2" or "avx512" (x86);
+ * returns -1 when that implementation is not available here. pk_quantize_qai8dx_row picks the
+ * best one for the CPU; all produce the same bytes. */
+void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
+                                int32_t *zp);
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
@@ -101,6 +107,18 @@ pk_ctx *pk_ctx_create(int n_threads);
 void pk_ctx_destroy(pk_ctx *ctx);
 int pk_ctx_threads(const pk_ctx *ctx);
 pk_pool *pk_ctx_pool(pk_ctx *ctx);
+
+/* Activation precision of pk_matmul_f32: 1 plane = qai8dx (KleidiAI's per-row int8);
+ * 2 planes = qai8dx2: each row also gets a second qai8dx row quantizing the residual
+ * x - dequant(plane 1), and the two rows' products are summed. The kernels see 2M rows, so
+ * weights stream once; the result has ~16-bit activation precision (docs/FORMAT.md). */
+void pk_ctx_set_act_planes(pk_ctx *ctx, int planes);
+int pk_ctx_act_planes(const pk_ctx *ctx);
+
+/* Two-plane quantization of one row: plane 1 into (q1, s1, z1), its residual into (q2, s2, z2);
+ * byte-exact with pyklei.formats.quantize_qai8dx2. r: scratch [k]. */
+void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,
+                             int8_t *q2, float *s2, int32_t *z2);
 
 /* dst[M, N] = clamp(quant(x[M, K]) @ W^T). x rows at x + i*ldx, dst rows at dst + i*ldd.
  * kern NULL: the dispatch table chooses. Returns 0, or -1 (pk_last_error()). */

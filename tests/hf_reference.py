@@ -1,0 +1,69 @@
+"""transformers references for the runtime tests.
+
+`dequantized_hf_model(gguf, hf_dir)` builds a float32 LlamaForCausalLM from an HF config
+with the weights of a pyklei file dequantized (q/k rows back in Hugging Face order): the same
+numbers the pyklei kernels multiply, so the remaining difference is pyklei's int8 activation
+quantization and float summation order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pyklei.converters.gguf_to_hf import HF_PARTS
+from pyklei.converters.hf_llama import unpermute_qk
+from pyklei.formats.model_file import read_model
+
+
+def _hf_name(name: str) -> str | None:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{HF_PARTS[parts[2]]}.weight"
+    return None
+
+
+def dequantized_hf_model(gguf_path, hf_dir):
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    mf = read_model(gguf_path)
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    cfg.torch_dtype = torch.float32
+    hp = mf.hparams
+    state = {}
+    for name, t in mf.tensors.items():
+        hf = _hf_name(name)
+        if hf is None:
+            continue
+        w = t.dequantize().astype(np.float32)
+        if name.endswith("attn_q.weight"):
+            w = unpermute_qk(w, hp.n_head)
+        elif name.endswith("attn_k.weight"):
+            w = unpermute_qk(w, hp.n_head_kv)
+        state[hf] = torch.from_numpy(np.ascontiguousarray(w))
+    if hp.tied:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model = LlamaForCausalLM(cfg).float()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "rotary" not in m]
+    assert not missing and not unexpected, (missing, unexpected)
+    return model.eval()
+
+
+def hf_logits(model, ids) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        out = model(torch.tensor([list(ids)], dtype=torch.long))
+    return out.logits[0].float().numpy()
+
+
+def english_text() -> str:
+    """Real English prose that every Python ships: the Language Reference topics (pydoc_data)."""
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k] for k in ("assignment", "if", "while", "for", "try", "with",
+                                           "function", "class", "import", "numbers"))
