@@ -309,7 +309,8 @@ def quantizer_rows():
     rng = np.random.default_rng(5)
     rows = [rng.standard_normal(4096) * 3, np.zeros(64), -np.abs(rng.standard_normal(100)) - 0.1,
             np.abs(rng.standard_normal(100)) + 1, np.array([1e20, -3e19, 0.5, 7.0]),
-            np.array([3.5]), np.array([-2.0]), np.array([0.0]),
+            np.array([3.5]), np.array([-2.0]), np.array([0.0]), rng.standard_normal(15),
+            rng.standard_normal(17), rng.standard_normal(31), rng.standard_normal(33) - 5,
             np.array([0.5, 1.5, 2.5, -0.5, 255.0, 127.5, -127.5]),     # ties at inv == 1
             rng.standard_normal(2048) * 1e-38,                             # subnormal range
             np.concatenate([rng.standard_normal(1000), [1e4]]),           # one outlier
@@ -317,24 +318,39 @@ def quantizer_rows():
     return [r.astype(np.float32) for r in rows]
 
 
+QUANT_IMPL = {"default": None, "scalar": None, "avx2": "avx2", "avx512": "avx512vnni"}
+
+
+def quant_params():
+    out = []
+    for impl, feat in QUANT_IMPL.items():
+        marks = [] if feat is None or feat in FEATURES else [
+            pytest.mark.skip(reason=f"quantizer {impl}: this CPU lacks {feat}")]
+        out.append(pytest.param(None if impl == "default" else impl, marks=marks, id=impl))
+    return out
+
+
+@pytest.mark.parametrize("impl", quant_params())
 @pytest.mark.parametrize("i", range(len(quantizer_rows())))
-def test_quantizer_byte_exact(i):
+def test_quantizer_byte_exact(i, impl):
     x = quantizer_rows()[i][None, :]
     with np.errstate(all="ignore"):
         q0, s0, z0 = quantize_qai8dx(x)
-    q1, s1, z1 = _ext.quantize_qai8dx(x)
+    q1, s1, z1 = _ext.quantize_qai8dx(x, impl)
     np.testing.assert_array_equal(q1, q0)
     np.testing.assert_array_equal(s1.view(np.uint32), s0.view(np.uint32))
     np.testing.assert_array_equal(z1, z0)
 
 
-def test_quantizer_many_rows():
+@pytest.mark.parametrize("impl", quant_params())
+def test_quantizer_many_rows(impl):
     rng = np.random.default_rng(9)
     x = (rng.standard_normal((67, 1000)) * rng.uniform(1e-3, 1e3, (67, 1))).astype(np.float32)
     x[3] = 0
     x[5] = -np.abs(x[5])
+    x[7, :] = np.float32(1.5) * np.arange(1000, dtype=np.float32) / np.float32(999) * 170  # many ties
     q0, s0, z0 = quantize_qai8dx(x)
-    q1, s1, z1 = _ext.quantize_qai8dx(x)
+    q1, s1, z1 = _ext.quantize_qai8dx(x, impl)
     np.testing.assert_array_equal(q1, q0)
     np.testing.assert_array_equal(s1, s0)
     np.testing.assert_array_equal(z1, z0)

@@ -6,6 +6,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "x86_common.h"
@@ -59,6 +60,51 @@ Y_TARGET static void qai8dx_qsi8cx_1x4_avx2(int m, int n0, int n1, const pk_lhs 
                 dst[(size_t)i * ldd + n + r] = pk_clampf(v, lo, hi);
             }
         }
+    }
+}
+
+/* qai8dx row quantizer, AVX2: byte-exact with pk_quantize_qai8dx_row_scalar (same min/max
+ * semantics, vcvtps2dq = rint under round-to-nearest-even, no FMA, packs = the clamp). */
+Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+    __m256 vmn = _mm256_setzero_ps(), vmx = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        vmn = _mm256_min_ps(v, vmn);
+        vmx = _mm256_max_ps(v, vmx);
+    }
+    float lmn[8], lmx[8];
+    _mm256_storeu_ps(lmn, vmn);
+    _mm256_storeu_ps(lmx, vmx);
+    float mn = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        mn = lmn[j] < mn ? lmn[j] : mn;
+        mx = lmx[j] > mx ? lmx[j] : mx;
+    }
+    for (; i < k; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    const float rng = mx - mn;
+    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
+    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
+    float z = rintf(-128.0f - mn * inv);
+    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
+    const int32_t zi = (int32_t)z;
+    *zp = zi;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i vz = _mm256_set1_epi32(zi), perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int j = 0;
+    for (; j + 32 <= k; j += 32) {
+        __m256i v[4];
+        for (int t = 0; t < 4; t++)
+            v[t] = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * t), vinv)), vz);
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(p, perm));
+    }
+    for (; j < k; j++) {
+        const int32_t v = _mm_cvtss_si32(_mm_mul_ss(_mm_set_ss(x[j]), _mm_set_ss(inv))) + zi;
+        q[j] = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
     }
 }
 

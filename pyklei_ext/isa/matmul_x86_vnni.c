@@ -339,6 +339,46 @@ Z_TARGET static void qai8dx_qsi8cx_6x32_avx512vnni(int m, int n0, int n1, const 
 }
 
 /* ====================================================================================
+ * qai8dx row quantizer, AVX-512 (F + BW): byte-exact with pk_quantize_qai8dx_row_scalar.
+ * min/max in the scalar loop's semantics (min_ps(x, m) = x < m ? x : m); rint(x * inv) by
+ * vcvtps2dq under the default round-to-nearest-even; no FMA; saturation = the clamp.
+ * ==================================================================================== */
+Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+    __m512 vmn = _mm512_setzero_ps(), vmx = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= k; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        vmn = _mm512_min_ps(v, vmn);
+        vmx = _mm512_max_ps(v, vmx);
+    }
+    const __mmask16 tm = (__mmask16)((1u << (k - i)) - 1);
+    if (i < k) {   /* masked lanes load 0, which cannot move min(0, .) or max(0, .) */
+        const __m512 v = _mm512_maskz_loadu_ps(tm, x + i);
+        vmn = _mm512_min_ps(v, vmn);
+        vmx = _mm512_max_ps(v, vmx);
+    }
+    const float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
+    const float rng = mx - mn;
+    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
+    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
+    float z = rintf(-128.0f - mn * inv);
+    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
+    const int32_t zi = (int32_t)z;
+    *zp = zi;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i vz = _mm512_set1_epi32(zi);
+    int j = 0;
+    for (; j + 16 <= k; j += 16) {
+        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vinv)), vz);
+        _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtsepi32_epi8(v));
+    }
+    if (j < k) {
+        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tm, x + j), vinv)), vz);
+        _mm512_mask_cvtsepi32_storeu_epi8(q + j, tm, v);
+    }
+}
+
+/* ====================================================================================
  * AVX-VNNI (VEX vpdpbusd on ymm): the 256-bit template with vpdpbusd, tile 3 x 16
  * ==================================================================================== */
 
