@@ -528,6 +528,18 @@ def test_read_model_rejects(tmp_path, tiny_bpe, smollm2_gguf_path, monkeypatch):
         read_model(tmp_path / "v2.gguf")
     with pytest.raises(ModelFileError, match="no such model file"):
         read_model(tmp_path / "none.gguf")
+    good = tmp_path / "good.gguf"
+    convert(tiny_bpe, good)
+    raw = good.read_bytes()
+    (tmp_path / "trunc.gguf").write_bytes(raw[: len(raw) - 100])
+    with pytest.raises(ModelFileError, match="truncated"):
+        read_model(tmp_path / "trunc.gguf")
+    (tmp_path / "head.gguf").write_bytes(raw[:5000])
+    with pytest.raises(ModelFileError, match="truncated"):
+        read_model(tmp_path / "head.gguf")
+    (tmp_path / "magic.gguf").write_bytes(b"GGML" + raw[4:])
+    with pytest.raises(ModelFileError, match="bad magic"):
+        read_model(tmp_path / "magic.gguf")
 
 
 # ----------------------------------------------------------------------------- llama.cpp GGUF import
@@ -545,8 +557,8 @@ def _write_llamacpp_gguf(hf_dir: Path, out: Path, qtype) -> None:
     for k, v in mf.metadata.items():
         if k.startswith("pyklei.") or k in ("general.architecture", "general.alignment"):
             continue
-        f = mf._reader.fields[k]
-        w.add_key_value(k, v, f.types[0], f.types[1] if len(f.types) > 1 else None)
+        vt, sub = mf.metadata_types[k]
+        w.add_key_value(k, v, gguf.GGUFValueType(vt), None if sub is None else gguf.GGUFValueType(sub))
     for name in mf.tensors:
         if name == K.ROPE_FREQS:
             w.add_tensor(name, mf.tensor(name).data.copy())

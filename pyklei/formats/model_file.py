@@ -79,7 +79,8 @@ class ModelFile:
     metadata: dict[str, Any]
     tensors: dict[str, Tensor]
     eos_token_ids: list[int] = field(default_factory=list)
-    _reader: Any = None
+    metadata_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # GGUF (type, array type)
+    _mmap: Any = None
 
     def tensor(self, name: str) -> Tensor:
         try:
@@ -100,25 +101,129 @@ class ModelFile:
         return self.tensors.get(K.OUTPUT) or self.tensors[K.TOKEN_EMBD]
 
 
-def _value(f):
-    from gguf import GGUFValueType as T
-    if f.types and f.types[0] == T.ARRAY and len(f.types) == 2 and f.types[1] == T.UINT8:
-        return bytes(np.asarray(f.contents(), dtype=np.uint8))
-    return f.contents()
+# GGUF value types and the tensor types a pyklei file may hold (ids from the GGUF spec).
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+       6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+STRING, ARRAY = 8, 9
+GGML_F32, GGML_F16, GGML_I8, GGML_BF16 = 0, 1, 24, 30
+_GGML = {GGML_F32: ("F32", np.float32), GGML_F16: ("F16", np.float16),
+         GGML_I8: ("I8", np.int8), GGML_BF16: ("BF16", np.uint16)}
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass
+class _RawTensor:
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]   # numpy order (GGUF dims reversed)
+    offset: int              # absolute file offset
+    data: np.ndarray | None = None
+
+    @property
+    def type_name(self) -> str:
+        return _GGML.get(self.ggml_type, (f"type {self.ggml_type}",))[0]
+
+
+class _Parser:
+    """Minimal GGUF v2/v3 parser over an mmapped buffer: fast for 100k+ token vocabularies."""
+
+    def __init__(self, buf, path):
+        self.b, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int):
+        if self.pos + n > len(self.b):
+            raise ModelFileError(f"{self.path}: truncated GGUF file (needs byte {self.pos + n}, "
+                                 f"has {len(self.b)})")
+        v = self.b[self.pos:self.pos + n]
+        self.pos += n
+        return v
+
+    def scalar(self, t: int):
+        import struct
+        fmt = _SCALARS[t]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        try:
+            return bytes(self.take(n)).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelFileError(f"{self.path}: invalid UTF-8 string at byte {self.pos - n}") from None
+
+    def value(self, t: int):
+        if t in _SCALARS:
+            return self.scalar(t)
+        if t == STRING:
+            return self.string()
+        if t == ARRAY:
+            st, n = self.scalar(4), self.scalar(10)
+            if st == STRING:
+                return [self.string() for _ in range(n)]
+            if st in _NP:
+                a = np.frombuffer(self.take(n * np.dtype(_NP[st]).itemsize), dtype=_NP[st])
+                return bytes(a) if st == 0 else a.tolist()
+            raise ModelFileError(f"{self.path}: unsupported GGUF array element type {st}")
+        raise ModelFileError(f"{self.path}: unknown GGUF value type {t}")
+
+
+def _parse(path: Path):
+    """-> (metadata, {key: (type, subtype)}, [tensors with data views], mmap)."""
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    buf = memoryview(mm)
+    p = _Parser(buf, path)
+    if bytes(p.take(4)) != GGUF_MAGIC:
+        raise ModelFileError(f"{path}: not a GGUF file (bad magic)")
+    version = p.scalar(4)
+    if version not in (2, 3):
+        raise ModelFileError(f"{path}: GGUF version {version} is not supported (need 3)")
+    n_tensors, n_kv = p.scalar(10), p.scalar(10)
+    if n_tensors > 1 << 20 or n_kv > 1 << 20:
+        raise ModelFileError(f"{path}: corrupt GGUF header ({n_tensors} tensors, {n_kv} keys)")
+    md, types = {}, {}
+    for _ in range(n_kv):
+        key = p.string()
+        t = p.scalar(4)
+        types[key] = (t, None)
+        if t == ARRAY:  # peek the element type
+            types[key] = (t, int(np.frombuffer(p.b[p.pos:p.pos + 4], np.uint32)[0]))
+        md[key] = p.value(t)
+    infos = []
+    for _ in range(n_tensors):
+        name = p.string()
+        nd = p.scalar(4)
+        if nd > 4:
+            raise ModelFileError(f"{path}: tensor {name} has {nd} dimensions")
+        dims = [p.scalar(10) for _ in range(nd)]
+        gt, off = p.scalar(4), p.scalar(10)
+        infos.append((name, gt, tuple(reversed(dims)), off))
+    align = int(md.get(K.GENERAL_ALIGNMENT, 32))
+    start = p.pos + (-p.pos % align)
+    tensors = []
+    for name, gt, shape, off in infos:
+        t = _RawTensor(name, gt, shape, start + off)
+        if gt in _GGML:
+            dt = _GGML[gt][1]
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+            if t.offset + nbytes > len(mm):
+                raise ModelFileError(f"{path}: truncated file: tensor {name} ends at byte "
+                                     f"{t.offset + nbytes}, the file has {len(mm)}")
+            t.data = mm[t.offset:t.offset + nbytes].view(dt).reshape(shape)
+        tensors.append(t)
+    return md, types, tensors, mm
 
 
 def read_model(path) -> ModelFile:
-    from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFReader
-
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"no such model file: {path}")
     try:
-        r = GGUFReader(path, "r")
-    except Exception as e:
+        md, types, raw_list, mm = _parse(path)
+    except ModelFileError:
+        raise
+    except Exception as e:  # struct errors and the like on corrupt files
         raise ModelFileError(f"{path}: not a readable GGUF file ({e})") from None
-    md = {k: _value(f) for k, f in r.fields.items() if not k.startswith("GGUF.")}
     ver = md.get(K.KEY_FORMAT_VERSION)
     if ver is None:
         raise ModelFileError(f"{path} is not a pyklei model file (no {K.KEY_FORMAT_VERSION}); "
@@ -140,7 +245,11 @@ def read_model(path) -> ModelFile:
         except (TypeError, ValueError):
             raise ModelFileError(f"{path}: metadata {key!r} = {md[key]!r} is not {typ.__name__}") from None
 
-    raw = {t.name: t for t in r.tensors}
+    raw = {}
+    for t in raw_list:
+        if t.name in raw:
+            raise ModelFileError(f"{path}: duplicate tensor {t.name!r}")
+        raw[t.name] = t
     n_embd, n_head = need(K.EMBEDDING_LENGTH), need(K.HEAD_COUNT)
     head_dim = int(md.get(K.KEY_LENGTH, n_embd // max(n_head, 1)))
     hp = HParams(
@@ -190,23 +299,24 @@ def read_model(path) -> ModelFile:
     align = int(md.get(K.GENERAL_ALIGNMENT, 32))
 
     def dims(t):  # numpy-order dims
-        return tuple(int(d) for d in reversed(t.shape.tolist()))
+        return t.shape
 
     def get(name, gtype, shape):
         t = raw.get(name)
         if t is None:
             raise ModelFileError(f"{path} lacks tensor {name!r}")
-        if t.tensor_type != gtype:
-            raise ModelFileError(f"{path}: tensor {name} has GGUF type {t.tensor_type.name}, "
-                                 f"expected {gtype.name}")
+        if t.ggml_type != gtype:
+            raise ModelFileError(f"{path}: tensor {name} has GGUF type {t.type_name}, "
+                                 f"expected {_GGML[gtype][0]}")
         if dims(t) != tuple(shape):
             raise ModelFileError(f"{path}: tensor {name} has shape {list(dims(t))}, expected {list(shape)}")
-        if t.data_offset % align:
+        if t.offset % align or t.offset % K.ALIGNMENT:
             raise ModelFileError(f"{path}: tensor {name} data is not {align}-byte aligned")
         return t.data
 
     tensors: dict[str, Tensor] = {}
-    plain = {Q.F32: ("f32", np.float32), Q.F16: ("f16", np.float16), Q.BF16: ("bf16", np.uint16)}
+    plain = {GGML_F32: ("f32", np.float32), GGML_F16: ("f16", np.float16),
+             GGML_BF16: ("bf16", np.uint16)}
     for name, shape in expect.items():
         fmt = md.get(K.format_key(name))
         if fmt == K.QSI4C32:
@@ -220,25 +330,25 @@ def read_model(path) -> ModelFile:
             if nb <= 0 or k % nb or (k // nb) not in QSI4C32_BLOCK_SIZES:
                 raise ModelFileError(f"{path}: {K.scales_name(name)} shape {list(dims(sc_t))} does "
                                      f"not give a valid block size for K={k}")
-            qs = get(name, Q.I8, (n, k // 2)).view(np.uint8)
-            sc = get(K.scales_name(name), Q.BF16, (n, nb)).view(np.uint16).reshape(n, nb)
+            qs = get(name, GGML_I8, (n, k // 2)).view(np.uint8)
+            sc = get(K.scales_name(name), GGML_BF16, (n, nb))
             tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
         elif fmt == K.QSI8CX:
             if len(shape) != 2:
                 raise ModelFileError(f"{path}: {name} cannot be qsi8cx (shape {list(shape)})")
             n, k = shape
-            qs = get(name, Q.I8, (n, k))
-            sc = get(K.scales_name(name), Q.F32, (n,))
+            qs = get(name, GGML_I8, (n, k))
+            sc = get(K.scales_name(name), GGML_F32, (n,))
             tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
         elif fmt is None:
             t = raw.get(name)
             if t is None:
                 raise ModelFileError(f"{path} lacks tensor {name!r}")
-            if t.tensor_type not in plain or (len(shape) == 1 and t.tensor_type != Q.F32):
+            if t.ggml_type not in plain or (len(shape) == 1 and t.ggml_type != GGML_F32):
                 raise ModelFileError(f"{path}: tensor {name} has unsupported GGUF type "
-                                     f"{t.tensor_type.name} (and no {K.format_key(name)} key)")
-            pf, dt = plain[t.tensor_type]
-            data = get(name, t.tensor_type, shape).view(dt).reshape(shape)
+                                     f"{t.type_name} (and no {K.format_key(name)} key)")
+            pf, _ = plain[t.ggml_type]
+            data = get(name, t.ggml_type, shape)
             tensors[name] = Tensor(name, pf, shape, data=data)
         else:
             raise ModelFileError(f"{path}: {K.format_key(name)} = {fmt!r} is not a known format")
@@ -256,4 +366,4 @@ def read_model(path) -> ModelFile:
         if not 0 <= i < hp.vocab_size:
             raise ModelFileError(f"{path}: EOS id {i} outside the vocabulary")
     return ModelFile(path=path, hparams=hp, metadata=md, tensors=tensors, eos_token_ids=eos_ids,
-                     _reader=r)
+                     metadata_types=types, _mmap=mm)
