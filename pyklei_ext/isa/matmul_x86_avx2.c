@@ -113,7 +113,7 @@ Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, floa
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_avx2[] = {
     {"qai8dx_qsi4c32_1x4_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, y_q4_gemv_avx2},
-    {"qai8dx_qsi4c32_4x8_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 11, 4, 8, NULL, NULL, y_q4_gemm_avx2},
+    {"qai8dx_qsi4c32_4x8_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 11, 8, 8, NULL, NULL, y_q4_gemm_avx2},
     {"qai8dx_qsi8cx_1x4_avx2", "avx2", PK_FMT_QSI8CX, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, qai8dx_qsi8cx_1x4_avx2},
 };
 const int pk_kernels_x86_avx2_count = sizeof pk_kernels_x86_avx2 / sizeof pk_kernels_x86_avx2[0];

@@ -57,9 +57,10 @@ Z_TARGET static void z_prep_q4_gemv(int m, int k, const pk_lhs *lhs, uint8_t *ou
     }
 }
 
-/* Dot of one prepared activation row with 4 weight rows; sums[r] = sum_b s_b D'_b. */
-Z_INLINE void z_gemv_q4_rows(const int BL, int k, const uint8_t *const w[4],
-                             const uint16_t *const s[4], const uint8_t *act, float sums[4]) {
+/* Dot of MA (1 or 2) prepared activation rows with 4 weight rows, each weight vector loaded
+ * and unpacked once for the MA rows: sums[i][r] = sum_b s_b D'_b. */
+Z_INLINE void z_gemv_q4_rows(const int BL, const int MA, int k, const uint8_t *const w[4],
+                             const uint16_t *const s[4], const uint8_t *const act[2], float sums[2][4]) {
     const __m512i F0 = _mm512_set1_epi8((char)0xF0);
     /* bf16 -> f32 per 128-bit lane c: BL 32 takes scale c of the 4 broadcast, BL 64 scale c/2 */
     const __m512i sctrl = BL == 32
@@ -69,20 +70,30 @@ Z_INLINE void z_gemv_q4_rows(const int BL, int k, const uint8_t *const w[4],
         : _mm512_set_epi32(0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
                            0x0302FFFF, 0x0302FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF,
                            0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF);
-    __m512 acc[4];
-    for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_ps();
+    __m512 acc[2][4];
+    for (int i = 0; i < MA; i++)
+        for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
     const int G = k / 128;
     if (BL <= 64) {
-        for (int g = 0; g < G; g++) {
-            const __m512i alo = _mm512_load_si512(act + 128 * g), ahi = _mm512_load_si512(act + 128 * g + 64);
+        const int ng = G + (k % 128 ? 1 : 0);
+        for (int g = 0; g < ng; g++) {
+            const int tail = g == G;   /* 1..3 trailing chunks of 32 */
+            const int nch = tail ? (k % 128) / 32 : 4;
+            const __mmask64 wm = (__mmask64)((1ull << (16 * nch)) - 1);
+            __m512i alo[2], ahi[2];
+            for (int i = 0; i < MA; i++) {
+                alo[i] = _mm512_load_si512(act[i] + 128 * g);
+                ahi[i] = _mm512_load_si512(act[i] + 128 * g + 64);
+            }
             for (int r = 0; r < 4; r++) {
-                const __m512i v = _mm512_loadu_si512(w[r] + 64 * g);
+                const __m512i v = tail ? _mm512_maskz_loadu_epi8(wm, w[r] + 64 * g) : _mm512_loadu_si512(w[r] + 64 * g);
                 const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
                 const __m512i whi = _mm512_and_si512(v, F0);
-                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo, wlo);
-                d = _mm512_dpbusd_epi32(d, ahi, whi);
                 __m512i sraw;
-                if (BL == 32) {
+                if (tail) {
+                    const int nbl = nch * 32 / BL;
+                    sraw = _mm512_broadcastq_epi64(_mm_maskz_loadu_epi16((__mmask8)((1u << nbl) - 1), s[r] + g * (128 / BL)));
+                } else if (BL == 32) {
                     long long t;
                     memcpy(&t, s[r] + 4 * g, 8);
                     sraw = _mm512_set1_epi64(t);
@@ -90,54 +101,54 @@ Z_INLINE void z_gemv_q4_rows(const int BL, int k, const uint8_t *const w[4],
                     sraw = _mm512_set1_epi32(pk_load_i32(s[r] + 2 * g));
                 }
                 const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r]);
-            }
-        }
-        if (k % 128) {   /* 1..3 trailing chunks of 32 */
-            const int nch = (k % 128) / 32, nbl = nch * 32 / BL;
-            const __mmask64 wm = (__mmask64)((1ull << (16 * nch)) - 1);
-            const __m512i alo = _mm512_load_si512(act + 128 * G), ahi = _mm512_load_si512(act + 128 * G + 64);
-            for (int r = 0; r < 4; r++) {
-                const __m512i v = _mm512_maskz_loadu_epi8(wm, w[r] + 64 * G);
-                const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
-                const __m512i whi = _mm512_and_si512(v, F0);
-                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo, wlo);
-                d = _mm512_dpbusd_epi32(d, ahi, whi);
-                const __m128i st = _mm_maskz_loadu_epi16((__mmask8)((1u << nbl) - 1), s[r] + G * (128 / BL));
-                const __m512i sraw = _mm512_broadcastq_epi64(st);
-                const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[r]);
+                for (int i = 0; i < MA; i++) {
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo[i], wlo);
+                    d = _mm512_dpbusd_epi32(d, ahi[i], whi);
+                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[i][r]);
+                }
             }
         }
     } else {
         const int gpb = BL / 128, nb = k / BL;
         for (int b = 0; b < nb; b++) {
-            __m512i d[4];
-            for (int r = 0; r < 4; r++) d[r] = _mm512_setzero_si512();
+            __m512i d[2][4];
+            for (int i = 0; i < MA; i++)
+                for (int r = 0; r < 4; r++) d[i][r] = _mm512_setzero_si512();
             for (int gg = 0; gg < gpb; gg++) {
                 const int g = b * gpb + gg;
-                const __m512i alo = _mm512_load_si512(act + 128 * g), ahi = _mm512_load_si512(act + 128 * g + 64);
+                __m512i alo[2], ahi[2];
+                for (int i = 0; i < MA; i++) {
+                    alo[i] = _mm512_load_si512(act[i] + 128 * g);
+                    ahi[i] = _mm512_load_si512(act[i] + 128 * g + 64);
+                }
                 for (int r = 0; r < 4; r++) {
                     const __m512i v = _mm512_loadu_si512(w[r] + 64 * g);
-                    d[r] = _mm512_dpbusd_epi32(d[r], alo, _mm512_and_si512(_mm512_slli_epi16(v, 4), F0));
-                    d[r] = _mm512_dpbusd_epi32(d[r], ahi, _mm512_and_si512(v, F0));
+                    const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
+                    const __m512i whi = _mm512_and_si512(v, F0);
+                    for (int i = 0; i < MA; i++) {
+                        d[i][r] = _mm512_dpbusd_epi32(d[i][r], alo[i], wlo);
+                        d[i][r] = _mm512_dpbusd_epi32(d[i][r], ahi[i], whi);
+                    }
                 }
             }
-            for (int r = 0; r < 4; r++)
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[r]), _mm512_set1_ps(pk_bf16_to_f32(s[r][b])), acc[r]);
+            for (int r = 0; r < 4; r++) {
+                const __m512 sc = _mm512_set1_ps(pk_bf16_to_f32(s[r][b]));
+                for (int i = 0; i < MA; i++) acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[i][r]), sc, acc[i][r]);
+            }
         }
     }
-    for (int r = 0; r < 4; r++) sums[r] = _mm512_reduce_add_ps(acc[r]) * 0.0625f;
+    for (int i = 0; i < MA; i++)
+        for (int r = 0; r < 4; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]) * 0.0625f;
 }
 
-Z_TARGET static void z_q4_gemv_bl(const int BL, int k, const uint8_t *const w[4], const uint16_t *const s[4],
-                                  const uint8_t *act, float sums[4]) {
+Z_TARGET static void z_q4_gemv_bl(const int BL, int ma, int k, const uint8_t *const w[4], const uint16_t *const s[4],
+                                  const uint8_t *const act[2], float sums[2][4]) {
+#define Z_BL(B) case B: if (ma == 2) z_gemv_q4_rows(B, 2, k, w, s, act, sums); else z_gemv_q4_rows(B, 1, k, w, s, act, sums); break;
     switch (BL) {   /* constant-folded instantiations */
-    case 32: z_gemv_q4_rows(32, k, w, s, act, sums); break;
-    case 64: z_gemv_q4_rows(64, k, w, s, act, sums); break;
-    case 128: z_gemv_q4_rows(128, k, w, s, act, sums); break;
-    default: z_gemv_q4_rows(256, k, w, s, act, sums); break;
+    Z_BL(32) Z_BL(64) Z_BL(128)
+    default: if (ma == 2) z_gemv_q4_rows(256, 2, k, w, s, act, sums); else z_gemv_q4_rows(256, 1, k, w, s, act, sums); break;
     }
+#undef Z_BL
 }
 
 Z_TARGET static void qai8dx_qsi4c32_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
@@ -158,12 +169,17 @@ Z_TARGET static void qai8dx_qsi4c32_1x4_avx512vnni(int m, int n0, int n1, const 
             w[r] = rhs->qs + (size_t)rr * (k / 2);
             s[r] = (const uint16_t *)rhs->scales + (size_t)rr * nb;
         }
-        for (int i = 0; i < m; i++) {
-            float sums[4];
-            z_q4_gemv_bl(bl, k, w, s, act + (size_t)i * ldo, sums);
-            const float zpf = (float)(lhs->zp[i] + 128), sc = lhs->scale[i];
-            for (int r = 0; r < nr; r++)
-                dst[(size_t)i * ldd + n + r] = pk_clampf(sc * (sums[r] - zpf * rhs->rsum[n + r]), lo, hi);
+        for (int i0 = 0; i0 < m; i0 += 2) {   /* two activation rows per weight load */
+            const int ma = m - i0 < 2 ? 1 : 2;
+            const uint8_t *ap[2] = {act + (size_t)i0 * ldo, act + (size_t)(i0 + ma - 1) * ldo};
+            float sums[2][4];
+            z_q4_gemv_bl(bl, ma, k, w, s, ap, sums);
+            for (int i = 0; i < ma; i++) {
+                const int ii = i0 + i;
+                const float zpf = (float)(lhs->zp[ii] + 128), sc = lhs->scale[ii];
+                for (int r = 0; r < nr; r++)
+                    dst[(size_t)ii * ldd + n + r] = pk_clampf(sc * (sums[i][r] - zpf * rhs->rsum[n + r]), lo, hi);
+            }
         }
     }
 }
@@ -409,19 +425,19 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
 const pk_kernel pk_kernels_x86_vnni[] = {
     {"qai8dx_qsi4c32_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 4,
      NULL, NULL, qai8dx_qsi4c32_1x4_avx512vnni},
-    {"qai8dx_qsi4c32_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, 4, ZNR,
+    {"qai8dx_qsi4c32_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
      NULL, NULL, qai8dx_qsi4c32_6x32_avx512vnni},
     {"qai8dx_qsi8cx_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
      NULL, NULL, qai8dx_qsi8cx_1x4_avx512vnni},
-    {"qai8dx_qsi8cx_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, 4, ZNR,
+    {"qai8dx_qsi8cx_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
      NULL, NULL, qai8dx_qsi8cx_6x32_avx512vnni},
     {"qai8dx_qsi4c32_1x4_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 20, 1, 4,
      NULL, NULL, y_q4_gemv_avxvnni},
-    {"qai8dx_qsi4c32_3x16_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 21, 4, 16,
+    {"qai8dx_qsi4c32_3x16_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 21, 6, 16,
      NULL, NULL, y_q4_gemm_avxvnni},
     {"qai8dx_qsi8cx_1x4_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 20, 1, 4,
      NULL, NULL, y_q8_gemv_avxvnni},
-    {"qai8dx_qsi8cx_3x16_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 21, 4, 16,
+    {"qai8dx_qsi8cx_3x16_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 21, 6, 16,
      NULL, NULL, y_q8_gemm_avxvnni},
     {"qai8dx_qsi4c32_1x4_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 1, 4,
      NULL, NULL, y_q4_gemv_avxvnni_evex},
