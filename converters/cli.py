@@ -40,6 +40,15 @@ def run_convert(args) -> int:
     from . import convert
     from .errors import ConversionError
 
+    import signal
+
+    def _term(signum, frame):  # turn SIGTERM into KeyboardInterrupt: the temp file is removed
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, _term)
+    except ValueError:  # not in the main thread
+        old = None
     try:
         result = convert(args.input, args.output, group_size=args.group_size,
                          embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
@@ -50,6 +59,9 @@ def run_convert(args) -> int:
     except KeyboardInterrupt:
         print("pyklei convert: interrupted; no output written", file=sys.stderr)
         return 130
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     print(result.summary())
     return 0
 
