@@ -1,0 +1,53 @@
+"""Shared, session-scoped fixtures: real and tiny models, made once per test run.
+
+Real model files are cached under ~/.cache/pyklei (see pyklei.assets); converted files live
+in pytest's temporary directory so every run tests the current converter.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))   # tests/models.py, tests/hf_reference.py
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_path():
+    from models import smollm2_hf_dir
+    return smollm2_hf_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4(smollm2_hf_path, tmp_path_factory):
+    """SmolLM2-135M-Instruct converted by pyklei (qsi4c32, group 32, defaults)."""
+    from pyklei.converters import convert
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2-q4.gguf"
+    convert(smollm2_hf_path, out)
+    return out
+
+
+def _tiny(tmp_path_factory, head_dim):
+    """Tiny random Llama 3.2-style model (tied, GQA 4/2, llama3 RoPE scaling) whose
+    original_max_position_embeddings is 64, so tests reach positions beyond it."""
+    from models import make_tiny_llama
+    from pyklei.converters import convert
+    d = tmp_path_factory.mktemp(f"tiny{head_dim}")
+    hf = make_tiny_llama(d / "hf", head_dim=head_dim, tied=True, tokenizer="bpe", seed=head_dim)
+    cfg = json.loads((hf / "config.json").read_text())
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    rope["original_max_position_embeddings"] = 64
+    (hf / "config.json").write_text(json.dumps(cfg))
+    out = d / "tiny.gguf"
+    convert(hf, out)
+    return hf, out
+
+
+@pytest.fixture(scope="session")
+def tiny64(tmp_path_factory):
+    return _tiny(tmp_path_factory, 64)
+
+
+@pytest.fixture(scope="session")
+def tiny128(tmp_path_factory):
+    return _tiny(tmp_path_factory, 128)
