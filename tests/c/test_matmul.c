@@ -5,7 +5,7 @@
  *                  <every .c file of pyklei_ext/ops and pyklei_ext/isa> -lm -o test_matmul
  * (cross: aarch64-linux-gnu-gcc ... -static, run with qemu-aarch64 -cpu ...; see
  * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators),
- * --seed N, --verbose.
+ * --seed N, --only SUBSTR (only kernels whose name contains SUBSTR), --verbose.
  *
  * Checks:
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
@@ -37,6 +37,7 @@
 #include "ops/pk_matmul.h"
 
 static int n_pass, n_fail, verbose;
+static const char *only;   /* --only SUBSTR: test only kernels whose name contains it */
 static int fail_prints;
 
 #define CHECK(cond, ...)                                                                   \
@@ -401,6 +402,7 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
     for (int ki = 0; ki < pk_kernel_count(); ki++) {
         const pk_kernel *kern = pk_kernel_at(ki);
         if (kern->fmt != cs->fmt || !pk_kernel_supported(kern)) continue;
+        if (only && !strstr(kern->name, only)) continue;
         pk_rhs own, *r = &rhs;
         if (kern->rhs_pack) {
             if (pk_rhs_prepare(&own, cs->fmt, N, K, bl, qs, scales, kern)) {
@@ -466,8 +468,9 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--verbose")) verbose = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--seed N] [--verbose]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--seed N] [--only SUBSTR] [--verbose]\n", argv[0]);
             return 2;
         }
     }
@@ -504,7 +507,7 @@ int main(int argc, char **argv) {
 
     /* Shape selection: all (N, K, M, bl) with M*N*K within a work budget, plus, so that
      * every list value occurs with the large K, the smallest shapes for each K. */
-    const long budget = quick ? 40000 : 1500000;
+    const long budget = quick ? 40000 : 600000;
     int n_cases = 0, rot = 0;
     for (int f = 0; f < PK_FMT_COUNT; f++) {
         const int nk = COUNT(Ks) + (f == PK_FMT_QSI8CX ? COUNT(K8_extra) : 0);
