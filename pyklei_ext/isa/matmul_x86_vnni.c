@@ -79,7 +79,7 @@ Z_INLINE void z_gemv_q4_rows(const int BL, const int MA, int k, const uint8_t *c
         for (int g = 0; g < ng; g++) {
             const int tail = g == G;   /* 1..3 trailing chunks of 32 */
             const int nch = tail ? (k % 128) / 32 : 4;
-            const __mmask64 wm = (__mmask64)((1ull << (16 * nch)) - 1);
+            const __mmask64 wm = nch == 4 ? ~(__mmask64)0 : (__mmask64)((1ull << (16 * nch)) - 1);
             __m512i alo[2], ahi[2];
             for (int i = 0; i < MA; i++) {
                 alo[i] = _mm512_load_si512(act[i] + 128 * g);

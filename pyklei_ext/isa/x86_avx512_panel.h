@@ -77,7 +77,7 @@ ZP_TARGET static void z_pack_q8_panel(const pk_rhs *rhs, int np, int n1, int kp,
     const __m512i vx = _mm512_set1_epi8((char)xr);
     for (int c = 0; c < kp / 16; c++) {
         const int rem = k - 16 * c;
-        const __mmask16 lm = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
+        const __mmask16 lm = rem >= 16 ? (__mmask16)0xFFFF : rem > 0 ? (__mmask16)((1u << rem) - 1) : 0;
         for (int h = 0; h < 2; h++) {
             __m512i L[4], Q[4];
             for (int j = 0; j < 4; j++) {

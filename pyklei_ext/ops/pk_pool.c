@@ -1,6 +1,7 @@
 #include "pk_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__)
@@ -92,7 +93,12 @@ void pk_pool_run(pk_pool *pool, pk_task_fn fn, void *arg) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
     fn(arg, 0, pool->n);
-    while (__atomic_load_n(&pool->pending, __ATOMIC_ACQUIRE) > 0) cpu_relax();
+    /* Wait for the workers: poll, then yield the core, which matters when the machine is
+     * oversubscribed and a worker waits for this very core to run its share. */
+    for (int spin = 0; __atomic_load_n(&pool->pending, __ATOMIC_ACQUIRE) > 0; spin++) {
+        if (spin < 4096) cpu_relax();
+        else sched_yield();
+    }
     pthread_mutex_unlock(&pool->run_lock);
 }
 
