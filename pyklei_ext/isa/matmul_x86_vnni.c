@@ -212,25 +212,32 @@ Z_TARGET static void qai8dx_qsi8cx_1x4_avx512vnni(int m, int n0, int n1, const p
         const int8_t *w[4];
         for (int r = 0; r < 4; r++)
             w[r] = (const int8_t *)rhs->qs + (size_t)(n + (r < nr ? r : nr - 1)) * k;
-        for (int i = 0; i < m; i++) {
-            const uint8_t *ai = act + (size_t)i * ldo;
-            __m512i acc[4];
-            for (int r = 0; r < 4; r++) acc[r] = _mm512_setzero_si512();
-            for (int g = 0; g < G; g++) {
-                const __m512i av = _mm512_load_si512(ai + 64 * g);
-                for (int r = 0; r < 4; r++)
-                    acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_loadu_si512(w[r] + 64 * g));
+        /* two activation rows per pass: each weight vector is loaded once for both (decode
+         * runs two rows per token with the qai8dx2 residual plane) */
+        for (int i0 = 0; i0 < m; i0 += 2) {
+            const int ma = m - i0 < 2 ? m - i0 : 2;
+            const uint8_t *ai[2] = {act + (size_t)i0 * ldo, act + (size_t)(i0 + ma - 1) * ldo};
+            __m512i acc[2][4];
+            for (int i = 0; i < 2; i++)
+                for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_si512();
+            for (int g = 0; g <= G; g++) {
+                if (g == G && !(k % 64)) break;
+                const __m512i a0 = _mm512_load_si512(ai[0] + 64 * g), a1 = _mm512_load_si512(ai[1] + 64 * g);
+                for (int r = 0; r < 4; r++) {
+                    const __m512i wv = g < G ? _mm512_loadu_si512(w[r] + 64 * g)
+                                             : _mm512_maskz_loadu_epi8(tm, w[r] + 64 * G);
+                    acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], a0, wv);
+                    acc[1][r] = _mm512_dpbusd_epi32(acc[1][r], a1, wv);
+                }
             }
-            if (k % 64) {
-                const __m512i av = _mm512_load_si512(ai + 64 * G);
-                for (int r = 0; r < 4; r++)
-                    acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_maskz_loadu_epi8(tm, w[r] + 64 * G));
-            }
-            const int32_t zp = lhs->zp[i] + 128;
-            for (int r = 0; r < nr; r++) {
-                const int32_t d = _mm512_reduce_add_epi32(acc[r]) - zp * rhs->isum[n + r];
-                const float v = lhs->scale[i] * ((const float *)rhs->scales)[n + r] * (float)d;
-                dst[(size_t)i * ldd + n + r] = pk_clampf(v, lo, hi);
+            for (int i = 0; i < ma; i++) {
+                const int ii = i0 + i;
+                const int32_t zp = lhs->zp[ii] + 128;
+                for (int r = 0; r < nr; r++) {
+                    const int32_t d = _mm512_reduce_add_epi32(acc[i][r]) - zp * rhs->isum[n + r];
+                    const float v = lhs->scale[ii] * ((const float *)rhs->scales)[n + r] * (float)d;
+                    dst[(size_t)ii * ldd + n + r] = pk_clampf(v, lo, hi);
+                }
             }
         }
     }

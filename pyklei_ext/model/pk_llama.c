@@ -37,7 +37,7 @@ static void *alloc(pk_llama *m, size_t bytes) {
 
 pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx) {
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
-        hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
+        hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 512 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
         hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0) {
         err("invalid hyperparameters");
         return NULL;
@@ -218,8 +218,9 @@ int pk_llama_forward(pk_llama *m, const int32_t *tokens, int n, int pos0, float 
                      int all_logits, volatile int *interrupt) {
     const pk_llama_hparams *hp = &m->hp;
     if (n <= 0) return err("no tokens to evaluate");
-    if (pos0 < 0 || pos0 + n > hp->n_ctx) {
-        return err("positions %d..%d exceed the context of %d tokens", pos0, pos0 + n - 1, hp->n_ctx);
+    if (pos0 < 0 || n > hp->n_ctx - pos0) {   /* (not pos0 + n: that can overflow) */
+        return err("positions %d..%lld exceed the context of %d tokens", pos0,
+                   (long long)pos0 + n - 1, hp->n_ctx);
     }
     for (int t = 0; t < n; t++)
         if (tokens[t] < 0 || tokens[t] >= hp->n_vocab) {
