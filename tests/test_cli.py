@@ -1,0 +1,360 @@
+"""The `pyklei` command line, run as a user would: subprocesses on the real converted SmolLM2
+(the smollm2_q4 fixture), and the chat REPL driven through a pseudo-terminal.
+
+Every run uses one thread (-t 1) and few tokens: the machine is small and shared.
+"""
+import fcntl
+import json
+import math
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = (
+    "The river runs through the middle of the old town, and on summer evenings people walk "
+    "along its banks to watch the boats come in. Most of the houses near the water were built "
+    "more than two hundred years ago, when the town was a busy trading port. Today the old "
+    "warehouses have become shops, cafes and small museums, but the narrow streets still follow "
+    "the paths they did when merchants carried goods from the docks to the market square.\n"
+)
+
+
+def pyklei(*args, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "pyklei", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def assert_user_error(r, command):
+    """One line on stderr, 'pyklei COMMAND: error: ...', exit code 2, no traceback."""
+    err = r.stderr.strip()
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert "\n" not in err, f"expected one line, got:\n{r.stderr}"
+    assert err.startswith(f"pyklei {command}: error: " if command else "pyklei: error: "), err
+    return err
+
+
+# ---- help ---------------------------------------------------------------------------------
+
+def test_help_for_every_command():
+    r = pyklei("--help")
+    assert r.returncode == 0
+    for cmd in ("convert", "generate", "chat", "bench", "info", "perplexity"):
+        assert cmd in r.stdout
+        h = pyklei(cmd, "--help")
+        assert h.returncode == 0, h.stderr
+        assert h.stdout.startswith(f"usage: pyklei {cmd}")
+    h = pyklei("generate", "--help").stdout
+    for opt in ("--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed",
+                "--max-tokens", "--stop", "--threads", "--ctx-size", "--chat", "--stats"):
+        assert opt in h
+    h = pyklei("chat", "--help").stdout
+    for s in ("/reset", "/stats", "/exit", "oldest turns are dropped", "Ctrl-C"):
+        assert s in " ".join(h.split()), s
+    h = pyklei("bench", "--help").stdout
+    for s in ("--prompt-lengths", "--n-gen", "--threads", "--repeats", "--price-per-hour", "--json"):
+        assert s in h
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("pyklei")
+    if exe is None:
+        pytest.skip("the pyklei console script is not on PATH (pip install -e .)")
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("pyklei ")
+
+
+# ---- generate -----------------------------------------------------------------------------
+
+def test_generate_streams_and_prints_stats(smollm2_q4):
+    r = pyklei("generate", smollm2_q4, "-p", "The capital of France is", "-n", "8",
+               "--temperature", "0", "--stats", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    err = r.stderr
+    assert re.search(r"prompt:\s+\d+ tokens?, [\d.]+ tok/s prefill", err), err
+    assert re.search(r"generated:\s+8 tokens, [\d.]+ tok/s decode \(finish: length\)", err), err
+    assert re.search(r"time to first token: \d+ ms; peak RSS: \d+ MB; load: [\d.]+ s", err), err
+
+
+def test_generate_chat_template_and_stop(smollm2_q4, tmp_path):
+    r = pyklei("generate", smollm2_q4, "--chat", "-p", "What is the capital of France?",
+               "--system", "Answer in one sentence.", "-n", "24", "--temperature", "0", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+    # plain continuation " Paris, France. ..." cut before the stop string, which is not printed
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("The capital of France is", encoding="utf-8")
+    r = pyklei("generate", smollm2_q4, "-f", prompt, "-n", "16", "--temperature", "0",
+               "--stop", ",", "--stop", "zzz", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "Paris"
+
+
+def test_generate_seed_is_repeatable(smollm2_q4):
+    args = ("generate", smollm2_q4, "-p", "Once upon a time", "-n", "12", "--temperature", "1.0",
+            "--top-k", "0", "--min-p", "0", "--seed", "1234", "-t", "1")
+    a, b = pyklei(*args), pyklei(*args)
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout and a.stdout.strip()
+
+
+# ---- info / bench / perplexity ------------------------------------------------------------
+
+def test_info(smollm2_q4):
+    from pyklei.kernels import selected_kernel
+
+    r = pyklei("info", smollm2_q4)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for s in ("SmolLM2-135M-Instruct", "architecture   llama", "134.5 M", "context        8192",
+              "49152 tokens", "chat template  yes", "qsi4c32 (group 32)", "4.50", "cpu features"):
+        assert s in out, s
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[-8:]}
+    assert set(rows) == {"q", "k", "v", "o", "gate", "up", "down", "lm_head"}
+    assert rows["gate"][1:4] == ["1536", "x", "576"]
+    assert rows["down"][-2:] == [selected_kernel("qsi4c32", 2), selected_kernel("qsi4c32", 512)]
+
+    info = json.loads(pyklei("info", smollm2_q4, "--json", "--activations", "qai8dx").stdout)
+    assert info["m_decode"] == 1 and info["m_prefill"] == 256
+    assert info["formats"]["qsi4c32"]["tensors"] == 30 * 7
+    assert math.isclose(info["formats"]["qsi4c32"]["bits_per_weight"], 4.5)
+    assert info["params"] == 134_515_008
+    assert {r["decode_kernel"] for r in info["layers"] if r["format"] == "qsi4c32"} == \
+        {selected_kernel("qsi4c32", 1)}
+
+
+def test_bench_json_and_table(smollm2_q4):
+    r = pyklei("bench", smollm2_q4, "-p", "16", "-n", "8", "--repeats", "1", "-t", "1",
+               "--price-per-hour", "0.1", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["file_bytes"] == Path(smollm2_q4).stat().st_size
+    (res,) = rep["results"]
+    assert res["threads"] == 1 and res["load_s"] > 0 and res["peak_rss_mb"] > 50
+    (pp,) = res["prefill"]
+    assert pp["tokens"] == 16 and pp["tok_s"] > 0 and pp["ttft_s"] > 0
+    assert math.isclose(pp["usd_per_mtok"], 0.1 / 3600 / pp["tok_s"] * 1e6)
+    assert res["decode"]["tokens"] == 8
+    assert math.isclose(res["decode"]["usd_per_mtok"], 0.1 / 3600 / res["decode"]["tok_s"] * 1e6)
+
+    r = pyklei("bench", smollm2_q4, "-p", "16", "-n", "8", "-r", "1", "-t", "1",
+               "--price-per-hour", "0.1")
+    assert r.returncode == 0, r.stderr
+    for s in ("threads", "tok/s", "TTFT ms", "$/M tokens", "peak RSS MB", "prefill 16", "decode 8"):
+        assert s in r.stdout, s
+
+
+def test_perplexity(smollm2_q4, tmp_path):
+    f = tmp_path / "text.txt"
+    f.write_text(TEXT, encoding="utf-8")
+    r = pyklei("perplexity", smollm2_q4, "-f", f, "--ctx-size", "64", "--stride", "32", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    ppl = float(re.search(r"perplexity: ([\d.]+)", r.stdout).group(1))
+    assert 2 < ppl < 100, ppl      # plain English under a real model; a broken one gives ~1e4
+    assert "windows of 64 (stride 32)" in r.stdout
+
+
+def test_convert_command(tiny64, tmp_path):
+    hf, _ = tiny64
+    out = tmp_path / "tiny.gguf"
+    r = pyklei("convert", hf, "-o", out, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert out.is_file() and "converted" in r.stdout
+    assert_user_error(pyklei("convert", hf, "-o", out, "--no-progress"), "convert")
+    r = pyklei("generate", out, "-p", "hello", "-n", "4", "-t", "1")
+    assert r.returncode == 0, r.stderr
+
+
+# ---- user mistakes ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def not_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("notmodels")
+    (d / "notes.txt").write_text("not a model\n")
+    from pyklei.assets import smollm2_gguf
+    return {"txt": d / "notes.txt", "dir": d, "llamacpp": smollm2_gguf()}
+
+
+@pytest.mark.parametrize("args, command, expect", [
+    (["generate", "{missing}", "-p", "hi"], "generate", "no such model file"),
+    (["generate", "{txt}", "-p", "hi"], "generate", "not a GGUF file"),
+    (["generate", "{llamacpp}", "-p", "hi"], "generate", "pyklei convert"),
+    (["generate", "{dir}", "-p", "hi"], "generate", "pyklei convert"),
+    (["chat", "{missing}"], "chat", "no such model file"),
+    (["info", "{txt}"], "info", "not a GGUF file"),
+    (["bench", "{llamacpp}", "-p", "8", "-n", "1"], "bench", "pyklei convert"),
+    (["perplexity", "{model}", "-f", "{missing}"], "perplexity", "no such text file"),
+    (["perplexity", "{model}"], "perplexity", "-f/--file"),
+    (["generate", "{model}"], "generate", "-p PROMPT or -f FILE"),
+    (["generate", "{model}", "-p", "hi", "--temperature", "-1"], "generate", "--temperature"),
+    (["generate", "{model}", "-p", "hi", "--top-p", "0"], "generate", "--top-p"),
+    (["generate", "{model}", "-p", "hi", "--min-p", "1"], "generate", "--min-p"),
+    (["generate", "{model}", "-p", "hi", "-n", "many"], "generate", "--max-tokens"),
+    (["generate", "{model}", "-p", "hi", "-t", "0"], "generate", "--threads"),
+    (["generate", "{model}", "-p", "hi", "--ctx-size", "100000"], "generate", "context length"),
+    (["generate", "{model}", "-p", "hi", "-c", "64", "-n", "100"], "generate", "--max-tokens"),
+    (["bench", "{model}", "-p", "0"], "bench", "--prompt-lengths"),
+    (["bench", "{model}", "--threads", "1,x"], "bench", "--threads"),
+    (["bench", "{model}", "--price-per-hour", "-2"], "bench", "--price-per-hour"),
+    (["perplexity", "{model}", "-f", "{txt}", "-c", "32", "--stride", "64"], "perplexity", "--stride"),
+    (["convert", "{missing}", "-o", "{missing}.out"], "convert", "does not exist"),
+    (["frobnicate"], "", "invalid choice"),
+])
+def test_user_mistakes_are_one_line_errors(args, command, expect, smollm2_q4, not_models, tmp_path):
+    paths = {**not_models, "model": smollm2_q4, "missing": tmp_path / "missing.gguf"}
+    r = pyklei(*(a.format(**paths) for a in args))
+    err = assert_user_error(r, command)
+    assert expect in err, err
+    assert r.stdout == ""
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = pyklei("generate", tmp_path / "missing.gguf", "-p", "hi", "--debug")
+    assert r.returncode != 0
+    assert "Traceback" in r.stderr and "no such model file" in r.stderr
+
+
+# ---- the chat REPL through a pseudo-terminal ----------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
+
+
+class Terminal:
+    """A child process on a pty that is its controlling terminal, so \\x03 is a real Ctrl-C."""
+
+    def __init__(self, argv):
+        self.fd, slave = os.openpty()
+        env = dict(os.environ, TERM="dumb", INPUTRC="/dev/null", COLUMNS="120", LINES="40")
+
+        def make_controlling_tty():
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
+                                     cwd=ROOT, start_new_session=True,
+                                     preexec_fn=make_controlling_tty)
+        os.close(slave)
+        self.raw = b""
+        self.seen = ""       # everything read so far, escapes and \r removed
+
+    def expect(self, pattern, timeout=90):
+        """Reads until the text after the last match matches pattern; returns that text."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            text = ANSI.sub("", self.raw.decode("utf-8", "replace"))
+            m = rx.search(text)
+            if m:
+                self.raw = text[m.end():].encode()
+                self.seen += text[:m.end()]
+                return text[:m.end()]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {pattern!r}; screen:\n{text[-3000:]}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    data = os.read(self.fd, 65536)
+                except OSError:       # EIO: the child closed the terminal
+                    data = b""
+                if not data:
+                    raise AssertionError(f"the program ended waiting for {pattern!r}:\n{text[-3000:]}")
+                self.raw += data
+
+    def type(self, text):
+        os.write(self.fd, text.encode())
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        os.close(self.fd)
+
+
+PROMPT = r"\n> $"
+
+
+@pytest.fixture
+def terminal():
+    terms = []
+
+    def start(*args):
+        t = Terminal([sys.executable, "-m", "pyklei", *map(str, args)])
+        terms.append(t)
+        return t
+
+    yield start
+    for t in terms:
+        t.close()
+
+
+def test_chat_repl_session(smollm2_q4, terminal):
+    t = terminal("chat", smollm2_q4, "--temperature", "0", "-n", "300", "-t", "1", "-c", "1024")
+    banner = t.expect(PROMPT)
+    assert "pyklei chat" in banner and "/help" in banner
+
+    t.type("What is the capital of France?\r")
+    answer = t.expect(PROMPT)
+    assert "Paris" in answer.split("France?", 1)[1]
+
+    t.type("/stats\r")
+    stats = t.expect(PROMPT)
+    assert re.search(r"last reply: \d+ tokens at [\d.]+ tok/s", stats), stats
+    assert re.search(r"context: \d+ of 1024 tokens in use; 1 turn in the history", stats), stats
+    assert "peak RSS" in stats
+
+    # Ctrl-C during a long reply stops it and returns to the prompt
+    t.type("Write a long story about a dragon who learns to bake bread.\r")
+    t.expect(r"bread\.\n")               # our line, echoed
+    t.expect(r"\w+ \w+ \w+")              # the reply has started streaming
+    t.type("\x03")
+    stopped = t.expect(PROMPT, timeout=30)
+    assert "[stopped]" in stopped
+
+    # the REPL still works, and the conversation (with the partial reply) was kept
+    t.type("/stats\r")
+    stats = t.expect(PROMPT)
+    assert "2 turns in the history" in stats, stats
+    t.type("What is the capital of Italy?\r")
+    t.expect(PROMPT)
+    t.type("/stats\r")
+    stats = t.expect(PROMPT)
+    reused = int(re.search(r"(\d+) reused from the cache", stats).group(1))
+    assert reused > 30, stats            # only the new turn ran
+
+    t.type("/help\r")
+    assert "/reset" in t.expect(PROMPT)
+    t.type("/frob\r")
+    assert "unknown command /frob" in t.expect(PROMPT)
+    t.type("/reset\r")
+    assert "conversation reset" in t.expect(PROMPT)
+    t.type("/stats\r")
+    assert "0 turns in the history" in t.expect(PROMPT)
+    t.type("/exit\r")
+    assert t.proc.wait(20) == 0
+
+
+def test_chat_drops_oldest_turns_and_ctrl_d_leaves(smollm2_q4, terminal):
+    t = terminal("chat", smollm2_q4, "--temperature", "0", "-n", "40", "-t", "1", "-c", "160",
+                 "--system", "You are brief.")
+    t.expect(PROMPT)
+    notes = ""
+    for q in ("Name a colour.", "Name a fruit.", "Name an animal.", "Name a city."):
+        t.type(q + "\r")
+        notes += t.expect(PROMPT)
+    assert "[dropped the oldest" in notes and "160-token context" in notes
+    t.type("/stats\r")
+    stats = t.expect(PROMPT)
+    used = int(re.search(r"context: (\d+) of 160", stats).group(1))
+    assert used <= 160
+    t.type("\x04")                        # Ctrl-D at the prompt
+    assert t.proc.wait(20) == 0
