@@ -11,10 +11,23 @@ float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme.
 Weights are used in place from the memory map; the kernel layer owns only a float per
 weight row (R, the row sums of docs/FORMAT.md) and any repacked copies a kernel needs,
 reported by `weights_owned_bytes`.
+
+Threads: a Model runs one evaluation at a time. A call (eval/step/logits/reset) made while
+another thread is inside one is refused at once with RuntimeError("model is busy in another
+thread ...") rather than queued: interleaving two threads' calls on one KV cache would mix
+their contexts even if serialised, so sharing a model needs the caller's own coordination
+(or one Model per thread).
+
+Ctrl-C: the C forward pass runs without the GIL, and Python only runs its signal handlers
+between bytecodes, so a long prefill on the main thread runs in a helper thread while the
+main thread waits; on KeyboardInterrupt the pass is asked to stop at its next layer boundary
+(`LlamaRuntime.request_interrupt`), and KeyboardInterrupt is raised once it has stopped. The
+cache keeps the tokens before that call, so the model stays usable.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +36,25 @@ import numpy as np
 
 from . import _ext
 from .formats.model_file import ModelFileError, Tensor, read_model
+
+# Forwards of at least this many tokens run in a helper thread when called on the main thread,
+# so Ctrl-C is seen while the C pass runs (a one-token decode step is short: run directly).
+_THREADED_MIN_TOKENS = 2
+
+
+class _Release:
+    __slots__ = ("lock",)
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
+        return False
+
 
 _LINEARS = (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
             ("w_gate", "ffn_gate"), ("w_up", "ffn_up"), ("w_down", "ffn_down"))
@@ -106,6 +138,7 @@ class Model:
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
                                          self.file.tensor("output_norm.weight").data, rope_freqs,
                                          layers)
+        self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
         self._cached: list[int] = []          # tokens whose K/V are in the cache, in order
         self.last_eval_tokens = 0             # tokens the last eval() actually ran
         self.load_seconds = time.perf_counter() - t0
@@ -131,10 +164,24 @@ class Model:
     # ---- evaluation --------------------------------------------------------------------
     def reset(self) -> None:
         """Forgets the KV cache contents."""
-        self._cached = []
+        with self._busy():
+            self._cached = []
+
+    def _busy(self):
+        """Context manager holding the evaluation lock; refuses (RuntimeError) if taken."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("model is busy in another thread (a Model runs one evaluation at a "
+                               "time; use one Model per thread or serialise the calls)")
+        return _Release(self._lock)
 
     def _check(self, tokens) -> np.ndarray:
-        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        try:
+            toks = np.asarray(tokens).reshape(-1)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"tokens must be a sequence of token ids ({e})") from None
+        if toks.size and toks.dtype.kind not in "iu":
+            raise ValueError(f"token ids must be integers in [0, {self.vocab_size}), got "
+                             f"{toks.dtype} values")
         if toks.size == 0:
             raise ValueError("no tokens to evaluate")
         if toks.size > self.n_ctx:
@@ -146,9 +193,41 @@ class Model:
                              f"[0, {self.vocab_size})")
         return toks.astype(np.int32)
 
+    def _run(self, toks: np.ndarray, pos0: int, all_logits: bool):
+        """runtime.forward, interruptible by Ctrl-C when called on the main thread."""
+        if len(toks) < _THREADED_MIN_TOKENS or threading.current_thread() is not threading.main_thread():
+            return self.runtime.forward(toks, pos0, all_logits)
+        box: dict = {}
+
+        def work():
+            try:
+                box["out"] = self.runtime.forward(toks, pos0, all_logits)
+            except BaseException as e:  # handed to the caller below
+                box["err"] = e
+
+        t = threading.Thread(target=work, name="pyklei-forward", daemon=True)
+        t.start()
+        try:
+            while t.is_alive():
+                t.join(0.1)
+        except BaseException:
+            # KeyboardInterrupt (or another async exception): stop the C pass at its next
+            # layer boundary and wait for it, so that nothing still runs on our buffers when
+            # the lock is released; further Ctrl-Cs while waiting are absorbed.
+            while t.is_alive():
+                try:
+                    self.runtime.request_interrupt()   # repeated: forward() clears it on entry
+                    t.join(0.005)
+                except BaseException:
+                    pass
+            raise
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
+
     def _forward(self, toks: np.ndarray, pos0: int, all_logits: bool):
         try:
-            out = self.runtime.forward(toks, pos0, all_logits)
+            out = self._run(toks, pos0, all_logits)
         except BaseException:
             self._cached = self._cached[:pos0]   # positions >= pos0 may be half written
             raise
@@ -160,6 +239,10 @@ class Model:
     def eval(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits [n_vocab] after `tokens`, reusing the longest cached prefix: a chat turn
         only runs its new tokens."""
+        with self._busy():
+            return self._eval(tokens)
+
+    def _eval(self, tokens: Sequence[int]) -> np.ndarray:
         toks = self._check(tokens)
         n = 0
         limit = min(len(self._cached), len(toks) - 1)   # at least one token runs for logits
@@ -173,15 +256,24 @@ class Model:
 
     def step(self, token: int) -> np.ndarray:
         """Decode one token after the cached ones: logits [n_vocab] (the generation hot path)."""
+        with self._busy():
+            return self._step(token)
+
+    def _step(self, token: int) -> np.ndarray:
         pos = len(self._cached)
         if pos >= self.n_ctx:
             raise ValueError(f"the context of {self.n_ctx} tokens is full")
-        logits = self._forward(np.array([token], np.int32), pos, False)
-        self._cached.append(int(token))
+        tok = self._check([token])
+        logits = self._forward(tok, pos, False)
+        self._cached.append(int(tok[0]))
         return logits
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """float32 [len(tokens), n_vocab]: logits at every position, computed from scratch."""
+        with self._busy():
+            return self._logits(tokens)
+
+    def _logits(self, tokens: Sequence[int]) -> np.ndarray:
         toks = self._check(tokens)
         self._cached = []
         out = self._forward(toks, 0, True)
