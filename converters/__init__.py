@@ -17,7 +17,7 @@ __all__ = ["ConversionError", "ConversionResult", "convert", "DEFAULT_EMBEDDING_
 
 def convert(hf_dir, out_path, group_size: int = 32,
             embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
-            force: bool = False, progress: bool = False) -> ConversionResult:
+            force: bool = False, progress: bool = False, imatrix=None) -> ConversionResult:
     """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
     model, into a pyklei GGUF at out_path (written atomically).
 
@@ -26,6 +26,8 @@ def convert(hf_dir, out_path, group_size: int = 32,
         if the model is untied, output.weight.
     keep: ["PATTERN=FMT", ...] or {PATTERN: FMT}: fnmatch patterns over GGUF (or HF) tensor
         names; FMT in q4, q8, f16, bf16, f32; the first matching pattern wins.
+    imatrix: importance per input channel ({GGUF name: float [K]} or an .npz path from
+        `pyklei imatrix`): each qsi4c32 block's scale minimises the importance-weighted error.
     Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
     """
     src_path = Path(hf_dir)
@@ -44,7 +46,7 @@ def convert(hf_dir, out_path, group_size: int = 32,
         src = hf_source(src_path, name)
     try:
         return write_model(src, out_path, group_size=group_size, embedding_bits=embedding_bits,
-                           keep=keep, name=name, force=force, progress=progress)
+                           keep=keep, name=name, force=force, progress=progress, imatrix=imatrix)
     finally:
         if src.close:
             src.close()

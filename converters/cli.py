@@ -30,6 +30,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help=f"store tensors whose GGUF or HF name matches the glob PATTERN in FMT "
                         f"({', '.join(FORMATS)}), e.g. 'blk.*.ffn_down.weight=q8'; repeatable, "
                         f"the first matching pattern wins")
+    p.add_argument("--imatrix", metavar="FILE.npz",
+                   help="importance matrix from `pyklei imatrix` (mean squared activation per "
+                        "input channel): 4-bit scales then minimise the layer's output error")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -52,7 +55,8 @@ def run_convert(args) -> int:
     try:
         result = convert(args.input, args.output, group_size=args.group_size,
                          embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
-                         force=args.force, progress=not args.no_progress)
+                         force=args.force, progress=not args.no_progress,
+                         imatrix=getattr(args, "imatrix", None))
     except ConversionError as e:
         print(f"pyklei convert: error: {e}", file=sys.stderr)
         return 2

@@ -218,10 +218,28 @@ class _DataStream:
         self.offset += nbytes + (-nbytes % self.align)
 
 
+def load_importance(imatrix) -> dict[str, np.ndarray]:
+    """An importance matrix: {GGUF tensor name: float [K]} from a dict or an .npz file (as
+    written by `pyklei imatrix`); keys starting with '_' are metadata."""
+    if imatrix is None:
+        return {}
+    if isinstance(imatrix, dict):
+        return {k: np.asarray(v, np.float32) for k, v in imatrix.items() if not k.startswith("_")}
+    path = Path(imatrix)
+    if not path.is_file():
+        raise ConversionError(f"missing importance matrix file: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: np.asarray(z[k], np.float32) for k in z.files if not k.startswith("_")}
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"{path} is not an importance matrix (.npz): {e}") from None
+
+
 def write_model(src: ModelSource, out_path, *, group_size: int = 32,
                 embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
-                force: bool = False, progress: bool = True) -> ConversionResult:
+                force: bool = False, progress: bool = True, imatrix=None) -> ConversionResult:
     t0 = time.time()
+    importance = load_importance(imatrix)
     out_path = Path(out_path)
     if group_size not in QSI4C32_BLOCK_SIZES:
         raise ConversionError(f"--group-size must be one of {QSI4C32_BLOCK_SIZES}, got {group_size}")
@@ -279,7 +297,11 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
             from tqdm import tqdm
             bar = tqdm(total=len(plan), unit="tensor", desc="converting", dynamic_ncols=True)
         for (t, fmt), o in zip(plan, outs):
-            rep = _write_tensor(stream, t, fmt, group_size, o)
+            imp = importance.get(t.name)
+            if imp is not None and fmt == "q4" and imp.shape != (t.shape[-1],):
+                raise ConversionError(f"importance for {t.name} has {imp.size} values, the tensor "
+                                      f"has K={t.shape[-1]}: the imatrix is for another model")
+            rep = _write_tensor(stream, t, fmt, group_size, o, imp)
             result.tensors.append(rep)
             if src.after_tensor:
                 src.after_tensor()
@@ -315,7 +337,8 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs) -> TensorReport:
+def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs,
+                  importance: np.ndarray | None = None) -> TensorReport:
     rows = t.shape[0]
     row_elems = math.prod(t.shape[1:]) if len(t.shape) > 1 else 1
     step = rows if (t.whole or len(t.shape) == 1) else max(1, CHUNK_ELEMS // row_elems)
@@ -332,7 +355,7 @@ def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs)
         if not np.isfinite(x).all():
             raise ConversionError(f"{t.name} ({t.src_name or 'source'}) has NaN or Inf values")
         if fmt == "q4":
-            qs, sc = quantize_qsi4c32(x, bl)
+            qs, sc = quantize_qsi4c32(x, bl, importance=importance)
             stream.write(qs)
             side.append(sc)
             deq = dequantize_qsi4c32(qs, sc)

@@ -371,6 +371,8 @@ cdef extern from "model/pk_llama.h":
     size_t pk_llama_state_bytes(const pk_llama *model)
     int pk_llama_forward(pk_llama *model, const int32_t *tokens, int n, int pos0, float *logits,
                          int all_logits, volatile int *interrupt) nogil
+    int pk_llama_stats_enable(pk_llama *model, int on)
+    const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows)
 
 from libc.stdlib cimport calloc, free
 
@@ -461,6 +463,23 @@ cdef class LlamaRuntime:
     def state_bytes(self):
         """Bytes of the KV cache and scratch buffers."""
         return pk_llama_state_bytes(self.model)
+
+    def collect_stats(self, bint on=True):
+        """Start (zeroing) or stop accumulating per-channel sums of squares of every linear
+        layer's input (for importance-weighted quantization)."""
+        if pk_llama_stats_enable(self.model, on) != 0:
+            raise MemoryError(_last_error())
+
+    def stats(self):
+        """(float64 sums of squares, rows per layer, rows at the lm_head), or None if off.
+        Layout per layer: [attn_in n_embd][attn_out n_head*head_dim][ffn_in n_embd][down_in n_ff],
+        then [lm_head_in n_embd]."""
+        cdef size_t n
+        cdef long rows, lm_rows
+        cdef const double *p = pk_llama_stats(self.model, &n, &rows, &lm_rows)
+        if p == NULL:
+            return None
+        return np.asarray(<const double[:n]>p).copy(), rows, lm_rows
 
     def request_interrupt(self):
         """Makes a running forward() stop at the next layer boundary (thread-safe)."""

@@ -110,3 +110,15 @@ def test_qai8dx2_c_matches_numpy_and_beats_one_plane():
     q, s, z = quantize_qai8dx(x)
     e1 = np.abs(dequantize_qai8dx(q, s, z) - x).max()
     assert e2 < e1 / 100
+
+
+def test_importance_weighting_lowers_the_weighted_error():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    imp = np.exp(rng.standard_normal(256) * 2).astype(np.float32)     # a few channels dominate
+    plain = dequantize_qsi4c32(*quantize_qsi4c32(w))
+    weighted = dequantize_qsi4c32(*quantize_qsi4c32(w, importance=imp))
+    werr = lambda d: float((np.square(w - d) * imp).sum())
+    assert werr(weighted) < 0.9 * werr(plain)
+    with pytest.raises(ValueError, match="importance"):
+        quantize_qsi4c32(w, importance=np.ones(10))

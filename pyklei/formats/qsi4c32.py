@@ -60,8 +60,13 @@ def unpack_nibbles(qs) -> np.ndarray:
     return ((nib.astype(np.int8) ^ 8) - 8).astype(np.int8)  # sign-extend 4 -> 8 bits
 
 
-def _quantize_blocks(xb: np.ndarray, search: bool):
-    """xb: float32 [B, bl] -> (q int8 [B, bl], scale bits uint16 [B])."""
+def _quantize_blocks(xb: np.ndarray, search: bool, wb: np.ndarray | None = None):
+    """xb: float32 [B, bl] -> (q int8 [B, bl], scale bits uint16 [B]).
+    wb: optional importance [B, bl] (or broadcastable) weighting the squared error."""
+    def err_of(d):
+        e = np.square(d)
+        return (e if wb is None else e * wb).sum(axis=1, dtype=np.float32)
+
     amax = np.abs(xb).max(axis=1)
     divisors = SEARCH_DIVISORS if search else np.array([8.0], dtype=np.float32)
     best_err = np.full(xb.shape[0], np.inf, dtype=np.float32)
@@ -70,7 +75,7 @@ def _quantize_blocks(xb: np.ndarray, search: bool):
         bits = f32_to_bf16(amax / np.float32(t))
         s = bf16_to_f32(bits)
         q = _round_to_int4(xb, s)
-        err = np.square(xb - s[:, None] * q).sum(axis=1, dtype=np.float32)
+        err = err_of(xb - s[:, None] * q)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_bits = np.where(better, bits, best_bits)
@@ -78,11 +83,12 @@ def _quantize_blocks(xb: np.ndarray, search: bool):
         # One least-squares refit of the scale for the chosen rounding: s* = <x,q>/<q,q>.
         s = bf16_to_f32(best_bits)
         q = _round_to_int4(xb, s).astype(np.float32)
-        qq = (q * q).sum(axis=1)
-        fit = np.where(qq > 0, (xb * q).sum(axis=1) / np.where(qq > 0, qq, 1), 0).astype(np.float32)
+        wq = q if wb is None else q * wb
+        qq = (wq * q).sum(axis=1)
+        fit = np.where(qq > 0, (xb * wq).sum(axis=1) / np.where(qq > 0, qq, 1), 0).astype(np.float32)
         bits = f32_to_bf16(np.abs(fit))
         s2 = bf16_to_f32(bits)
-        err = np.square(xb - s2[:, None] * _round_to_int4(xb, s2)).sum(axis=1, dtype=np.float32)
+        err = err_of(xb - s2[:, None] * _round_to_int4(xb, s2))
         best_bits = np.where(err < best_err, bits, best_bits)
     s = bf16_to_f32(best_bits)
     return _round_to_int4(xb, s), best_bits
@@ -95,13 +101,16 @@ def _round_to_int4(xb, s):
     return np.clip(q, QMIN, QMAX).astype(np.int8)
 
 
-def quantize_qsi4c32(w, bl: int = 32, search: bool = True):
+def quantize_qsi4c32(w, bl: int = 32, search: bool = True, importance=None):
     """float [N, K] -> (qs uint8 [N, K/2], scales uint16 bf16 [N, K/bl]).
 
     Each block's scale is chosen to minimise that block's squared error: candidates
     absmax/t for t in SEARCH_DIVISORS, each rounded to bf16 first (so the error is that of
     the stored scale), then one least-squares refit. With search=False the scale is
     absmax/8 (bf16-rounded). Values are rounded half-to-even and clamped to [-8, 7].
+    importance: optional float [K] >= 0, e.g. the mean squared activation of each input
+    channel; the search then minimises the importance-weighted error, which is the error of
+    the layer's output rather than of its weights (llama.cpp's "imatrix" idea).
     """
     w = np.asarray(w, dtype=np.float32)
     if w.ndim != 2:
@@ -112,10 +121,18 @@ def quantize_qsi4c32(w, bl: int = 32, search: bool = True):
         raise ValueError("weight has NaN or Inf values; cannot quantize")
     qs = np.empty((n, k // 2), dtype=np.uint8)
     scales = np.empty((n, k // bl), dtype=np.uint16)
+    wb = None
+    if importance is not None:
+        imp = np.asarray(importance, dtype=np.float32).reshape(-1)
+        if imp.shape[0] != k or not np.isfinite(imp).all() or (imp < 0).any():
+            raise ValueError(f"importance must be {k} finite values >= 0, got shape {imp.shape}")
+        imp = imp / imp.mean() if imp.mean() > 0 else np.ones_like(imp)
+        wb = imp + np.float32(1e-3)                  # no channel is ignored entirely
     rows = max(1, _ROWS_PER_CHUNK_ELEMS // k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
-        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search)
+        wbr = None if wb is None else np.broadcast_to(wb, (r1 - r0, k)).reshape(-1, bl)
+        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search, wbr)
         qs[r0:r1] = pack_nibbles(q.reshape(r1 - r0, k))
         scales[r0:r1] = bits.reshape(r1 - r0, k // bl)
     return qs, scales

@@ -24,7 +24,38 @@ struct pk_llama {
     float *up;           /* [B][n_ff] */
     float *scores;       /* [n_threads][n_ctx] */
     size_t state_bytes;
+    double *stats;       /* optional: see pk_llama_stats_enable */
+    size_t stats_len;
+    long stats_rows, stats_lm_rows;
 };
+
+static size_t stats_layer_len(const pk_llama_hparams *hp) {
+    return (size_t)2 * hp->n_embd + (size_t)hp->n_head * hp->head_dim + hp->n_ff;
+}
+
+int pk_llama_stats_enable(pk_llama *m, int on) {
+    free(m->stats);
+    m->stats = NULL;
+    m->stats_len = 0;
+    m->stats_rows = m->stats_lm_rows = 0;
+    if (!on) return 0;
+    m->stats_len = stats_layer_len(&m->hp) * m->hp.n_layer + m->hp.n_embd;
+    m->stats = calloc(m->stats_len, sizeof(double));
+    return m->stats ? 0 : err("out of memory for activation statistics");
+}
+
+const double *pk_llama_stats(const pk_llama *m, size_t *len, long *rows, long *lm_rows) {
+    *len = m->stats_len;
+    *rows = m->stats_rows;
+    *lm_rows = m->stats_lm_rows;
+    return m->stats;
+}
+
+/* dst[j] += sum over rows of x[r][j]^2 */
+static void add_squares(double *dst, const float *x, int rows, int d) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < d; j++) dst[j] += (double)x[(size_t)r * d + j] * x[(size_t)r * d + j];
+}
 
 #define err(...) pk_set_error(__VA_ARGS__)
 
@@ -96,6 +127,7 @@ void pk_llama_destroy(pk_llama *m) {
     free(m->gate);
     free(m->up);
     free(m->scores);
+    free(m->stats);
     free(m);
 }
 
@@ -185,32 +217,43 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, fl
     for (int t = 0; t < n; t++) pk_tensor_row_f32(&m->w.tok_embd, tokens[t], m->x + (size_t)t * d);
 
     row_job job = {m, n, pos0, 0, NULL};
+    const int qd = hp->n_head * hp->head_dim;
     for (int l = 0; l < hp->n_layer; l++) {
         if (interrupt && *interrupt) return 1;
         const pk_llama_layer *L = &m->layers[l];
+        double *st = m->stats ? m->stats + stats_layer_len(hp) * l : NULL;
         job.layer = l;
         /* attention block */
         job.norm_w = L->attn_norm;
         run_rows(m, job_rmsnorm, &job, n);
+        if (st) add_squares(st, m->xn, n, d);
         if (mm(m, L->wq, n, m->xn, m->q) || mm(m, L->wk, n, m->xn, m->k) || mm(m, L->wv, n, m->xn, m->v))
             return -1;
         run_rows(m, job_rope_store, &job, n);
         run_rows(m, job_attention, &job, n * hp->n_head);
+        if (st) add_squares(st + d, m->att, n, qd);
         if (mm(m, L->wo, n, m->att, m->xn)) return -1;
         for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->xn[i];
         /* MLP block */
         job.norm_w = L->ffn_norm;
         run_rows(m, job_rmsnorm, &job, n);
+        if (st) add_squares(st + d + qd, m->xn, n, d);
         if (mm(m, L->w_gate, n, m->xn, m->gate) || mm(m, L->w_up, n, m->xn, m->up)) return -1;
         run_rows(m, job_swiglu, &job, n);
+        if (st) add_squares(st + 2 * d + qd, m->gate, n, hp->n_ff);
         if (mm(m, L->w_down, n, m->gate, m->xn)) return -1;
         for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->xn[i];
     }
+    if (m->stats) m->stats_rows += n;
     if (!logits) return 0;
     /* final norm and lm_head: all rows, or only the last */
     const int first = all_logits ? 0 : n - 1, rows = n - first;
     for (int t = first; t < n; t++)
         pk_rmsnorm(d, m->x + (size_t)t * d, m->w.output_norm, hp->rms_eps, m->xn + (size_t)(t - first) * d);
+    if (m->stats) {
+        add_squares(m->stats + stats_layer_len(hp) * hp->n_layer, m->xn, rows, d);
+        m->stats_lm_rows += rows;
+    }
     return mm(m, m->w.lm_head, rows, m->xn, logits);
 }
 

@@ -45,4 +45,12 @@ size_t pk_llama_state_bytes(const pk_llama *model);   /* KV cache + scratch */
 int pk_llama_forward(pk_llama *model, const int32_t *tokens, int n, int pos0, float *logits,
                      int all_logits, volatile int *interrupt);
 
+/* Activation statistics for importance-weighted quantization ("imatrix"): when enabled, every
+ * forward adds the squares of each linear layer's input rows, per input channel, into a double
+ * buffer laid out per layer as [attn_in n_embd][attn_out n_head*head_dim][ffn_in n_embd]
+ * [down_in n_ff], then [lm_head_in n_embd]. Enabling zeroes it. Returns 0 or -1 (out of memory). */
+int pk_llama_stats_enable(pk_llama *model, int on);
+/* The buffer (NULL when disabled), its length, and the number of rows accumulated per layer. */
+const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows);
+
 #endif

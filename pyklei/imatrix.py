@@ -1,0 +1,78 @@
+"""Importance matrices: the mean squared activation of every linear layer's input channels,
+measured by running a model over calibration text.
+
+    imat = collect_imatrix(Model("draft.gguf"), tokens)     # {GGUF tensor name: float32 [K]}
+    save_imatrix("imatrix.npz", imat, n_tokens)
+    pyklei.converters.convert(hf_dir, "model.gguf", imatrix="imatrix.npz")
+
+Weighting each block's quantization error by these numbers minimises the error of the layer's
+output instead of its weights (the idea behind llama.cpp's imatrix). The statistics come from
+the C forward pass (pk_llama_stats), so any pyklei model can measure them; an 8-bit draft of
+the checkpoint (`--keep '*=q8'`) keeps the measurement close to the float model.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+# Python's own Language Reference ships with every CPython (pydoc_data): real English prose.
+# These topics are the evaluation text of the tests and benchmarks and are never calibrated on.
+EVAL_TOPICS = ("types", "specialnames", "execmodel", "compound")
+
+
+def default_calibration_text() -> str:
+    from pydoc_data.topics import topics
+    return "\n\n".join(v for k, v in sorted(topics.items()) if k not in EVAL_TOPICS)
+
+
+def evaluation_text() -> str:
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k] for k in EVAL_TOPICS)
+
+
+def collect_imatrix(model, tokens: Sequence[int], n_ctx: int = 512,
+                    progress: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+    """Runs `tokens` through `model` (pyklei.model.Model) in windows of n_ctx tokens and
+    returns {GGUF tensor name: mean of x^2 over all rows, per input channel}."""
+    tokens = list(tokens)
+    n_ctx = min(n_ctx, model.n_ctx)
+    if len(tokens) < 2:
+        raise ValueError("need calibration text of at least 2 tokens")
+    rt = model.runtime
+    rt.collect_stats(True)
+    try:
+        starts = range(0, len(tokens), n_ctx)
+        for i, s in enumerate(starts):
+            model.logits(tokens[s:s + n_ctx])
+            if progress:
+                progress(i + 1, len(starts))
+        sums, rows, lm_rows = rt.stats()
+    finally:
+        rt.collect_stats(False)
+        model.reset()
+    hp = model.hparams
+    d, qd, f = hp.n_embd, hp.n_head * hp.head_dim, hp.n_ff
+    per_layer = 2 * d + qd + f
+    out: dict[str, np.ndarray] = {}
+    for i in range(hp.n_layer):
+        base = sums[i * per_layer:(i + 1) * per_layer]
+        attn_in = base[:d] / rows
+        attn_out = base[d:d + qd] / rows
+        ffn_in = base[d + qd:2 * d + qd] / rows
+        down_in = base[2 * d + qd:] / rows
+        for part, v in (("attn_q", attn_in), ("attn_k", attn_in), ("attn_v", attn_in),
+                        ("attn_output", attn_out), ("ffn_gate", ffn_in), ("ffn_up", ffn_in),
+                        ("ffn_down", down_in)):
+            out[f"blk.{i}.{part}.weight"] = v.astype(np.float32)
+    lm = (sums[hp.n_layer * per_layer:] / max(lm_rows, 1)).astype(np.float32)
+    out["token_embd.weight" if hp.tied else "output.weight"] = lm
+    return out
+
+
+def save_imatrix(path, imatrix: dict[str, np.ndarray], n_tokens: int) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part.npz")
+    np.savez(tmp, _tokens=np.array(n_tokens), **imatrix)
+    tmp.replace(path)
