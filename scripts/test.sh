@@ -8,3 +8,4 @@ cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 python -m pytest -q -m "not slow" "$@"
 bash scripts/test_arm.sh
+bash scripts/test_sanitizers.sh
