@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -161,8 +160,12 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,)) -> dic
             convert(hf_dir, out, progress=False, **kw)
         return out
 
+    from pyklei.converters import ConversionError
     for gs in group_sizes:
-        models[f"pyklei q4 g{gs}"] = ("pyklei", pyklei_convert(work / f"{tag}-q4-g{gs}.gguf", group_size=gs))
+        try:
+            models[f"pyklei q4 g{gs}"] = ("pyklei", pyklei_convert(work / f"{tag}-q4-g{gs}.gguf", group_size=gs))
+        except ConversionError as e:          # e.g. SmolLM2's K = 576 has no blocks of 128
+            print(f"skipping group size {gs}: {e}", file=sys.stderr)
     # calibrated: importance matrix measured on an 8-bit draft (what `pyklei convert --calibrate` does)
     cal = work / f"{tag}-q4-g32-imatrix.gguf"
     if not cal.exists():
@@ -186,7 +189,8 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,)) -> dic
 # ---- workers: one engine, one process -----------------------------------------------------
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from pyklei.generate import peak_rss_mb as vm_hwm   # VmHWM: not inherited from the parent
+    return vm_hwm()
 
 
 class PykleiEngine:

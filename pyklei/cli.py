@@ -889,27 +889,18 @@ def cmd_convert(args) -> int:
         return run_convert(args)
     if args.imatrix:
         raise CLIError("give either --calibrate or --imatrix, not both")
-    import tempfile
+    from .converters import ConversionError
+    from .pipeline import convert_calibrated
 
-    from .converters import ConversionError, convert
-    from .imatrix import default_calibration_text, save_imatrix
-
-    out = Path(args.output)
-    if out.exists() and not args.force:
-        raise CLIError(f"{out} exists; pass --force to overwrite it")
-    text = default_calibration_text() if args.calibrate == "default" else _read_text(args.calibrate, "text")
-    with tempfile.TemporaryDirectory(dir=out.parent if out.parent.exists() else None) as tmp:
-        draft = Path(tmp) / "draft-q8.gguf"
-        print("pass 1/2: 8-bit draft for calibration", file=sys.stderr)
-        try:
-            convert(args.input, draft, keep=["*=q8"], embedding_bits=8, progress=not args.no_progress)
-        except ConversionError as e:
-            raise CLIError(str(e)) from None
-        imat, n = _collect(draft, text, 512, 8192, None, args.no_progress or None)
-        args.imatrix = str(Path(tmp) / "imatrix.npz")
-        save_imatrix(args.imatrix, imat, n)
-        print(f"pass 2/2: converting with the importance of {n} calibration tokens", file=sys.stderr)
-        return run_convert(args)
+    text = None if args.calibrate == "default" else _read_text(args.calibrate, "text")
+    try:
+        result = convert_calibrated(args.input, args.output, text, progress=not args.no_progress,
+                                    group_size=args.group_size, embedding_bits=args.embedding_bits,
+                                    keep=args.keep, name=args.name, force=args.force)
+    except ConversionError as e:
+        raise CLIError(str(e)) from None
+    print(result.summary())
+    return 0
 
 
 # ---- the parser -----------------------------------------------------------------------------

@@ -32,6 +32,15 @@ class GenerationResponse:
 
 
 def peak_rss_mb() -> float:
+    """Peak resident memory of this process. Linux: VmHWM, which starts afresh at exec (the
+    rusage figure keeps the parent's peak when a big process spawned this one)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return kb / 1024 if sys.platform != "darwin" else kb / 2**20
 

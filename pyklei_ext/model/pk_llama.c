@@ -11,8 +11,8 @@ struct pk_llama {
     pk_llama_layer *layers;
     pk_ctx *ctx;
     float *inv_freq;     /* [head_dim/2] */
-    void *k_cache;       /* [n_layer][n_head_kv][n_ctx][head_dim] f32 or f16 */
-    void *v_cache;       /* same */
+    void *k_cache;       /* [n_layer][n_head_kv][head_dim][n_ctx] f32 or f16 (transposed) */
+    void *v_cache;       /* [n_layer][n_head_kv][n_ctx][head_dim] f32 or f16 */
     /* scratch, n_batch rows each */
     float *x;            /* [B][n_embd] residual stream */
     float *xn;           /* [B][n_embd] normalised */
@@ -154,7 +154,6 @@ static void job_rope_store(void *arg, int ith, int nth) {
     pk_llama *m = j->m;
     const pk_llama_hparams *hp = &m->hp;
     const int hd = hp->head_dim, nkv = hp->n_head_kv;
-    const size_t es = hp->kv_f16 ? 2 : 4;
     for (int t = ith; t < j->n; t += nth) {
         const int pos = j->pos0 + t;
         float *q = m->q + (size_t)t * hp->n_head * hd, *k = m->k + (size_t)t * nkv * hd;
@@ -162,13 +161,18 @@ static void job_rope_store(void *arg, int ith, int nth) {
         pk_rope(hp->n_head, hd, pos, m->inv_freq, q);
         pk_rope(nkv, hd, pos, m->inv_freq, k);
         for (int h = 0; h < nkv; h++) {
-            const size_t off = ((((size_t)j->layer * nkv + h) * hp->n_ctx) + pos) * hd;
+            const size_t head = (size_t)j->layer * nkv + h;
+            const size_t voff = (head * hp->n_ctx + pos) * hd;     /* V row */
+            const size_t kbase = head * hd * hp->n_ctx + pos;       /* K column */
+            const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
             if (hp->kv_f16) {
-                pk_f32_to_f16_row(hd, k + (size_t)h * hd, (uint16_t *)m->k_cache + off);
-                pk_f32_to_f16_row(hd, v + (size_t)h * hd, (uint16_t *)m->v_cache + off);
+                uint16_t k16[512];
+                pk_f32_to_f16_row(hd, kh, k16);
+                for (int i = 0; i < hd; i++) ((uint16_t *)m->k_cache)[kbase + (size_t)i * hp->n_ctx] = k16[i];
+                pk_f32_to_f16_row(hd, vh, (uint16_t *)m->v_cache + voff);
             } else {
-                memcpy((char *)m->k_cache + off * es, k + (size_t)h * hd, sizeof(float) * hd);
-                memcpy((char *)m->v_cache + off * es, v + (size_t)h * hd, sizeof(float) * hd);
+                for (int i = 0; i < hd; i++) ((float *)m->k_cache)[kbase + (size_t)i * hp->n_ctx] = kh[i];
+                memcpy((float *)m->v_cache + voff, vh, sizeof(float) * hd);
             }
         }
     }
@@ -187,8 +191,8 @@ static void job_attention(void *arg, int ith, int nth) {
         const int t = idx / nh, h = idx % nh, kvh = h / group;
         const size_t base = (((size_t)j->layer * nkv + kvh) * hp->n_ctx) * hd * es;
         pk_attend_head(hd, j->pos0 + t + 1, m->q + ((size_t)t * nh + h) * hd,
-                       (const char *)m->k_cache + base, (const char *)m->v_cache + base, hp->kv_f16,
-                       scale, scores, m->att + ((size_t)t * nh + h) * hd);
+                       (const char *)m->k_cache + base, hp->n_ctx, (const char *)m->v_cache + base,
+                       hp->kv_f16, scale, scores, m->att + ((size_t)t * nh + h) * hd);
     }
 }
 

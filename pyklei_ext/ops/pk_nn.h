@@ -31,9 +31,11 @@ void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x
 void pk_swiglu(int n, const float *gate, const float *up, float *out);
 
 /* One query head against positions [0, n_pos) of one KV head.
- * q: [hd]; k, v: [n_pos][hd] (f32 or f16 per kv_f16); scores: scratch [n_pos]; out: [hd]. */
-void pk_attend_head(int hd, int n_pos, const float *q, const void *k, const void *v, int kv_f16,
-                    float scale, float *scores, float *out);
+ * q: [hd]; kt: K transposed, [hd][kt_stride] (position j of dim i at kt[i*kt_stride + j]), so
+ * the scores are hd axpy's over positions, not n_pos short dot products; v: [n_pos][hd];
+ * K and V are f32 or f16 per kv_f16; scores: scratch [n_pos]; out: [hd]. */
+void pk_attend_head(int hd, int n_pos, const float *q, const void *kt, size_t kt_stride,
+                    const void *v, int kv_f16, float scale, float *scores, float *out);
 
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
 
