@@ -149,7 +149,7 @@ def llamacpp_quantize(src: Path, out: Path, ftype_name: str) -> Path:
     return out
 
 
-def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,)) -> dict:
+def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatrix=True) -> dict:
     """{label: (engine, path)} made from one HF checkpoint."""
     from pyklei.converters import convert
     work.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,7 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,)) -> dic
             print(f"skipping group size {gs}: {e}", file=sys.stderr)
     # calibrated: importance matrix measured on an 8-bit draft (what `pyklei convert --calibrate` does)
     cal = work / f"{tag}-q4-g32-imatrix.gguf"
-    if not cal.exists():
+    if imatrix and not cal.exists():
         from pyklei.imatrix import collect_imatrix, default_calibration_text
         from pyklei.llm import LLM
         draft = pyklei_convert(work / f"{tag}-q8-draft.gguf", keep=["*=q8"])
@@ -177,7 +177,8 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,)) -> dic
         imat = collect_imatrix(llm.model, ids)
         del llm
         pyklei_convert(cal, imatrix=imat)
-    models["pyklei q4 g32 +imatrix"] = ("pyklei", cal)
+    if imatrix:
+        models["pyklei q4 g32 +imatrix"] = ("pyklei", cal)
     f16 = pyklei_convert(work / f"{tag}-f16-pyklei.gguf", keep=["*=f16"], embedding_bits=16)
     lc16 = llamacpp_f16(f16, work / f"{tag}-f16-llamacpp.gguf")
     models["llama.cpp Q4_0"] = ("llamacpp", llamacpp_quantize(lc16, work / f"{tag}-Q4_0.gguf", "Q4_0"))
@@ -388,7 +389,8 @@ def chart(report: dict, path: Path):
 def bench_model(name, hf_dir, tag, args, work):
     from pyklei.imatrix import evaluation_text
     from pyklei.tokenizer import Tokenizer
-    models = prepare_models(hf_dir, work, tag, group_sizes=args.group_sizes)
+    models = prepare_models(hf_dir, work, tag, group_sizes=args.group_sizes,
+                            imatrix=not getattr(args, "no_imatrix", False))
     tok = Tokenizer.from_gguf(models["pyklei q4 g32"][1])
     text = evaluation_text()
     ids = tok.encode(text, add_bos=False)
@@ -444,6 +446,7 @@ def main():
     ap.add_argument("--skip-ppl", action="store_true")
     ap.add_argument("--skip-torch-speed", action="store_true")
     ap.add_argument("--with-1b", action="store_true", help="also the random Llama 3.2 1B-shaped model")
+    ap.add_argument("--only-1b", action="store_true", help="only the random Llama 3.2 1B-shaped model")
     args = ap.parse_args()
     if args.worker:
         job = json.loads(args.worker)
@@ -458,18 +461,21 @@ def main():
     from pyklei.converters.gguf_to_hf import smollm2_hf
     work = cache_dir() / "bench"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    reports = [bench_model("SmolLM2-135M-Instruct", smollm2_hf(), "smollm2", args, work)]
-    if args.with_1b:
+    reports = [] if args.only_1b else [bench_model("SmolLM2-135M-Instruct", smollm2_hf(), "smollm2", args, work)]
+    if args.with_1b or args.only_1b:
         hf1b = cache_dir() / "llama32-1b-random"
         if not (hf1b / "config.json").exists():
             subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py")], check=True)
         a1 = argparse.Namespace(**vars(args))
-        a1.group_sizes, a1.skip_ppl = [32], True          # random weights: perplexity means nothing
+        # random weights: perplexity and calibration mean nothing; fp32 decode of 1.2 B
+        # parameters takes minutes per run
+        a1.group_sizes, a1.skip_ppl, a1.no_imatrix, a1.skip_torch_speed = [32], True, True, True
         reports.append(bench_model("random Llama-3.2-1B-shaped", hf1b, "llama32-1b", a1, work))
     md = "\n".join(render(r) for r in reports)
-    (RESULTS / "compare.md").write_text(md)
-    (RESULTS / "compare.json").write_text(json.dumps(reports, indent=1))
-    chart(reports[0], RESULTS / "compare.png")
+    name = "compare-1b" if args.only_1b else "compare"
+    (RESULTS / f"{name}.md").write_text(md)
+    (RESULTS / f"{name}.json").write_text(json.dumps(reports, indent=1))
+    chart(reports[0], RESULTS / f"{name}.png")
     print(md)
 
 
