@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyklei.converters.gguf_to_hf import HF_PARTS
+from pyklei.converters import ConversionError
+from pyklei.converters.gguf_to_hf import _hf_name as gguf_hf_name
 from pyklei.converters.hf_llama import unpermute_qk
 from pyklei.formats.model_file import read_model
 
 
 def _hf_name(name: str) -> str | None:
-    if name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if name == "output_norm.weight":
-        return "model.norm.weight"
-    if name == "output.weight":
-        return "lm_head.weight"
-    parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk":
-        return f"model.layers.{parts[1]}.{HF_PARTS[parts[2]]}.weight"
-    return None
+    try:
+        return gguf_hf_name(name)
+    except ConversionError:          # rope_freqs.weight: no Hugging Face tensor
+        return None
 
 
 def dequantized_hf_model(gguf_path, hf_dir):
