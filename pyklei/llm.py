@@ -64,7 +64,11 @@ class LLM:
                 raise ValueError("the prompt is empty")
             ids = self.tokenizer.encode(prompt, add_bos=add_bos, parse_special=True)
         else:
-            ids = [int(t) for t in prompt]
+            ids = list(prompt)
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))]
+            if bad:
+                raise ValueError(f"token ids must be integers, got {bad[0]!r}")
+            ids = [int(t) for t in ids]
         stops = [stop] if isinstance(stop, str) else list(stop)
         it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops, self.eos_ids)
         if stream:

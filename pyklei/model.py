@@ -131,6 +131,8 @@ class Model:
             qs, s = quantize_qsi8cx(out.dequantize())
             self.lm_head = _ext.QWeight("qsi8cx", qs, s)
         rope_freqs = self.file.tensor("rope_freqs.weight").data if hp.has_rope_freqs else None
+        if hp.head_dim > 512:   # the attention scratch of the C forward pass holds 512
+            raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports (512)")
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
                      n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,

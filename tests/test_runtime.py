@@ -158,6 +158,8 @@ def test_bad_arguments(llm, kwargs, err, match):
 def test_edge_cases(llm):
     with pytest.raises(ValueError, match="empty"):
         llm.generate("")
+    with pytest.raises(ValueError, match="integers"):
+        llm.generate([1, 2.5])
     r = llm.generate("Hi", max_tokens=0)
     assert r.text == "" and r.finish_reason == "length" and r.generation_tokens == 0
     with pytest.raises(ValueError, match="context"):
