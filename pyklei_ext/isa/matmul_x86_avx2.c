@@ -85,13 +85,8 @@ Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, floa
         mn = x[i] < mn ? x[i] : mn;
         mx = x[i] > mx ? x[i] : mx;
     }
-    const float rng = mx - mn;
-    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
-    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
-    float z = rintf(-128.0f - mn * inv);
-    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
-    const int32_t zi = (int32_t)z;
-    *zp = zi;
+    const float inv = pk_qai8dx_params(mn, mx, scale, zp);
+    const int32_t zi = *zp;
     const __m256 vinv = _mm256_set1_ps(inv);
     const __m256i vz = _mm256_set1_epi32(zi), perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     int j = 0;

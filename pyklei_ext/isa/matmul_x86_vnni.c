@@ -381,13 +381,8 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
         vmx = _mm512_max_ps(v, vmx);
     }
     const float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
-    const float rng = mx - mn;
-    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
-    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
-    float z = rintf(-128.0f - mn * inv);
-    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
-    const int32_t zi = (int32_t)z;
-    *zp = zi;
+    const float inv = pk_qai8dx_params(mn, mx, scale, zp);
+    const int32_t zi = *zp;
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m512i vz = _mm512_set1_epi32(zi);
     int j = 0;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define err(...) pk_set_error(__VA_ARGS__)
+
 struct pk_llama {
     pk_llama_hparams hp;
     pk_llama_weights w;
@@ -56,8 +58,6 @@ static void add_squares(double *dst, const float *x, int rows, int d) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < d; j++) dst[j] += (double)x[(size_t)r * d + j] * x[(size_t)r * d + j];
 }
-
-#define err(...) pk_set_error(__VA_ARGS__)
 
 static void *alloc(pk_llama *m, size_t bytes) {
     void *p = NULL;

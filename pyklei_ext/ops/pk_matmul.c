@@ -317,13 +317,8 @@ void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scal
         mn = x[i] < mn ? x[i] : mn;
         mx = x[i] > mx ? x[i] : mx;
     }
-    const float rng = mx - mn;
-    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
-    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
-    float z = rintf(-128.0f - mn * inv);
-    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
-    const int32_t zi = (int32_t)z;
-    *zp = zi;
+    const float inv = pk_qai8dx_params(mn, mx, scale, zp);
+    const int32_t zi = *zp;
     for (int i = 0; i < k; i++) {
         int32_t v = (int32_t)rintf(x[i] * inv) + zi;
         q[i] = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));

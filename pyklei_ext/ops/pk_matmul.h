@@ -140,6 +140,19 @@ static inline float pk_clampf(float v, float lo, float hi) {
     return v < lo ? lo : (v > hi ? hi : v);
 }
 
+/* qai8dx's rule (docs/FORMAT.md) from a row's range [mn, mx] (mn <= 0 <= mx): sets the scale
+ * and zero point, returns the inverse scale. One place for every quantizer (scalar and SIMD):
+ * float32 arithmetic, no fused multiply-add, round half to even. */
+static inline float pk_qai8dx_params(float mn, float mx, float *scale, int32_t *zp) {
+    const float rng = mx - mn;
+    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
+    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
+    float z = __builtin_rintf(-128.0f - mn * inv);
+    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
+    *zp = (int32_t)z;
+    return inv;
+}
+
 /* Element kk of a qsi4c32 row (sign-extended int4), following the chunk nibble order. */
 static inline int pk_qsi4c32_get(const uint8_t *row, int kk) {
     const uint8_t b = row[(kk >> 5) * 16 + (kk & 15)];
