@@ -8,9 +8,11 @@ Activations are quantized per row at run time: `activations="qai8dx2"` (default)
 residual int8 plane to KleidiAI's qai8dx, which SmolLM2's outlier channels need to agree with
 float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme.
 
-Weights are used in place from the memory map; the kernel layer owns only a float per
-weight row (R, the row sums of docs/FORMAT.md) and any repacked copies a kernel needs,
-reported by `weights_owned_bytes`.
+Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 kernels
+read "p4", rows interleaved in 4-row tiles: docs/FORMAT.md) get a copy made at load, and
+the mapped pages of those weights are then released (`released_bytes`), so each weight is
+resident once. The kernel layer also owns a float per weight row (R, the row sums of
+docs/FORMAT.md); `weights_owned_bytes` reports all of it.
 
 Threads: a Model runs one evaluation at a time. A call (eval/step/logits/reset) made while
 another thread is inside one is refused at once with RuntimeError("model is busy in another
@@ -26,6 +28,7 @@ cache keeps the tokens before that call, so the model stays usable.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -105,6 +108,23 @@ class Model:
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations
 
+        self.released_bytes = 0
+        emb = self.file.tensor("token_embd.weight")
+        if emb.format in ("qsi4c32", "qsi8cx"):
+            emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size or 0)
+        else:
+            emb_spec = (emb.format, emb.data, None, 0)
+        # The output weight first: it is the largest, and packing holds one weight twice.
+        out = self.file.output
+        if out.format in ("qsi4c32", "qsi8cx"):
+            self.lm_head = _qweight(out)
+            self._release_mapped_pages(self.lm_head, out)
+        else:
+            # The kernels take quantized weights only: an f16/f32 lm_head is quantized to
+            # qsi8cx here, once (n_vocab * n_embd bytes of memory).
+            from .formats import quantize_qsi8cx
+            qs, s = quantize_qsi8cx(out.dequantize())
+            self.lm_head = _ext.QWeight("qsi8cx", qs, s)
         layers = []
         for i in range(hp.n_layer):
             layer = {
@@ -112,24 +132,12 @@ class Model:
                 "ffn_norm": self.file.layer(i, "ffn_norm").data,
             }
             for key, part in _LINEARS:
-                layer[key] = _qweight(self.file.layer(i, part))
+                t = self.file.layer(i, part)
+                layer[key] = _qweight(t)
+                self._release_mapped_pages(layer[key], t)
             layers.append(layer)
         self._layers = layers
 
-        emb = self.file.tensor("token_embd.weight")
-        if emb.format in ("qsi4c32", "qsi8cx"):
-            emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size or 0)
-        else:
-            emb_spec = (emb.format, emb.data, None, 0)
-        out = self.file.output
-        if out.format in ("qsi4c32", "qsi8cx"):
-            self.lm_head = _qweight(out)
-        else:
-            # The kernels take quantized weights only: an f16/f32 lm_head is quantized to
-            # qsi8cx here, once (n_vocab * n_embd bytes of memory).
-            from .formats import quantize_qsi8cx
-            qs, s = quantize_qsi8cx(out.dequantize())
-            self.lm_head = _ext.QWeight("qsi8cx", qs, s)
         rope_freqs = self.file.tensor("rope_freqs.weight").data if hp.has_rope_freqs else None
         if hp.head_dim > 512:   # the attention scratch of the C forward pass holds 512
             raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports (512)")
@@ -144,6 +152,24 @@ class Model:
         self._cached: list[int] = []          # tokens whose K/V are in the cache, in order
         self.last_eval_tokens = 0             # tokens the last eval() actually ran
         self.load_seconds = time.perf_counter() - t0
+
+    def _release_mapped_pages(self, w, t: Tensor) -> None:
+        """Drops this process's mapped pages of a weight the kernels only read from a repacked
+        copy (QWeight.reads_canonical False): packing read them once, and keeping them would
+        count the weight twice in RSS. Done weight by weight, so the peak holds one weight
+        twice, not the model. The mapping stays valid: a page read again (an embedding row, a
+        forced kernel) is faulted back in. Adds to `released_bytes`."""
+        mm = self.file._mmap
+        if w.reads_canonical or mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        view = np.frombuffer(mm, np.uint8, count=1)
+        start = t.qs.ctypes.data - view.ctypes.data
+        del view
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + t.qs.nbytes) // page * page
+        if hi > lo:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            self.released_bytes += hi - lo
 
     # ---- introspection -----------------------------------------------------------------
     @property

@@ -46,6 +46,7 @@ cdef extern from "ops/pk_matmul.h":
                        const void *scales, const pk_kernel *extra) nogil
     void pk_rhs_release(pk_rhs *rhs)
     size_t pk_rhs_owned_bytes(const pk_rhs *rhs)
+    int pk_rhs_needs_canonical(const pk_rhs *rhs)
     void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) nogil
     int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
                                     int32_t *zp) nogil
@@ -222,6 +223,12 @@ cdef class QWeight:
     def owned_bytes(self):
         """Bytes this weight owns beyond the borrowed arrays (row sums, repacked copies)."""
         return pk_rhs_owned_bytes(&self.rhs)
+
+    @property
+    def reads_canonical(self):
+        """False when every kernel the dispatch can pick reads a repacked copy: the borrowed
+        arrays are then no longer read by matmuls (their pages may be released)."""
+        return bool(pk_rhs_needs_canonical(&self.rhs))
 
 
 cdef class Ops:

@@ -229,12 +229,17 @@ def test_output_window(ops, fmt, idx):
                                       err_msg=k["name"])
 
 
-def test_no_weight_repacking():
-    """The x86 kernels read the canonical layout: a weight owns only its row sums."""
-    qw = np.zeros((64, 256), np.int8)
-    w = _ext.QWeight("qsi4c32", pack_nibbles(qw), np.full((64, 8), 0x3F80, np.uint16), 32)
-    if not any(k["repacks_weights"] and k["supported"] and k["format"] == "qsi4c32" for k in KERNELS):
-        assert w.owned_bytes == 4 * 64
+def test_weight_repacking_accounted():
+    """A weight owns its row sums plus one shared p4 copy when a usable kernel repacks
+    (docs/FORMAT.md: 4-row tiles; qsi4c32 scales per 128-element group after the tiles)."""
+    n, k = 66, 288   # 17 tiles (the last half empty), 2 full groups + a 32-element tail
+    qw = np.zeros((n, k), np.int8)
+    w = _ext.QWeight("qsi4c32", pack_nibbles(qw), np.full((n, k // 32), 0x3F80, np.uint16), 32)
+    repacks = any(kk["repacks_weights"] and kk["supported"] and kk["format"] == "qsi4c32" for kk in KERNELS)
+    tiles, groups = (n + 3) // 4, (k + 127) // 128
+    p4 = -(-(tiles * 4 * k // 2) // 64) * 64 + 2 * tiles * groups * 4 * 4
+    assert w.owned_bytes == 4 * n + (p4 if repacks else 0)
+    assert w.reads_canonical == (not repacks)
 
 
 # ---- (d) dispatch, forcing and logging -------------------------------------------------------

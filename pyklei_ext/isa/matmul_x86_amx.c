@@ -5,8 +5,8 @@
  *   tmm6, tmm7  B: KD/4 rows x 16 columns x 4 bytes (signed int8 weights, columns np.., np+16..)
  * KD = 32 for qsi4c32 with bl = 32 (one tdpbssd per block), 64 otherwise.
  * B comes from the per-thread 32-row weight panel (x86_avx512_panel.h), built per call from
- * the canonical weights: int4 sign-extended to int8 (no prepare-time repacking, no extra
- * weight memory). Both operands are signed, so the block dots are exact with no offsets:
+ * the p4 copy of the weights (ops/pk_pack.h, shared with the AVX-512 kernels): int4
+ * sign-extended to int8. Both operands are signed, so the block dots are exact with no offsets:
  *   qsi4c32: after each block, C is stored, converted and accumulated as s_b * D_b in f32
  *            (AVX-512), then dst = scale * (acc - zp * R) as in the scalar kernel;
  *   qsi8cx:  C accumulates all of K in int32; dst = (scale * s) * (D - zp * isum), bit-exact
@@ -175,14 +175,14 @@ static void emu_dpbssd(int c, int a, int b) {
 
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_amx[] = {
-    {"qai8dx_qsi4c32_32x32_amx", "amx", PK_FMT_QSI4C32, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
-     NULL, NULL, qai8dx_qsi4c32_32x32_amx},
-    {"qai8dx_qsi8cx_32x32_amx", "amx", PK_FMT_QSI8CX, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
-     NULL, NULL, qai8dx_qsi8cx_32x32_amx},
-    {"qai8dx_qsi4c32_32x32_amx_emul", "amx_emul", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 16, ZNR,
-     NULL, NULL, qai8dx_qsi4c32_32x32_amx_emul},
-    {"qai8dx_qsi8cx_32x32_amx_emul", "amx_emul", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 16, ZNR,
-     NULL, NULL, qai8dx_qsi8cx_32x32_amx_emul},
+    {"qai8dx_qsi4c32p4_32x32_amx", "amx", PK_FMT_QSI4C32, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_32x32_amx},
+    {"qai8dx_qsi8cxp4_32x32_amx", "amx", PK_FMT_QSI8CX, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_32x32_amx},
+    {"qai8dx_qsi4c32p4_32x32_amx_emul", "amx_emul", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 16, ZNR,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_32x32_amx_emul},
+    {"qai8dx_qsi8cxp4_32x32_amx_emul", "amx_emul", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 16, ZNR,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_32x32_amx_emul},
 };
 const int pk_kernels_x86_amx_count = sizeof pk_kernels_x86_amx / sizeof pk_kernels_x86_amx[0];
 #endif

@@ -1,6 +1,8 @@
 /* x86 VNNI kernels: AVX-512 VNNI (EVEX vpdpbusd on zmm) and AVX-VNNI (VEX vpdpbusd on ymm,
  * client CPUs without AVX-512). docs/KERNELS.md describes the kernels; docs/FORMAT.md the
- * arithmetic. All kernels read the canonical weight layout (no repacking at prepare time).
+ * arithmetic. The AVX-512 kernels read the p4 copy of the weights made at prepare time
+ * (ops/pk_pack.h: 4-row tiles, one memory stream per GEMV tile); the AVX-VNNI ones the
+ * canonical layout.
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes, four products per int32 lane.
  *
@@ -15,6 +17,7 @@
  *   removed by starting each block's int32 accumulator at -off * sum_{k in block} a. */
 #include "../ops/pk_matmul.h"
 #include "../ops/pk_cpu.h"
+#include "../ops/pk_pack.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -57,83 +60,55 @@ Z_TARGET static void z_prep_q4_gemv(int m, int k, const pk_lhs *lhs, uint8_t *ou
     }
 }
 
-/* Dot of MA (1 or 2) prepared activation rows with 4 weight rows, each weight vector loaded
- * and unpacked once for the MA rows: sums[i][r] = sum_b s_b D'_b. */
-Z_INLINE void z_gemv_q4_rows(const int BL, const int MA, int k, const uint8_t *const w[4],
-                             const uint16_t *const s[4], const uint8_t *const act[2], float sums[2][4]) {
+/* Dot of MA (1 or 2) prepared activation rows with one p4 tile (4 weight rows, pk_pack.h),
+ * each weight vector loaded and unpacked once for the MA rows: sums[i][r] = sum_b s_b D'_b.
+ * SPG: bf16 scales per (128-element group, row): 4 (bl 32), 2 (bl 64), 1 (bl 128, 256). */
+Z_INLINE void z_gemv_q4p4_tile(const int SPG, const int MA, int k, const uint8_t *tile, const uint16_t *ts,
+                               const uint8_t *const act[2], float sums[2][4]) {
     const __m512i F0 = _mm512_set1_epi8((char)0xF0);
-    /* bf16 -> f32 per 128-bit lane c: BL 32 takes scale c of the 4 broadcast, BL 64 scale c/2 */
-    const __m512i sctrl = BL == 32
+    /* bf16 -> f32 per 128-bit lane c (= chunk c of the group): the scale of its block */
+    const __m512i sctrl = SPG == 4
         ? _mm512_set_epi32(0x0706FFFF, 0x0706FFFF, 0x0706FFFF, 0x0706FFFF, 0x0504FFFF, 0x0504FFFF,
                            0x0504FFFF, 0x0504FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
                            0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF)
-        : _mm512_set_epi32(0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
+        : SPG == 2
+        ? _mm512_set_epi32(0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
                            0x0302FFFF, 0x0302FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF,
-                           0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF);
+                           0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF)
+        : _mm512_set1_epi32(0x0100FFFF);
     __m512 acc[2][4];
     for (int i = 0; i < MA; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
-    const int G = k / 128;
-    if (BL <= 64) {
-        const int ng = G + (k % 128 ? 1 : 0);
-        for (int g = 0; g < ng; g++) {
-            const int tail = g == G;   /* 1..3 trailing chunks of 32 */
-            const int nch = tail ? (k % 128) / 32 : 4;
-            const __mmask64 wm = nch == 4 ? ~(__mmask64)0 : (__mmask64)((1ull << (16 * nch)) - 1);
-            __m512i alo[2], ahi[2];
-            for (int i = 0; i < MA; i++) {
-                alo[i] = _mm512_load_si512(act[i] + 128 * g);
-                ahi[i] = _mm512_load_si512(act[i] + 128 * g + 64);
-            }
-            for (int r = 0; r < 4; r++) {
-                const __m512i v = tail ? _mm512_maskz_loadu_epi8(wm, w[r] + 64 * g) : _mm512_loadu_si512(w[r] + 64 * g);
-                const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
-                const __m512i whi = _mm512_and_si512(v, F0);
-                __m512i sraw;
-                if (tail) {
-                    const int nbl = nch * 32 / BL;
-                    sraw = _mm512_broadcastq_epi64(_mm_maskz_loadu_epi16((__mmask8)((1u << nbl) - 1), s[r] + g * (128 / BL)));
-                } else if (BL == 32) {
-                    long long t;
-                    memcpy(&t, s[r] + 4 * g, 8);
-                    sraw = _mm512_set1_epi64(t);
-                } else {
-                    sraw = _mm512_set1_epi32(pk_load_i32(s[r] + 2 * g));
-                }
-                const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
-                for (int i = 0; i < MA; i++) {
-                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo[i], wlo);
-                    d = _mm512_dpbusd_epi32(d, ahi[i], whi);
-                    acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[i][r]);
-                }
-            }
+    const int G = k / 128, nch = (k % 128) / 32;
+    const __mmask64 wm = (__mmask64)((1ull << (16 * nch)) - 1);
+    for (int g = 0; g < G + (nch ? 1 : 0); g++) {
+        __m512i alo[2], ahi[2];
+        for (int i = 0; i < MA; i++) {
+            alo[i] = _mm512_load_si512(act[i] + 128 * g);
+            ahi[i] = _mm512_load_si512(act[i] + 128 * g + 64);
         }
-    } else {
-        const int gpb = BL / 128, nb = k / BL;
-        for (int b = 0; b < nb; b++) {
-            __m512i d[2][4];
-            for (int i = 0; i < MA; i++)
-                for (int r = 0; r < 4; r++) d[i][r] = _mm512_setzero_si512();
-            for (int gg = 0; gg < gpb; gg++) {
-                const int g = b * gpb + gg;
-                __m512i alo[2], ahi[2];
-                for (int i = 0; i < MA; i++) {
-                    alo[i] = _mm512_load_si512(act[i] + 128 * g);
-                    ahi[i] = _mm512_load_si512(act[i] + 128 * g + 64);
-                }
-                for (int r = 0; r < 4; r++) {
-                    const __m512i v = _mm512_loadu_si512(w[r] + 64 * g);
-                    const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
-                    const __m512i whi = _mm512_and_si512(v, F0);
-                    for (int i = 0; i < MA; i++) {
-                        d[i][r] = _mm512_dpbusd_epi32(d[i][r], alo[i], wlo);
-                        d[i][r] = _mm512_dpbusd_epi32(d[i][r], ahi[i], whi);
-                    }
-                }
+        for (int r = 0; r < 4; r++) {
+            /* full groups: 64-byte slices; the tail group: nch chunks per row, back to back */
+            const __m512i v = g < G ? _mm512_load_si512(tile + 256 * g + 64 * r)
+                                    : _mm512_maskz_loadu_epi8(wm, tile + 256 * G + 16 * nch * r);
+            const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
+            const __m512i whi = _mm512_and_si512(v, F0);
+            const uint16_t *sp = ts + (size_t)(4 * g + r) * SPG;
+            __m512i sraw;
+            if (SPG == 4) {
+                long long t;
+                memcpy(&t, sp, 8);
+                sraw = _mm512_set1_epi64(t);
+            } else if (SPG == 2) {
+                sraw = _mm512_set1_epi32(pk_load_i32(sp));
+            } else {
+                sraw = _mm512_set1_epi16((short)sp[0]);
             }
-            for (int r = 0; r < 4; r++) {
-                const __m512 sc = _mm512_set1_ps(pk_bf16_to_f32(s[r][b]));
-                for (int i = 0; i < MA; i++) acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[i][r]), sc, acc[i][r]);
+            const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
+            for (int i = 0; i < MA; i++) {
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo[i], wlo);
+                d = _mm512_dpbusd_epi32(d, ahi[i], whi);
+                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[i][r]);
             }
         }
     }
@@ -141,43 +116,47 @@ Z_INLINE void z_gemv_q4_rows(const int BL, const int MA, int k, const uint8_t *c
         for (int r = 0; r < 4; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]) * 0.0625f;
 }
 
-Z_TARGET static void z_q4_gemv_bl(const int BL, int ma, int k, const uint8_t *const w[4], const uint16_t *const s[4],
-                                  const uint8_t *const act[2], float sums[2][4]) {
-#define Z_BL(B) case B: if (ma == 2) z_gemv_q4_rows(B, 2, k, w, s, act, sums); else z_gemv_q4_rows(B, 1, k, w, s, act, sums); break;
-    switch (BL) {   /* constant-folded instantiations */
-    Z_BL(32) Z_BL(64) Z_BL(128)
-    default: if (ma == 2) z_gemv_q4_rows(256, 2, k, w, s, act, sums); else z_gemv_q4_rows(256, 1, k, w, s, act, sums); break;
+Z_TARGET static void z_q4p4_tile(int spg, int ma, int k, const uint8_t *tile, const uint16_t *ts,
+                                 const uint8_t *const act[2], float sums[2][4]) {
+#define Z_SPG(S) case S: if (ma == 2) z_gemv_q4p4_tile(S, 2, k, tile, ts, act, sums); else z_gemv_q4p4_tile(S, 1, k, tile, ts, act, sums); break;
+    switch (spg) {   /* constant-folded instantiations */
+    Z_SPG(4) Z_SPG(2)
+    default: if (ma == 2) z_gemv_q4p4_tile(1, 2, k, tile, ts, act, sums); else z_gemv_q4p4_tile(1, 1, k, tile, ts, act, sums); break;
     }
-#undef Z_BL
+#undef Z_SPG
 }
 
-Z_TARGET static void qai8dx_qsi4c32_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                   const pk_rhs *rhs, const void *packed, float *dst,
-                                                   size_t ldd, float lo, float hi) {
-    (void)packed;
-    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
+/* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
+static inline int z_act_pair(int m, int i0, const uint8_t *act, size_t ldo, const uint8_t *ap[2]) {
+    const int ma = m - i0 < 2 ? 1 : 2;
+    ap[0] = act + (size_t)i0 * ldo;
+    ap[1] = act + (size_t)(i0 + ma - 1) * ldo;
+    return ma;
+}
+
+Z_TARGET static void qai8dx_qsi4c32p4_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                     const pk_rhs *rhs, const void *packed, float *dst,
+                                                     size_t ldd, float lo, float hi) {
+    const int k = rhs->k;
     const size_t ldo = pk_round_up((size_t)k, 128);
     uint8_t *act = pk_scratch(0, ldo * (size_t)m);
-    if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    if (!act || !packed) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    const pk_p4_geom g = pk_p4_geometry(rhs);
+    const uint16_t *scales = (const uint16_t *)((const uint8_t *)packed + g.scales_off);
     z_prep_q4_gemv(m, k, lhs, act, ldo);
-    for (int n = n0; n < n1; n += 4) {
-        const int nr = n1 - n < 4 ? n1 - n : 4;
-        const uint8_t *w[4];
-        const uint16_t *s[4];
-        for (int r = 0; r < 4; r++) {   /* rows past n1 repeat the last row; not stored */
-            const int rr = n + (r < nr ? r : nr - 1);
-            w[r] = rhs->qs + (size_t)rr * (k / 2);
-            s[r] = (const uint16_t *)rhs->scales + (size_t)rr * nb;
-        }
+    for (int n = n0 & ~3; n < n1; n += 4) {   /* tile n/4; rows outside [n0, n1) not stored */
+        const uint8_t *tile = (const uint8_t *)packed + (size_t)(n / 4) * g.tile_bytes;
+        const uint16_t *ts = scales + (size_t)(n / 4) * g.groups * 4 * g.spg;
+        const int r0 = n < n0 ? n0 - n : 0, r1 = n1 - n < 4 ? n1 - n : 4;
         for (int i0 = 0; i0 < m; i0 += 2) {   /* two activation rows per weight load */
-            const int ma = m - i0 < 2 ? 1 : 2;
-            const uint8_t *ap[2] = {act + (size_t)i0 * ldo, act + (size_t)(i0 + ma - 1) * ldo};
+            const uint8_t *ap[2];
+            const int ma = z_act_pair(m, i0, act, ldo, ap);
             float sums[2][4];
-            z_q4_gemv_bl(bl, ma, k, w, s, ap, sums);
+            z_q4p4_tile(g.spg, ma, k, tile, ts, ap, sums);
             for (int i = 0; i < ma; i++) {
                 const int ii = i0 + i;
                 const float zpf = (float)(lhs->zp[ii] + 128), sc = lhs->scale[ii];
-                for (int r = 0; r < nr; r++)
+                for (int r = r0; r < r1; r++)
                     dst[(size_t)ii * ldd + n + r] = pk_clampf(sc * (sums[i][r] - zpf * rhs->rsum[n + r]), lo, hi);
             }
         }
@@ -185,47 +164,42 @@ Z_TARGET static void qai8dx_qsi4c32_1x4_avx512vnni(int m, int n0, int n1, const 
 }
 
 /* ====================================================================================
- * AVX-512 VNNI, GEMV: qai8dx x qsi8cx, 1 x 4, exact int32 until the final scaling
+ * AVX-512 VNNI, GEMV: qai8dx x qsi8cx (p4 copy), 1 x 4, exact int32 until the final scaling
  * ==================================================================================== */
 
-Z_TARGET static void qai8dx_qsi8cx_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                  const pk_rhs *rhs, const void *packed, float *dst,
-                                                  size_t ldd, float lo, float hi) {
-    (void)packed;
-    const int k = rhs->k, G = k / 64;
+Z_TARGET static void qai8dx_qsi8cxp4_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                    const pk_rhs *rhs, const void *packed, float *dst,
+                                                    size_t ldd, float lo, float hi) {
+    const int k = rhs->k, G = k / 64, T = k % 64;
     const size_t ldo = pk_round_up((size_t)k, 64);
     uint8_t *act = pk_scratch(0, ldo * (size_t)m);
-    if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    if (!act || !packed) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    const size_t tile_bytes = pk_p4_geometry(rhs).tile_bytes;
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    for (int i = 0; i < m; i++) {
+    const __mmask64 tm = (__mmask64)((1ull << T) - 1);
+    for (int i = 0; i < m; i++) {   /* unsigned activations; past K: 0x80 (= 0 after the offset) */
         const int8_t *a = lhs->q + (size_t)i * lhs->ld;
         uint8_t *o = act + (size_t)i * ldo;
         for (int g = 0; g < G; g++)
             _mm512_store_si512(o + 64 * g, _mm512_xor_si512(_mm512_loadu_si512(a + 64 * g), x80));
-        if (k % 64)
-            _mm512_store_si512(o + 64 * G, _mm512_xor_si512(
-                _mm512_maskz_loadu_epi8((__mmask64)((1ull << (k % 64)) - 1), a + 64 * G), x80));
+        if (T) _mm512_store_si512(o + 64 * G, _mm512_xor_si512(_mm512_maskz_loadu_epi8(tm, a + 64 * G), x80));
     }
-    const __mmask64 tm = (__mmask64)((1ull << (k % 64)) - 1);
-    for (int n = n0; n < n1; n += 4) {
-        const int nr = n1 - n < 4 ? n1 - n : 4;
-        const int8_t *w[4];
-        for (int r = 0; r < 4; r++)
-            w[r] = (const int8_t *)rhs->qs + (size_t)(n + (r < nr ? r : nr - 1)) * k;
+    for (int n = n0 & ~3; n < n1; n += 4) {
+        const uint8_t *tile = (const uint8_t *)packed + (size_t)(n / 4) * tile_bytes;
+        const int r0 = n < n0 ? n0 - n : 0, r1 = n1 - n < 4 ? n1 - n : 4;
         /* two activation rows per pass: each weight vector is loaded once for both (decode
          * runs two rows per token with the qai8dx2 residual plane) */
         for (int i0 = 0; i0 < m; i0 += 2) {
-            const int ma = m - i0 < 2 ? m - i0 : 2;
-            const uint8_t *ai[2] = {act + (size_t)i0 * ldo, act + (size_t)(i0 + ma - 1) * ldo};
+            const uint8_t *ai[2];
+            const int ma = z_act_pair(m, i0, act, ldo, ai);
             __m512i acc[2][4];
             for (int i = 0; i < 2; i++)
                 for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_si512();
-            for (int g = 0; g <= G; g++) {
-                if (g == G && !(k % 64)) break;
+            for (int g = 0; g < G + (T ? 1 : 0); g++) {
                 const __m512i a0 = _mm512_load_si512(ai[0] + 64 * g), a1 = _mm512_load_si512(ai[1] + 64 * g);
                 for (int r = 0; r < 4; r++) {
-                    const __m512i wv = g < G ? _mm512_loadu_si512(w[r] + 64 * g)
-                                             : _mm512_maskz_loadu_epi8(tm, w[r] + 64 * G);
+                    const __m512i wv = g < G ? _mm512_loadu_si512(tile + 256 * g + 64 * r)   /* 4K may not be 64-aligned */
+                                             : _mm512_maskz_loadu_epi8(tm, tile + 256 * G + (size_t)T * r);
                     acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], a0, wv);
                     acc[1][r] = _mm512_dpbusd_epi32(acc[1][r], a1, wv);
                 }
@@ -233,7 +207,7 @@ Z_TARGET static void qai8dx_qsi8cx_1x4_avx512vnni(int m, int n0, int n1, const p
             for (int i = 0; i < ma; i++) {
                 const int ii = i0 + i;
                 const int32_t zp = lhs->zp[ii] + 128;
-                for (int r = 0; r < nr; r++) {
+                for (int r = r0; r < r1; r++) {
                     const int32_t d = _mm512_reduce_add_epi32(acc[i][r]) - zp * rhs->isum[n + r];
                     const float v = lhs->scale[ii] * ((const float *)rhs->scales)[n + r] * (float)d;
                     dst[(size_t)ii * ldd + n + r] = pk_clampf(v, lo, hi);
@@ -318,44 +292,42 @@ Z_TARGET static void z_gemm_panel(const int Q8, int m, const pk_lhs *lhs, const 
     }
 }
 
-Z_TARGET static void qai8dx_qsi4c32_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+Z_TARGET static void qai8dx_qsi4c32p4_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
                                                     const pk_rhs *rhs, const void *packed, float *dst,
                                                     size_t ldd, float lo, float hi) {
-    (void)packed;
     const int k = rhs->k, bl = rhs->bl, nb = k / bl;
     const int8_t *a;
     size_t lda;
     int32_t *corr;
     uint8_t *panel = pk_scratch(0, (size_t)k * ZNR + sizeof(float) * ((size_t)nb * ZNR + ZNR));
-    if (!panel || pk_gemm_lhs_prep(lhs, m, k, k, bl, 8, &a, &lda, &corr)) {
+    if (!panel || !packed || pk_gemm_lhs_prep(lhs, m, k, k, bl, 8, &a, &lda, &corr)) {
         pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
     float *spanel = (float *)(panel + (size_t)k * ZNR), *rs = spanel + (size_t)nb * ZNR;
     for (int np = n0; np < n1; np += ZNR) {
-        z_pack_q4_panel(rhs, np, n1, panel, spanel, rs, 0);
+        z_pack_q4_panel(rhs, packed, np, n1, panel, spanel, rs, 0);
         z_gemm_panel(0, m, lhs, a, lda, corr, nb, nb, bl / 4, panel, spanel, rs, NULL,
                      n1 - np < ZNR ? n1 - np : ZNR, dst + np, ldd, lo, hi);
     }
 }
 
-Z_TARGET static void qai8dx_qsi8cx_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
                                                    const pk_rhs *rhs, const void *packed, float *dst,
                                                    size_t ldd, float lo, float hi) {
-    (void)packed;
     const int k = rhs->k, kp = (int)pk_round_up((size_t)k, 16);
     const int8_t *a;
     size_t lda;
     int32_t *corr;
     uint8_t *panel = pk_scratch(0, (size_t)kp * ZNR + 2 * sizeof(float) * ZNR);
-    if (!panel || pk_gemm_lhs_prep(lhs, m, k, kp, k, 128, &a, &lda, &corr)) {
+    if (!panel || !packed || pk_gemm_lhs_prep(lhs, m, k, kp, k, 128, &a, &lda, &corr)) {
         pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
     float *ws = (float *)(panel + (size_t)kp * ZNR);
     int32_t *isum = (int32_t *)(ws + ZNR);
     for (int np = n0; np < n1; np += ZNR) {
-        z_pack_q8_panel(rhs, np, n1, kp, panel, ws, isum, 0x80);
+        z_pack_q8_panel(rhs, packed, np, n1, kp, panel, ws, isum, 0x80);
         z_gemm_panel(1, m, lhs, a, lda, corr, 1, 1, kp / 4, panel, NULL, ws, isum,
                      n1 - np < ZNR ? n1 - np : ZNR, dst + np, ldd, lo, hi);
     }
@@ -425,14 +397,14 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
 /* ---- table --------------------------------------------------------------------------- */
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_vnni[] = {
-    {"qai8dx_qsi4c32_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 4,
-     NULL, NULL, qai8dx_qsi4c32_1x4_avx512vnni},
-    {"qai8dx_qsi4c32_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     NULL, NULL, qai8dx_qsi4c32_6x32_avx512vnni},
-    {"qai8dx_qsi8cx_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
-     NULL, NULL, qai8dx_qsi8cx_1x4_avx512vnni},
-    {"qai8dx_qsi8cx_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     NULL, NULL, qai8dx_qsi8cx_6x32_avx512vnni},
+    {"qai8dx_qsi4c32p4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 4,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_1x4_avx512vnni},
+    {"qai8dx_qsi4c32p4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_6x32_avx512vnni},
+    {"qai8dx_qsi8cxp4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_1x4_avx512vnni},
+    {"qai8dx_qsi8cxp4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
+     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_6x32_avx512vnni},
     {"qai8dx_qsi4c32_1x4_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 20, 1, 4,
      NULL, NULL, y_q4_gemv_avxvnni},
     {"qai8dx_qsi4c32_3x16_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 21, 6, 16,

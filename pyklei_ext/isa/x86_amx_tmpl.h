@@ -28,14 +28,13 @@ A_INLINE __m512 A_NAME(amx_clamp)(__m512 v, float lo, float hi) {
     return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
 }
 
-A_TARGET static void A_NAME(qai8dx_qsi4c32_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+A_TARGET static void A_NAME(qai8dx_qsi4c32p4_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                               const void *packed, float *dst, size_t ldd, float lo, float hi) {
-    (void)packed;
     const int k = rhs->k, bl = rhs->bl, nb = k / bl, kd = bl == 32 ? 32 : 64, steps = bl / kd;
     size_t lda;
     uint8_t *panel = pk_scratch(0, (size_t)k * ZNR + sizeof(float) * ((size_t)nb * ZNR + ZNR));
     float *work = pk_scratch(3, 2 * sizeof(float) * 32 * 32);
-    int8_t *act = panel && work ? amx_copy_lhs(lhs, m, k, &lda) : NULL;
+    int8_t *act = panel && work && packed ? amx_copy_lhs(lhs, m, k, &lda) : NULL;
     if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
     float *spanel = (float *)(panel + (size_t)k * ZNR), *rs = spanel + (size_t)nb * ZNR;
     int32_t *cbuf = (int32_t *)work;
@@ -45,7 +44,7 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32_32x32)(int m, int n0, int n1, const p
     AMX_LOADCFG(&cfg);
     for (int np = n0; np < n1; np += ZNR) {
         const int nv = n1 - np < ZNR ? n1 - np : ZNR;
-        z_pack_q4_panel(rhs, np, n1, panel, spanel, rs, 8);   /* signed int4 -> int8 */
+        z_pack_q4_panel(rhs, packed, np, n1, panel, spanel, rs, 8);   /* signed int4 -> int8 */
         for (int i0 = 0; i0 < m; i0 += 32) {
             const int mr = m - i0 < 32 ? m - i0 : 32;
             for (int r = 0; r < mr; r++) {
@@ -83,14 +82,13 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32_32x32)(int m, int n0, int n1, const p
     AMX_RELEASE();
 }
 
-A_TARGET static void A_NAME(qai8dx_qsi8cx_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+A_TARGET static void A_NAME(qai8dx_qsi8cxp4_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                              const void *packed, float *dst, size_t ldd, float lo, float hi) {
-    (void)packed;
     const int k = rhs->k, kp = (int)pk_round_up((size_t)k, 64);
     size_t lda;
     uint8_t *panel = pk_scratch(0, (size_t)kp * ZNR + 2 * sizeof(float) * ZNR);
     int32_t *cbuf = pk_scratch(3, sizeof(int32_t) * 32 * 32);
-    int8_t *act = panel && cbuf ? amx_copy_lhs(lhs, m, k, &lda) : NULL;
+    int8_t *act = panel && cbuf && packed ? amx_copy_lhs(lhs, m, k, &lda) : NULL;
     if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
     float *ws = (float *)(panel + (size_t)kp * ZNR);
     int32_t *isum = (int32_t *)(ws + ZNR);
@@ -99,7 +97,7 @@ A_TARGET static void A_NAME(qai8dx_qsi8cx_32x32)(int m, int n0, int n1, const pk
     AMX_LOADCFG(&cfg);
     for (int np = n0; np < n1; np += ZNR) {
         const int nv = n1 - np < ZNR ? n1 - np : ZNR;
-        z_pack_q8_panel(rhs, np, n1, kp, panel, ws, isum, 0);   /* signed int8, zero padded */
+        z_pack_q8_panel(rhs, packed, np, n1, kp, panel, ws, isum, 0);   /* signed int8, zero padded */
         for (int i0 = 0; i0 < m; i0 += 32) {
             const int mr = m - i0 < 32 ? m - i0 : 32;
             AMX_ZERO(0);

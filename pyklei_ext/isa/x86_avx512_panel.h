@@ -9,6 +9,8 @@
 #define ZP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define ZP_INLINE static inline __attribute__((always_inline)) ZP_TARGET
 
+#include "../ops/pk_pack.h"
+
 #define ZNR 32
 
 /* 4x4 transposes of dwords inside 128-bit lanes: L[j] lane l dword i -> Q[i] dword 4l+j. */
@@ -30,27 +32,46 @@ ZP_INLINE __m512i z_load4rows(const uint8_t *const *row, int j, size_t off) {
     return v;
 }
 
-/* Panel of 32 rows [np, np+32) (rows >= n1 repeat row n1-1), quad-major:
- * panel[(q * 32 + r) * 4 + t] = weight (row r, k = 4q + t) + off, as unsigned bytes
- * (int4: off = 8 when sub == 0; sub == 8 gives signed int4 for AMX). */
-ZP_TARGET static void z_pack_q4_panel(const pk_rhs *rhs, int np, int n1, uint8_t *panel, float *spanel,
-                                     float *rs, int sub) {
-    const int k = rhs->k, nb = k / rhs->bl;
-    const uint8_t *row[ZNR];
+/* Rows of a panel in the p4 layout (pk_pack.h): byte `off` of row r is at
+ *   full[r] + off + 192 * (off / 64)   while off < R & ~63 (the 64-byte slices),
+ *   tail[r] + off                      after (the compact tail).
+ * Rows >= n1 repeat row n1 - 1. Returns the number of bytes in full slices. */
+ZP_INLINE size_t z_p4_rows(const uint8_t *packed, const pk_p4_geom *g, int np, int n1,
+                           const uint8_t *full[ZNR], const uint8_t *tail[ZNR]) {
+    const size_t R = g->row_bytes, nfull = R & ~(size_t)63;
     for (int r = 0; r < ZNR; r++) {
         const int rr = np + r < n1 ? np + r : n1 - 1;
-        row[r] = rhs->qs + (size_t)rr * (k / 2);
-        const uint16_t *s = (const uint16_t *)rhs->scales + (size_t)rr * nb;
-        for (int b = 0; b < nb; b++) spanel[b * ZNR + r] = pk_bf16_to_f32(s[b]);
+        const uint8_t *tile = packed + (size_t)(rr / 4) * g->tile_bytes;
+        full[r] = tile + 64 * (rr & 3);
+        tail[r] = tile + 4 * nfull + (R - nfull) * (rr & 3) - nfull;
+    }
+    return nfull;
+}
+
+/* Panel of 32 rows [np, np+32) (rows >= n1 repeat row n1-1), quad-major:
+ * panel[(q * 32 + r) * 4 + t] = weight (row r, k = 4q + t) + off, as unsigned bytes
+ * (int4: off = 8 when sub == 0; sub == 8 gives signed int4 for AMX). Reads the p4 copy. */
+ZP_TARGET static void z_pack_q4_panel(const pk_rhs *rhs, const uint8_t *packed, int np, int n1,
+                                     uint8_t *panel, float *spanel, float *rs, int sub) {
+    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
+    const pk_p4_geom g = pk_p4_geometry(rhs);
+    const uint8_t *full[ZNR], *tail[ZNR];
+    const size_t nfull = z_p4_rows(packed, &g, np, n1, full, tail);
+    for (int r = 0; r < ZNR; r++) {
+        const int rr = np + r < n1 ? np + r : n1 - 1;
+        for (int b = 0; b < nb; b++) spanel[b * ZNR + r] = pk_bf16_to_f32(pk_p4_scale(packed, &g, bl, rr, b));
         rs[r] = rhs->rsum[rr];
     }
     const __m512i x88 = _mm512_set1_epi8((char)0x88), m0f = _mm512_set1_epi8(0x0F);
     const __m512i vsub = _mm512_set1_epi8((char)sub);
     for (int c = 0; c < k / 32; c++) {
+        const size_t off = (size_t)16 * c;
+        const uint8_t *const *row = off < nfull ? full : tail;
+        const size_t o = off < nfull ? off + 192 * (off / 64) : off;
         for (int h = 0; h < 2; h++) {
             __m512i L[4], H[4], Q[4];
             for (int j = 0; j < 4; j++) {
-                const __m512i x = _mm512_xor_si512(z_load4rows(row + 16 * h, j, (size_t)16 * c), x88);
+                const __m512i x = _mm512_xor_si512(z_load4rows(row + 16 * h, j, o), x88);
                 L[j] = _mm512_sub_epi8(_mm512_and_si512(x, m0f), vsub);
                 H[j] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(x, 4), m0f), vsub);
             }
@@ -63,14 +84,16 @@ ZP_TARGET static void z_pack_q4_panel(const pk_rhs *rhs, int np, int n1, uint8_t
     }
 }
 
-/* int8 rows, K padded to kp (multiple of 16) with zeros; bytes w ^ xr (0x80: unsigned w+128). */
-ZP_TARGET static void z_pack_q8_panel(const pk_rhs *rhs, int np, int n1, int kp, uint8_t *panel,
-                                     float *ws, int32_t *isum, int xr) {
+/* int8 rows from the p4 copy, K padded to kp (multiple of 16) with zeros; bytes w ^ xr
+ * (0x80: unsigned w+128). */
+ZP_TARGET static void z_pack_q8_panel(const pk_rhs *rhs, const uint8_t *packed, int np, int n1, int kp,
+                                     uint8_t *panel, float *ws, int32_t *isum, int xr) {
     const int k = rhs->k;
-    const uint8_t *row[ZNR];
+    const pk_p4_geom g = pk_p4_geometry(rhs);
+    const uint8_t *full[ZNR], *tail[ZNR];
+    const size_t nfull = z_p4_rows(packed, &g, np, n1, full, tail);
     for (int r = 0; r < ZNR; r++) {
         const int rr = np + r < n1 ? np + r : n1 - 1;
-        row[r] = rhs->qs + (size_t)rr * k;
         ws[r] = ((const float *)rhs->scales)[rr];
         isum[r] = rhs->isum[rr];
     }
@@ -78,13 +101,17 @@ ZP_TARGET static void z_pack_q8_panel(const pk_rhs *rhs, int np, int n1, int kp,
     for (int c = 0; c < kp / 16; c++) {
         const int rem = k - 16 * c;
         const __mmask16 lm = rem >= 16 ? (__mmask16)0xFFFF : rem > 0 ? (__mmask16)((1u << rem) - 1) : 0;
+        const size_t off = (size_t)16 * c;
+        const uint8_t *const *row = off < nfull ? full : tail;
+        const size_t o = off < nfull ? off + 192 * (off / 64) : off;
         for (int h = 0; h < 2; h++) {
             __m512i L[4], Q[4];
             for (int j = 0; j < 4; j++) {
-                __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(lm, row[16 * h + j] + 16 * c));
-                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 4 + j] + 16 * c), 1);
-                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 8 + j] + 16 * c), 2);
-                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, row[16 * h + 12 + j] + 16 * c), 3);
+                const uint8_t *const *rw = row + 16 * h;
+                __m512i v = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(lm, rw[j] + o));
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, rw[4 + j] + o), 1);
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, rw[8 + j] + o), 2);
+                v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi8(lm, rw[12 + j] + o), 3);
                 L[j] = _mm512_xor_si512(v, vx);
             }
             z_transpose4(L, Q);

@@ -1,9 +1,8 @@
 /* Helpers shared by the x86 kernel files (matmul_x86_avx2.c, matmul_x86_vnni.c,
  * matmul_x86_amx.c): per-thread scratch buffers and the scalar fallback.
  *
- * The x86 kernels read the canonical weight layout (no rhs_pack, no extra weight memory).
- * The GEMM kernels transpose a panel of weight rows into a per-thread buffer per call
- * instead; the GEMV kernels rearrange the activation row once per call. Those buffers
+ * The GEMM kernels transpose a panel of weight rows into a per-thread buffer per call;
+ * the GEMV kernels rearrange the activation row once per call. Those buffers
  * are per thread, grow on demand, are reused across calls and freed when the thread exits. */
 #ifndef PK_X86_COMMON_H
 #define PK_X86_COMMON_H

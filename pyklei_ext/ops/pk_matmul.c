@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "pk_cpu.h"
 
@@ -186,17 +187,29 @@ const pk_kernel *pk_dispatch_select(pk_format fmt, int m) {
 
 /* ---- weights --------------------------------------------------------------------------- */
 
+/* Kernels that share a layout (the same rhs_pack) share one buffer. Large buffers ask for
+ * transparent huge pages: a GEMV streams them once per token, and 2 MB pages spare it the
+ * TLB misses of 4 KB ones. */
+static int packed_slot(const pk_rhs *rhs, const pk_kernel *kern) {
+    for (int i = 0; i < PK_MAX_PACKED; i++)
+        if (rhs->packed_for[i] && rhs->packed_for[i]->rhs_pack == kern->rhs_pack) return i;
+    return -1;
+}
+
 static int add_packed(pk_rhs *rhs, const pk_kernel *kern) {
-    if (!kern || !kern->rhs_pack || kern->fmt != rhs->fmt) return 0;
+    if (!kern || !kern->rhs_pack || kern->fmt != rhs->fmt || packed_slot(rhs, kern) >= 0) return 0;
     int slot = -1;
-    for (int i = 0; i < PK_MAX_PACKED; i++) {
-        if (rhs->packed_for[i] == kern) return 0;
-        if (!rhs->packed_for[i] && slot < 0) slot = i;
-    }
+    for (int i = 0; i < PK_MAX_PACKED && slot < 0; i++)
+        if (!rhs->packed_for[i]) slot = i;
     if (slot < 0) return fail("too many repacked layouts for one weight");
     const size_t bytes = kern->rhs_packed_size(rhs);
+    const size_t huge = (size_t)2 << 20;
     void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return fail("out of memory repacking for %s", kern->name);
+    if (posix_memalign(&p, bytes >= huge ? huge : 64, bytes ? bytes : 64))
+        return fail("out of memory repacking for %s", kern->name);
+#if defined(MADV_HUGEPAGE)
+    if (bytes >= huge) madvise(p, (bytes + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+#endif
     kern->rhs_pack(rhs, p);
     rhs->packed_for[slot] = kern;
     rhs->packed[slot] = p;
@@ -272,9 +285,21 @@ size_t pk_rhs_owned_bytes(const pk_rhs *rhs) {
 }
 
 static const void *packed_for(const pk_rhs *rhs, const pk_kernel *kern) {
-    for (int i = 0; i < PK_MAX_PACKED; i++)
-        if (rhs->packed_for[i] == kern) return rhs->packed[i];
-    return NULL;
+    if (!kern->rhs_pack) return NULL;
+    const int i = packed_slot(rhs, kern);
+    return i < 0 ? NULL : rhs->packed[i];
+}
+
+int pk_rhs_needs_canonical(const pk_rhs *rhs) {
+    if (pk_dispatch_init()) return 1;
+    /* the table's kernels in its order, up to the first one taking any m (later ones are
+     * never picked); the scalar fallback inside kernels is not counted (out of memory only) */
+    for (int i = 0; i < n_usable[rhs->fmt]; i++) {
+        const pk_kernel *kern = usable[rhs->fmt][i];
+        if (!packed_for(rhs, kern)) return 1;
+        if (kern->m_min <= 1) return 0;
+    }
+    return 1;
 }
 
 /* ---- activations ----------------------------------------------------------------------- */

@@ -87,6 +87,9 @@ int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl,
                    const void *qs, const void *scales, const pk_kernel *extra);
 void pk_rhs_release(pk_rhs *rhs);
 size_t pk_rhs_owned_bytes(const pk_rhs *rhs);
+/* 0 when every kernel the dispatch table can pick for this weight reads a repacked copy, so
+ * the canonical arrays are no longer read (the caller may release their pages); else 1. */
+int pk_rhs_needs_canonical(const pk_rhs *rhs);
 
 /* ---- activations -------------------------------------------------------------------- */
 
