@@ -212,6 +212,13 @@ static int mm(pk_llama *m, const pk_rhs *w, int n, const float *x, float *y) {
     return pk_matmul_f32(m->ctx, w, n, x, w->k, y, w->n, -INFINITY, INFINITY, NULL);
 }
 
+/* Weights applied to the same rows (q/k/v, gate/up): one quantization, one pool job. */
+static int mm_multi(pk_llama *m, int count, const pk_rhs *const *w, int n, const float *x, float *const *y) {
+    size_t ld[PK_MAX_PARTS];
+    for (int i = 0; i < count; i++) ld[i] = (size_t)w[i]->n;
+    return pk_matmul_f32_multi(m->ctx, count, w, n, x, w[0]->k, y, ld, -INFINITY, INFINITY, NULL);
+}
+
 /* ---- forward ------------------------------------------------------------------------------ */
 
 static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, float *logits,
@@ -231,8 +238,9 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, fl
         job.norm_w = L->attn_norm;
         run_rows(m, job_rmsnorm, &job, n);
         if (st) add_squares(st, m->xn, n, d);
-        if (mm(m, L->wq, n, m->xn, m->q) || mm(m, L->wk, n, m->xn, m->k) || mm(m, L->wv, n, m->xn, m->v))
-            return -1;
+        const pk_rhs *qkv[3] = {L->wq, L->wk, L->wv};
+        float *qkv_out[3] = {m->q, m->k, m->v};
+        if (mm_multi(m, 3, qkv, n, m->xn, qkv_out)) return -1;
         run_rows(m, job_rope_store, &job, n);
         run_rows(m, job_attention, &job, n * hp->n_head);
         if (st) add_squares(st + d, m->att, n, qd);
@@ -242,7 +250,9 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, fl
         job.norm_w = L->ffn_norm;
         run_rows(m, job_rmsnorm, &job, n);
         if (st) add_squares(st + d + qd, m->xn, n, d);
-        if (mm(m, L->w_gate, n, m->xn, m->gate) || mm(m, L->w_up, n, m->xn, m->up)) return -1;
+        const pk_rhs *gu[2] = {L->w_gate, L->w_up};
+        float *gu_out[2] = {m->gate, m->up};
+        if (mm_multi(m, 2, gu, n, m->xn, gu_out)) return -1;
         run_rows(m, job_swiglu, &job, n);
         if (st) add_squares(st + 2 * d + qd, m->gate, n, hp->n_ff);
         if (mm(m, L->w_down, n, m->gate, m->xn)) return -1;

@@ -241,15 +241,15 @@ int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void 
         rhs->rsum = malloc(sizeof(float) * (size_t)n);
         if (!rhs->rsum) return fail("out of memory");
         const int nb = k / bl;
+        int8_t pair_sum[256];   /* byte -> sum of its two sign-extended nibbles */
+        for (int v = 0; v < 256; v++) pair_sum[v] = (int8_t)((((v & 15) ^ 8) - 8) + (((v >> 4) ^ 8) - 8));
         for (int r = 0; r < n; r++) {
             const uint8_t *row = rhs->qs + (size_t)r * (k / 2);
             const uint16_t *s = (const uint16_t *)scales + (size_t)r * nb;
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) {
                 int isum = 0;
-                /* sum of sign-extended nibbles, 32 elements (16 bytes) at a time */
-                for (int j = b * bl / 2; j < (b + 1) * bl / 2; j++)
-                    isum += (((row[j] & 15) ^ 8) - 8) + (((row[j] >> 4) ^ 8) - 8);
+                for (int j = b * bl / 2; j < (b + 1) * bl / 2; j++) isum += pair_sum[row[j]];
                 acc += pk_bf16_to_f32(s[b]) * (float)isum;
             }
             rhs->rsum[r] = acc;
@@ -399,14 +399,28 @@ void pk_ctx_destroy(pk_ctx *ctx) {
 int pk_ctx_threads(const pk_ctx *ctx) { return pk_pool_size(ctx->pool); }
 pk_pool *pk_ctx_pool(pk_ctx *ctx) { return ctx->pool; }
 
+/* One weight of a matmul call: its kernel and output. */
 typedef struct {
     const pk_kernel *kern;
     const pk_rhs *rhs;
-    const pk_lhs *lhs;
     const void *packed;
     float *dst;
     size_t ldd;
-    float lo, hi;
+    float *out;          /* two planes: the caller's output (dst holds the plane products) */
+    size_t ldo;
+    int chunk;           /* rows per dynamic chunk (a multiple of the kernel's n_step) */
+    int first;           /* index of its first chunk in the call */
+} mm_part;
+
+typedef struct {
+    mm_part part[PK_MAX_PARTS];
+    int nparts;
+    const pk_lhs *lhs;
+    float lo, hi;        /* the kernels' clamp */
+    float out_lo, out_hi;   /* two planes: the clamp of the summed output */
+    int dynamic;         /* threads take chunks from `next` (GEMV) instead of fixed slices */
+    int chunks;          /* total over the parts */
+    int next;            /* atomic */
     /* quantization stage */
     const float *x;
     size_t ldx;
@@ -433,15 +447,41 @@ static void run_quantize(void *arg, int ith, int nth) {
                                 sc + 2 * i + 1, zp + 2 * i + 1);
 }
 
+static void run_part(const matmul_job *job, const mm_part *p, int n0, int n1) {
+    if (n0 >= n1) return;
+    p->kern->run(job->lhs->m, n0, n1, job->lhs, p->rhs, p->packed, p->dst, p->ldd, job->lo, job->hi);
+    if (!p->out) return;
+    /* two planes: out = clamp(plane 1 + plane 2), by the thread that made them (cache-hot) */
+    for (int i = 0; i < job->lhs->m / 2; i++) {
+        const float *a = p->dst + (size_t)(2 * i) * p->ldd, *b = a + p->ldd;
+        float *d = p->out + (size_t)i * p->ldo;
+        for (int j = n0; j < n1; j++) d[j] = pk_clampf(a[j] + b[j], job->out_lo, job->out_hi);
+    }
+}
+
+/* GEMV calls (M below every GEMM's m_min) are split in chunks that threads take as they
+ * come: a thread slowed by the rest of the machine then costs its share of the time, not the
+ * whole call's. GEMM calls keep one fixed slice per thread and weight, since each kernel call
+ * prepares the activations again. */
 static void run_kernel(void *arg, int ith, int nth) {
     matmul_job *job = arg;
-    const int n = job->rhs->n, step = job->kern->n_step > 0 ? job->kern->n_step : 1;
-    const int blocks = (n + step - 1) / step;
-    const int b0 = (int)((long long)blocks * ith / nth), b1 = (int)((long long)blocks * (ith + 1) / nth);
-    const int n0 = b0 * step, n1 = b1 * step < n ? b1 * step : n;
-    if (n0 < n1)
-        job->kern->run(job->lhs->m, n0, n1, job->lhs, job->rhs, job->packed, job->dst, job->ldd,
-                       job->lo, job->hi);
+    if (job->dynamic) {
+        for (int c; (c = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->chunks;) {
+            int p = 0;
+            while (p + 1 < job->nparts && c >= job->part[p + 1].first) p++;
+            const mm_part *pt = &job->part[p];
+            const int n0 = (c - pt->first) * pt->chunk, n = pt->rhs->n;
+            run_part(job, pt, n0, n0 + pt->chunk < n ? n0 + pt->chunk : n);
+        }
+        return;
+    }
+    for (int p = 0; p < job->nparts; p++) {
+        const mm_part *pt = &job->part[p];
+        const int n = pt->rhs->n, step = pt->kern->n_step > 0 ? pt->kern->n_step : 1;
+        const int blocks = (n + step - 1) / step;
+        const int b0 = (int)((long long)blocks * ith / nth), b1 = (int)((long long)blocks * (ith + 1) / nth);
+        run_part(job, pt, b0 * step, b1 * step < n ? b1 * step : n);
+    }
 }
 
 static int check_kernel(const pk_rhs *rhs, const pk_kernel **kern, int m) {
@@ -461,15 +501,51 @@ static int check_kernel(const pk_rhs *rhs, const pk_kernel **kern, int m) {
     return 0;
 }
 
+/* Fills job->part[] for the weights (kernel, packed copy, chunks); returns 0 or -1. */
+static int plan_parts(matmul_job *job, int count, const pk_rhs *const *rhs, float *const *dst,
+                      const size_t *ldd, const pk_kernel *kern, int nth) {
+    if (count < 1 || count > PK_MAX_PARTS) return fail("a matmul call takes 1 to %d weights, not %d", PK_MAX_PARTS, count);
+    job->nparts = count;
+    job->dynamic = 1;
+    job->chunks = 0;
+    job->next = 0;
+    for (int i = 0; i < count; i++) {
+        mm_part *p = &job->part[i];
+        const pk_kernel *kr = kern;
+        if (rhs[i]->k != job->lhs->k)
+            return fail("activation K=%d does not match weight K=%d", job->lhs->k, rhs[i]->k);
+        if (check_kernel(rhs[i], &kr, job->lhs->m)) return -1;
+        log_call(kr, job->lhs->m, rhs[i]->n, rhs[i]->k);
+        *p = (mm_part){kr, rhs[i], packed_for(rhs[i], kr), dst[i], ldd[i], NULL, 0, 0, 0};
+        job->dynamic &= kr->m_min <= 1;
+    }
+    /* about 4 chunks per thread and weight, each at least 16 KiB of weights */
+    for (int i = 0; i < count; i++) {
+        mm_part *p = &job->part[i];
+        const int step = p->kern->n_step > 0 ? p->kern->n_step : 1;
+        const size_t row_bytes = p->rhs->fmt == PK_FMT_QSI4C32 ? (size_t)p->rhs->k / 2 : (size_t)p->rhs->k;
+        int rows = p->rhs->n / (4 * nth);
+        const int min_rows = (int)((16384 + row_bytes - 1) / row_bytes);
+        rows = rows < min_rows ? min_rows : rows;
+        p->chunk = (rows + step - 1) / step * step;
+        p->first = job->chunks;
+        job->chunks += (p->rhs->n + p->chunk - 1) / p->chunk;
+    }
+    return 0;
+}
+
+static int run_parts(pk_ctx *ctx, matmul_job *job) {
+    pk_pool_run(ctx->pool, run_kernel, job);
+    return 0;
+}
+
 int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs, float *dst, size_t ldd,
                   float clamp_lo, float clamp_hi, const pk_kernel *kern) {
     if (lhs->k != rhs->k) return fail("activation K=%d does not match weight K=%d", lhs->k, rhs->k);
     if (lhs->m <= 0) return 0;
-    if (check_kernel(rhs, &kern, lhs->m)) return -1;
-    log_call(kern, lhs->m, rhs->n, rhs->k);
-    matmul_job job = {kern, rhs, lhs, packed_for(rhs, kern), dst, ldd, clamp_lo, clamp_hi, NULL, 0, NULL, NULL};
-    pk_pool_run(ctx->pool, run_kernel, &job);
-    return 0;
+    matmul_job job = {.lhs = lhs, .lo = clamp_lo, .hi = clamp_hi};
+    if (plan_parts(&job, 1, &rhs, &dst, &ldd, kern, pk_pool_size(ctx->pool))) return -1;
+    return run_parts(ctx, &job);
 }
 
 static int grow(void **p, size_t *cap, size_t bytes) {
@@ -480,32 +556,55 @@ static int grow(void **p, size_t *cap, size_t bytes) {
     return 0;
 }
 
-int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx, float *dst,
-                  size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern) {
+int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m, const float *x,
+                        size_t ldx, float *const *dst, const size_t *ldd, float clamp_lo, float clamp_hi,
+                        const pk_kernel *kern) {
     if (m <= 0) return 0;
-    const int k = rhs->k, n = rhs->n, planes = ctx->planes, rows = planes * m;
+    if (count < 1 || count > PK_MAX_PARTS) return fail("a matmul call takes 1 to %d weights, not %d", PK_MAX_PARTS, count);
+    const int k = rhs[0]->k, planes = ctx->planes, rows = planes * m;
+    size_t n_all = 0;
+    for (int i = 0; i < count; i++) n_all += (size_t)rhs[i]->n;
     const size_t ld = ((size_t)k + 63) & ~(size_t)63;
     if (grow((void **)&ctx->q, &ctx->cap_q, ld * (size_t)rows) ||
         grow((void **)&ctx->scale, &ctx->cap_scale, sizeof(float) * (size_t)rows) ||
         grow((void **)&ctx->zp, &ctx->cap_zp, sizeof(int32_t) * (size_t)rows))
         return -1;
     pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp};
-    matmul_job job = {NULL, rhs, &lhs, NULL, dst, ldd, clamp_lo, clamp_hi, x, ldx, ctx->q, NULL};
+    matmul_job job = {.lhs = &lhs, .lo = clamp_lo, .hi = clamp_hi, .x = x, .ldx = ldx, .q = ctx->q};
+    float *pdst[PK_MAX_PARTS];
+    size_t pldd[PK_MAX_PARTS];
     if (planes == 2) {
         if (grow((void **)&ctx->resid, &ctx->cap_resid, sizeof(float) * (size_t)k * pk_pool_size(ctx->pool)) ||
-            grow((void **)&ctx->dst2, &ctx->cap_dst2, sizeof(float) * (size_t)rows * n))
+            grow((void **)&ctx->dst2, &ctx->cap_dst2, sizeof(float) * (size_t)rows * n_all))
             return -1;
         job.resid = ctx->resid;
+        /* plane products of weight i: rows 2t, 2t+1 of its own [2m, n_i] block of dst2 */
+        float *d2 = ctx->dst2;
+        for (int i = 0; i < count; i++) {
+            pdst[i] = d2;
+            pldd[i] = (size_t)rhs[i]->n;
+            d2 += (size_t)rows * rhs[i]->n;
+        }
+        job.lo = -INFINITY;
+        job.hi = INFINITY;
+    } else {
+        for (int i = 0; i < count; i++) { pdst[i] = dst[i]; pldd[i] = ldd[i]; }
+    }
+    if (plan_parts(&job, count, rhs, pdst, pldd, kern, pk_pool_size(ctx->pool))) return -1;
+    if (planes == 2) {
+        job.out_lo = clamp_lo;
+        job.out_hi = clamp_hi;
+        for (int i = 0; i < count; i++) {
+            job.part[i].out = dst[i];
+            job.part[i].ldo = ldd[i];
+        }
     }
     if (m == 1) run_quantize(&job, 0, 1);
     else pk_pool_run(ctx->pool, run_quantize, &job);
-    if (planes == 1) return pk_matmul_lhs(ctx, rhs, &lhs, dst, ldd, clamp_lo, clamp_hi, kern);
-    /* plane products into dst2 rows 2i, 2i+1; then dst = clamp(sum) */
-    if (pk_matmul_lhs(ctx, rhs, &lhs, ctx->dst2, n, -INFINITY, INFINITY, kern)) return -1;
-    for (int i = 0; i < m; i++) {
-        const float *a = ctx->dst2 + (size_t)(2 * i) * n, *b = a + n;
-        float *d = dst + (size_t)i * ldd;
-        for (int j = 0; j < n; j++) d[j] = pk_clampf(a[j] + b[j], clamp_lo, clamp_hi);
-    }
-    return 0;
+    return run_parts(ctx, &job);
+}
+
+int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx, float *dst,
+                  size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern) {
+    return pk_matmul_f32_multi(ctx, 1, &rhs, m, x, ldx, &dst, &ldd, clamp_lo, clamp_hi, kern);
 }

@@ -128,6 +128,13 @@ void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float 
 int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx,
                   float *dst, size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern);
 
+/* Several weights with the same K applied to the same x (q/k/v, gate/up): x is quantized
+ * once and one pool job covers all of them. count <= PK_MAX_PARTS. */
+#define PK_MAX_PARTS 4
+int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m, const float *x,
+                        size_t ldx, float *const *dst, const size_t *ldd, float clamp_lo, float clamp_hi,
+                        const pk_kernel *kern);
+
 /* Same with activations already quantized (tests feed exact integer cases this way). */
 int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs,
                   float *dst, size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern);

@@ -167,8 +167,43 @@ PK_CLONES static float exp_sum(int n, float *x, float mx) {
     return r;
 }
 
+/* f32 cache: the whole head in one function (no call per position), `out` kept in
+ * registers when HD is a compile-time 64 or 128. */
+static inline __attribute__((always_inline)) void attend_f32(const int HD, int n_pos, const float *restrict q,
+                                                             const float *restrict kt, size_t kt_stride,
+                                                             const float *restrict v, float scale,
+                                                             float *restrict scores, float *restrict out) {
+    for (int j = 0; j < n_pos; j++) scores[j] = 0.0f;
+    for (int i = 0; i < HD; i++) {
+        const float qi = q[i] * scale;
+        const float *restrict k = kt + (size_t)i * kt_stride;
+        for (int j = 0; j < n_pos; j++) scores[j] += qi * k[j];
+    }
+    const float inv = 1.0f / exp_sum(n_pos, scores, max_f32(n_pos, scores));
+    float acc[HD];
+    for (int i = 0; i < HD; i++) acc[i] = 0.0f;
+    for (int j = 0; j < n_pos; j++) {
+        const float p = scores[j] * inv;
+        const float *restrict vj = v + (size_t)j * HD;
+        for (int i = 0; i < HD; i++) acc[i] += p * vj[i];
+    }
+    for (int i = 0; i < HD; i++) out[i] = acc[i];
+}
+
+PK_CLONES static void attend_f32_hd64(int n_pos, const float *q, const float *kt, size_t kt_stride,
+                                      const float *v, float scale, float *scores, float *out) {
+    attend_f32(64, n_pos, q, kt, kt_stride, v, scale, scores, out);
+}
+
+PK_CLONES static void attend_f32_hd128(int n_pos, const float *q, const float *kt, size_t kt_stride,
+                                       const float *v, float scale, float *scores, float *out) {
+    attend_f32(128, n_pos, q, kt, kt_stride, v, scale, scores, out);
+}
+
 void pk_attend_head(int hd, int n_pos, const float *q, const void *kt, size_t kt_stride,
                     const void *v, int kv_f16, float scale, float *scores, float *out) {
+    if (!kv_f16 && hd == 64) { attend_f32_hd64(n_pos, q, kt, kt_stride, v, scale, scores, out); return; }
+    if (!kv_f16 && hd == 128) { attend_f32_hd128(n_pos, q, kt, kt_stride, v, scale, scores, out); return; }
     memset(scores, 0, sizeof(float) * n_pos);
     for (int i = 0; i < hd; i++) {
         if (kv_f16) axpy_f16(n_pos, q[i] * scale, (const uint16_t *)kt + i * kt_stride, scores);
