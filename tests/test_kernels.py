@@ -26,6 +26,8 @@ from pyklei.formats import (
     f32_to_bf16,
     pack_nibbles,
     quantize_qai8dx,
+    quantize_qsi4c32,
+    quantize_qsi8cx,
     unpack_nibbles,
 )
 
@@ -230,15 +232,16 @@ def test_output_window(ops, fmt, idx):
 
 
 def test_weight_repacking_accounted():
-    """A weight owns its row sums plus one shared p4 copy when a usable kernel repacks
-    (docs/FORMAT.md: 4-row tiles; qsi4c32 scales per 128-element group after the tiles)."""
-    n, k = 66, 288   # 17 tiles (the last half empty), 2 full groups + a 32-element tail
+    """A weight owns its row sums plus one shared repacked copy when a usable kernel repacks
+    (docs/FORMAT.md: qsi4c32 p16 = panels of 16 rows, 8K bytes each, then 16 bf16 scales per
+    panel and block)."""
+    n, k = 66, 288   # 5 panels, the last one 2 rows
     qw = np.zeros((n, k), np.int8)
     w = _ext.QWeight("qsi4c32", pack_nibbles(qw), np.full((n, k // 32), 0x3F80, np.uint16), 32)
     repacks = any(kk["repacks_weights"] and kk["supported"] and kk["format"] == "qsi4c32" for kk in KERNELS)
-    tiles, groups = (n + 3) // 4, (k + 127) // 128
-    p4 = -(-(tiles * 4 * k // 2) // 64) * 64 + 2 * tiles * groups * 4 * 4
-    assert w.owned_bytes == 4 * n + (p4 if repacks else 0)
+    panels = (n + 15) // 16
+    p16 = panels * 8 * k + 2 * 16 * panels * (k // 32)
+    assert w.owned_bytes == 4 * n + (p16 if repacks else 0)
     assert w.reads_canonical == (not repacks)
 
 
@@ -366,3 +369,28 @@ def test_reference_helpers_consistent():
     q = np.random.default_rng(1).integers(-8, 8, (3, 64)).astype(np.int8)
     np.testing.assert_array_equal(unpack_nibbles(pack_nibbles(q)), q)
     assert bf16_to_f32(np.array([0x3F80], np.uint16))[0] == 1.0
+
+
+# ---- (g) one row, any M: decode equals prefill bit for bit ----------------------------------
+
+@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi8cx"])
+@pytest.mark.parametrize("activations", ["qai8dx", "qai8dx2"])
+def test_row_result_independent_of_m(fmt, activations):
+    """A row's output must not depend on how many rows share the call: the runtime computes a
+    prompt's last token in a prefill (GEMM) and, after prefix reuse, alone (GEMV); seeded
+    sampling must give the same text both ways. Holds for the dispatch's own kernels."""
+    rng = np.random.default_rng(7)
+    n, k = 100, 576
+    wf = rng.standard_normal((n, k)).astype(np.float32)
+    if fmt == "qsi4c32":
+        qs, sc = quantize_qsi4c32(wf, 32)
+        w = _ext.QWeight("qsi4c32", qs, sc, 32)
+    else:
+        qs, sc = quantize_qsi8cx(wf)
+        w = _ext.QWeight("qsi8cx", qs, sc)
+    x = rng.standard_normal((40, k)).astype(np.float32)
+    x[:, 3] *= 50.0   # an outlier channel, as in real activations
+    ops = _ext.Ops(2, activations)
+    full = ops.matmul(w, x)
+    for m in (1, 2, 3, 5, 7, 13):
+        np.testing.assert_array_equal(ops.matmul(w, x[-m:]), full[-m:], err_msg=f"m={m}")

@@ -175,12 +175,12 @@ static void emu_dpbssd(int c, int a, int b) {
 
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_amx[] = {
-    {"qai8dx_qsi4c32p4_32x32_amx", "amx", PK_FMT_QSI4C32, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_32x32_amx},
+    {"qai8dx_qsi4c32p16_32x32_amx", "amx", PK_FMT_QSI4C32, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
+     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_32x32_amx},
     {"qai8dx_qsi8cxp4_32x32_amx", "amx", PK_FMT_QSI8CX, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
      pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_32x32_amx},
-    {"qai8dx_qsi4c32p4_32x32_amx_emul", "amx_emul", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 16, ZNR,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_32x32_amx_emul},
+    {"qai8dx_qsi4c32p16_32x32_amx_emul", "amx_emul", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 16, ZNR,
+     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_32x32_amx_emul},
     {"qai8dx_qsi8cxp4_32x32_amx_emul", "amx_emul", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 16, ZNR,
      pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_32x32_amx_emul},
 };

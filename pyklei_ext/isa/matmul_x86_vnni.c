@@ -26,6 +26,9 @@
 
 #include "x86_common.h"
 
+#define ZMR 6
+#include "x86_avx512_panel.h"   /* ZNR = 32-row weight panels */
+
 #define Z_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define Z_INLINE static inline __attribute__((always_inline)) Z_TARGET
 
@@ -33,97 +36,141 @@
  * AVX-512 VNNI, GEMV: qai8dx x qsi4c32, 1 activation row x 4 weight rows
  * ==================================================================================== */
 
-/* Activation row -> unsigned bytes in the order of one 64-byte slab of qs (128 elements,
- * 4 chunks of 32): bytes 0..63 pair with the low nibbles (chunk c's elements 0..15 in
- * 128-bit lane c), bytes 64..127 with the high nibbles (elements 16..31). */
-Z_TARGET static void z_prep_q4_gemv(int m, int k, const pk_lhs *lhs, uint8_t *out, size_t ldo) {
-    const __m512i idx_lo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);
-    const __m512i idx_hi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
-    for (int i = 0; i < m; i++) {
-        const int8_t *a = lhs->q + (size_t)i * lhs->ld;
-        uint8_t *o = out + (size_t)i * ldo;
-        int kk = 0;
-        for (; kk + 128 <= k; kk += 128) {
-            const __m512i z0 = _mm512_loadu_si512(a + kk), z1 = _mm512_loadu_si512(a + kk + 64);
-            _mm512_store_si512(o + kk, _mm512_xor_si512(_mm512_permutex2var_epi64(z0, idx_lo, z1), x80));
-            _mm512_store_si512(o + kk + 64, _mm512_xor_si512(_mm512_permutex2var_epi64(z0, idx_hi, z1), x80));
-        }
-        if (kk < k) {
-            memset(o + kk, 0x80, 128);
-            for (int c = 0; c < (k - kk) / 32; c++)
-                for (int j = 0; j < 16; j++) {
-                    o[kk + 16 * c + j] = (uint8_t)(a[kk + 32 * c + j] ^ 0x80);
-                    o[kk + 64 + 16 * c + j] = (uint8_t)(a[kk + 32 * c + 16 + j] ^ 0x80);
+/* MR activation rows x NP panels (16 weight rows each) of the p16 copy (ops/pk_pack.h).
+ * Per output (row i, weight row j), for every block b in order:
+ *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + 8, corr = -8 sum a)
+ *     f   = fma(float(acc), s_b[j], f)
+ * then dst = scale_i * (f - zp_i * R_j). The GEMV (MR <= 2, NP = 1) and the GEMM (MR <= 6,
+ * NP = 2) do exactly this, so their results are bit-identical whatever M is. */
+Z_INLINE void z_q4p16_tile(const int MR, const int NP, const pk_lhs *lhs, int i0, const int8_t *a, size_t lda,
+                           const int32_t *corr, int nb, int bl, const uint8_t *w, size_t panel_bytes,
+                           const uint16_t *s, size_t panel_scales, const float *rs, int c0, int c1,
+                           float *dst, size_t ldd, float lo, float hi) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const int opb = bl / 8;   /* 64-byte pieces (k-octets) per block */
+    __m512 f[ZMR][2];
+    for (int i = 0; i < MR; i++)
+        for (int p = 0; p < NP; p++) f[i][p] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i acc[ZMR][2];
+        for (int i = 0; i < MR; i++)
+            for (int p = 0; p < NP; p++) acc[i][p] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nb + b]);
+        for (int o = b * opb; o < (b + 1) * opb; o++) {
+            __m512i wl[2], wh[2];
+            for (int p = 0; p < NP; p++) {
+                const __m512i v = _mm512_load_si512(w + p * panel_bytes + (size_t)64 * o);
+                wl[p] = _mm512_and_si512(v, m0f);
+                wh[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+            }
+            for (int i = 0; i < MR; i++) {
+                const int8_t *ai = a + (size_t)(i0 + i) * lda + 8 * (size_t)o;
+                const __m512i al = _mm512_set1_epi32(pk_load_i32(ai)), ah = _mm512_set1_epi32(pk_load_i32(ai + 4));
+                for (int p = 0; p < NP; p++) {
+                    acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wl[p], al);
+                    acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wh[p], ah);
                 }
+            }
+        }
+        for (int p = 0; p < NP; p++) {
+            const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256((const __m256i *)(s + p * panel_scales + (size_t)16 * b))), 16));
+            for (int i = 0; i < MR; i++) f[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][p]), sc, f[i][p]);
+        }
+    }
+    const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    for (int i = 0; i < MR; i++) {
+        const int ii = i0 + i;
+        for (int p = 0; p < NP; p++) {   /* store columns [c0, c1) of the tile */
+            const int e = c1 - 16 * p < 16 ? c1 - 16 * p : 16, st = c0 - 16 * p > 0 ? c0 - 16 * p : 0;
+            if (e <= st) continue;
+            const __mmask16 sm = (__mmask16)(((1u << e) - 1) & ~((1u << st) - 1));
+            /* scale * (f - zp * R), in the scalar kernel's order */
+            const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_maskz_loadu_ps(sm, rs + 16 * p));
+            __m512 v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(f[i][p], t));
+            v = _mm512_min_ps(vhi, _mm512_max_ps(vlo, v));   /* NaN passes through, as in pk_clampf */
+            _mm512_mask_storeu_ps(dst + (size_t)ii * ldd + 16 * p, sm, v);
         }
     }
 }
 
-/* Dot of MA (1 or 2) prepared activation rows with one p4 tile (4 weight rows, pk_pack.h),
- * each weight vector loaded and unpacked once for the MA rows: sums[i][r] = sum_b s_b D'_b.
- * SPG: bf16 scales per (128-element group, row): 4 (bl 32), 2 (bl 64), 1 (bl 128, 256). */
-Z_INLINE void z_gemv_q4p4_tile(const int SPG, const int MA, int k, const uint8_t *tile, const uint16_t *ts,
-                               const uint8_t *const act[2], float sums[2][4]) {
-    const __m512i F0 = _mm512_set1_epi8((char)0xF0);
-    /* bf16 -> f32 per 128-bit lane c (= chunk c of the group): the scale of its block */
-    const __m512i sctrl = SPG == 4
-        ? _mm512_set_epi32(0x0706FFFF, 0x0706FFFF, 0x0706FFFF, 0x0706FFFF, 0x0504FFFF, 0x0504FFFF,
-                           0x0504FFFF, 0x0504FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
-                           0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF)
-        : SPG == 2
-        ? _mm512_set_epi32(0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF, 0x0302FFFF,
-                           0x0302FFFF, 0x0302FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF,
-                           0x0100FFFF, 0x0100FFFF, 0x0100FFFF, 0x0100FFFF)
-        : _mm512_set1_epi32(0x0100FFFF);
-    __m512 acc[2][4];
-    for (int i = 0; i < MA; i++)
-        for (int r = 0; r < 4; r++) acc[i][r] = _mm512_setzero_ps();
-    const int G = k / 128, nch = (k % 128) / 32;
-    const __mmask64 wm = (__mmask64)((1ull << (16 * nch)) - 1);
-    for (int g = 0; g < G + (nch ? 1 : 0); g++) {
-        __m512i alo[2], ahi[2];
-        for (int i = 0; i < MA; i++) {
-            alo[i] = _mm512_load_si512(act[i] + 128 * g);
-            ahi[i] = _mm512_load_si512(act[i] + 128 * g + 64);
+/* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time. */
+Z_INLINE void z_q4p16_run(const int MR, const int NP, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                          const uint8_t *packed, const int8_t *a, size_t lda, const int32_t *corr,
+                          float *dst, size_t ldd, float lo, float hi) {
+    const pk_p16_geom g = pk_p16_geometry(rhs);
+    const size_t pscales = (size_t)16 * g.nb;
+    for (int n = n0 & ~15; n < n1; n += 16 * NP) {   /* panels from the one holding n0 */
+        const int np = NP == 2 && n1 - n > 16 ? 2 : 1;
+        const int c0 = n < n0 ? n0 - n : 0, c1 = n1 - n < 16 * np ? n1 - n : 16 * np;
+        const int p = n / 16;
+        const uint8_t *w = packed + (size_t)p * g.panel_bytes;
+        const uint16_t *s = pk_p16_scales(packed, &g, p, 0);
+        /* rsum is read for columns [c0, c1) only (masked loads) */
+        int i0 = 0;
+#define Z_T(R, P) z_q4p16_tile(R, P, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s, pscales, \
+                               rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi)
+        for (; i0 + MR <= m; i0 += MR) {
+            if (np == 2) Z_T(MR, 2); else Z_T(MR, 1);
         }
-        for (int r = 0; r < 4; r++) {
-            /* full groups: 64-byte slices; the tail group: nch chunks per row, back to back */
-            const __m512i v = g < G ? _mm512_load_si512(tile + 256 * g + 64 * r)
-                                    : _mm512_maskz_loadu_epi8(wm, tile + 256 * G + 16 * nch * r);
-            const __m512i wlo = _mm512_and_si512(_mm512_slli_epi16(v, 4), F0);
-            const __m512i whi = _mm512_and_si512(v, F0);
-            const uint16_t *sp = ts + (size_t)(4 * g + r) * SPG;
-            __m512i sraw;
-            if (SPG == 4) {
-                long long t;
-                memcpy(&t, sp, 8);
-                sraw = _mm512_set1_epi64(t);
-            } else if (SPG == 2) {
-                sraw = _mm512_set1_epi32(pk_load_i32(sp));
-            } else {
-                sraw = _mm512_set1_epi16((short)sp[0]);
-            }
-            const __m512 sc = _mm512_castsi512_ps(_mm512_shuffle_epi8(sraw, sctrl));
-            for (int i = 0; i < MA; i++) {
-                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), alo[i], wlo);
-                d = _mm512_dpbusd_epi32(d, ahi[i], whi);
-                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[i][r]);
-            }
+        for (; i0 < m; i0++) {   /* leftover rows one at a time */
+            if (np == 2) Z_T(1, 2); else Z_T(1, 1);
         }
+#undef Z_T
     }
-    for (int i = 0; i < MA; i++)
-        for (int r = 0; r < 4; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]) * 0.0625f;
 }
 
-Z_TARGET static void z_q4p4_tile(int spg, int ma, int k, const uint8_t *tile, const uint16_t *ts,
-                                 const uint8_t *const act[2], float sums[2][4]) {
-#define Z_SPG(S) case S: if (ma == 2) z_gemv_q4p4_tile(S, 2, k, tile, ts, act, sums); else z_gemv_q4p4_tile(S, 1, k, tile, ts, act, sums); break;
-    switch (spg) {   /* constant-folded instantiations */
-    Z_SPG(4) Z_SPG(2)
-    default: if (ma == 2) z_gemv_q4p4_tile(1, 2, k, tile, ts, act, sums); else z_gemv_q4p4_tile(1, 1, k, tile, ts, act, sums); break;
+/* The activation side of the p16 kernels: signed rows and the per-block corrections. */
+Z_TARGET static int z_q4p16_lhs(const pk_lhs *lhs, int m, int k, int bl, const int8_t **a, size_t *lda,
+                                int32_t **corr) {
+    const int nb = k / bl;
+    int32_t *c = pk_scratch(1, sizeof(int32_t) * (size_t)m * nb);
+    if (!c) return -1;
+    const __m512i x80 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    for (int i = 0; i < m; i++) {
+        const int8_t *row = lhs->q + (size_t)i * lhs->ld;
+        int32_t *ci = c + (size_t)i * nb;
+        for (int b = 0; b < nb; b++) ci[b] = 0;
+        /* sums of 32 bytes: vpsadbw on a + 128 gives 8-byte sums (of unsigned bytes) */
+        for (int kk = 0; kk < k; kk += 64) {
+            const __mmask64 lm = k - kk >= 64 ? ~(__mmask64)0 : (__mmask64)((1ull << (k - kk)) - 1);
+            const __m512i v = _mm512_xor_si512(_mm512_maskz_loadu_epi8(lm, row + kk), x80);
+            uint64_t q8[8];
+            _mm512_storeu_si512(q8, _mm512_sad_epu8(v, zero));
+            for (int h = 0; h < 2 && kk + 32 * h < k; h++)
+                ci[(kk + 32 * h) / bl] += (int32_t)(q8[4 * h] + q8[4 * h + 1] + q8[4 * h + 2] + q8[4 * h + 3]) - 128 * 32;
+        }
+        for (int b = 0; b < nb; b++) ci[b] *= -8;
     }
-#undef Z_SPG
+    *a = lhs->q;
+    *lda = lhs->ld;
+    *corr = c;
+    return 0;
+}
+
+Z_TARGET static void qai8dx_qsi4c32p16_2x16_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                       const pk_rhs *rhs, const void *packed, float *dst,
+                                                       size_t ldd, float lo, float hi) {
+    const int8_t *a;
+    size_t lda;
+    int32_t *corr;
+    if (!packed || z_q4p16_lhs(lhs, m, rhs->k, rhs->bl, &a, &lda, &corr)) {
+        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        return;
+    }
+    z_q4p16_run(2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+}
+
+Z_TARGET static void qai8dx_qsi4c32p16_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                       const pk_rhs *rhs, const void *packed, float *dst,
+                                                       size_t ldd, float lo, float hi) {
+    const int8_t *a;
+    size_t lda;
+    int32_t *corr;
+    if (!packed || z_q4p16_lhs(lhs, m, rhs->k, rhs->bl, &a, &lda, &corr)) {
+        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        return;
+    }
+    z_q4p16_run(ZMR, 2, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
 }
 
 /* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
@@ -132,35 +179,6 @@ static inline int z_act_pair(int m, int i0, const uint8_t *act, size_t ldo, cons
     ap[0] = act + (size_t)i0 * ldo;
     ap[1] = act + (size_t)(i0 + ma - 1) * ldo;
     return ma;
-}
-
-Z_TARGET static void qai8dx_qsi4c32p4_1x4_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                     const pk_rhs *rhs, const void *packed, float *dst,
-                                                     size_t ldd, float lo, float hi) {
-    const int k = rhs->k;
-    const size_t ldo = pk_round_up((size_t)k, 128);
-    uint8_t *act = pk_scratch(0, ldo * (size_t)m);
-    if (!act || !packed) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
-    const pk_p4_geom g = pk_p4_geometry(rhs);
-    const uint16_t *scales = (const uint16_t *)((const uint8_t *)packed + g.scales_off);
-    z_prep_q4_gemv(m, k, lhs, act, ldo);
-    for (int n = n0 & ~3; n < n1; n += 4) {   /* tile n/4; rows outside [n0, n1) not stored */
-        const uint8_t *tile = (const uint8_t *)packed + (size_t)(n / 4) * g.tile_bytes;
-        const uint16_t *ts = scales + (size_t)(n / 4) * g.groups * 4 * g.spg;
-        const int r0 = n < n0 ? n0 - n : 0, r1 = n1 - n < 4 ? n1 - n : 4;
-        for (int i0 = 0; i0 < m; i0 += 2) {   /* two activation rows per weight load */
-            const uint8_t *ap[2];
-            const int ma = z_act_pair(m, i0, act, ldo, ap);
-            float sums[2][4];
-            z_q4p4_tile(g.spg, ma, k, tile, ts, ap, sums);
-            for (int i = 0; i < ma; i++) {
-                const int ii = i0 + i;
-                const float zpf = (float)(lhs->zp[ii] + 128), sc = lhs->scale[ii];
-                for (int r = r0; r < r1; r++)
-                    dst[(size_t)ii * ldd + n + r] = pk_clampf(sc * (sums[i][r] - zpf * rhs->rsum[n + r]), lo, hi);
-            }
-        }
-    }
 }
 
 /* ====================================================================================
@@ -220,9 +238,6 @@ Z_TARGET static void qai8dx_qsi8cxp4_1x4_avx512vnni(int m, int n0, int n1, const
 /* ====================================================================================
  * AVX-512 VNNI, GEMM: qai8dx x {qsi4c32, qsi8cx}, register tile 6 x 32
  * ==================================================================================== */
-
-#define ZMR 6
-#include "x86_avx512_panel.h"   /* ZNR = 32-row weight panels */
 
 /* MR rows of activations x one panel. Q8 = 0: qsi4c32 (nbk blocks of qpb quads, float
  * accumulation per block); Q8 = 1: qsi8cx (one block over all of K, int32 to the end). */
@@ -289,26 +304,6 @@ Z_TARGET static void z_gemm_panel(const int Q8, int m, const pk_lhs *lhs, const 
     Z_TAIL(1) Z_TAIL(2) Z_TAIL(3) Z_TAIL(4) Z_TAIL(5)
 #undef Z_TAIL
     default: break;
-    }
-}
-
-Z_TARGET static void qai8dx_qsi4c32p4_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                    const pk_rhs *rhs, const void *packed, float *dst,
-                                                    size_t ldd, float lo, float hi) {
-    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
-    const int8_t *a;
-    size_t lda;
-    int32_t *corr;
-    uint8_t *panel = pk_scratch(0, (size_t)k * ZNR + sizeof(float) * ((size_t)nb * ZNR + ZNR));
-    if (!panel || !packed || pk_gemm_lhs_prep(lhs, m, k, k, bl, 8, &a, &lda, &corr)) {
-        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
-        return;
-    }
-    float *spanel = (float *)(panel + (size_t)k * ZNR), *rs = spanel + (size_t)nb * ZNR;
-    for (int np = n0; np < n1; np += ZNR) {
-        z_pack_q4_panel(rhs, packed, np, n1, panel, spanel, rs, 0);
-        z_gemm_panel(0, m, lhs, a, lda, corr, nb, nb, bl / 4, panel, spanel, rs, NULL,
-                     n1 - np < ZNR ? n1 - np : ZNR, dst + np, ldd, lo, hi);
     }
 }
 
@@ -397,10 +392,10 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
 /* ---- table --------------------------------------------------------------------------- */
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_vnni[] = {
-    {"qai8dx_qsi4c32p4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 4,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_1x4_avx512vnni},
-    {"qai8dx_qsi4c32p4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi4c32p4_6x32_avx512vnni},
+    {"qai8dx_qsi4c32p16_2x16_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 16,
+     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_2x16_avx512vnni},
+    {"qai8dx_qsi4c32p16_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
+     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_6x32_avx512vnni},
     {"qai8dx_qsi8cxp4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
      pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_1x4_avx512vnni},
     {"qai8dx_qsi8cxp4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,

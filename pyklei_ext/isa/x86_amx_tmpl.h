@@ -28,7 +28,7 @@ A_INLINE __m512 A_NAME(amx_clamp)(__m512 v, float lo, float hi) {
     return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
 }
 
-A_TARGET static void A_NAME(qai8dx_qsi4c32p4_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                               const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int k = rhs->k, bl = rhs->bl, nb = k / bl, kd = bl == 32 ? 32 : 64, steps = bl / kd;
     size_t lda;
@@ -42,8 +42,8 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32p4_32x32)(int m, int n0, int n1, const
     amx_cfg cfg;
     amx_cfg_init(&cfg, kd);
     AMX_LOADCFG(&cfg);
-    for (int np = n0; np < n1; np += ZNR) {
-        const int nv = n1 - np < ZNR ? n1 - np : ZNR;
+    for (int np = n0 & ~15; np < n1; np += ZNR) {   /* p16 panels from the one holding n0 */
+        const int nv = n1 - np < ZNR ? n1 - np : ZNR, c0 = n0 > np ? n0 - np : 0;
         z_pack_q4_panel(rhs, packed, np, n1, panel, spanel, rs, 8);   /* signed int4 -> int8 */
         for (int i0 = 0; i0 < m; i0 += 32) {
             const int mr = m - i0 < 32 ? m - i0 : 32;
@@ -68,9 +68,10 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32p4_32x32)(int m, int n0, int n1, const
             }
             for (int r = 0; r < mr; r++) {
                 const int ii = i0 + r;
-                for (int j = 0; j < 2 && nv > 16 * j; j++) {
-                    const int c = nv - 16 * j;
-                    const __mmask16 sm = c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << c) - 1);
+                for (int j = 0; j < 2 && nv > 16 * j; j++) {   /* columns [c0, nv) of the block */
+                    const int e = nv - 16 * j < 16 ? nv - 16 * j : 16, st = c0 - 16 * j > 0 ? c0 - 16 * j : 0;
+                    if (e <= st) continue;
+                    const __mmask16 sm = (__mmask16)(((1u << e) - 1) & ~((1u << st) - 1));
                     const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_load_ps(rs + 16 * j));
                     const __m512 v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]),
                                                    _mm512_sub_ps(_mm512_load_ps(facc + r * 32 + 16 * j), t));

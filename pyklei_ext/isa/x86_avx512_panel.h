@@ -23,15 +23,6 @@ ZP_INLINE void z_transpose4(const __m512i L[4], __m512i Q[4]) {
     Q[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-ZP_INLINE __m512i z_load4rows(const uint8_t *const *row, int j, size_t off) {
-    /* lane l <- row 4l + j, so that after z_transpose4 dword p holds row p */
-    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(row[j] + off)));
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[4 + j] + off)), 1);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[8 + j] + off)), 2);
-    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(row[12 + j] + off)), 3);
-    return v;
-}
-
 /* Rows of a panel in the p4 layout (pk_pack.h): byte `off` of row r is at
  *   full[r] + off + 192 * (off / 64)   while off < R & ~63 (the 64-byte slices),
  *   tail[r] + off                      after (the compact tail).
@@ -48,40 +39,29 @@ ZP_INLINE size_t z_p4_rows(const uint8_t *packed, const pk_p4_geom *g, int np, i
     return nfull;
 }
 
-/* Panel of 32 rows [np, np+32) (rows >= n1 repeat row n1-1), quad-major:
- * panel[(q * 32 + r) * 4 + t] = weight (row r, k = 4q + t) + off, as unsigned bytes
- * (int4: off = 8 when sub == 0; sub == 8 gives signed int4 for AMX). Reads the p4 copy. */
+/* Panel of 32 rows [np, np+32) from the p16 copy (np a multiple of 32; rows past n1 hold
+ * padding or repeat a panel: their outputs are never stored), quad-major:
+ * panel[(q * 32 + r) * 4 + t] = weight (row r, k = 4q + t) + 8 - sub, as bytes (sub == 8
+ * gives signed int4 for AMX). A p16 piece already holds two quads of 16 rows as dwords. */
 ZP_TARGET static void z_pack_q4_panel(const pk_rhs *rhs, const uint8_t *packed, int np, int n1,
                                      uint8_t *panel, float *spanel, float *rs, int sub) {
-    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
-    const pk_p4_geom g = pk_p4_geometry(rhs);
-    const uint8_t *full[ZNR], *tail[ZNR];
-    const size_t nfull = z_p4_rows(packed, &g, np, n1, full, tail);
-    for (int r = 0; r < ZNR; r++) {
-        const int rr = np + r < n1 ? np + r : n1 - 1;
-        for (int b = 0; b < nb; b++) spanel[b * ZNR + r] = pk_bf16_to_f32(pk_p4_scale(packed, &g, bl, rr, b));
-        rs[r] = rhs->rsum[rr];
-    }
-    const __m512i x88 = _mm512_set1_epi8((char)0x88), m0f = _mm512_set1_epi8(0x0F);
-    const __m512i vsub = _mm512_set1_epi8((char)sub);
-    for (int c = 0; c < k / 32; c++) {
-        const size_t off = (size_t)16 * c;
-        const uint8_t *const *row = off < nfull ? full : tail;
-        const size_t o = off < nfull ? off + 192 * (off / 64) : off;
+    const int k = rhs->k;
+    const pk_p16_geom g = pk_p16_geometry(rhs);
+    const int p0 = np / 16, p1 = np + 16 < n1 ? p0 + 1 : p0;
+    for (int r = 0; r < ZNR; r++) rs[r] = rhs->rsum[np + r < n1 ? np + r : n1 - 1];
+    for (int b = 0; b < g.nb; b++)
         for (int h = 0; h < 2; h++) {
-            __m512i L[4], H[4], Q[4];
-            for (int j = 0; j < 4; j++) {
-                const __m512i x = _mm512_xor_si512(z_load4rows(row + 16 * h, j, o), x88);
-                L[j] = _mm512_sub_epi8(_mm512_and_si512(x, m0f), vsub);
-                H[j] = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(x, 4), m0f), vsub);
-            }
-            uint8_t *p = panel + ((size_t)(8 * c) * ZNR + 16 * h) * 4;
-            z_transpose4(L, Q);
-            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)i * ZNR * 4, Q[i]);
-            z_transpose4(H, Q);
-            for (int i = 0; i < 4; i++) _mm512_store_si512(p + (size_t)(4 + i) * ZNR * 4, Q[i]);
+            const uint16_t *s = pk_p16_scales(packed, &g, h ? p1 : p0, b);
+            for (int r = 0; r < 16; r++) spanel[b * ZNR + 16 * h + r] = pk_bf16_to_f32(s[r]);
         }
-    }
+    const __m512i m0f = _mm512_set1_epi8(0x0F), vsub = _mm512_set1_epi8((char)sub);
+    for (int o = 0; o < k / 8; o++)
+        for (int h = 0; h < 2; h++) {
+            const __m512i v = _mm512_load_si512(packed + (size_t)(h ? p1 : p0) * g.panel_bytes + (size_t)64 * o);
+            uint8_t *q = panel + (size_t)(2 * o) * ZNR * 4 + 64 * h;
+            _mm512_store_si512(q, _mm512_sub_epi8(_mm512_and_si512(v, m0f), vsub));
+            _mm512_store_si512(q + ZNR * 4, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f), vsub));
+        }
 }
 
 /* int8 rows from the p4 copy, K padded to kp (multiple of 16) with zeros; bytes w ^ xr

@@ -433,7 +433,7 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
             float *buf = guard_alloc(rows, ldd);
             const void *packed = NULL;
             for (int p = 0; p < PK_MAX_PACKED; p++)
-                if (r->packed_for[p] == kern) packed = r->packed[p];
+                if (r->packed_for[p] && r->packed_for[p]->rhs_pack == kern->rhs_pack) packed = r->packed[p];
             kern->run(m, n0, n1, &lhs, r, packed, buf + 1, ldd, lo, hi);
             ok = check_tile(buf, rows, ldd, 0, 1, m, n0, n1, ref, exact ? NULL : tol, N, why, sizeof why);
             if (tile_ratio > kstats[ki].max_ratio) kstats[ki].max_ratio = tile_ratio;
