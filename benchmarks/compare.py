@@ -13,7 +13,8 @@ Installs its own extras when missing: llama-cpp-python (built from source with t
 features; AMX and AVX-VNNI off unless present: GCC 12 builds llama.cpp's AMX path so that it
 dies with SIGILL), torch (the local CPU build), transformers, matplotlib. Built wheels and
 model files are cached under ~/.cache/pyklei.
-Results: benchmarks/results/compare.md, compare.json and compare.png.
+Results: benchmarks/results/compare.md, compare.json and compare.png (compare-1b.* with
+--only-1b); the README's tables are refreshed in place (--no-readme keeps them).
 """
 from __future__ import annotations
 
@@ -184,6 +185,7 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
     models["llama.cpp Q4_0"] = ("llamacpp", llamacpp_quantize(lc16, work / f"{tag}-Q4_0.gguf", "Q4_0"))
     models["llama.cpp Q8_0"] = ("llamacpp", llamacpp_quantize(lc16, work / f"{tag}-Q8_0.gguf", "Q8_0"))
     models["transformers fp32"] = ("transformers", hf_dir)
+    models["transformers bf16"] = ("transformers-bf16", hf_dir)
     return models
 
 
@@ -232,32 +234,33 @@ class LlamaCppEngine:
 
 
 class TorchEngine:
-    def __init__(self, path, threads, n_ctx):
+    def __init__(self, path, threads, n_ctx, dtype="float32"):
         import torch
         from transformers import AutoModelForCausalLM
         torch.set_num_threads(threads)
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
         self.past = None
 
     def prefill(self, ids):
         with self.torch.no_grad():
             out = self.model(self.torch.tensor([ids]), use_cache=True)
         self.past = out.past_key_values
-        return out.logits[0, -1].numpy()
+        return out.logits[0, -1].float().numpy()
 
     def step(self, tok):
         with self.torch.no_grad():
             out = self.model(self.torch.tensor([[tok]]), past_key_values=self.past, use_cache=True)
         self.past = out.past_key_values
-        return out.logits[0, -1].numpy()
+        return out.logits[0, -1].float().numpy()
 
     def window_logits(self, ids):
         with self.torch.no_grad():
-            return self.model(self.torch.tensor([ids])).logits[0].numpy()
+            return self.model(self.torch.tensor([ids])).logits[0].float().numpy()
 
 
-ENGINES = {"pyklei": PykleiEngine, "llamacpp": LlamaCppEngine, "transformers": TorchEngine}
+ENGINES = {"pyklei": PykleiEngine, "llamacpp": LlamaCppEngine, "transformers": TorchEngine,
+           "transformers-bf16": lambda path, threads, n_ctx: TorchEngine(path, threads, n_ctx, "bfloat16")}
 
 
 def worker_speed(engine, path, threads, prompt_lengths, n_gen, ids):
@@ -360,6 +363,44 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def readme_section(report: dict) -> str:
+    """The README's benchmark table: the highest thread count, the main engines, and the
+    ratio line (what `render` writes in full to benchmarks/results/)."""
+    t = max(report["threads"])
+    pls = report["prompt_lengths"]
+    head = (f"| {t} threads | " + " | ".join(f"prefill {n}" for n in pls)
+            + f" | decode {report['n_gen']} | TTFT {pls[-1]} | peak RSS | file |")
+    lines = [f"{report['model']}, {report['date']}, `{report['command']}` (medians of {report['repeats']}):", "",
+             head, "|---" * (len(pls) + 5) + "|"]
+    for label, row in report["speed"].items():
+        runs = [r for r in row["runs"].get(str(t), []) if "error" not in r]
+        if not runs:
+            continue
+        cells = [f"{median_of(runs, 'prefill_tps', n):.0f} tok/s" for n in pls]
+        cells += [f"{median_of(runs, 'decode_tps'):.1f} tok/s", f"{median_of(runs, 'ttft_s', pls[-1]):.2f} s",
+                  f"{median_of(runs, 'peak_rss_mb'):.0f} MB", f"{row['file_mb']:.0f} MB"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    full = render(report).splitlines()
+    ratio = [ln for ln in full if ln.startswith(f"Ratios pyklei q4 g32 / llama.cpp Q4_0 ({t} ")]
+    ppl = []
+    if any(ln.startswith("## Quality") for ln in full):   # the perplexity table, as in render
+        i = next(i for i, ln in enumerate(full) if ln.startswith("## Quality"))
+        ppl = ["", full[i][3:] + ":", ""] + [ln for ln in full[i + 1:] if ln.startswith("|")]
+    return "\n".join(lines + [""] + ratio + ppl) + "\n"
+
+
+def update_readme(report: dict, key: str):
+    """Replaces the text between <!-- {key}:begin --> and <!-- {key}:end --> in README.md."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    if begin not in text or end not in text:
+        print(f"README.md has no {begin} ... {end} section; not updated", file=sys.stderr)
+        return
+    a, b = text.index(begin) + len(begin), text.index(end)
+    readme.write_text(text[:a] + "\n" + readme_section(report) + text[b:])
+
+
 def chart(report: dict, path: Path):
     import matplotlib
     matplotlib.use("Agg")
@@ -406,7 +447,7 @@ def bench_model(name, hf_dir, tag, args, work):
             order = list(models.items())
             rng.shuffle(order)            # alternate engines, in a different order each round
             for label, (eng, p) in order:
-                if eng == "transformers" and args.skip_torch_speed:
+                if eng.startswith("transformers") and args.skip_torch_speed:
                     continue
                 job = {"mode": "speed", "engine": eng, "path": str(p), "threads": t,
                        "prompt_lengths": args.prompt_lengths, "n_gen": args.n_gen, "ids": ids[:max(args.prompt_lengths)]}
@@ -447,6 +488,7 @@ def main():
     ap.add_argument("--skip-torch-speed", action="store_true")
     ap.add_argument("--with-1b", action="store_true", help="also the random Llama 3.2 1B-shaped model")
     ap.add_argument("--only-1b", action="store_true", help="only the random Llama 3.2 1B-shaped model")
+    ap.add_argument("--no-readme", action="store_true", help="do not refresh README.md's tables")
     args = ap.parse_args()
     if args.worker:
         job = json.loads(args.worker)
@@ -476,6 +518,9 @@ def main():
     (RESULTS / f"{name}.md").write_text(md)
     (RESULTS / f"{name}.json").write_text(json.dumps(reports, indent=1))
     chart(reports[0], RESULTS / f"{name}.png")
+    if not args.no_readme:
+        for r in reports:
+            update_readme(r, "compare-1b" if "1B" in r["model"] else "compare")
     print(md)
 
 

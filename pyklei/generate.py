@@ -102,14 +102,18 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int = 2
     history = list(prompt)
     n_gen, ttft, t_first = 0, 0.0, t0
 
+    rss = [peak_rss_mb(), t0]   # VmHWM read at most every 0.25 s: /proc costs ~0.1 ms per read
+
     def response(text, token, reason):
         now = time.perf_counter()
+        if reason is not None or now - rss[1] > 0.25:
+            rss[:] = [peak_rss_mb(), now]
         return GenerationResponse(
             text=text, token=token, finish_reason=reason, prompt_tokens=len(prompt),
             prompt_eval_tokens=n_eval, generation_tokens=n_gen, time_to_first_token=ttft,
             prompt_tps=n_eval / t_prefill if t_prefill > 0 else 0.0,
             generation_tps=(n_gen - 1) / (now - t_first) if n_gen > 1 and now > t_first else 0.0,
-            peak_rss_mb=peak_rss_mb())
+            peak_rss_mb=rss[0])
 
     if max_tokens == 0:
         yield response("", None, "length")

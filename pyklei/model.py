@@ -291,7 +291,10 @@ class Model:
         pos = len(self._cached)
         if pos >= self.n_ctx:
             raise ValueError(f"the context of {self.n_ctx} tokens is full")
-        tok = self._check([token])
+        if isinstance(token, (int, np.integer)) and not isinstance(token, bool) and 0 <= token < self.vocab_size:
+            tok = np.array([token], np.int32)   # the per-token path, without _check's array work
+        else:
+            tok = self._check([token])
         logits = self._forward(tok, pos, False)
         self._cached.append(int(tok[0]))
         return logits

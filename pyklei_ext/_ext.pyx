@@ -380,6 +380,8 @@ cdef extern from "model/pk_llama.h":
                          int all_logits, volatile int *interrupt) nogil
     int pk_llama_stats_enable(pk_llama *model, int on)
     const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows)
+    void pk_llama_profile_enable(pk_llama *model, int on)
+    int pk_llama_profile(const pk_llama *model, const char *const **names, const double **seconds, long *calls)
 
 from libc.stdlib cimport calloc, free
 
@@ -487,6 +489,18 @@ cdef class LlamaRuntime:
         if p == NULL:
             return None
         return np.asarray(<const double[:n]>p).copy(), rows, lm_rows
+
+    def profile_ops(self, bint on=True):
+        """Start (zeroing) or stop timing each operation of the forward pass."""
+        pk_llama_profile_enable(self.model, on)
+
+    def op_profile(self):
+        """({operation: seconds summed}, forward calls) since profile_ops(True)."""
+        cdef const char *const *names
+        cdef const double *sec
+        cdef long calls
+        cdef int n = pk_llama_profile(self.model, &names, &sec, &calls)
+        return {names[i].decode(): sec[i] for i in range(n)}, calls
 
     def request_interrupt(self):
         """Makes a running forward() stop at the next layer boundary (thread-safe)."""

@@ -53,4 +53,12 @@ int pk_llama_stats_enable(pk_llama *model, int on);
 /* The buffer (NULL when disabled), its length, and the number of rows accumulated per layer. */
 const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows);
 
+/* Wall time per operation of the forward pass (embed, norms, qkv, rope, attention, o_proj,
+ * gate_up, swiglu, down, residual, output_norm, lm_head), summed over calls since enabling;
+ * enabling or disabling zeroes it. Costs two clock reads per operation while on. */
+#define PK_LLAMA_OPS 13
+void pk_llama_profile_enable(pk_llama *model, int on);
+/* Sets the names and seconds arrays (PK_LLAMA_OPS entries) and the forward calls counted. */
+int pk_llama_profile(const pk_llama *model, const char *const **names, const double **seconds, long *calls);
+
 #endif

@@ -83,17 +83,28 @@ void pk_rmsnorm(int d, const float *x, const float *w, float eps, float *out) {
     for (int i = 0; i < d; i++) out[i] = x[i] * inv * w[i];
 }
 
-void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x) {
+void pk_rope_angles(int head_dim, int pos, const float *inv_freq, float *cs) {
     for (int i = 0; i < head_dim / 2; i++) {
         const float angle = (float)pos * inv_freq[i];
-        const float c = cosf(angle), s = sinf(angle);
-        for (int h = 0; h < n_heads; h++) {
+        cs[2 * i] = cosf(angle);
+        cs[2 * i + 1] = sinf(angle);
+    }
+}
+
+void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x) {
+    for (int h = 0; h < n_heads; h++)
+        for (int i = 0; i < head_dim / 2; i++) {
             float *p = x + (size_t)h * head_dim + 2 * i;
-            const float a = p[0], b = p[1];
+            const float a = p[0], b = p[1], c = cs[2 * i], s = cs[2 * i + 1];
             p[0] = a * c - b * s;
             p[1] = a * s + b * c;
         }
-    }
+}
+
+void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x) {
+    float cs[1024];   /* head_dim <= 512 (pk_llama_create) */
+    pk_rope_angles(head_dim, pos, inv_freq, cs);
+    pk_rope_cs(n_heads, head_dim, cs, x);
 }
 
 /* Attention is written so the compiler vectorizes it (independent lanes instead of one
@@ -107,14 +118,6 @@ void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x
 #endif
 
 #define LANES 16
-
-PK_CLONES static void axpy_f32(int n, float p, const float *x, float *y) {
-    for (int i = 0; i < n; i++) y[i] += p * x[i];
-}
-
-static void axpy_f16(int n, float p, const uint16_t *x, float *y) {
-    for (int i = 0; i < n; i++) y[i] += p * f16_to_f32(x[i]);
-}
 
 PK_CLONES static float max_f32(int n, const float *x) {
     float m[LANES];
@@ -168,52 +171,96 @@ PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) 
     }
 }
 
-/* f32 cache: the whole head in one function (no call per position), `out` kept in
- * registers when HD is a compile-time 64 or 128. */
-static inline __attribute__((always_inline)) void attend_f32(const int HD, int n_pos, const float *restrict q,
-                                                             const float *restrict kt, size_t kt_stride,
+/* The K cache is position-blocked (pk_nn.h): block jb holds positions 16jb..16jb+15 as
+ * [head_dim][16], so the scores of 16 positions are one vector accumulated over head_dim from
+ * contiguous memory. The f32 path handles the G query heads that share one K/V head (GQA) in
+ * one pass, each K and V row read once for all of them; `acc` stays in registers when HD is a
+ * compile-time 64 or 128. Per head the arithmetic and its order are those of the generic loop
+ * at the end (which the f16 cache and other head sizes use), so all paths agree bit for bit. */
+static inline __attribute__((always_inline)) void attend_f32(const int G, const int HD, int n_pos,
+                                                             const float *restrict q, const float *restrict kb,
                                                              const float *restrict v, float scale,
-                                                             float *restrict scores, float *restrict out) {
-    for (int j = 0; j < n_pos; j++) scores[j] = 0.0f;
-    for (int i = 0; i < HD; i++) {
-        const float qi = q[i] * scale;
-        const float *restrict k = kt + (size_t)i * kt_stride;
-        for (int j = 0; j < n_pos; j++) scores[j] += qi * k[j];
+                                                             float *restrict scores, size_t ld_scores,
+                                                             float *restrict out) {
+    float qs[G][HD];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < HD; i++) qs[g][i] = q[g * HD + i] * scale;
+    for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
+        const float *restrict blk = kb + (size_t)j0 * HD;
+        float s[G][PK_KV_BLOCK];
+        for (int g = 0; g < G; g++)
+            for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
+        for (int i = 0; i < HD; i++)
+            for (int g = 0; g < G; g++)
+                for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] += qs[g][i] * blk[i * PK_KV_BLOCK + l];
+        const int nv = n_pos - j0 < PK_KV_BLOCK ? n_pos - j0 : PK_KV_BLOCK;
+        for (int g = 0; g < G; g++)
+            for (int l = 0; l < nv; l++) scores[g * ld_scores + j0 + l] = s[g][l];
+    }
+    float inv[G];
+    for (int g = 0; g < G; g++) {
+        float *sg = scores + g * ld_scores;
+        inv[g] = 1.0f / exp_sum(n_pos, sg, max_f32(n_pos, sg));
+    }
+    float acc[G][HD];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < HD; i++) acc[g][i] = 0.0f;
+    for (int j = 0; j < n_pos; j++) {
+        const float *restrict vj = v + (size_t)j * HD;
+        for (int g = 0; g < G; g++) {
+            const float p = scores[g * ld_scores + j] * inv[g];
+            for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < HD; i++) out[g * HD + i] = acc[g][i];
+}
+
+#define ATTEND(G, HD)                                                                              \
+    PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const float *kb,      \
+                                                   const float *v, float scale, float *scores,     \
+                                                   size_t ld_scores, float *out) {                 \
+        attend_f32(G, HD, n_pos, q, kb, v, scale, scores, ld_scores, out);                         \
+    }
+ATTEND(1, 64) ATTEND(2, 64) ATTEND(3, 64) ATTEND(4, 64)
+ATTEND(1, 128) ATTEND(2, 128) ATTEND(4, 128)
+#undef ATTEND
+
+static inline float kv_get(const void *p, size_t i, int f16) {
+    return f16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* One head, any head size, f32 or f16 cache: the reference order of the fast path above. */
+static void attend_head(int hd, int n_pos, const float *q, const void *kb, const void *v, int kv_f16,
+                        float scale, float *scores, float *out) {
+    for (int j = 0; j < n_pos; j++) {
+        const size_t blk = (size_t)(j / PK_KV_BLOCK) * PK_KV_BLOCK * hd, l = (size_t)(j % PK_KV_BLOCK);
+        float s = 0.0f;
+        for (int i = 0; i < hd; i++) s += (q[i] * scale) * kv_get(kb, blk + (size_t)i * PK_KV_BLOCK + l, kv_f16);
+        scores[j] = s;
     }
     const float inv = 1.0f / exp_sum(n_pos, scores, max_f32(n_pos, scores));
-    float acc[HD];
-    for (int i = 0; i < HD; i++) acc[i] = 0.0f;
+    for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int j = 0; j < n_pos; j++) {
         const float p = scores[j] * inv;
-        const float *restrict vj = v + (size_t)j * HD;
-        for (int i = 0; i < HD; i++) acc[i] += p * vj[i];
+        for (int i = 0; i < hd; i++) out[i] += p * kv_get(v, (size_t)j * hd + i, kv_f16);
     }
-    for (int i = 0; i < HD; i++) out[i] = acc[i];
 }
 
-PK_CLONES static void attend_f32_hd64(int n_pos, const float *q, const float *kt, size_t kt_stride,
-                                      const float *v, float scale, float *scores, float *out) {
-    attend_f32(64, n_pos, q, kt, kt_stride, v, scale, scores, out);
-}
-
-PK_CLONES static void attend_f32_hd128(int n_pos, const float *q, const float *kt, size_t kt_stride,
-                                       const float *v, float scale, float *scores, float *out) {
-    attend_f32(128, n_pos, q, kt, kt_stride, v, scale, scores, out);
-}
-
-void pk_attend_head(int hd, int n_pos, const float *q, const void *kt, size_t kt_stride,
-                    const void *v, int kv_f16, float scale, float *scores, float *out) {
-    if (!kv_f16 && hd == 64) { attend_f32_hd64(n_pos, q, kt, kt_stride, v, scale, scores, out); return; }
-    if (!kv_f16 && hd == 128) { attend_f32_hd128(n_pos, q, kt, kt_stride, v, scale, scores, out); return; }
-    memset(scores, 0, sizeof(float) * n_pos);
-    for (int i = 0; i < hd; i++) {
-        if (kv_f16) axpy_f16(n_pos, q[i] * scale, (const uint16_t *)kt + i * kt_stride, scores);
-        else axpy_f32(n_pos, q[i] * scale, (const float *)kt + i * kt_stride, scores);
+void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
+                     int kv_f16, float scale, float *scores, size_t ld_scores, float *out) {
+    if (!kv_f16) {
+#define CASE(G, HD) if (group == G && hd == HD) { \
+            attend_f32_g##G##_hd##HD(n_pos, q, kb, v, scale, scores, ld_scores, out); return; }
+        CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
+#undef CASE
+        if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
+            for (int g = 0; g < group; g += 4)
+                pk_attend_group(4, hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, ld_scores,
+                                out + (size_t)g * hd);
+            return;
+        }
     }
-    const float inv = 1.0f / exp_sum(n_pos, scores, max_f32(n_pos, scores));
-    memset(out, 0, sizeof(float) * hd);
-    for (int j = 0; j < n_pos; j++) {
-        if (kv_f16) axpy_f16(hd, scores[j] * inv, (const uint16_t *)v + (size_t)j * hd, out);
-        else axpy_f32(hd, scores[j] * inv, (const float *)v + (size_t)j * hd, out);
-    }
+    for (int g = 0; g < group; g++)
+        attend_head(hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, out + (size_t)g * hd);
 }

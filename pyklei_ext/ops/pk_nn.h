@@ -26,16 +26,24 @@ void pk_rmsnorm(int d, const float *x, const float *w, float eps, float *out);
  * "normal" RoPE; the converter permutes q/k rows so this equals Hugging Face's rotate-half).
  * x: [n_heads][head_dim]; inv_freq: [head_dim/2]. */
 void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x);
+/* The same with the angles' cosines and sines given: cs[2i] = cos, cs[2i+1] = sin of
+ * pos * inv_freq[i] (pk_rope_angles), so that the layers of one position share them. */
+void pk_rope_angles(int head_dim, int pos, const float *inv_freq, float *cs);
+void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x);
 
 /* out[i] = silu(gate[i]) * up[i] */
 void pk_swiglu(int n, const float *gate, const float *up, float *out);
 
-/* One query head against positions [0, n_pos) of one KV head.
- * q: [hd]; kt: K transposed, [hd][kt_stride] (position j of dim i at kt[i*kt_stride + j]), so
- * the scores are hd axpy's over positions, not n_pos short dot products; v: [n_pos][hd];
- * K and V are f32 or f16 per kv_f16; scores: scratch [n_pos]; out: [hd]. */
-void pk_attend_head(int hd, int n_pos, const float *q, const void *kt, size_t kt_stride,
-                    const void *v, int kv_f16, float scale, float *scores, float *out);
+/* KV cache of one K/V head: K position-blocked, [ceil(n_ctx/16)][head_dim][16] (positions
+ * 16b..16b+15 of dimension i at (b*head_dim + i)*16 + pos%16), V [n_ctx][head_dim]; f32 or
+ * f16. */
+#define PK_KV_BLOCK 16
+
+/* Causal attention of the `group` query heads q[group][hd] that share one K/V head (GQA) over
+ * cache positions [0, n_pos): K and V are read once for all of them. scores: [group][ld_scores
+ * >= n_pos] scratch; out: [group][hd]. */
+void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
+                     int kv_f16, float scale, float *scores, size_t ld_scores, float *out);
 
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
 
