@@ -147,9 +147,9 @@ Z_TARGET static int z_q4p16_lhs(const pk_lhs *lhs, int m, int k, int bl, const i
     return 0;
 }
 
-Z_TARGET static void qai8dx_qsi4c32p16_2x16_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                       const pk_rhs *rhs, const void *packed, float *dst,
-                                                       size_t ldd, float lo, float hi) {
+/* GEMV (2 activation rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel. */
+Z_TARGET static void z_q4p16(int gemm, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                             const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int8_t *a;
     size_t lda;
     int32_t *corr;
@@ -157,20 +157,20 @@ Z_TARGET static void qai8dx_qsi4c32p16_2x16_avx512vnni(int m, int n0, int n1, co
         pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
-    z_q4p16_run(2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    if (gemm) z_q4p16_run(ZMR, 2, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else z_q4p16_run(2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+}
+
+Z_TARGET static void qai8dx_qsi4c32p16_2x16_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
+                                                       const pk_rhs *rhs, const void *packed, float *dst,
+                                                       size_t ldd, float lo, float hi) {
+    z_q4p16(0, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
 }
 
 Z_TARGET static void qai8dx_qsi4c32p16_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
                                                        const pk_rhs *rhs, const void *packed, float *dst,
                                                        size_t ldd, float lo, float hi) {
-    const int8_t *a;
-    size_t lda;
-    int32_t *corr;
-    if (!packed || z_q4p16_lhs(lhs, m, rhs->k, rhs->bl, &a, &lda, &corr)) {
-        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
-        return;
-    }
-    z_q4p16_run(ZMR, 2, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    z_q4p16(1, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
 }
 
 /* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
