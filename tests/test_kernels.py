@@ -26,6 +26,7 @@ from pyklei.formats import (
     f32_to_bf16,
     pack_nibbles,
     quantize_qai8dx,
+    quantize_qai8dx2,
     quantize_qsi4c32,
     quantize_qsi8cx,
     unpack_nibbles,
@@ -394,3 +395,18 @@ def test_row_result_independent_of_m(fmt, activations):
     full = ops.matmul(w, x)
     for m in (1, 2, 3, 5, 7, 13):
         np.testing.assert_array_equal(ops.matmul(w, x[-m:]), full[-m:], err_msg=f"m={m}")
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 9])
+def test_two_plane_sum_in_kernel(m):
+    """qai8dx2 through the dispatch (kernels with run_pairs sum the planes themselves) equals,
+    bit for bit, the two plane products computed as plain rows and added in float32."""
+    rng = np.random.default_rng(m)
+    n, k = 70, 320
+    qs, sc = quantize_qsi4c32(rng.standard_normal((n, k)).astype(np.float32), 32)
+    w = _ext.QWeight("qsi4c32", qs, sc, 32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[:, 5] *= 80.0
+    q, s, z = quantize_qai8dx2(x)
+    planes = _ext.Ops(2, "qai8dx").matmul_lhs(w, q, s, z)
+    np.testing.assert_array_equal(_ext.Ops(2, "qai8dx2").matmul(w, x), planes[0::2] + planes[1::2])

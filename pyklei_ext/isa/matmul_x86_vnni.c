@@ -42,7 +42,7 @@
  *     f   = fma(float(acc), s_b[j], f)
  * then dst = scale_i * (f - zp_i * R_j). The GEMV (MR <= 2, NP = 1) and the GEMM (MR <= 6,
  * NP = 2) do exactly this, so their results are bit-identical whatever M is. */
-Z_INLINE void z_q4p16_tile(const int MR, const int NP, const pk_lhs *lhs, int i0, const int8_t *a, size_t lda,
+Z_INLINE void z_q4p16_tile(const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0, const int8_t *a, size_t lda,
                            const int32_t *corr, int nb, int bl, const uint8_t *w, size_t panel_bytes,
                            const uint16_t *s, size_t panel_scales, const float *rs, int c0, int c1,
                            float *dst, size_t ldd, float lo, float hi) {
@@ -78,24 +78,29 @@ Z_INLINE void z_q4p16_tile(const int MR, const int NP, const pk_lhs *lhs, int i0
         }
     }
     const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
-    for (int i = 0; i < MR; i++) {
-        const int ii = i0 + i;
+    for (int i = 0; i < MR; i += PAIRS ? 2 : 1) {
         for (int p = 0; p < NP; p++) {   /* store columns [c0, c1) of the tile */
             const int e = c1 - 16 * p < 16 ? c1 - 16 * p : 16, st = c0 - 16 * p > 0 ? c0 - 16 * p : 0;
             if (e <= st) continue;
             const __mmask16 sm = (__mmask16)(((1u << e) - 1) & ~((1u << st) - 1));
-            /* scale * (f - zp * R), in the scalar kernel's order */
-            const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_maskz_loadu_ps(sm, rs + 16 * p));
-            __m512 v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(f[i][p], t));
-            v = _mm512_min_ps(vhi, _mm512_max_ps(vlo, v));   /* NaN passes through, as in pk_clampf */
-            _mm512_mask_storeu_ps(dst + (size_t)ii * ldd + 16 * p, sm, v);
+            const __m512 r = _mm512_maskz_loadu_ps(sm, rs + 16 * p);
+            __m512 v[2];
+            for (int h = 0; h < (PAIRS ? 2 : 1); h++) {   /* scale * (f - zp * R), the scalar kernel's order */
+                const int ii = i0 + i + h;
+                const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), r);
+                v[h] = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(f[i + h][p], t));
+            }
+            __m512 o = PAIRS ? _mm512_add_ps(v[0], v[1]) : v[0];   /* two planes: their sum */
+            o = _mm512_min_ps(vhi, _mm512_max_ps(vlo, o));       /* NaN passes through, as in pk_clampf */
+            _mm512_mask_storeu_ps(dst + (size_t)((i0 + i) / (PAIRS ? 2 : 1)) * ldd + 16 * p, sm, o);
         }
     }
 }
 
-/* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time. */
-Z_INLINE void z_q4p16_run(const int MR, const int NP, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                          const uint8_t *packed, const int8_t *a, size_t lda, const int32_t *corr,
+/* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time
+ * (PAIRS: m even, rows taken two by two, output row = pair index). */
+Z_INLINE void z_q4p16_run(const int MR, const int NP, const int PAIRS, int m, int n0, int n1, const pk_lhs *lhs,
+                          const pk_rhs *rhs, const uint8_t *packed, const int8_t *a, size_t lda, const int32_t *corr,
                           float *dst, size_t ldd, float lo, float hi) {
     const pk_p16_geom g = pk_p16_geometry(rhs);
     const size_t pscales = (size_t)16 * g.nb;
@@ -107,13 +112,14 @@ Z_INLINE void z_q4p16_run(const int MR, const int NP, int m, int n0, int n1, con
         const uint16_t *s = pk_p16_scales(packed, &g, p, 0);
         /* rsum is read for columns [c0, c1) only (masked loads) */
         int i0 = 0;
-#define Z_T(R, P) z_q4p16_tile(R, P, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s, pscales, \
+#define Z_T(R, P) z_q4p16_tile(R, P, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s, pscales, \
                                rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi)
         for (; i0 + MR <= m; i0 += MR) {
             if (np == 2) Z_T(MR, 2); else Z_T(MR, 1);
         }
-        for (; i0 < m; i0++) {   /* leftover rows one at a time */
-            if (np == 2) Z_T(1, 2); else Z_T(1, 1);
+        for (; i0 < m; i0 += PAIRS ? 2 : 1) {   /* leftover rows: one (or one pair) at a time */
+            if (PAIRS) { if (np == 2) Z_T(2, 2); else Z_T(2, 1); }
+            else { if (np == 2) Z_T(1, 2); else Z_T(1, 1); }
         }
 #undef Z_T
     }
@@ -147,31 +153,34 @@ Z_TARGET static int z_q4p16_lhs(const pk_lhs *lhs, int m, int k, int bl, const i
     return 0;
 }
 
-/* GEMV (2 activation rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel. */
-Z_TARGET static void z_q4p16(int gemm, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+/* GEMV (2 activation rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel;
+ * pairs: two-plane rows summed in the kernel (pk_kernel.run_pairs). */
+Z_TARGET static void z_q4p16(int gemm, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                              const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int8_t *a;
     size_t lda;
     int32_t *corr;
     if (!packed || z_q4p16_lhs(lhs, m, rhs->k, rhs->bl, &a, &lda, &corr)) {
-        pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        if (!pairs) pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        else pk_run_scalar_pairs(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
-    if (gemm) z_q4p16_run(ZMR, 2, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else z_q4p16_run(2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    if (gemm && pairs) z_q4p16_run(ZMR, 2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else if (gemm) z_q4p16_run(ZMR, 2, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else if (pairs) z_q4p16_run(2, 1, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else z_q4p16_run(2, 1, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
 }
 
-Z_TARGET static void qai8dx_qsi4c32p16_2x16_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                       const pk_rhs *rhs, const void *packed, float *dst,
-                                                       size_t ldd, float lo, float hi) {
-    z_q4p16(0, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
-}
-
-Z_TARGET static void qai8dx_qsi4c32p16_6x32_avx512vnni(int m, int n0, int n1, const pk_lhs *lhs,
-                                                       const pk_rhs *rhs, const void *packed, float *dst,
-                                                       size_t ldd, float lo, float hi) {
-    z_q4p16(1, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
-}
+#define Z_Q4P16_ENTRY(NAME, GEMM, PAIRS)                                                           \
+    Z_TARGET static void NAME(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,          \
+                              const void *packed, float *dst, size_t ldd, float lo, float hi) {     \
+        z_q4p16(GEMM, PAIRS, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                        \
+    }
+Z_Q4P16_ENTRY(qai8dx_qsi4c32p16_2x16_avx512vnni, 0, 0)
+Z_Q4P16_ENTRY(qai8dx2_qsi4c32p16_2x16_avx512vnni, 0, 1)
+Z_Q4P16_ENTRY(qai8dx_qsi4c32p16_6x32_avx512vnni, 1, 0)
+Z_Q4P16_ENTRY(qai8dx2_qsi4c32p16_6x32_avx512vnni, 1, 1)
+#undef Z_Q4P16_ENTRY
 
 /* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
 static inline int z_act_pair(int m, int i0, const uint8_t *act, size_t ldo, const uint8_t *ap[2]) {
@@ -393,9 +402,9 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_vnni[] = {
     {"qai8dx_qsi4c32p16_2x16_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 16,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_2x16_avx512vnni},
+     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_2x16_avx512vnni, qai8dx2_qsi4c32p16_2x16_avx512vnni},
     {"qai8dx_qsi4c32p16_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_6x32_avx512vnni},
+     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_6x32_avx512vnni, qai8dx2_qsi4c32p16_6x32_avx512vnni},
     {"qai8dx_qsi8cxp4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
      pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_1x4_avx512vnni},
     {"qai8dx_qsi8cxp4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "../ops/pk_matmul.h"
@@ -64,6 +65,37 @@ static void pk_run_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs
     const pk_kernel *k = pk_kernel_by_name(rhs->fmt == PK_FMT_QSI4C32 ? "qai8dx_qsi4c32_1x1_scalar"
                                                                       : "qai8dx_qsi8cx_1x1_scalar");
     k->run(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
+}
+
+/* The same for run_pairs: the plane products of one row pair and up to 64 weight rows at a
+ * time on the stack (through a view of those weight rows), then summed. */
+static void pk_run_scalar_pairs(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                float *dst, size_t ldd, float lo, float hi) {
+    float tmp[2][64];
+    const int q4 = rhs->fmt == PK_FMT_QSI4C32;
+    const size_t row_bytes = q4 ? (size_t)rhs->k / 2 : (size_t)rhs->k;
+    for (int c = n0; c < n1; c += 64) {
+        const int w = n1 - c < 64 ? n1 - c : 64;
+        pk_rhs sub = *rhs;   /* rows [c, c + w) */
+        sub.n = w;
+        sub.qs = rhs->qs + (size_t)c * row_bytes;
+        if (q4) {
+            sub.scales = (const uint16_t *)rhs->scales + (size_t)c * (rhs->k / rhs->bl);
+            sub.rsum = rhs->rsum + c;
+        } else {
+            sub.scales = (const float *)rhs->scales + c;
+            sub.isum = rhs->isum + c;
+        }
+        for (int t = 0; t < m / 2; t++) {
+            pk_lhs pair = *lhs;
+            pair.m = 2;
+            pair.q = lhs->q + (size_t)(2 * t) * lhs->ld;
+            pair.scale = lhs->scale + 2 * t;
+            pair.zp = lhs->zp + 2 * t;
+            pk_run_scalar(2, 0, w, &pair, &sub, &tmp[0][0], 64, -INFINITY, INFINITY);
+            for (int j = 0; j < w; j++) dst[(size_t)t * ldd + c + j] = pk_clampf(tmp[0][j] + tmp[1][j], lo, hi);
+        }
+    }
 }
 
 static inline size_t pk_round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }

@@ -449,6 +449,11 @@ static void run_quantize(void *arg, int ith, int nth) {
 
 static void run_part(const matmul_job *job, const mm_part *p, int n0, int n1) {
     if (n0 >= n1) return;
+    if (p->out && p->kern->run_pairs) {   /* the kernel sums the two planes itself */
+        p->kern->run_pairs(job->lhs->m, n0, n1, job->lhs, p->rhs, p->packed, p->out, p->ldo, job->out_lo,
+                           job->out_hi);
+        return;
+    }
     p->kern->run(job->lhs->m, n0, n1, job->lhs, p->rhs, p->packed, p->dst, p->ldd, job->lo, job->hi);
     if (!p->out) return;
     /* two planes: out = clamp(plane 1 + plane 2), by the thread that made them (cache-hot) */

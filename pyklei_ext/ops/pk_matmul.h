@@ -58,6 +58,11 @@ typedef struct pk_kernel {
     /* dst[i*ldd + j] for i in [0, m), j in [n0, n1); packed is this kernel's repack or NULL */
     void (*run)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                 const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
+    /* Optional, for two-plane activations (qai8dx2): as run, but lhs rows 2t and 2t+1 are the
+     * two planes of output row t (m even): dst row t = clamp(product 2t + product 2t+1),
+     * bit-identical to summing run's unclamped rows. NULL: the caller sums. */
+    void (*run_pairs)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                      const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
 } pk_kernel;
 
 /* ---- registry and dispatch ---------------------------------------------------------- */
