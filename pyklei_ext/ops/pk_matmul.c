@@ -418,7 +418,6 @@ typedef struct {
     const pk_lhs *lhs;
     float lo, hi;        /* the kernels' clamp */
     float out_lo, out_hi;   /* two planes: the clamp of the summed output */
-    int dynamic;         /* threads take chunks from `next` (GEMV) instead of fixed slices */
     int chunks;          /* total over the parts */
     int next;            /* atomic */
     /* quantization stage */
@@ -464,28 +463,19 @@ static void run_part(const matmul_job *job, const mm_part *p, int n0, int n1) {
     }
 }
 
-/* GEMV calls (M below every GEMM's m_min) are split in chunks that threads take as they
- * come: a thread slowed by the rest of the machine then costs its share of the time, not the
- * whole call's. GEMM calls keep one fixed slice per thread and weight, since each kernel call
- * prepares the activations again. */
+/* Work is split in chunks that threads take as they come: a thread slowed by the rest of the
+ * machine (a shared VM, another process) then costs its share of the time, not the whole
+ * call's. */
 static void run_kernel(void *arg, int ith, int nth) {
+    (void)ith;
+    (void)nth;
     matmul_job *job = arg;
-    if (job->dynamic) {
-        for (int c; (c = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->chunks;) {
-            int p = 0;
-            while (p + 1 < job->nparts && c >= job->part[p + 1].first) p++;
-            const mm_part *pt = &job->part[p];
-            const int n0 = (c - pt->first) * pt->chunk, n = pt->rhs->n;
-            run_part(job, pt, n0, n0 + pt->chunk < n ? n0 + pt->chunk : n);
-        }
-        return;
-    }
-    for (int p = 0; p < job->nparts; p++) {
+    for (int c; (c = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED)) < job->chunks;) {
+        int p = 0;
+        while (p + 1 < job->nparts && c >= job->part[p + 1].first) p++;
         const mm_part *pt = &job->part[p];
-        const int n = pt->rhs->n, step = pt->kern->n_step > 0 ? pt->kern->n_step : 1;
-        const int blocks = (n + step - 1) / step;
-        const int b0 = (int)((long long)blocks * ith / nth), b1 = (int)((long long)blocks * (ith + 1) / nth);
-        run_part(job, pt, b0 * step, b1 * step < n ? b1 * step : n);
+        const int n0 = (c - pt->first) * pt->chunk, n = pt->rhs->n;
+        run_part(job, pt, n0, n0 + pt->chunk < n ? n0 + pt->chunk : n);
     }
 }
 
@@ -511,7 +501,6 @@ static int plan_parts(matmul_job *job, int count, const pk_rhs *const *rhs, floa
                       const size_t *ldd, const pk_kernel *kern, int nth) {
     if (count < 1 || count > PK_MAX_PARTS) return fail("a matmul call takes 1 to %d weights, not %d", PK_MAX_PARTS, count);
     job->nparts = count;
-    job->dynamic = 1;
     job->chunks = 0;
     job->next = 0;
     for (int i = 0; i < count; i++) {
@@ -522,14 +511,14 @@ static int plan_parts(matmul_job *job, int count, const pk_rhs *const *rhs, floa
         if (check_kernel(rhs[i], &kr, job->lhs->m)) return -1;
         log_call(kr, job->lhs->m, rhs[i]->n, rhs[i]->k);
         *p = (mm_part){kr, rhs[i], packed_for(rhs[i], kr), dst[i], ldd[i], NULL, 0, 0, 0};
-        job->dynamic &= kr->m_min <= 1;
     }
-    /* about 4 chunks per thread and weight, each at least 16 KiB of weights */
+    /* per thread and weight about 4 chunks for a GEMV, 2 for a GEMM (each kernel call prepares
+     * the activations again); each chunk at least 16 KiB of weights */
     for (int i = 0; i < count; i++) {
         mm_part *p = &job->part[i];
-        const int step = p->kern->n_step > 0 ? p->kern->n_step : 1;
+        const int step = p->kern->n_step > 0 ? p->kern->n_step : 1, per = p->kern->m_min <= 1 ? 4 : 2;
         const size_t row_bytes = p->rhs->fmt == PK_FMT_QSI4C32 ? (size_t)p->rhs->k / 2 : (size_t)p->rhs->k;
-        int rows = p->rhs->n / (4 * nth);
+        int rows = p->rhs->n / (per * nth);
         const int min_rows = (int)((16384 + row_bytes - 1) / row_bytes);
         rows = rows < min_rows ? min_rows : rows;
         p->chunk = (rows + step - 1) / step * step;
