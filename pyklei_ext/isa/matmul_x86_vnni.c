@@ -245,37 +245,24 @@ Z_TARGET static void qai8dx_qsi8cxp4_1x4_avx512vnni(int m, int n0, int n1, const
 }
 
 /* ====================================================================================
- * AVX-512 VNNI, GEMM: qai8dx x {qsi4c32, qsi8cx}, register tile 6 x 32
+ * AVX-512 VNNI, GEMM: qai8dx x qsi8cx (int8 panels from the p4 copy), register tile 6 x 32
  * ==================================================================================== */
 
-/* MR rows of activations x one panel. Q8 = 0: qsi4c32 (nbk blocks of qpb quads, float
- * accumulation per block); Q8 = 1: qsi8cx (one block over all of K, int32 to the end). */
-Z_INLINE void z_gemm_tile(const int MR, const int Q8, const pk_lhs *lhs, int i0, const int8_t *a,
-                          size_t lda, const int32_t *corr, int nbc, int nbk, int qpb,
-                          const uint8_t *panel, const float *spanel, const float *rs,
-                          const int32_t *isum, int nvalid, float *dst, size_t ldd, float lo, float hi) {
-    __m512 f[ZMR][2];
+/* MR rows of activations x one 32-row panel, int32 over all of K (nq quads), then
+ * dst = (scale * s) * (float)(D - zp * isum): bit-exact with the scalar kernel. */
+Z_INLINE void z_gemm_q8_tile(const int MR, const pk_lhs *lhs, int i0, const int8_t *a, size_t lda,
+                             const int32_t *corr, int nq, const uint8_t *panel, const float *ws,
+                             const int32_t *isum, int nvalid, float *dst, size_t ldd, float lo, float hi) {
     __m512i acc[ZMR][2];
-    for (int i = 0; i < MR; i++) f[i][0] = f[i][1] = _mm512_setzero_ps();
-    for (int b = 0; b < nbk; b++) {
-        for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nbc + b]);
-        const uint8_t *pw = panel + (size_t)b * qpb * ZNR * 4;
-        const int8_t *pa = a + (size_t)i0 * lda + (size_t)b * qpb * 4;
-        for (int q = 0; q < qpb; q++) {
-            const __m512i w0 = _mm512_load_si512(pw + (size_t)q * ZNR * 4);
-            const __m512i w1 = _mm512_load_si512(pw + (size_t)q * ZNR * 4 + 64);
-            for (int i = 0; i < MR; i++) {
-                const __m512i av = _mm512_set1_epi32(pk_load_i32(pa + (size_t)i * lda + 4 * q));
-                acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], w0, av);
-                acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], w1, av);
-            }
-        }
-        if (!Q8) {
-            const __m512 s0 = _mm512_load_ps(spanel + (size_t)b * ZNR), s1 = _mm512_load_ps(spanel + (size_t)b * ZNR + 16);
-            for (int i = 0; i < MR; i++) {
-                f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][0]), s0, f[i][0]);
-                f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), s1, f[i][1]);
-            }
+    for (int i = 0; i < MR; i++) acc[i][0] = acc[i][1] = _mm512_set1_epi32(corr[i0 + i]);
+    const int8_t *pa = a + (size_t)i0 * lda;
+    for (int q = 0; q < nq; q++) {
+        const __m512i w0 = _mm512_load_si512(panel + (size_t)q * ZNR * 4);
+        const __m512i w1 = _mm512_load_si512(panel + (size_t)q * ZNR * 4 + 64);
+        for (int i = 0; i < MR; i++) {
+            const __m512i av = _mm512_set1_epi32(pk_load_i32(pa + (size_t)i * lda + 4 * q));
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], w0, av);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], w1, av);
         }
     }
     const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
@@ -285,31 +272,23 @@ Z_INLINE void z_gemm_tile(const int MR, const int Q8, const pk_lhs *lhs, int i0,
             const int nv = nvalid - 16 * j;
             if (nv <= 0) break;
             const __mmask16 sm = nv >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nv) - 1);
-            __m512 v;
-            if (!Q8) {   /* scale * (acc - zp * R), in the scalar kernel's order */
-                const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_load_ps(rs + 16 * j));
-                v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(f[i][j], t));
-            } else {     /* (scale * s) * (float)(D - zp * isum): bit-exact with the scalar */
-                const __m512i d = _mm512_sub_epi32(acc[i][j], _mm512_mullo_epi32(_mm512_set1_epi32(lhs->zp[ii]),
-                                                                                  _mm512_load_si512(isum + 16 * j)));
-                const __m512 ss = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_load_ps(rs + 16 * j));
-                v = _mm512_mul_ps(ss, _mm512_cvtepi32_ps(d));
-            }
+            const __m512i d = _mm512_sub_epi32(acc[i][j], _mm512_mullo_epi32(_mm512_set1_epi32(lhs->zp[ii]),
+                                                                              _mm512_load_si512(isum + 16 * j)));
+            const __m512 ss = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_load_ps(ws + 16 * j));
+            __m512 v = _mm512_mul_ps(ss, _mm512_cvtepi32_ps(d));
             v = _mm512_min_ps(vhi, _mm512_max_ps(vlo, v));   /* NaN passes through, as in pk_clampf */
             _mm512_mask_storeu_ps(dst + (size_t)ii * ldd + 16 * j, sm, v);
         }
     }
 }
 
-Z_TARGET static void z_gemm_panel(const int Q8, int m, const pk_lhs *lhs, const int8_t *a, size_t lda,
-                                  const int32_t *corr, int nbc, int nbk, int qpb, const uint8_t *panel,
-                                  const float *spanel, const float *rs, const int32_t *isum, int nvalid,
-                                  float *dst, size_t ldd, float lo, float hi) {
+Z_TARGET static void z_gemm_q8_panel(int m, const pk_lhs *lhs, const int8_t *a, size_t lda, const int32_t *corr,
+                                     int nq, const uint8_t *panel, const float *ws, const int32_t *isum,
+                                     int nvalid, float *dst, size_t ldd, float lo, float hi) {
     int i0 = 0;
-    for (; i0 + ZMR <= m; i0 += ZMR)
-        z_gemm_tile(ZMR, Q8, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi);
+    for (; i0 + ZMR <= m; i0 += ZMR) z_gemm_q8_tile(ZMR, lhs, i0, a, lda, corr, nq, panel, ws, isum, nvalid, dst, ldd, lo, hi);
     switch (m - i0) {
-#define Z_TAIL(R) case R: z_gemm_tile(R, Q8, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi); break;
+#define Z_TAIL(R) case R: z_gemm_q8_tile(R, lhs, i0, a, lda, corr, nq, panel, ws, isum, nvalid, dst, ldd, lo, hi); break;
     Z_TAIL(1) Z_TAIL(2) Z_TAIL(3) Z_TAIL(4) Z_TAIL(5)
 #undef Z_TAIL
     default: break;
@@ -332,8 +311,8 @@ Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, cons
     int32_t *isum = (int32_t *)(ws + ZNR);
     for (int np = n0; np < n1; np += ZNR) {
         z_pack_q8_panel(rhs, packed, np, n1, kp, panel, ws, isum, 0x80);
-        z_gemm_panel(1, m, lhs, a, lda, corr, 1, 1, kp / 4, panel, NULL, ws, isum,
-                     n1 - np < ZNR ? n1 - np : ZNR, dst + np, ldd, lo, hi);
+        z_gemm_q8_panel(m, lhs, a, lda, corr, kp / 4, panel, ws, isum, n1 - np < ZNR ? n1 - np : ZNR,
+                        dst + np, ldd, lo, hi);
     }
 }
 
