@@ -241,15 +241,18 @@ int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void 
         rhs->rsum = malloc(sizeof(float) * (size_t)n);
         if (!rhs->rsum) return fail("out of memory");
         const int nb = k / bl;
-        int8_t pair_sum[256];   /* byte -> sum of its two sign-extended nibbles */
-        for (int v = 0; v < 256; v++) pair_sum[v] = (int8_t)((((v & 15) ^ 8) - 8) + (((v >> 4) ^ 8) - 8));
         for (int r = 0; r < n; r++) {
             const uint8_t *row = rhs->qs + (size_t)r * (k / 2);
             const uint16_t *s = (const uint16_t *)scales + (size_t)r * nb;
             float acc = 0.0f;
             for (int b = 0; b < nb; b++) {
+                /* sum of sign-extended nibbles: x - 16 * (x >= 8) per nibble, written so that the
+                 * compiler vectorizes it (a table lookup per byte made loading a 1B model slow) */
                 int isum = 0;
-                for (int j = b * bl / 2; j < (b + 1) * bl / 2; j++) isum += pair_sum[row[j]];
+                for (int j = b * bl / 2; j < (b + 1) * bl / 2; j++) {
+                    const int v = row[j];
+                    isum += (v & 15) + (v >> 4) - ((v & 8) << 1) - ((v >> 3) & 16);
+                }
                 acc += pk_bf16_to_f32(s[b]) * (float)isum;
             }
             rhs->rsum[r] = acc;
