@@ -531,18 +531,14 @@ static int plan_parts(matmul_job *job, int count, const pk_rhs *const *rhs, floa
     return 0;
 }
 
-static int run_parts(pk_ctx *ctx, matmul_job *job) {
-    pk_pool_run(ctx->pool, run_kernel, job);
-    return 0;
-}
-
 int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs, float *dst, size_t ldd,
                   float clamp_lo, float clamp_hi, const pk_kernel *kern) {
     if (lhs->k != rhs->k) return fail("activation K=%d does not match weight K=%d", lhs->k, rhs->k);
     if (lhs->m <= 0) return 0;
     matmul_job job = {.lhs = lhs, .lo = clamp_lo, .hi = clamp_hi};
     if (plan_parts(&job, 1, &rhs, &dst, &ldd, kern, pk_pool_size(ctx->pool))) return -1;
-    return run_parts(ctx, &job);
+    pk_pool_run(ctx->pool, run_kernel, &job);
+    return 0;
 }
 
 static int grow(void **p, size_t *cap, size_t bytes) {
@@ -559,8 +555,6 @@ int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m,
     if (m <= 0) return 0;
     if (count < 1 || count > PK_MAX_PARTS) return fail("a matmul call takes 1 to %d weights, not %d", PK_MAX_PARTS, count);
     const int k = rhs[0]->k, planes = ctx->planes, rows = planes * m;
-    size_t n_all = 0;
-    for (int i = 0; i < count; i++) n_all += (size_t)rhs[i]->n;
     const size_t ld = ((size_t)k + 63) & ~(size_t)63;
     if (grow((void **)&ctx->q, &ctx->cap_q, ld * (size_t)rows) ||
         grow((void **)&ctx->scale, &ctx->cap_scale, sizeof(float) * (size_t)rows) ||
@@ -568,37 +562,36 @@ int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m,
         return -1;
     pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp};
     matmul_job job = {.lhs = &lhs, .lo = clamp_lo, .hi = clamp_hi, .x = x, .ldx = ldx, .q = ctx->q};
-    float *pdst[PK_MAX_PARTS];
-    size_t pldd[PK_MAX_PARTS];
+    if (plan_parts(&job, count, rhs, dst, ldd, kern, pk_pool_size(ctx->pool))) return -1;
     if (planes == 2) {
-        if (grow((void **)&ctx->resid, &ctx->cap_resid, sizeof(float) * (size_t)k * pk_pool_size(ctx->pool)) ||
-            grow((void **)&ctx->dst2, &ctx->cap_dst2, sizeof(float) * (size_t)rows * n_all))
+        if (grow((void **)&ctx->resid, &ctx->cap_resid, sizeof(float) * (size_t)k * pk_pool_size(ctx->pool)))
             return -1;
         job.resid = ctx->resid;
-        /* plane products of weight i: rows 2t, 2t+1 of its own [2m, n_i] block of dst2 */
+        job.out_lo = clamp_lo;
+        job.out_hi = clamp_hi;
+        /* kernels without run_pairs write the plane products (rows 2t, 2t+1) into their own
+         * [2m, n_i] block of dst2, unclamped; run_part adds them into the caller's rows */
+        size_t n_buf = 0;
+        for (int i = 0; i < count; i++)
+            if (!job.part[i].kern->run_pairs) n_buf += (size_t)rhs[i]->n;
+        if (n_buf && grow((void **)&ctx->dst2, &ctx->cap_dst2, sizeof(float) * (size_t)rows * n_buf)) return -1;
         float *d2 = ctx->dst2;
         for (int i = 0; i < count; i++) {
-            pdst[i] = d2;
-            pldd[i] = (size_t)rhs[i]->n;
+            mm_part *pt = &job.part[i];
+            pt->out = dst[i];
+            pt->ldo = ldd[i];
+            if (pt->kern->run_pairs) continue;
+            pt->dst = d2;
+            pt->ldd = (size_t)rhs[i]->n;
             d2 += (size_t)rows * rhs[i]->n;
         }
         job.lo = -INFINITY;
         job.hi = INFINITY;
-    } else {
-        for (int i = 0; i < count; i++) { pdst[i] = dst[i]; pldd[i] = ldd[i]; }
-    }
-    if (plan_parts(&job, count, rhs, pdst, pldd, kern, pk_pool_size(ctx->pool))) return -1;
-    if (planes == 2) {
-        job.out_lo = clamp_lo;
-        job.out_hi = clamp_hi;
-        for (int i = 0; i < count; i++) {
-            job.part[i].out = dst[i];
-            job.part[i].ldo = ldd[i];
-        }
     }
     if (m == 1) run_quantize(&job, 0, 1);
     else pk_pool_run(ctx->pool, run_quantize, &job);
-    return run_parts(ctx, &job);
+    pk_pool_run(ctx->pool, run_kernel, &job);
+    return 0;
 }
 
 int pk_matmul_f32(pk_ctx *ctx, const pk_rhs *rhs, int m, const float *x, size_t ldx, float *dst,
