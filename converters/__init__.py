@@ -17,7 +17,8 @@ __all__ = ["ConversionError", "ConversionResult", "convert", "DEFAULT_EMBEDDING_
 
 def convert(hf_dir, out_path, group_size: int = 32,
             embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
-            force: bool = False, progress: bool = False, imatrix=None) -> ConversionResult:
+            force: bool = False, progress: bool = False, imatrix=None,
+            norm_weighting: bool = True) -> ConversionResult:
     """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
     model, into a pyklei GGUF at out_path (written atomically).
 
@@ -28,6 +29,9 @@ def convert(hf_dir, out_path, group_size: int = 32,
         names; FMT in q4, q8, f16, bf16, f32; the first matching pattern wins.
     imatrix: importance per input channel ({GGUF name: float [K]} or an .npz path from
         `pyklei imatrix`): each qsi4c32 block's scale minimises the importance-weighted error.
+    norm_weighting: without a measured imatrix for a weight, weigh the error of each input
+        channel of q/k/v, gate/up and the lm_head by the squared gain of the RMSNorm before
+        it (data-free; see core.norm_gain_importance). False: plain squared error.
     Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
     """
     src_path = Path(hf_dir)
@@ -46,7 +50,8 @@ def convert(hf_dir, out_path, group_size: int = 32,
         src = hf_source(src_path, name)
     try:
         return write_model(src, out_path, group_size=group_size, embedding_bits=embedding_bits,
-                           keep=keep, name=name, force=force, progress=progress, imatrix=imatrix)
+                           keep=keep, name=name, force=force, progress=progress, imatrix=imatrix,
+                           norm_weighting=norm_weighting)
     finally:
         if src.close:
             src.close()

@@ -33,6 +33,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imatrix", metavar="FILE.npz",
                    help="importance matrix from `pyklei imatrix` (mean squared activation per "
                         "input channel): 4-bit scales then minimise the layer's output error")
+    p.add_argument("--no-norm-weighting", action="store_true",
+                   help="plain squared error for 4-bit scales (default: inputs of q/k/v, gate/up "
+                        "and the lm_head weighted by the squared gain of the RMSNorm before them)")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -56,7 +59,8 @@ def run_convert(args) -> int:
         result = convert(args.input, args.output, group_size=args.group_size,
                          embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
                          force=args.force, progress=not args.no_progress,
-                         imatrix=getattr(args, "imatrix", None))
+                         imatrix=getattr(args, "imatrix", None),
+                         norm_weighting=not getattr(args, "no_norm_weighting", False))
     except ConversionError as e:
         print(f"pyklei convert: error: {e}", file=sys.stderr)
         return 2

@@ -341,6 +341,47 @@ def test_keep_patterns(tiny_bpe, tmp_path):
     assert leftovers(tmp_path) == ["m.gguf"]
 
 
+def test_norm_gain_weighting(tmp_path):
+    """Default 4-bit scales weigh input channel c of q/k/v, gate/up and the tied lm_head by the
+    squared gain of the RMSNorm before it: that weighted error is lower than plain rounding's,
+    the weights after no norm (o, down) are byte-identical, and the option turns it off."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    d = make_tiny_llama(tmp_path / "hf", seed=3)
+    sd = load_file(str(d / "model.safetensors"))
+    g = torch.Generator().manual_seed(7)
+    for k in sd:
+        if k.endswith("norm.weight"):   # gains spread over ~2 decades, as in real models
+            sd[k] = torch.exp(1.2 * torch.randn(sd[k].shape, generator=g)).to(sd[k].dtype)
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    hf = hf_tensors(d)
+    on, off = read_model(convert(d, tmp_path / "on.gguf", embedding_bits=4).path), \
+        read_model(convert(d, tmp_path / "off.gguf", embedding_bits=4, norm_weighting=False).path)
+    norm_of = {"attn_q": "input_layernorm", "attn_k": "input_layernorm", "attn_v": "input_layernorm",
+               "ffn_gate": "post_attention_layernorm", "ffn_up": "post_attention_layernorm"}
+    n_weighted = 0
+    for name, t in on.tensors.items():
+        if t.format != "qsi4c32":
+            continue
+        parts = name.split(".")
+        if name == K.TOKEN_EMBD:
+            gain = hf["model.norm.weight"]
+        elif parts[2] in norm_of:
+            gain = hf[f"model.layers.{parts[1]}.{norm_of[parts[2]]}.weight"]
+        else:
+            assert np.array_equal(on.tensor(name).dequantize(), off.tensor(name).dequantize()), name
+            continue
+        ref = hf[hf_name(name)]
+        if parts[-2] in ("attn_q", "attn_k"):   # rows stored in llama.cpp's order
+            ref = permute_qk(ref, on.hparams.n_head if parts[-2] == "attn_q" else on.hparams.n_head_kv)
+        w_on, w_off = on.tensor(name).dequantize(), off.tensor(name).dequantize()
+        err = lambda w: float((np.square(w - ref) * np.square(gain)[None, :]).sum())
+        assert err(w_on) < 0.97 * err(w_off), (name, err(w_on), err(w_off))
+        n_weighted += 1
+    assert n_weighted == 2 * 5 + 1
+    check_against_hf(on, hf)
+
+
 def _reshard(src: Path, dst: Path, n_shards: int = 2):
     """Copy a single-file checkpoint into a sharded one (with model.safetensors.index.json)."""
     from safetensors.torch import load_file as load_pt
@@ -516,6 +557,10 @@ def test_cli(tiny_bpe, tmp_path, capsys):
     assert mf.metadata["general.name"] == "tiny" and mf.layer(0, "attn_q").format == "qsi8cx"
     assert cli_main([str(tiny_bpe), "-o", str(out), "--no-progress"]) == 2
     assert "exists" in capsys.readouterr().err
+    plain = tmp_path / "plain.gguf"   # --no-norm-weighting: the same bytes as the Python API's
+    assert cli_main([str(tiny_bpe), "-o", str(plain), "--no-norm-weighting", "--no-progress"]) == 0
+    convert(tiny_bpe, tmp_path / "plain2.gguf", norm_weighting=False)
+    assert plain.read_bytes() == (tmp_path / "plain2.gguf").read_bytes()
 
 
 def test_read_model_rejects(tmp_path, tiny_bpe, smollm2_gguf_path, monkeypatch):
