@@ -157,10 +157,16 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
     work.mkdir(parents=True, exist_ok=True)
     models = {}
 
-    def pyklei_convert(out, **kw):
-        if not out.exists():
-            convert(hf_dir, out, progress=False, **kw)
+    def pyklei_convert(out, any_version=False, **kw):
+        if not out.exists() or not (any_version or current(out)):
+            convert(hf_dir, out, progress=False, force=True, **kw)
         return out
+
+    def current(path):   # made by this converter version (older files load, but measure old choices)
+        from pyklei.converters.core import CONVERTER_VERSION
+        from pyklei.formats import gguf_keys as K
+        from pyklei.formats.gguf_reader import read_gguf_metadata
+        return read_gguf_metadata(path, prefixes=(K.KEY_CONVERTER_VERSION,)).get(K.KEY_CONVERTER_VERSION) == CONVERTER_VERSION
 
     from pyklei.converters import ConversionError
     for gs in group_sizes:
@@ -170,7 +176,7 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
             print(f"skipping group size {gs}: {e}", file=sys.stderr)
     # calibrated: importance matrix measured on an 8-bit draft (what `pyklei convert --calibrate` does)
     cal = work / f"{tag}-q4-g32-imatrix.gguf"
-    if imatrix and not cal.exists():
+    if imatrix and not (cal.exists() and current(cal)):
         from pyklei.imatrix import collect_imatrix, default_calibration_text
         from pyklei.llm import LLM
         draft = pyklei_convert(work / f"{tag}-q8-draft.gguf", keep=["*=q8"])
@@ -181,7 +187,7 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
         pyklei_convert(cal, imatrix=imat)
     if imatrix:
         models["pyklei q4 g32 +imatrix"] = ("pyklei", cal)
-    f16 = pyklei_convert(work / f"{tag}-f16-pyklei.gguf", keep=["*=f16"], embedding_bits=16)
+    f16 = pyklei_convert(work / f"{tag}-f16-pyklei.gguf", any_version=True, keep=["*=f16"], embedding_bits=16)
     lc16 = llamacpp_f16(f16, work / f"{tag}-f16-llamacpp.gguf")
     models["llama.cpp Q4_0"] = ("llamacpp", llamacpp_quantize(lc16, work / f"{tag}-Q4_0.gguf", "Q4_0"))
     models["llama.cpp Q8_0"] = ("llamacpp", llamacpp_quantize(lc16, work / f"{tag}-Q8_0.gguf", "Q8_0"))

@@ -18,12 +18,12 @@ __all__ = ["ConversionError", "ConversionResult", "convert", "DEFAULT_EMBEDDING_
 def convert(hf_dir, out_path, group_size: int = 32,
             embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
             force: bool = False, progress: bool = False, imatrix=None,
-            norm_weighting: bool = True) -> ConversionResult:
+            norm_weighting: bool = False) -> ConversionResult:
     """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
     model, into a pyklei GGUF at out_path (written atomically).
 
     group_size: qsi4c32 block length (32, 64, 128, 256).
-    embedding_bits: 4 (qsi4c32), 8 (qsi8cx, default) or 16 (f16) for token_embd.weight and,
+    embedding_bits: 4 (qsi4c32), 6 (qsi6c32, default), 8 (qsi8cx) or 16 (f16) for token_embd.weight and,
         if the model is untied, output.weight.
     keep: ["PATTERN=FMT", ...] or {PATTERN: FMT}: fnmatch patterns over GGUF (or HF) tensor
         names; FMT in q4, q8, f16, bf16, f32; the first matching pattern wins.
@@ -31,7 +31,7 @@ def convert(hf_dir, out_path, group_size: int = 32,
         `pyklei imatrix`): each qsi4c32 block's scale minimises the importance-weighted error.
     norm_weighting: without a measured imatrix for a weight, weigh the error of each input
         channel of q/k/v, gate/up and the lm_head by the squared gain of the RMSNorm before
-        it (data-free; see core.norm_gain_importance). False: plain squared error.
+        it (data-free; see core.norm_gain_importance). Default False: plain squared error.
     Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
     """
     src_path = Path(hf_dir)

@@ -23,9 +23,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128, 256),
                    help="qsi4c32 block length along K (default 32: 4.5 bits per weight)")
     p.add_argument("--embedding-bits", type=int, default=DEFAULT_EMBEDDING_BITS,
-                   choices=(4, 8, 16),
+                   choices=(4, 6, 8, 16),
                    help="precision of token_embd (the tied lm_head) and output.weight: "
-                        "4 = qsi4c32, 8 = qsi8cx, 16 = f16 (default %(default)s)")
+                        "4 = qsi4c32, 6 = qsi6c32, 8 = qsi8cx, 16 = f16 (default %(default)s)")
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=FMT",
                    help=f"store tensors whose GGUF or HF name matches the glob PATTERN in FMT "
                         f"({', '.join(FORMATS)}), e.g. 'blk.*.ffn_down.weight=q8'; repeatable, "
@@ -33,9 +33,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imatrix", metavar="FILE.npz",
                    help="importance matrix from `pyklei imatrix` (mean squared activation per "
                         "input channel): 4-bit scales then minimise the layer's output error")
-    p.add_argument("--no-norm-weighting", action="store_true",
-                   help="plain squared error for 4-bit scales (default: inputs of q/k/v, gate/up "
-                        "and the lm_head weighted by the squared gain of the RMSNorm before them)")
+    p.add_argument("--norm-weighting", action="store_true",
+                   help="4-bit / 6-bit scales weigh each input channel of q/k/v, gate/up and the "
+                        "lm_head by the squared gain of the RMSNorm before it (data-free; small "
+                        "gain, see docs/FORMAT.md); default: plain squared error")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -60,7 +61,7 @@ def run_convert(args) -> int:
                          embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
                          force=args.force, progress=not args.no_progress,
                          imatrix=getattr(args, "imatrix", None),
-                         norm_weighting=not getattr(args, "no_norm_weighting", False))
+                         norm_weighting=getattr(args, "norm_weighting", False))
     except ConversionError as e:
         print(f"pyklei convert: error: {e}", file=sys.stderr)
         return 2

@@ -538,9 +538,9 @@ def cmd_bench(args) -> int:
             report["params"] = sum(math.prod(t.shape) for t in model.file.tensors.values())
             report["name"] = model.file.metadata.get("general.name")
             report["kernels"] = {
-                "decode": {f: selected_kernel(f, planes) for f in ("qsi4c32", "qsi8cx")},
+                "decode": {f: selected_kernel(f, planes) for f in ("qsi4c32", "qsi6c32", "qsi8cx")},
                 "prefill": {f: selected_kernel(f, planes * args.batch_size)
-                            for f in ("qsi4c32", "qsi8cx")}}
+                            for f in ("qsi4c32", "qsi6c32", "qsi8cx")}}
         rng = np.random.default_rng(args.seed)
         normal = np.nonzero(np.asarray(llm.tokenizer.token_types) == 1)[0]
         pool = normal if normal.size else np.arange(model.vocab_size)

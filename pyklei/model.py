@@ -80,10 +80,12 @@ def physical_cores() -> int:
 def _qweight(t: Tensor) -> _ext.QWeight:
     if t.format == "qsi4c32":
         return _ext.QWeight("qsi4c32", t.qs, t.scales, t.block_size)
+    if t.format == "qsi6c32":
+        return _ext.QWeight("qsi6c32", t.qs, t.scales, 32)
     if t.format == "qsi8cx":
         return _ext.QWeight("qsi8cx", t.qs, t.scales)
-    raise ModelFileError(f"{t.name} is stored as {t.format}; linear weights must be qsi4c32 or "
-                         f"qsi8cx (re-convert the model)")
+    raise ModelFileError(f"{t.name} is stored as {t.format}; linear weights must be qsi4c32, "
+                         f"qsi6c32 or qsi8cx (re-convert the model)")
 
 
 class Model:
@@ -110,13 +112,13 @@ class Model:
 
         self.released_bytes = 0
         emb = self.file.tensor("token_embd.weight")
-        if emb.format in ("qsi4c32", "qsi8cx"):
+        if emb.format in ("qsi4c32", "qsi6c32", "qsi8cx"):
             emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size or 0)
         else:
             emb_spec = (emb.format, emb.data, None, 0)
         # The output weight first: it is the largest, and packing holds one weight twice.
         out = self.file.output
-        if out.format in ("qsi4c32", "qsi8cx"):
+        if out.format in ("qsi4c32", "qsi6c32", "qsi8cx"):
             self.lm_head = _qweight(out)
             self._release_mapped_pages(self.lm_head, out)
         else:

@@ -15,6 +15,7 @@ cdef extern from "ops/pk_matmul.h":
     ctypedef enum pk_format:
         PK_FMT_QSI4C32
         PK_FMT_QSI8CX
+        PK_FMT_QSI6C32
     ctypedef struct pk_lhs:
         int m, k
         const int8_t *q
@@ -66,8 +67,8 @@ cdef extern from "ops/pk_matmul.h":
 cdef extern from "<math.h>":
     float INFINITY
 
-FORMATS = {"qsi4c32": PK_FMT_QSI4C32, "qsi8cx": PK_FMT_QSI8CX}
-_FORMAT_NAMES = {PK_FMT_QSI4C32: "qsi4c32", PK_FMT_QSI8CX: "qsi8cx"}
+FORMATS = {"qsi4c32": PK_FMT_QSI4C32, "qsi6c32": PK_FMT_QSI6C32, "qsi8cx": PK_FMT_QSI8CX}
+_FORMAT_NAMES = {PK_FMT_QSI4C32: "qsi4c32", PK_FMT_QSI6C32: "qsi6c32", PK_FMT_QSI8CX: "qsi8cx"}
 
 
 class KernelError(RuntimeError):
@@ -199,6 +200,17 @@ cdef class QWeight:
             if s4.shape[0] != n or s4.shape[1] * block_size != k:
                 raise ValueError(f"qsi4c32 scales shape {tuple(s4.shape)} does not match "
                                  f"[{n}, {k}] with block size {block_size}")
+            sp = &s4[0, 0]
+            self._scales = s4
+        elif fmt == "qsi6c32":
+            qv = np.ascontiguousarray(qs, dtype=np.uint8)
+            s4 = np.ascontiguousarray(scales, dtype=np.uint16)
+            if qv.shape[1] % 24:
+                raise ValueError(f"qsi6c32 rows must be whole 24-byte chunks, got {qv.shape[1]} bytes")
+            n, k = qv.shape[0], qv.shape[1] // 3 * 4
+            if block_size != 32 or s4.shape[0] != n or s4.shape[1] * 32 != k:
+                raise ValueError(f"qsi6c32 scales shape {tuple(s4.shape)} does not match "
+                                 f"[{n}, {k}] with block size 32 (got block size {block_size})")
             sp = &s4[0, 0]
             self._scales = s4
         else:
@@ -344,6 +356,7 @@ cdef extern from "ops/pk_nn.h":
         PK_T_BF16
         PK_T_QSI4C32
         PK_T_QSI8CX
+        PK_T_QSI6C32
     ctypedef struct pk_tensor:
         pk_dtype type
         int n, k, bl
@@ -386,7 +399,7 @@ cdef extern from "model/pk_llama.h":
 from libc.stdlib cimport calloc, free
 
 _DTYPES = {"f32": PK_T_F32, "f16": PK_T_F16, "bf16": PK_T_BF16, "qsi4c32": PK_T_QSI4C32,
-           "qsi8cx": PK_T_QSI8CX}
+           "qsi6c32": PK_T_QSI6C32, "qsi8cx": PK_T_QSI8CX}
 
 
 cdef const float *_f32_ptr(object arr, list keep, Py_ssize_t n, str what) except NULL:

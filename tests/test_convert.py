@@ -87,6 +87,14 @@ def check_tensor(x: np.ndarray, t, name: str) -> float:
         assert rel < 0.15, (name, rel)
         return rel
     y = t.dequantize()
+    if t.format == "qsi6c32":   # within half a step wherever not clipped to [-32, 31]
+        sf = bf16_to_f32(t.scales).repeat(32, axis=1)
+        q = np.rint(y / np.where(sf > 0, sf, 1))
+        inside = (q > -32) & (q < 31)
+        assert np.all(np.abs(x - y)[inside] <= sf[inside] / 2 * (1 + 1e-6) + EPS * np.abs(x)[inside]), name
+        rel = float(np.sqrt(((x - y) ** 2).sum() / max((x ** 2).sum(), 1e-30)))
+        assert rel < 0.03, (name, rel)
+        return rel
     if t.format == "qsi8cx":
         s = t.scales[:, None]
         assert (np.abs(x - y) <= s / 2 + EPS * (np.abs(x) + np.abs(y))).all(), name
@@ -245,15 +253,15 @@ def test_tiny_bpe_tied(tiny_bpe, tmp_path):
     assert md[K.ROPE_SCALING_TYPE] == "llama3" and md[K.ROPE_SCALING_FACTOR] == 32.0
     np.testing.assert_array_equal(mf.tensor(K.ROPE_FREQS).data,
                                   llama3_rope_factors(64, 500000.0, 32, 1, 4, 8192))
-    # formats: linears qsi4c32, tied embedding qsi8cx (default 8 bits), norms f32
-    assert mf.tensor(K.TOKEN_EMBD).format == "qsi8cx"
+    # formats: linears qsi4c32, tied embedding qsi6c32 (default 6 bits), norms f32
+    assert mf.tensor(K.TOKEN_EMBD).format == "qsi6c32"
     assert mf.output is mf.tensor(K.TOKEN_EMBD)
     assert {mf.layer(i, p).format for i in range(2) for p in K.BLOCK_LINEARS} == {"qsi4c32"}
     assert {mf.layer(i, p).format for i in range(2) for p in K.BLOCK_NORMS} == {"f32"}
     errs = check_against_hf(mf, hf_tensors(tiny_bpe))
     assert max(errs[K.blk(0, "attn_q")], errs[K.blk(1, "ffn_down")]) < 0.12
     # summary figures
-    assert res.by_format() == {"q4": 14, "q8": 1, "f32": 6}
+    assert res.by_format() == {"q4": 14, "q6": 1, "f32": 6}
     assert res.bits_per_weight(("q4",)) == pytest.approx(4.5)
     assert res.file_size == out.stat().st_size
     assert "bits per weight" in res.summary() and "relative RMSE" in res.summary()
@@ -321,6 +329,19 @@ def test_group_sizes_and_4bit_embedding(tiny_bpe, tmp_path, gs):
     assert res.bits_per_weight(("q4",)) == pytest.approx(4 + 16 / gs)
 
 
+@pytest.mark.parametrize("fixture", ["tiny_bpe", "tiny_spm"])
+def test_6bit_embedding(fixture, tmp_path, request):
+    """--embedding-bits 6: token_embd (and the untied output.weight) as qsi6c32, 6.5 bits."""
+    src = request.getfixturevalue(fixture)
+    res = convert(src, tmp_path / "m.gguf", embedding_bits=6)
+    mf = read_model(res.path)
+    outs = [K.TOKEN_EMBD] + ([] if mf.hparams.tied else [K.OUTPUT])
+    assert all(mf.tensor(n).format == "qsi6c32" for n in outs)
+    assert mf.tensor(K.TOKEN_EMBD).qs.shape == (mf.hparams.vocab_size, mf.hparams.n_embd // 32 * 24)
+    check_against_hf(mf, hf_tensors(src))
+    assert res.bits_per_weight(("q6",)) == pytest.approx(6.5)
+
+
 def test_keep_patterns(tiny_bpe, tmp_path):
     out = tmp_path / "m.gguf"
     res = convert(tiny_bpe, out, keep=["blk.*.ffn_down.weight=q8", "*.self_attn.v_proj.weight=f16",
@@ -342,9 +363,9 @@ def test_keep_patterns(tiny_bpe, tmp_path):
 
 
 def test_norm_gain_weighting(tmp_path):
-    """Default 4-bit scales weigh input channel c of q/k/v, gate/up and the tied lm_head by the
-    squared gain of the RMSNorm before it: that weighted error is lower than plain rounding's,
-    the weights after no norm (o, down) are byte-identical, and the option turns it off."""
+    """norm_weighting=True: 4-bit scales weigh input channel c of q/k/v, gate/up and the tied
+    lm_head by the squared gain of the RMSNorm before it: that weighted error is lower than
+    plain rounding's (the default), the weights after no norm (o, down) are byte-identical."""
     import torch
     from safetensors.torch import load_file, save_file
     d = make_tiny_llama(tmp_path / "hf", seed=3)
@@ -355,8 +376,8 @@ def test_norm_gain_weighting(tmp_path):
             sd[k] = torch.exp(1.2 * torch.randn(sd[k].shape, generator=g)).to(sd[k].dtype)
     save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
     hf = hf_tensors(d)
-    on, off = read_model(convert(d, tmp_path / "on.gguf", embedding_bits=4).path), \
-        read_model(convert(d, tmp_path / "off.gguf", embedding_bits=4, norm_weighting=False).path)
+    on, off = read_model(convert(d, tmp_path / "on.gguf", embedding_bits=4, norm_weighting=True).path), \
+        read_model(convert(d, tmp_path / "off.gguf", embedding_bits=4).path)
     norm_of = {"attn_q": "input_layernorm", "attn_k": "input_layernorm", "attn_v": "input_layernorm",
                "ffn_gate": "post_attention_layernorm", "ffn_up": "post_attention_layernorm"}
     n_weighted = 0
@@ -417,7 +438,7 @@ def test_f32_f16_checkpoints(tmp_path, dtype):
     out = tmp_path / "m.gguf"
     convert(d, out)
     mf = read_model(out)
-    assert mf.tensor(K.OUTPUT).format == "qsi8cx"
+    assert mf.tensor(K.OUTPUT).format == "qsi6c32"
     check_against_hf(mf, hf_tensors(d))
 
 
@@ -557,10 +578,12 @@ def test_cli(tiny_bpe, tmp_path, capsys):
     assert mf.metadata["general.name"] == "tiny" and mf.layer(0, "attn_q").format == "qsi8cx"
     assert cli_main([str(tiny_bpe), "-o", str(out), "--no-progress"]) == 2
     assert "exists" in capsys.readouterr().err
-    plain = tmp_path / "plain.gguf"   # --no-norm-weighting: the same bytes as the Python API's
-    assert cli_main([str(tiny_bpe), "-o", str(plain), "--no-norm-weighting", "--no-progress"]) == 0
-    convert(tiny_bpe, tmp_path / "plain2.gguf", norm_weighting=False)
-    assert plain.read_bytes() == (tmp_path / "plain2.gguf").read_bytes()
+    nw = tmp_path / "nw.gguf"   # --norm-weighting: the same bytes as the Python API's
+    assert cli_main([str(tiny_bpe), "-o", str(nw), "--norm-weighting", "--no-progress"]) == 0
+    convert(tiny_bpe, tmp_path / "nw2.gguf", norm_weighting=True)
+    assert nw.read_bytes() == (tmp_path / "nw2.gguf").read_bytes()
+    convert(tiny_bpe, tmp_path / "plain.gguf")
+    assert nw.read_bytes() != (tmp_path / "plain.gguf").read_bytes()   # the flag took effect
 
 
 def test_read_model_rejects(tmp_path, tiny_bpe, smollm2_gguf_path, monkeypatch):
@@ -753,4 +776,4 @@ def test_llama32_1b_random_peak_rss(tmp_path):
     assert peak_kb < 1.5 * 1024 * 1024
     mf = read_model(out)
     assert mf.hparams.n_layer == 16 and mf.hparams.vocab_size == 128256 and mf.hparams.has_rope_freqs
-    assert mf.tensor(K.TOKEN_EMBD).format == "qsi8cx" and mf.hparams.tied
+    assert mf.tensor(K.TOKEN_EMBD).format == "qsi6c32" and mf.hparams.tied

@@ -122,3 +122,37 @@ def test_importance_weighting_lowers_the_weighted_error():
     assert werr(weighted) < 0.9 * werr(plain)
     with pytest.raises(ValueError, match="importance"):
         quantize_qsi4c32(w, importance=np.ones(10))
+
+
+def test_qsi6c32_hand_made_bytes():
+    from pyklei.formats.qsi6c32 import pack_q6, unpack_q6
+    q = np.full((1, 32), -32, np.int8)               # u = q + 32 = 0 everywhere ...
+    q[0, 0], q[0, 1], q[0, 8], q[0, 16], q[0, 24] = -32, 31, 0, -1, 16   # u = 0, 63, 32, 31, 48
+    packed = pack_q6(q)
+    # bytes 0..15: low 4 bits of u, element j low nibble / element 16+j high nibble;
+    # bytes 16..23: byte 16+j = top 2 bits of elements j, j+8, j+16, j+24 (bits 0-1 ... 6-7)
+    assert packed.tobytes().hex() == "f00f" + "00" * 14 + "d803" + "00" * 6
+    assert np.array_equal(unpack_q6(packed), q)
+    q2 = np.random.default_rng(1).integers(-32, 32, (3, 96)).astype(np.int8)
+    assert np.array_equal(unpack_q6(pack_q6(q2)), q2)
+    with pytest.raises(ValueError, match=r"\[-32, 31\]"):
+        pack_q6(np.full((1, 32), 32, np.int8))
+
+
+def test_qsi6c32_round_trip_bound():
+    from pyklei.formats import dequantize_qsi6c32, quantize_qsi6c32
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((40, 256)) * rng.uniform(0.01, 2, (40, 1))).astype(np.float32)
+    qs, s = quantize_qsi6c32(w)
+    assert qs.shape == (40, 192) and s.shape == (40, 8)
+    d = dequantize_qsi6c32(qs, s)
+    sf = bf16_to_f32(s).repeat(32, axis=1)
+    q = np.rint(d / np.where(sf > 0, sf, 1))
+    inside = (q > -32) & (q < 31)                  # not clipped: within half a step
+    assert np.all(np.abs(w - d)[inside] <= sf[inside] / 2 * (1 + 1e-6))
+    # the search never does worse than absmax / 32 per block, and 6 bits beat 4 bits clearly
+    qs0, s0 = quantize_qsi6c32(w, search=False)
+    e = lambda a: ((a - w) ** 2).reshape(40, 8, 32).sum(-1)
+    assert np.all(e(d) <= e(dequantize_qsi6c32(qs0, s0)) * (1 + 1e-6))
+    q4 = dequantize_qsi4c32(*quantize_qsi4c32(w, 32))
+    assert e(d).sum() < 0.1 * e(q4).sum()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pyklei import _ext
-from pyklei.formats import (dequantize_qai8dx, dequantize_qsi4c32, quantize_qai8dx,
-                            quantize_qsi4c32)
+from pyklei.formats import (dequantize_qai8dx, dequantize_qsi4c32, dequantize_qsi6c32,
+                            quantize_qai8dx, quantize_qsi4c32, quantize_qsi6c32)
 
 
 def _q4(rng, n, k):
@@ -31,11 +31,16 @@ def _rms(x, w, eps):
 
 
 class TinyModel:
-    def __init__(self, seed=0, V=300, D=128, L=2, H=4, KV=2, HD=32, F=256, rope_freqs=None):
+    def __init__(self, seed=0, V=300, D=128, L=2, H=4, KV=2, HD=32, F=256, rope_freqs=None,
+                 emb_format="qsi4c32"):
         rng = np.random.default_rng(seed)
         self.dims = V, D, L, H, KV, HD, F
         self.rope_freqs = rope_freqs
+        self.emb_format = emb_format
         self.emb_qs, self.emb_s, self.emb = _q4(rng, V, D)
+        if emb_format == "qsi6c32":   # the tied embedding / lm_head at 6 bits
+            self.emb_qs, self.emb_s = quantize_qsi6c32(self.emb)
+            self.emb = dequantize_qsi6c32(self.emb_qs, self.emb_s)
         shapes = dict(wq=(H * HD, D), wk=(KV * HD, D), wv=(KV * HD, D), wo=(D, H * HD),
                       w_gate=(F, D), w_up=(F, D), w_down=(D, F))
         self.layers = []
@@ -58,8 +63,8 @@ class TinyModel:
             layers.append(d)
         hp = dict(n_vocab=V, n_embd=D, n_layer=L, n_head=H, n_head_kv=KV, head_dim=HD, n_ff=F,
                   rms_eps=1e-5, rope_theta=10000.0, n_ctx=n_ctx, n_batch=n_batch, kv_f16=kv_f16)
-        lm_head = _ext.QWeight("qsi4c32", self.emb_qs, self.emb_s, 32)
-        return _ext.LlamaRuntime(ops, hp, ("qsi4c32", self.emb_qs, self.emb_s, 32), lm_head,
+        lm_head = _ext.QWeight(self.emb_format, self.emb_qs, self.emb_s, 32)
+        return _ext.LlamaRuntime(ops, hp, (self.emb_format, self.emb_qs, self.emb_s, 32), lm_head,
                                  self.out_norm, self.rope_freqs, layers)
 
     def forward(self, toks, kv_f16=False):
@@ -98,10 +103,11 @@ class TinyModel:
         return _qmm(_rms(x, self.out_norm, 1e-5), self.emb)
 
 
+@pytest.mark.parametrize("emb_format", ["qsi4c32", "qsi6c32"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("kv_f16", [False, True])
-def test_prefill_decode_match_numpy(n_threads, kv_f16):
-    m = TinyModel(seed=n_threads)
+def test_prefill_decode_match_numpy(n_threads, kv_f16, emb_format):
+    m = TinyModel(seed=n_threads, emb_format=emb_format)
     toks = np.random.default_rng(5).integers(0, 300, 20)
     ref = m.forward(toks, kv_f16=kv_f16)
     rt = m.runtime(n_threads=n_threads, kv_f16=kv_f16)

@@ -28,9 +28,11 @@ from pyklei.formats import (
     quantize_qai8dx,
     quantize_qai8dx2,
     quantize_qsi4c32,
+    quantize_qsi6c32,
     quantize_qsi8cx,
     unpack_nibbles,
 )
+from pyklei.formats.qsi6c32 import dequantize_qsi6c32, pack_q6
 
 KERNELS = _ext.kernels()
 FEATURES = set(_ext.cpu_features())
@@ -42,15 +44,18 @@ SCALAR = {k["format"]: k["name"] for k in KERNELS if k["isa"] == "scalar"}
 U = 2.0 ** -24   # float32 unit roundoff
 
 
-def kernel_params(fmt):
+def kernel_params(*fmts):
+    """pytest params of every kernel of the formats: the kernel name (one format) or
+    (format, kernel name)."""
     out = []
     for k in KERNELS:
-        if k["format"] != fmt:
+        if k["format"] not in fmts:
             continue
         need = ISA_FEATURE.get(k["isa"], k["isa"])
         marks = [] if k["supported"] else [pytest.mark.skip(
             reason=f"{k['name']}: this CPU lacks {need} (has: {' '.join(sorted(FEATURES)) or 'baseline'})")]
-        out.append(pytest.param(k["name"], marks=marks, id=k["name"]))
+        values = (k["name"],) if len(fmts) == 1 else (k["format"], k["name"])
+        out.append(pytest.param(*values, marks=marks, id=k["name"]))
     return out
 
 
@@ -86,14 +91,16 @@ def make_case(fmt, idx, kind):
         w = _ext.QWeight(fmt, qw, ws)
         wdeq = qw.astype(np.float64) * ws.astype(np.float64)[:, None]
     else:
-        qw = rng.integers(-8, 8, (n, k)).astype(np.int8)
-        qs = pack_nibbles(qw)
+        q6 = fmt == "qsi6c32"
+        bl = 32 if q6 else bl
+        qw = rng.integers(-32, 32, (n, k)).astype(np.int8) if q6 else rng.integers(-8, 8, (n, k)).astype(np.int8)
+        qs = pack_q6(qw) if q6 else pack_nibbles(qw)
         if kind == "random":
             sc = f32_to_bf16(rng.uniform(1e-3, 0.1, (n, k // bl)).astype(np.float32))
         else:
             sc = np.full((n, k // bl), 0x3F80, np.uint16)   # bf16 1.0
         w = _ext.QWeight(fmt, qs, sc, bl)
-        wdeq = dequantize_qsi4c32(qs, sc).astype(np.float64)
+        wdeq = (dequantize_qsi6c32 if q6 else dequantize_qsi4c32)(qs, sc).astype(np.float64)
     qa = rng.integers(-128, 128, (m, k)).astype(np.int8)
     if kind == "random":
         scale = rng.uniform(1e-3, 0.1, m).astype(np.float32)
@@ -123,7 +130,7 @@ def tolerance(case):
     a float32 sum of at most nb + 24 roundings (nb = K/bl block terms, lane reductions,
     the zero-point term and the final products) is within (nb + 24) * u * T, u = 2**-24
     (the classical gamma_n bound, linear in the number of roundings)."""
-    nb = case["k"] // case["bl"] if case["w"].format == "qsi4c32" else 1
+    nb = case["k"] // case["bl"] if case["w"].format != "qsi8cx" else 1
     a = np.abs(case["qa"].astype(np.float64)) + np.abs(case["zp"])[:, None] + 256
     t = case["scale"].astype(np.float64)[:, None] * (a @ np.abs(case["wdeq"]).T)
     return (nb + 24) * U * t
@@ -142,11 +149,13 @@ def ops():
 
 @pytest.mark.parametrize("idx", range(len(SHAPES)), ids=[shape_id(s) for s in SHAPES])
 @pytest.mark.parametrize("kind", ["exact", "exact_zp"])
-@pytest.mark.parametrize("kernel", kernel_params("qsi4c32"))
-def test_qsi4c32_exact(ops, kernel, kind, idx):
-    c = make_case("qsi4c32", idx, kind)
-    # all partial sums are integers below 2**24 (|q_a + 128| * 8 * K <= 255 * 8 * 8192 < 2**24):
-    # every kernel is exact
+@pytest.mark.parametrize("fmt,kernel", kernel_params("qsi4c32", "qsi6c32"))
+def test_block_formats_exact(ops, fmt, kernel, kind, idx):
+    if fmt == "qsi6c32" and SHAPES[idx][2] > 1024:
+        pytest.skip("qsi6c32 partial sums are exact integers in float32 only up to K = 1024")
+    c = make_case(fmt, idx, kind)
+    # all partial sums are integers below 2**24: qsi4c32 |q_a + 128| * 8 * K <= 255 * 8 * 8192;
+    # qsi6c32 (u = q + 32 <= 63) 255 * 63 * 1024: every kernel is exact
     want = ((c["qa"].astype(np.int64) - c["zp"][:, None]) @ c["qw"].astype(np.int64).T).astype(np.float32)
     got = run(ops, c, kernel)
     np.testing.assert_array_equal(got, want)
@@ -166,14 +175,14 @@ def test_qsi8cx_exact(ops, kernel, kind, idx):
 # ---- (b) random cases ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("idx", range(len(SHAPES)), ids=[shape_id(s) for s in SHAPES])
-@pytest.mark.parametrize("kernel", kernel_params("qsi4c32"))
-def test_qsi4c32_random(ops, kernel, idx):
-    c = make_case("qsi4c32", idx, "random")
+@pytest.mark.parametrize("fmt,kernel", kernel_params("qsi4c32", "qsi6c32"))
+def test_block_formats_random(ops, fmt, kernel, idx):
+    c = make_case(fmt, idx, "random")
     got = run(ops, c, kernel).astype(np.float64)
     ref = reference(c)
     tol = tolerance(c)
     assert np.all(np.abs(got - ref) <= tol), f"max excess {np.max(np.abs(got - ref) - tol)}"
-    scal = run(ops, c, SCALAR["qsi4c32"]).astype(np.float64)
+    scal = run(ops, c, SCALAR[fmt]).astype(np.float64)
     assert np.all(np.abs(got - scal) <= 2 * tol)
 
 
@@ -208,7 +217,7 @@ def test_qsi4c32_float_path(ops, kernel, m, n, k, bl):
 
 # ---- (c) the output window and the clamp ----------------------------------------------------
 
-@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi8cx"])
+@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi6c32", "qsi8cx"])
 @pytest.mark.parametrize("idx", [0, 2, 5, 11, 15], ids=[shape_id(SHAPES[i]) for i in [0, 2, 5, 11, 15]])
 def test_output_window(ops, fmt, idx):
     c = make_case(fmt, idx, "random")
@@ -374,7 +383,7 @@ def test_reference_helpers_consistent():
 
 # ---- (g) one row, any M: decode equals prefill bit for bit ----------------------------------
 
-@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi8cx"])
+@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi6c32", "qsi8cx"])
 @pytest.mark.parametrize("activations", ["qai8dx", "qai8dx2"])
 def test_row_result_independent_of_m(fmt, activations):
     """A row's output must not depend on how many rows share the call: the runtime computes a
@@ -388,9 +397,9 @@ def test_row_result_independent_of_m(fmt, activations):
     rng = np.random.default_rng(7)
     n, k = 100, 576
     wf = rng.standard_normal((n, k)).astype(np.float32)
-    if fmt == "qsi4c32":
-        qs, sc = quantize_qsi4c32(wf, 32)
-        w = _ext.QWeight("qsi4c32", qs, sc, 32)
+    if fmt in ("qsi4c32", "qsi6c32"):
+        qs, sc = (quantize_qsi4c32(wf, 32) if fmt == "qsi4c32" else quantize_qsi6c32(wf))
+        w = _ext.QWeight(fmt, qs, sc, 32)
     else:
         qs, sc = quantize_qsi8cx(wf)
         w = _ext.QWeight("qsi8cx", qs, sc)
@@ -402,14 +411,16 @@ def test_row_result_independent_of_m(fmt, activations):
         np.testing.assert_array_equal(ops.matmul(w, x[-m:]), full[-m:], err_msg=f"m={m}")
 
 
+@pytest.mark.parametrize("fmt", ["qsi4c32", "qsi6c32"])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 9])
-def test_two_plane_sum_in_kernel(m):
+def test_two_plane_sum_in_kernel(m, fmt):
     """qai8dx2 through the dispatch (kernels with run_pairs sum the planes themselves) equals,
     bit for bit, the two plane products computed as plain rows and added in float32."""
     rng = np.random.default_rng(m)
     n, k = 70, 320
-    qs, sc = quantize_qsi4c32(rng.standard_normal((n, k)).astype(np.float32), 32)
-    w = _ext.QWeight("qsi4c32", qs, sc, 32)
+    wf = rng.standard_normal((n, k)).astype(np.float32)
+    qs, sc = quantize_qsi4c32(wf, 32) if fmt == "qsi4c32" else quantize_qsi6c32(wf)
+    w = _ext.QWeight(fmt, qs, sc, 32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[:, 5] *= 80.0
     q, s, z = quantize_qai8dx2(x)

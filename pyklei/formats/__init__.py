@@ -12,6 +12,7 @@ from .qsi4c32 import (
     quantize_qsi4c32,
     unpack_nibbles,
 )
+from .qsi6c32 import dequantize_qsi6c32, quantize_qsi6c32
 from .qsi8cx import dequantize_qsi8cx, quantize_qsi8cx
 
 __all__ = [
@@ -20,12 +21,14 @@ __all__ = [
     "dequantize_qai8dx",
     "dequantize_qai8dx2",
     "dequantize_qsi4c32",
+    "dequantize_qsi6c32",
     "dequantize_qsi8cx",
     "f32_to_bf16",
     "pack_nibbles",
     "quantize_qai8dx",
     "quantize_qai8dx2",
     "quantize_qsi4c32",
+    "quantize_qsi6c32",
     "quantize_qsi8cx",
     "unpack_nibbles",
 ]

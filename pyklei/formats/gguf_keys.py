@@ -23,7 +23,8 @@ SCALES_SUFFIX = ".scales"
 # native GGUF type (F32, F16, BF16).
 QSI4C32 = "qsi4c32"
 QSI8CX = "qsi8cx"
-PACKED_FORMATS = (QSI4C32, QSI8CX)
+QSI6C32 = "qsi6c32"
+PACKED_FORMATS = (QSI4C32, QSI6C32, QSI8CX)
 
 # llama.cpp metadata keys (a subset of gguf.Keys, spelled out so readers need no gguf import)
 GENERAL_ARCHITECTURE = "general.architecture"

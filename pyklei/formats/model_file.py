@@ -23,6 +23,7 @@ from . import gguf_keys as K
 from .bf16 import bf16_to_f32
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
 from .qsi4c32 import QSI4C32_BLOCK_SIZES, dequantize_qsi4c32
+from .qsi6c32 import dequantize_qsi6c32
 from .qsi8cx import dequantize_qsi8cx
 
 
@@ -51,14 +52,16 @@ class HParams:
 @dataclass
 class Tensor:
     name: str
-    format: str                  # "qsi4c32" | "qsi8cx" | "f32" | "f16" | "bf16"
+    format: str                  # "qsi4c32" | "qsi6c32" | "qsi8cx" | "f32" | "f16" | "bf16"
     shape: tuple[int, ...]       # logical shape: (N, K) for matrices, (n,) for vectors
     data: np.ndarray | None = None     # f32/f16 values, bf16 as uint16 bits (plain formats)
-    qs: np.ndarray | None = None       # qsi4c32: uint8 [N, K/2]; qsi8cx: int8 [N, K]
-    scales: np.ndarray | None = None   # qsi4c32: uint16 bf16 bits [N, K/bl]; qsi8cx: f32 [N]
+    qs: np.ndarray | None = None       # qsi4c32: uint8 [N, K/2]; qsi6c32: uint8 [N, 3K/4]; qsi8cx: int8 [N, K]
+    scales: np.ndarray | None = None   # qsi4c32/qsi6c32: uint16 bf16 bits [N, K/bl]; qsi8cx: f32 [N]
 
     @property
     def block_size(self) -> int | None:
+        if self.format == K.QSI6C32:
+            return 32
         if self.format != K.QSI4C32:
             return None
         return self.shape[1] // self.scales.shape[1]
@@ -67,6 +70,8 @@ class Tensor:
         """float32 copy of the logical tensor."""
         if self.format == K.QSI4C32:
             return dequantize_qsi4c32(self.qs, self.scales)
+        if self.format == K.QSI6C32:
+            return dequantize_qsi6c32(self.qs, self.scales)
         if self.format == K.QSI8CX:
             return dequantize_qsi8cx(self.qs, self.scales)
         if self.format == "bf16":
@@ -251,6 +256,15 @@ def read_model(path) -> ModelFile:
                                      f"not give a valid block size for K={k}")
             qs = get(name, GGML_I8, (n, k // 2)).view(np.uint8)
             sc = get(K.scales_name(name), GGML_BF16, (n, nb))
+            tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
+        elif fmt == K.QSI6C32:
+            if len(shape) != 2 or shape[1] % 32:
+                raise ModelFileError(f"{path}: {name} cannot be qsi6c32 (shape {list(shape)})")
+            n, k = shape
+            if K.scales_name(name) not in raw:
+                raise ModelFileError(f"{path}: qsi6c32 tensor {name} lacks {K.scales_name(name)}")
+            qs = get(name, GGML_I8, (n, k // 32 * 24)).view(np.uint8)
+            sc = get(K.scales_name(name), GGML_BF16, (n, k // 32))
             tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
         elif fmt == K.QSI8CX:
             if len(shape) != 2:

@@ -60,21 +60,23 @@ def unpack_nibbles(qs) -> np.ndarray:
     return ((nib.astype(np.int8) ^ 8) - 8).astype(np.int8)  # sign-extend 4 -> 8 bits
 
 
-def _quantize_blocks(xb: np.ndarray, search: bool, wb: np.ndarray | None = None):
-    """xb: float32 [B, bl] -> (q int8 [B, bl], scale bits uint16 [B]).
-    wb: optional importance [B, bl] (or broadcastable) weighting the squared error."""
+def _quantize_blocks(xb: np.ndarray, search: bool, wb: np.ndarray | None = None,
+                     qmin: int = QMIN, qmax: int = QMAX, divisors=SEARCH_DIVISORS):
+    """xb: float32 [B, bl] -> (q int8 [B, bl], scale bits uint16 [B]), q in [qmin, qmax].
+    wb: optional importance [B, bl] (or broadcastable) weighting the squared error.
+    divisors: the candidate scales absmax / t (search=False: absmax / -qmin only)."""
     def err_of(d):
         e = np.square(d)
         return (e if wb is None else e * wb).sum(axis=1, dtype=np.float32)
 
     amax = np.abs(xb).max(axis=1)
-    divisors = SEARCH_DIVISORS if search else np.array([8.0], dtype=np.float32)
+    divisors = divisors if search else np.array([-qmin], dtype=np.float32)
     best_err = np.full(xb.shape[0], np.inf, dtype=np.float32)
     best_bits = np.zeros(xb.shape[0], dtype=np.uint16)
     for t in divisors:
         bits = f32_to_bf16(amax / np.float32(t))
         s = bf16_to_f32(bits)
-        q = _round_to_int4(xb, s)
+        q = _round_to_int4(xb, s, qmin, qmax)
         err = err_of(xb - s[:, None] * q)
         better = err < best_err
         best_err = np.where(better, err, best_err)
@@ -82,23 +84,23 @@ def _quantize_blocks(xb: np.ndarray, search: bool, wb: np.ndarray | None = None)
     if search:
         # One least-squares refit of the scale for the chosen rounding: s* = <x,q>/<q,q>.
         s = bf16_to_f32(best_bits)
-        q = _round_to_int4(xb, s).astype(np.float32)
+        q = _round_to_int4(xb, s, qmin, qmax).astype(np.float32)
         wq = q if wb is None else q * wb
         qq = (wq * q).sum(axis=1)
         fit = np.where(qq > 0, (xb * wq).sum(axis=1) / np.where(qq > 0, qq, 1), 0).astype(np.float32)
         bits = f32_to_bf16(np.abs(fit))
         s2 = bf16_to_f32(bits)
-        err = err_of(xb - s2[:, None] * _round_to_int4(xb, s2))
+        err = err_of(xb - s2[:, None] * _round_to_int4(xb, s2, qmin, qmax))
         best_bits = np.where(err < best_err, bits, best_bits)
     s = bf16_to_f32(best_bits)
-    return _round_to_int4(xb, s), best_bits
+    return _round_to_int4(xb, s, qmin, qmax), best_bits
 
 
-def _round_to_int4(xb, s):
+def _round_to_int4(xb, s, qmin: int = QMIN, qmax: int = QMAX):
     safe = np.where(s > 0, s, np.float32(1))
     q = np.rint(xb / safe[:, None])
     q = np.where((s > 0)[:, None], q, 0)
-    return np.clip(q, QMIN, QMAX).astype(np.int8)
+    return np.clip(q, qmin, qmax).astype(np.int8)
 
 
 def quantize_qsi4c32(w, bl: int = 32, search: bool = True, importance=None):

@@ -1,4 +1,4 @@
-/* Arm AdvSIMD kernels: qai8dx activations x qsi4c32 / qsi8cx weights.
+/* Arm AdvSIMD kernels: qai8dx activations x qsi4c32 / qsi6c32 / qsi8cx weights.
  *
  * Three ISA levels, chosen at run time (pk_cpu.c: getauxval):
  *   neon     armv8-a baseline (cortex-a53 class): smull/smlal widening multiplies + sadalp.
@@ -159,6 +159,86 @@ static void qai8dx_qsi4c32_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, co
         }
     }
 }
+
+/* ---- qsi6c32 (the 6-bit lm_head): neon and dotprod GEMV ----------------------------------- */
+
+/* One 32-element chunk of a qsi6c32 row (docs/FORMAT.md) as signed int8 in [-32, 31]:
+ * w0 = elements 0..15, w1 = elements 16..31. Byte j of the top-bit part holds elements j,
+ * j+8 (bits 0-3) and j+16, j+24 (bits 4-7); [H, H >> 2] lines them up with w0 / w1. */
+PK_INLINE void q6_chunk(const uint8_t *wp, int8x16_t *w0, int8x16_t *w1) {
+    const uint8x16_t l = vld1q_u8(wp), m30 = vdupq_n_u8(0x30);
+    const uint8x8_t h = vld1_u8(wp + 16);
+    const uint8x16_t h2 = vcombine_u8(h, vshr_n_u8(h, 2));
+    const uint8x16_t u0 = vorrq_u8(vandq_u8(l, vdupq_n_u8(0x0F)), vandq_u8(vshlq_n_u8(h2, 4), m30));
+    const uint8x16_t u1 = vorrq_u8(vshrq_n_u8(l, 4), vandq_u8(h2, m30));
+    *w0 = vsubq_s8(vreinterpretq_s8_u8(u0), vdupq_n_s8(32));
+    *w1 = vsubq_s8(vreinterpretq_s8_u8(u1), vdupq_n_s8(32));
+}
+
+PK_INLINE void cols4_q6(cols4 *c, const pk_rhs *rhs, int n, int nv) {
+    const int nb = rhs->k / 32;
+    float r[4];
+    for (int j = 0; j < 4; j++) {
+        const int row = n + (j < nv ? j : nv - 1);
+        c->w[j] = rhs->qs + (size_t)row * pk_row_bytes(PK_FMT_QSI6C32, rhs->k);
+        c->s[j] = (const uint16_t *)rhs->scales + (size_t)row * (size_t)nb;
+        r[j] = rhs->rsum[row];
+    }
+    c->rsum = vld1q_f32(r);
+}
+
+/* plain NEON: |q a| <= 32 * 128, four products per int16 lane (<= 16384) before sadalp */
+PK_INLINE int32x4_t q6_chunk_neon(int32x4_t acc, int8x16_t a0, int8x16_t a1, const uint8_t *wp) {
+    int8x16_t w0, w1;
+    q6_chunk(wp, &w0, &w1);
+    int16x8_t p = vmull_s8(vget_low_s8(a0), vget_low_s8(w0));
+    p = vmlal_high_s8(p, a0, w0);
+    p = vmlal_s8(p, vget_low_s8(a1), vget_low_s8(w1));
+    p = vmlal_high_s8(p, a1, w1);
+    return vpadalq_s16(acc, p);
+}
+
+PK_DOTPROD PK_INLINE int32x4_t q6_chunk_dot(int32x4_t acc, int8x16_t a0, int8x16_t a1, const uint8_t *wp) {
+    int8x16_t w0, w1;
+    q6_chunk(wp, &w0, &w1);
+    return vdotq_s32(vdotq_s32(acc, a0, w0), a1, w1);
+}
+
+/* 1 x 4: per block, the exact int32 dots of 4 rows, then the reference's float order. */
+#define Q6_GEMV_BODY(CHUNK)                                                                        \
+    (void)packed;                                                                                  \
+    const int nb = rhs->k / 32;                                                                    \
+    for (int n = n0; n < n1; n += 4) {                                                             \
+        const int nv = n1 - n < 4 ? n1 - n : 4;                                                    \
+        cols4 c;                                                                                   \
+        cols4_q6(&c, rhs, n, nv);                                                                  \
+        for (int i = 0; i < m; i++) {                                                              \
+            const int8_t *a = lhs->q + (size_t)i * lhs->ld;                                        \
+            float32x4_t facc = vdupq_n_f32(0.0f);                                                  \
+            for (int b = 0; b < nb; b++) {                                                         \
+                const int8x16_t a0 = vld1q_s8(a + 32 * b), a1 = vld1q_s8(a + 32 * b + 16);         \
+                const int32x4_t z = vdupq_n_s32(0);                                                \
+                const int32x4_t x0 = CHUNK(z, a0, a1, c.w[0] + 24 * b);                            \
+                const int32x4_t x1 = CHUNK(z, a0, a1, c.w[1] + 24 * b);                            \
+                const int32x4_t x2 = CHUNK(z, a0, a1, c.w[2] + 24 * b);                            \
+                const int32x4_t x3 = CHUNK(z, a0, a1, c.w[3] + 24 * b);                            \
+                const float32x4_t d = vcvtq_f32_s32(hsum4(x0, x1, x2, x3));                        \
+                facc = vaddq_f32(facc, vmulq_f32(cols4_bscale(&c, b), d));                         \
+            }                                                                                      \
+            store_q4(lhs, i, &c, facc, dst + (size_t)i * ldd + n, nv, lo, hi);                     \
+        }                                                                                          \
+    }
+
+static void qai8dx_qsi6c32_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                    const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    Q6_GEMV_BODY(q6_chunk_neon)
+}
+
+PK_DOTPROD static void qai8dx_qsi6c32_1x4_dotprod(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                                  const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    Q6_GEMV_BODY(q6_chunk_dot)
+}
+#undef Q6_GEMV_BODY
 
 /* ---- neon (armv8-a): qsi8cx ------------------------------------------------------------ */
 
@@ -495,6 +575,8 @@ const pk_kernel pk_kernels_arm_neon[] = {
     {"qai8dx_qsi8cx_4x4_dotprod", "dotprod", PK_FMT_QSI8CX, DOT, 21, 4, 4, NULL, NULL, qai8dx_qsi8cx_4x4_dotprod},
     {"qai8dx_qsi4c32_4x4_i8mm", "i8mm", PK_FMT_QSI4C32, I8MM, 30, 4, 4, NULL, NULL, qai8dx_qsi4c32_4x4_i8mm},
     {"qai8dx_qsi8cx_4x4_i8mm", "i8mm", PK_FMT_QSI8CX, I8MM, 30, 4, 4, NULL, NULL, qai8dx_qsi8cx_4x4_i8mm},
+    {"qai8dx_qsi6c32_1x4_neon", "neon", PK_FMT_QSI6C32, NEON, 10, 1, 4, NULL, NULL, qai8dx_qsi6c32_1x4_neon},
+    {"qai8dx_qsi6c32_1x4_dotprod", "dotprod", PK_FMT_QSI6C32, DOT, 20, 1, 4, NULL, NULL, qai8dx_qsi6c32_1x4_dotprod},
 };
 const int pk_kernels_arm_neon_count = sizeof pk_kernels_arm_neon / sizeof pk_kernels_arm_neon[0];
 #endif

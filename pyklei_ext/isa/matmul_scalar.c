@@ -24,6 +24,28 @@ static void qai8dx_qsi4c32_scalar(int m, int n0, int n1, const pk_lhs *lhs, cons
     }
 }
 
+/* qai8dx x qsi6c32: as qsi4c32 with 6-bit values and blocks of 32. */
+static void qai8dx_qsi6c32_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                  const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, nb = k / 32;
+    for (int i = 0; i < m; i++) {
+        const int8_t *a = lhs->q + (size_t)i * lhs->ld;
+        for (int n = n0; n < n1; n++) {
+            const uint8_t *w = rhs->qs + (size_t)n * pk_row_bytes(PK_FMT_QSI6C32, k);
+            const uint16_t *s = (const uint16_t *)rhs->scales + (size_t)n * nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                int32_t d = 0;
+                for (int kk = 32 * b; kk < 32 * (b + 1); kk++) d += (int32_t)a[kk] * pk_qsi6c32_get(w, kk);
+                acc += pk_bf16_to_f32(s[b]) * (float)d;
+            }
+            const float v = lhs->scale[i] * (acc - (float)lhs->zp[i] * rhs->rsum[n]);
+            dst[(size_t)i * ldd + n] = pk_clampf(v, lo, hi);
+        }
+    }
+}
+
 /* qai8dx x qsi8cx: one integer dot per row, exact until the final scaling. */
 static void qai8dx_qsi8cx_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                  const void *packed, float *dst, size_t ldd, float lo, float hi) {
@@ -45,5 +67,6 @@ static void qai8dx_qsi8cx_scalar(int m, int n0, int n1, const pk_lhs *lhs, const
 const pk_kernel pk_kernels_scalar[] = {
     {"qai8dx_qsi4c32_1x1_scalar", "scalar", PK_FMT_QSI4C32, 0, 0, 1, 1, NULL, NULL, qai8dx_qsi4c32_scalar},
     {"qai8dx_qsi8cx_1x1_scalar", "scalar", PK_FMT_QSI8CX, 0, 0, 1, 1, NULL, NULL, qai8dx_qsi8cx_scalar},
+    {"qai8dx_qsi6c32_1x1_scalar", "scalar", PK_FMT_QSI6C32, 0, 0, 1, 1, NULL, NULL, qai8dx_qsi6c32_scalar},
 };
 const int pk_kernels_scalar_count = sizeof pk_kernels_scalar / sizeof pk_kernels_scalar[0];

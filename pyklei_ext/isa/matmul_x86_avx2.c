@@ -63,6 +63,66 @@ Y_TARGET static void qai8dx_qsi8cx_1x4_avx2(int m, int n0, int n1, const pk_lhs 
     }
 }
 
+/* qai8dx x qsi6c32 (the 6-bit lm_head), 1 x 4, canonical layout. A chunk of 32 weights is
+ * unpacked to unsigned u = q + 32 in [0, 63] (low nibbles | top bits << 4), vpmaddubsw
+ * multiplies u by the signed activations (|u a| * 2 <= 16128: no saturation), vpmaddwd
+ * widens; the offset leaves as -32 * (sum of the block's activations), added to lane 0. Per
+ * block the 8 int32 lanes are scaled in float and summed at the row end. */
+Y_TARGET static inline __m256i y_q6_chunk(const uint8_t *wp) {
+    const __m128i l = _mm_loadu_si128((const __m128i *)wp), m30 = _mm_set1_epi8(0x30), m0f = _mm_set1_epi8(0x0F);
+    const __m128i h = _mm_loadl_epi64((const __m128i *)(wp + 16));
+    const __m128i h2 = _mm_unpacklo_epi64(h, _mm_srli_epi16(h, 2));   /* [H, H >> 2] */
+    const __m128i u0 = _mm_or_si128(_mm_and_si128(l, m0f), _mm_and_si128(_mm_slli_epi16(h2, 4), m30));
+    const __m128i u1 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(l, 4), m0f), _mm_and_si128(h2, m30));
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(u0), u1, 1);
+}
+
+Y_TARGET static void qai8dx_qsi6c32_1x4_avx2(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                             const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, nb = k / 32;
+    const size_t R = pk_row_bytes(PK_FMT_QSI6C32, k);
+    int32_t *corr = pk_scratch(0, sizeof(int32_t) * (size_t)nb * m);
+    if (!corr) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
+    for (int i = 0; i < m; i++)
+        for (int b = 0; b < nb; b++) {
+            int32_t t = 0;
+            for (int j = 0; j < 32; j++) t += lhs->q[(size_t)i * lhs->ld + 32 * b + j];
+            corr[(size_t)i * nb + b] = -32 * t;
+        }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        const uint8_t *w[4];
+        const uint16_t *s[4];
+        for (int r = 0; r < 4; r++) {
+            const int row = n + (r < nr ? r : nr - 1);
+            w[r] = rhs->qs + (size_t)row * R;
+            s[r] = (const uint16_t *)rhs->scales + (size_t)row * nb;
+        }
+        for (int i = 0; i < m; i++) {
+            const int8_t *a = lhs->q + (size_t)i * lhs->ld;
+            __m256 f[4];
+            for (int r = 0; r < 4; r++) f[r] = _mm256_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                const __m256i av = _mm256_loadu_si256((const __m256i *)(a + 32 * b));
+                const __m256i c = _mm256_setr_epi32(corr[(size_t)i * nb + b], 0, 0, 0, 0, 0, 0, 0);
+                for (int r = 0; r < 4; r++) {
+                    const __m256i d = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(y_q6_chunk(w[r] + 24 * b), av), ones), c);
+                    f[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_set1_ps(pk_bf16_to_f32(s[r][b])), f[r]);
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(f[r]), _mm256_extractf128_ps(f[r], 1));
+                const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+                const float acc = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+                const float v = lhs->scale[i] * (acc - (float)lhs->zp[i] * rhs->rsum[n + r]);
+                dst[(size_t)i * ldd + n + r] = pk_clampf(v, lo, hi);
+            }
+        }
+    }
+}
+
 /* qai8dx row quantizer, AVX2: byte-exact with pk_quantize_qai8dx_row_scalar (same min/max
  * semantics, vcvtps2dq = rint under round-to-nearest-even, no FMA, packs = the clamp). */
 Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
@@ -110,6 +170,7 @@ const pk_kernel pk_kernels_x86_avx2[] = {
     {"qai8dx_qsi4c32_1x4_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, y_q4_gemv_avx2},
     {"qai8dx_qsi4c32_4x8_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 11, 8, 8, NULL, NULL, y_q4_gemm_avx2},
     {"qai8dx_qsi8cx_1x4_avx2", "avx2", PK_FMT_QSI8CX, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, qai8dx_qsi8cx_1x4_avx2},
+    {"qai8dx_qsi6c32_1x4_avx2", "avx2", PK_FMT_QSI6C32, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, qai8dx_qsi6c32_1x4_avx2},
 };
 const int pk_kernels_x86_avx2_count = sizeof pk_kernels_x86_avx2 / sizeof pk_kernels_x86_avx2[0];
 #endif

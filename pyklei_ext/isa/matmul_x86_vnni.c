@@ -38,16 +38,18 @@
 
 /* MR activation rows x NP panels (16 weight rows each) of the p16 copy (ops/pk_pack.h).
  * Per output (row i, weight row j), for every block b in order:
- *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + 8, corr = -8 sum a)
+ *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + off, corr = -off sum a)
  *     f   = fma(float(acc), s_b[j], f)
  * then dst = scale_i * (f - zp_i * R_j). The GEMV (MR <= 2, NP = 1) and the GEMM (MR <= 6,
- * NP = 2) do exactly this, so their results are bit-identical whatever M is. */
-Z_INLINE void z_q4p16_tile(const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0, const int8_t *a, size_t lda,
-                           const int32_t *corr, int nb, int bl, const uint8_t *w, size_t panel_bytes,
-                           const uint16_t *s, size_t panel_scales, const float *rs, int c0, int c1,
-                           float *dst, size_t ldd, float lo, float hi) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
-    const int opb = bl / 8;   /* 64-byte pieces (k-octets) per block */
+ * NP = 2) do exactly this, so their results are bit-identical whatever M is.
+ * BITS 4: qsi4c32 (off 8, 64 bytes per k-octet); BITS 6: qsi6c32 (off 32, per 16 k two nibble
+ * pieces and one piece of top bits, OR-ed into bits 4-5 of each unsigned byte). */
+Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0,
+                          const int8_t *a, size_t lda, const int32_t *corr, int nb, int bl, const uint8_t *w,
+                          size_t panel_bytes, const uint16_t *s, size_t panel_scales, const float *rs, int c0, int c1,
+                          float *dst, size_t ldd, float lo, float hi) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const int opb = bl / 8;   /* k-octets per block */
     __m512 f[ZMR][2];
     for (int i = 0; i < MR; i++)
         for (int p = 0; p < NP; p++) f[i][p] = _mm512_setzero_ps();
@@ -55,19 +57,32 @@ Z_INLINE void z_q4p16_tile(const int MR, const int NP, const int PAIRS, const pk
         __m512i acc[ZMR][2];
         for (int i = 0; i < MR; i++)
             for (int p = 0; p < NP; p++) acc[i][p] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nb + b]);
-        for (int o = b * opb; o < (b + 1) * opb; o++) {
-            __m512i wl[2], wh[2];
-            for (int p = 0; p < NP; p++) {
-                const __m512i v = _mm512_load_si512(w + p * panel_bytes + (size_t)64 * o);
-                wl[p] = _mm512_and_si512(v, m0f);
-                wh[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-            }
-            for (int i = 0; i < MR; i++) {
-                const int8_t *ai = a + (size_t)(i0 + i) * lda + 8 * (size_t)o;
-                const __m512i al = _mm512_set1_epi32(pk_load_i32(ai)), ah = _mm512_set1_epi32(pk_load_i32(ai + 4));
+        for (int o2 = b * opb; o2 < (b + 1) * opb; o2 += 2) {   /* two k-octets: 128 (q4) or 192 (q6) bytes */
+            __m512i top[2];
+            if (BITS == 6)
+                for (int p = 0; p < NP; p++) top[p] = _mm512_load_si512(w + p * panel_bytes + (size_t)96 * o2 + 128);
+            for (int o = o2; o < o2 + 2; o++) {
+                __m512i wl[2], wh[2];
                 for (int p = 0; p < NP; p++) {
-                    acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wl[p], al);
-                    acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wh[p], ah);
+                    const uint8_t *wp = w + p * panel_bytes + (BITS == 6 ? (size_t)96 * o2 + 64 * (o & 1) : (size_t)64 * o);
+                    const __m512i v = _mm512_load_si512(wp);
+                    wl[p] = _mm512_and_si512(v, m0f);
+                    wh[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+                    if (BITS == 6) {   /* top bits: 0-1 / 2-3 of the piece for octet o2, 4-5 / 6-7 for o2+1 */
+                        const __m512i t = top[p];
+                        const __m512i tl = o & 1 ? t : _mm512_slli_epi16(t, 4);
+                        const __m512i th = o & 1 ? _mm512_srli_epi16(t, 2) : _mm512_slli_epi16(t, 2);
+                        wl[p] = _mm512_ternarylogic_epi32(wl[p], tl, m30, 0xF8);   /* a | (b & c) */
+                        wh[p] = _mm512_ternarylogic_epi32(wh[p], th, m30, 0xF8);
+                    }
+                }
+                for (int i = 0; i < MR; i++) {
+                    const int8_t *ai = a + (size_t)(i0 + i) * lda + 8 * (size_t)o;
+                    const __m512i al = _mm512_set1_epi32(pk_load_i32(ai)), ah = _mm512_set1_epi32(pk_load_i32(ai + 4));
+                    for (int p = 0; p < NP; p++) {
+                        acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wl[p], al);
+                        acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wh[p], ah);
+                    }
                 }
             }
         }
@@ -99,7 +114,7 @@ Z_INLINE void z_q4p16_tile(const int MR, const int NP, const int PAIRS, const pk
 
 /* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time
  * (PAIRS: m even, rows taken two by two, output row = pair index). */
-Z_INLINE void z_q4p16_run(const int MR, const int NP, const int PAIRS, int m, int n0, int n1, const pk_lhs *lhs,
+Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int PAIRS, int m, int n0, int n1, const pk_lhs *lhs,
                           const pk_rhs *rhs, const uint8_t *packed, const int8_t *a, size_t lda, const int32_t *corr,
                           float *dst, size_t ldd, float lo, float hi) {
     const pk_p16_geom g = pk_p16_geometry(rhs);
@@ -112,7 +127,7 @@ Z_INLINE void z_q4p16_run(const int MR, const int NP, const int PAIRS, int m, in
         const uint16_t *s = pk_p16_scales(packed, &g, p, 0);
         /* rsum is read for columns [c0, c1) only (masked loads) */
         int i0 = 0;
-#define Z_T(R, P) z_q4p16_tile(R, P, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s, pscales, \
+#define Z_T(R, P) z_qp16_tile(BITS, R, P, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s, pscales, \
                                rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi)
         for (; i0 + MR <= m; i0 += MR) {
             if (np == 2) Z_T(MR, 2); else Z_T(MR, 1);
@@ -125,9 +140,10 @@ Z_INLINE void z_q4p16_run(const int MR, const int NP, const int PAIRS, int m, in
     }
 }
 
-/* The activation side of the p16 kernels: signed rows and the per-block corrections. */
-Z_TARGET static int z_q4p16_lhs(const pk_lhs *lhs, int m, int k, int bl, const int8_t **a, size_t *lda,
-                                int32_t **corr) {
+/* The activation side of the p16 kernels: signed rows and the per-block corrections
+ * -off * sum_{k in block} a (off: the weights' offset, 8 or 32). */
+Z_TARGET static int z_qp16_lhs(const pk_lhs *lhs, int m, int k, int bl, int off, const int8_t **a, size_t *lda,
+                               int32_t **corr) {
     const int nb = k / bl;
     int32_t *c = pk_scratch(1, sizeof(int32_t) * (size_t)m * nb);
     if (!c) return -1;
@@ -145,7 +161,7 @@ Z_TARGET static int z_q4p16_lhs(const pk_lhs *lhs, int m, int k, int bl, const i
             for (int h = 0; h < 2 && kk + 32 * h < k; h++)
                 ci[(kk + 32 * h) / bl] += (int32_t)(q8[4 * h] + q8[4 * h + 1] + q8[4 * h + 2] + q8[4 * h + 3]) - 128 * 32;
         }
-        for (int b = 0; b < nb; b++) ci[b] *= -8;
+        for (int b = 0; b < nb; b++) ci[b] *= -off;
     }
     *a = lhs->q;
     *lda = lhs->ld;
@@ -155,32 +171,36 @@ Z_TARGET static int z_q4p16_lhs(const pk_lhs *lhs, int m, int k, int bl, const i
 
 /* GEMV (2 activation rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel;
  * pairs: two-plane rows summed in the kernel (pk_kernel.run_pairs). */
-Z_TARGET static void z_q4p16(int gemm, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                             const void *packed, float *dst, size_t ldd, float lo, float hi) {
+Z_INLINE void z_qp16(const int BITS, int gemm, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                     const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int8_t *a;
     size_t lda;
     int32_t *corr;
-    if (!packed || z_q4p16_lhs(lhs, m, rhs->k, rhs->bl, &a, &lda, &corr)) {
+    if (!packed || z_qp16_lhs(lhs, m, rhs->k, rhs->bl, BITS == 6 ? 32 : 8, &a, &lda, &corr)) {
         if (!pairs) pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         else pk_run_scalar_pairs(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
-    if (gemm && pairs) z_q4p16_run(ZMR, 2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else if (gemm) z_q4p16_run(ZMR, 2, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else if (pairs) z_q4p16_run(2, 1, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else z_q4p16_run(2, 1, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    if (gemm && pairs) z_qp16_run(BITS, ZMR, 2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else if (gemm) z_qp16_run(BITS, ZMR, 2, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else if (pairs) z_qp16_run(BITS, 2, 1, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else z_qp16_run(BITS, 2, 1, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
 }
 
-#define Z_Q4P16_ENTRY(NAME, GEMM, PAIRS)                                                           \
+#define Z_QP16_ENTRY(NAME, BITS, GEMM, PAIRS)                                                      \
     Z_TARGET static void NAME(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,          \
                               const void *packed, float *dst, size_t ldd, float lo, float hi) {     \
-        z_q4p16(GEMM, PAIRS, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                        \
+        z_qp16(BITS, GEMM, PAIRS, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                   \
     }
-Z_Q4P16_ENTRY(qai8dx_qsi4c32p16_2x16_avx512vnni, 0, 0)
-Z_Q4P16_ENTRY(qai8dx2_qsi4c32p16_2x16_avx512vnni, 0, 1)
-Z_Q4P16_ENTRY(qai8dx_qsi4c32p16_6x32_avx512vnni, 1, 0)
-Z_Q4P16_ENTRY(qai8dx2_qsi4c32p16_6x32_avx512vnni, 1, 1)
-#undef Z_Q4P16_ENTRY
+Z_QP16_ENTRY(qai8dx_qsi4c32p16_2x16_avx512vnni, 4, 0, 0)
+Z_QP16_ENTRY(qai8dx2_qsi4c32p16_2x16_avx512vnni, 4, 0, 1)
+Z_QP16_ENTRY(qai8dx_qsi4c32p16_6x32_avx512vnni, 4, 1, 0)
+Z_QP16_ENTRY(qai8dx2_qsi4c32p16_6x32_avx512vnni, 4, 1, 1)
+Z_QP16_ENTRY(qai8dx_qsi6c32p16_2x16_avx512vnni, 6, 0, 0)
+Z_QP16_ENTRY(qai8dx2_qsi6c32p16_2x16_avx512vnni, 6, 0, 1)
+Z_QP16_ENTRY(qai8dx_qsi6c32p16_6x32_avx512vnni, 6, 1, 0)
+Z_QP16_ENTRY(qai8dx2_qsi6c32p16_6x32_avx512vnni, 6, 1, 1)
+#undef Z_QP16_ENTRY
 
 /* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
 static inline int z_act_pair(int m, int i0, const uint8_t *act, size_t ldo, const uint8_t *ap[2]) {
@@ -384,6 +404,10 @@ const pk_kernel pk_kernels_x86_vnni[] = {
      pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_2x16_avx512vnni, qai8dx2_qsi4c32p16_2x16_avx512vnni},
     {"qai8dx_qsi4c32p16_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
      pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_6x32_avx512vnni, qai8dx2_qsi4c32p16_6x32_avx512vnni},
+    {"qai8dx_qsi6c32p16_2x16_avx512vnni", "avx512vnni", PK_FMT_QSI6C32, PK_CPU_AVX512VNNI, 30, 1, 16,
+     pk_p16_size, pk_p16_pack, qai8dx_qsi6c32p16_2x16_avx512vnni, qai8dx2_qsi6c32p16_2x16_avx512vnni},
+    {"qai8dx_qsi6c32p16_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI6C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
+     pk_p16_size, pk_p16_pack, qai8dx_qsi6c32p16_6x32_avx512vnni, qai8dx2_qsi6c32p16_6x32_avx512vnni},
     {"qai8dx_qsi8cxp4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
      pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_1x4_avx512vnni},
     {"qai8dx_qsi8cxp4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,

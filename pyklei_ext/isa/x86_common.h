@@ -62,8 +62,9 @@ static void *pk_scratch(int slot, size_t bytes) {
 /* When scratch memory cannot be had, a kernel hands its rows to the scalar reference. */
 static void pk_run_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                           float *dst, size_t ldd, float lo, float hi) {
-    const pk_kernel *k = pk_kernel_by_name(rhs->fmt == PK_FMT_QSI4C32 ? "qai8dx_qsi4c32_1x1_scalar"
-                                                                      : "qai8dx_qsi8cx_1x1_scalar");
+    const pk_kernel *k = pk_kernel_by_name(rhs->fmt == PK_FMT_QSI4C32   ? "qai8dx_qsi4c32_1x1_scalar"
+                                           : rhs->fmt == PK_FMT_QSI6C32 ? "qai8dx_qsi6c32_1x1_scalar"
+                                                                        : "qai8dx_qsi8cx_1x1_scalar");
     k->run(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
 }
 
@@ -72,14 +73,14 @@ static void pk_run_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs
 static void pk_run_scalar_pairs(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                 float *dst, size_t ldd, float lo, float hi) {
     float tmp[2][64];
-    const int q4 = rhs->fmt == PK_FMT_QSI4C32;
-    const size_t row_bytes = q4 ? (size_t)rhs->k / 2 : (size_t)rhs->k;
+    const int blocks = rhs->fmt != PK_FMT_QSI8CX;   /* bf16 block scales and rsum */
+    const size_t row_bytes = pk_row_bytes(rhs->fmt, rhs->k);
     for (int c = n0; c < n1; c += 64) {
         const int w = n1 - c < 64 ? n1 - c : 64;
         pk_rhs sub = *rhs;   /* rows [c, c + w) */
         sub.n = w;
         sub.qs = rhs->qs + (size_t)c * row_bytes;
-        if (q4) {
+        if (blocks) {
             sub.scales = (const uint16_t *)rhs->scales + (size_t)c * (rhs->k / rhs->bl);
             sub.rsum = rhs->rsum + c;
         } else {

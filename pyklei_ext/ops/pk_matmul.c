@@ -73,7 +73,9 @@ int pk_set_error(const char *fmt, ...) {
     return -1;
 }
 
-static const char *fmt_name(pk_format f) { return f == PK_FMT_QSI4C32 ? "qsi4c32" : "qsi8cx"; }
+static const char *fmt_name(pk_format f) {
+    return f == PK_FMT_QSI4C32 ? "qsi4c32" : f == PK_FMT_QSI6C32 ? "qsi6c32" : "qsi8cx";
+}
 
 /* PYKLEI_LOG=kernels (or 1): one stderr line per distinct (kernel, m, n, k). */
 static int log_kernels = -1;
@@ -226,6 +228,9 @@ int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void 
         if (bl != 32 && bl != 64 && bl != 128 && bl != 256)
             return fail("qsi4c32 block size %d is not one of 32, 64, 128, 256", bl);
         if (k % bl) return fail("qsi4c32: K=%d is not a multiple of the block size %d", k, bl);
+    } else if (fmt == PK_FMT_QSI6C32) {
+        if (bl != 32) return fail("qsi6c32 block size %d is not 32", bl);
+        if (k % 32) return fail("qsi6c32: K=%d is not a multiple of 32", k);
     } else if (fmt == PK_FMT_QSI8CX) {
         bl = k;
     } else {
@@ -253,6 +258,24 @@ int pk_rhs_prepare(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void 
                     const int v = row[j];
                     isum += (v & 15) + (v >> 4) - ((v & 8) << 1) - ((v >> 3) & 16);
                 }
+                acc += pk_bf16_to_f32(s[b]) * (float)isum;
+            }
+            rhs->rsum[r] = acc;
+        }
+    } else if (fmt == PK_FMT_QSI6C32) {
+        rhs->rsum = malloc(sizeof(float) * (size_t)n);
+        if (!rhs->rsum) return fail("out of memory");
+        const int nb = k / 32;
+        for (int r = 0; r < n; r++) {
+            const uint8_t *row = rhs->qs + (size_t)r * pk_row_bytes(fmt, k);
+            const uint16_t *s = (const uint16_t *)scales + (size_t)r * nb;
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {   /* sum of u - 32 = low nibbles + 16 * top bits - 32 * 32 */
+                const uint8_t *c = row + (size_t)24 * b;
+                int isum = -32 * 32;
+                for (int j = 0; j < 16; j++) isum += (c[j] & 15) + (c[j] >> 4);
+                for (int j = 16; j < 24; j++)
+                    isum += 16 * ((c[j] & 3) + ((c[j] >> 2) & 3) + ((c[j] >> 4) & 3) + (c[j] >> 6));
                 acc += pk_bf16_to_f32(s[b]) * (float)isum;
             }
             rhs->rsum[r] = acc;
@@ -520,7 +543,7 @@ static int plan_parts(matmul_job *job, int count, const pk_rhs *const *rhs, floa
     for (int i = 0; i < count; i++) {
         mm_part *p = &job->part[i];
         const int step = p->kern->n_step > 0 ? p->kern->n_step : 1, per = p->kern->m_min <= 1 ? 4 : 2;
-        const size_t row_bytes = p->rhs->fmt == PK_FMT_QSI4C32 ? (size_t)p->rhs->k / 2 : (size_t)p->rhs->k;
+        const size_t row_bytes = pk_row_bytes(p->rhs->fmt, p->rhs->k);
         int rows = p->rhs->n / (per * nth);
         const int min_rows = (int)((16384 + row_bytes - 1) / row_bytes);
         rows = rows < min_rows ? min_rows : rows;

@@ -1,7 +1,8 @@
 /* The kernel layer: f32 activations [M, K] x quantized weights [N, K]^T -> f32 [M, N].
  *
  * Activations are quantized per row to qai8dx (asymmetric int8) on the fly; weights are
- * qsi4c32 (int4, bf16 scale per block of bl along K) or qsi8cx (int8, f32 scale per row).
+ * qsi4c32 (int4, bf16 scale per block of bl along K), qsi6c32 (int6, bf16 scale per block of
+ * 32; for the lm_head / tied embedding) or qsi8cx (int8, f32 scale per row).
  * docs/FORMAT.md defines the bytes and the arithmetic; docs/KERNELS.md the kernels.
  *
  * Layers: pk_matmul (this file: weights, dispatch, threads) -> pk_kernel micro-kernels
@@ -14,7 +15,7 @@
 
 #include "pk_pool.h"
 
-typedef enum { PK_FMT_QSI4C32 = 0, PK_FMT_QSI8CX = 1, PK_FMT_COUNT } pk_format;
+typedef enum { PK_FMT_QSI4C32 = 0, PK_FMT_QSI8CX = 1, PK_FMT_QSI6C32 = 2, PK_FMT_COUNT } pk_format;
 
 /* qai8dx activations, canonical layout. */
 typedef struct {
@@ -31,10 +32,10 @@ typedef struct {
  * from the memory-mapped file); the row sums and any repacked copies are owned. */
 typedef struct pk_rhs {
     pk_format fmt;
-    int n, k, bl;                   /* bl: qsi4c32 block length; k for qsi8cx */
-    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi8cx: int8 [n][k] */
-    const void *scales;             /* qsi4c32: bf16 [n][k/bl]; qsi8cx: float [n] */
-    float *rsum;                    /* qsi4c32: [n] sum_k of the dequantized row */
+    int n, k, bl;                   /* bl: block length (32 for qsi6c32); k for qsi8cx */
+    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi6c32: [n][3k/4]; qsi8cx: int8 [n][k] */
+    const void *scales;             /* qsi4c32, qsi6c32: bf16 [n][k/bl]; qsi8cx: float [n] */
+    float *rsum;                    /* qsi4c32, qsi6c32: [n] sum_k of the dequantized row */
     int32_t *isum;                  /* qsi8cx:  [n] sum_k of the int8 row */
     /* Kernel-specific repacked copies (e.g. tile-interleaved for AMX), made on prepare. */
     const struct pk_kernel *packed_for[PK_MAX_PACKED];
@@ -173,6 +174,22 @@ static inline int pk_qsi4c32_get(const uint8_t *row, int kk) {
     const uint8_t b = row[(kk >> 5) * 16 + (kk & 15)];
     const int nib = (kk & 16) ? (b >> 4) : (b & 15);
     return (nib ^ 8) - 8;
+}
+
+/* Element kk of a qsi6c32 row, in [-32, 31]. Chunk c of 32 elements is 24 bytes: 16 bytes of
+ * low nibbles in qsi4c32's order, then 8 bytes whose byte j holds the top two bits of
+ * elements j, j+8, j+16, j+24 (bits 0-1, 2-3, 4-5, 6-7); values are stored as q + 32. */
+static inline int pk_qsi6c32_get(const uint8_t *row, int kk) {
+    const uint8_t *c = row + (kk >> 5) * 24;
+    const int e = kk & 31;
+    const int lo = (e & 16) ? (c[e & 15] >> 4) : (c[e & 15] & 15);
+    const int hi = (c[16 + (e & 7)] >> (2 * (e >> 3))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* Bytes of one weight row in the canonical layout. */
+static inline size_t pk_row_bytes(pk_format fmt, int k) {
+    return fmt == PK_FMT_QSI4C32 ? (size_t)k / 2 : fmt == PK_FMT_QSI6C32 ? (size_t)k / 4 * 3 : (size_t)k;
 }
 
 #endif

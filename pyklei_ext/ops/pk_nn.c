@@ -67,6 +67,12 @@ void pk_tensor_row_f32(const pk_tensor *t, int r, float *out) {
         for (int i = 0; i < k; i++) out[i] = pk_bf16_to_f32(s[i / t->bl]) * (float)pk_qsi4c32_get(row, i);
         break;
     }
+    case PK_T_QSI6C32: {
+        const uint8_t *row = (const uint8_t *)t->data + (size_t)r * pk_row_bytes(PK_FMT_QSI6C32, k);
+        const uint16_t *s = (const uint16_t *)t->scales + (size_t)r * (k / 32);
+        for (int i = 0; i < k; i++) out[i] = pk_bf16_to_f32(s[i / 32]) * (float)pk_qsi6c32_get(row, i);
+        break;
+    }
     case PK_T_QSI8CX: {
         const int8_t *row = (const int8_t *)t->data + (size_t)r * k;
         const float s = ((const float *)t->scales)[r];

@@ -6,7 +6,7 @@
 pk_p16_geom pk_p16_geometry(const pk_rhs *rhs) {
     pk_p16_geom g;
     g.panels = (rhs->n + 15) / 16;
-    g.panel_bytes = (size_t)8 * rhs->k;
+    g.panel_bytes = (size_t)(rhs->fmt == PK_FMT_QSI6C32 ? 12 : 8) * rhs->k;
     g.scales_off = (size_t)g.panels * g.panel_bytes;
     g.nb = rhs->k / rhs->bl;
     g.bytes = g.scales_off + sizeof(uint16_t) * 16 * (size_t)g.panels * g.nb;
@@ -15,12 +15,39 @@ pk_p16_geom pk_p16_geometry(const pk_rhs *rhs) {
 
 size_t pk_p16_size(const pk_rhs *rhs) { return pk_p16_geometry(rhs).bytes; }
 
+/* qsi6c32 rows: 192 bytes per 16 k of a panel: the low nibbles of k-octets 2P and 2P+1 as for
+ * qsi4c32 (but u = q + 32 is already unsigned), then 64 bytes of top bits. */
+static void pack_q6_rows(const pk_rhs *rhs, const pk_p16_geom *g, uint8_t *out) {
+    const int k = rhs->k;
+    const size_t R = pk_row_bytes(PK_FMT_QSI6C32, k);
+    uint8_t u[32];
+    for (int row = 0; row < rhs->n; row++) {
+        const uint8_t *src = rhs->qs + (size_t)row * R;
+        uint8_t *panel = out + (size_t)(row / 16) * g->panel_bytes + 4 * (row % 16);
+        for (int c = 0; c < k / 32; c++) {   /* chunk c = k-octets 4c..4c+3 = pairs 2c, 2c+1 */
+            const uint8_t *ch = src + (size_t)24 * c;
+            for (int e = 0; e < 32; e++)
+                u[e] = (uint8_t)(((e & 16) ? ch[e & 15] >> 4 : ch[e & 15] & 15) | ((ch[16 + (e & 7)] >> (2 * (e >> 3))) & 3) << 4);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *v = u + 16 * h;   /* k-octets 2P, 2P+1 with P = 2c + h */
+                uint8_t *d = panel + (size_t)192 * (2 * c + h);
+                for (int t = 0; t < 4; t++) {
+                    d[t] = (uint8_t)((v[t] & 15) | (v[t + 4] & 15) << 4);
+                    d[64 + t] = (uint8_t)((v[8 + t] & 15) | (v[12 + t] & 15) << 4);
+                    d[128 + t] = (uint8_t)(v[t] >> 4 | (v[t + 4] >> 4) << 2 | (v[8 + t] >> 4) << 4 | (v[12 + t] >> 4) << 6);
+                }
+            }
+        }
+    }
+}
+
 void pk_p16_pack(const pk_rhs *rhs, void *dst) {
     const pk_p16_geom g = pk_p16_geometry(rhs);
     uint8_t *out = dst;
     if (rhs->n % 16) memset(out + (size_t)(g.panels - 1) * g.panel_bytes, 0, g.panel_bytes);
     const size_t R = (size_t)rhs->k / 2;
-    for (int row = 0; row < rhs->n; row++) {
+    if (rhs->fmt == PK_FMT_QSI6C32) pack_q6_rows(rhs, &g, out);
+    for (int row = 0; row < rhs->n && rhs->fmt == PK_FMT_QSI4C32; row++) {
         const uint8_t *src = rhs->qs + (size_t)row * R;
         uint8_t *panel = out + (size_t)(row / 16) * g.panel_bytes + 4 * (row % 16);
         /* octet o = elements 8o..8o+7 = chunk o/4, the low (o%4 < 2) or high nibbles of its

@@ -9,6 +9,9 @@
  * p4 (qsi8cx): rows in tiles of 4, interleaved in 64-byte slices, so that a GEMV working on
  * 4 rows streams one contiguous run of memory instead of 4 separate ones.
  *
+ * The same panels hold qsi6c32 (the 6-bit lm_head): per 16 k, the two nibble pieces of qsi4c32
+ * (low 4 bits of u = q + 32) and 64 bytes with the top 2 bits (docs/FORMAT.md).
+ *
  * Why repack at all: a 1x4 GEMV over the canonical layout reads 4 weight rows (and, for
  * qsi4c32, 4 scale rows) at once; the hardware prefetchers do not keep up with 8 streams.
  * Measured on the AVX-512 GEMV at K = 2048 with weights far beyond the caches: 9.9 -> 26.7
@@ -25,7 +28,7 @@
 /* ---- p16 ---------------------------------------------------------------------------- */
 typedef struct {
     int panels;           /* ceil(N / 16) */
-    size_t panel_bytes;   /* 8K: K/8 pieces of 64 bytes */
+    size_t panel_bytes;   /* 8K (qsi4c32: K/8 pieces of 64 bytes) or 12K (qsi6c32) */
     size_t scales_off;    /* panels * panel_bytes */
     int nb;               /* blocks per row */
     size_t bytes;

@@ -137,7 +137,9 @@ static void test_quantize(void) {
 
 /* ---- dispatch / PYKLEI_KERNEL (each check in a forked child) ---------------------------- */
 
-static const char *fmt_str(pk_format f) { return f == PK_FMT_QSI4C32 ? "qsi4c32" : "qsi8cx"; }
+static const char *fmt_str(pk_format f) {
+    return f == PK_FMT_QSI4C32 ? "qsi4c32" : f == PK_FMT_QSI6C32 ? "qsi6c32" : "qsi8cx";
+}
 
 /* In the child: force `force` (or unset), then check what the table picks. Returns the
  * exit status (0 ok). want_isa / want_name: what every pick must match (NULL: anything);
@@ -283,21 +285,23 @@ typedef struct {
 
 static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
     const int M = cs->M, N = cs->N, K = cs->K, bl = cs->bl, v = cs->variant;
-    const int q4 = cs->fmt == PK_FMT_QSI4C32, nb = K / bl;
+    const int q4 = cs->fmt == PK_FMT_QSI4C32, q6 = cs->fmt == PK_FMT_QSI6C32, nb = K / bl;
+    const int blocks = q4 || q6;   /* bf16 block scales */
     const int exact = v <= V_EXACT_EXTREME;
     /* weights */
-    const size_t wbytes = q4 ? (size_t)N * K / 2 : (size_t)N * K;
+    const size_t row_bytes = pk_row_bytes(cs->fmt, K), wbytes = row_bytes * N;
     uint8_t *qs = malloc(wbytes);
-    void *scales = q4 ? malloc(sizeof(uint16_t) * (size_t)N * nb) : malloc(sizeof(float) * (size_t)N);
+    void *scales = blocks ? malloc(sizeof(uint16_t) * (size_t)N * nb) : malloc(sizeof(float) * (size_t)N);
     for (size_t i = 0; i < wbytes; i++) {
         if (v == V_EXACT_EXTREME) {
             if (q4) qs[i] = (uint8_t)(((rnd() & 3) ? 0x8 : 0x7) | (((rnd() & 3) ? 0x8 : 0x7) << 4));
+            else if (q6) qs[i] = (rnd() & 3) ? 0x00 : 0xFF;   /* mostly u = 0 (q = -32) */
             else qs[i] = (uint8_t)(int8_t)((rnd() & 3) ? -127 : 127);
         } else {
-            qs[i] = q4 ? (uint8_t)rnd() : (uint8_t)(int8_t)rnd_int(-127, 127);
+            qs[i] = blocks ? (uint8_t)rnd() : (uint8_t)(int8_t)rnd_int(-127, 127);
         }
     }
-    if (q4) {
+    if (blocks) {
         uint16_t *s = scales;
         for (int i = 0; i < N * nb; i++) {
             float f = exact ? 1.0f : (0.001f + 0.05f * rnd_unit()) * ((rnd() & 7) ? 1.0f : -1.0f);
@@ -360,13 +364,14 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
         for (int n = 0; n < N; n++) {
             double truth = 0.0, T = 0.0;
             int64_t exact_sum = 0;
-            for (int b = 0; b < (q4 ? nb : 1); b++) {
-                const int kb0 = q4 ? b * bl : 0, kb1 = q4 ? (b + 1) * bl : K;
-                const double s = q4 ? (double)pk_bf16_to_f32(((uint16_t *)scales)[(size_t)n * nb + b])
-                                    : (double)((float *)scales)[n];
+            for (int b = 0; b < (blocks ? nb : 1); b++) {
+                const int kb0 = blocks ? b * bl : 0, kb1 = blocks ? (b + 1) * bl : K;
+                const double s = blocks ? (double)pk_bf16_to_f32(((uint16_t *)scales)[(size_t)n * nb + b])
+                                        : (double)((float *)scales)[n];
                 int64_t d = 0, dabs = 0;
                 for (int kk = kb0; kk < kb1; kk++) {
-                    const int w = q4 ? pk_qsi4c32_get(qs + (size_t)n * (K / 2), kk) : ((int8_t *)qs)[(size_t)n * K + kk];
+                    const uint8_t *wr = qs + (size_t)n * row_bytes;
+                    const int w = q4 ? pk_qsi4c32_get(wr, kk) : q6 ? pk_qsi6c32_get(wr, kk) : ((const int8_t *)wr)[kk];
                     const int av = a[kk] - azp[i];
                     d += (int64_t)av * w;
                     dabs += (int64_t)abs(av) * abs(w) + (int64_t)abs(a[kk]) * abs(w);
@@ -489,13 +494,13 @@ int main(int argc, char **argv) {
 
     test_quantize();
 
-    const pk_kernel *ref4 = NULL, *ref8 = NULL;
+    const pk_kernel *ref[PK_FMT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
         const pk_kernel *k = pk_kernel_at(i);
         kstats[i].name = k->name;
-        if (!strcmp(k->isa, "scalar")) *(k->fmt == PK_FMT_QSI4C32 ? &ref4 : &ref8) = k;
+        if (!strcmp(k->isa, "scalar")) ref[k->fmt] = k;
     }
-    if (!ref4 || !ref8) {
+    if (!ref[PK_FMT_QSI4C32] || !ref[PK_FMT_QSI6C32] || !ref[PK_FMT_QSI8CX]) {
         printf("FAIL: no scalar reference kernels\n%d passed, %d failed\n", n_pass, n_fail + 1);
         return 1;
     }
@@ -514,9 +519,9 @@ int main(int argc, char **argv) {
         for (int ik = 0; ik < nk; ik++) {
             const int K = ik < COUNT(Ks) ? Ks[ik] : K8_extra[ik - COUNT(Ks)];
             for (int ib = 0; ib < COUNT(BLs); ib++) {
-                const int bl = f == PK_FMT_QSI4C32 ? BLs[ib] : K;
+                const int bl = f == PK_FMT_QSI4C32 ? BLs[ib] : f == PK_FMT_QSI6C32 ? 32 : K;
                 if (f == PK_FMT_QSI4C32 && K % bl) continue;
-                if (f == PK_FMT_QSI8CX && ib > 0) break;
+                if (f != PK_FMT_QSI4C32 && ib > 0) break;
                 for (int in = 0; in < COUNT(Ns); in++)
                     for (int im = 0; im < COUNT(Ms); im++) {
                         const int N = Ns[in], M = Ms[im];
@@ -530,8 +535,10 @@ int main(int argc, char **argv) {
                         rot++;
                         const int vs[2] = {ve, vr};
                         for (int t = 0; t < 2; t++) {
+                            /* qsi6c32 partial sums (<= 255 * 63 * K) stay exact in float32 to K = 1024 */
+                            if (f == PK_FMT_QSI6C32 && K > 1024 && vs[t] <= V_EXACT_EXTREME) continue;
                             const mcase cs = {(pk_format)f, M, N, K, bl, vs[t]};
-                            run_case(&cs, ctx, f == PK_FMT_QSI4C32 ? ref4 : ref8);
+                            run_case(&cs, ctx, ref[f]);
                             n_cases++;
                         }
                     }
