@@ -5,6 +5,7 @@
 seed-tied-q4.gguf:  tied embeddings (qsi8cx), qsi4c32 layers, llama3 rope_freqs, BPE tokenizer.
 seed-untied-q8.gguf: untied, 4-bit embedding and lm_head, ffn_down kept as qsi8cx, no rope_freqs,
                      SentencePiece tokenizer.
+seed-tied-q6.gguf:  tied embeddings as qsi6c32 (the converter's default since version 2).
 Both are deterministic (fixed seeds) and a few tens of KB, so the corpus stays < 200 KB.
 """
 from __future__ import annotations
@@ -26,7 +27,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         hf = make_tiny_llama(tmp / "a", head_dim=32, tied=True, tokenizer="bpe", seed=1, **small)
-        convert(hf, HERE / "seed-tied-q4.gguf", force=True, name="seed-a")
+        convert(hf, HERE / "seed-tied-q4.gguf", force=True, name="seed-a", embedding_bits=8)
+        convert(hf, HERE / "seed-tied-q6.gguf", force=True, name="seed-c", embedding_bits=6)
         hf = make_tiny_llama(tmp / "b", head_dim=32, tied=False, tokenizer="spm", seed=2,
                              rope_scaling=False, **small)
         convert(hf, HERE / "seed-untied-q8.gguf", force=True, name="seed-b", embedding_bits=4,
