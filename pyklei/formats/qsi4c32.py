@@ -121,7 +121,17 @@ def quantize_qsi4c32(w, bl: int = 32, search: bool = True, importance=None):
     check_shape(n, k, bl)
     if not np.isfinite(w).all():
         raise ValueError("weight has NaN or Inf values; cannot quantize")
-    qs = np.empty((n, k // 2), dtype=np.uint8)
+    return quantize_rows(w, bl, search, importance, pack_nibbles, k // 2)
+
+
+def quantize_rows(w, bl: int, search: bool, importance, pack, row_bytes: int,
+                  qmin: int = QMIN, qmax: int = QMAX, divisors=SEARCH_DIVISORS):
+    """The block-scale quantizers' shared part (qsi4c32, qsi6c32): float32 [N, K] (checked) ->
+    (pack(q) uint8 [N, row_bytes], scales uint16 [N, K/bl]), a bounded number of rows at a time.
+    importance: None or float [K] >= 0 (normalised to mean 1, plus 1e-3 so that no channel is
+    ignored entirely)."""
+    n, k = w.shape
+    qs = np.empty((n, row_bytes), dtype=np.uint8)
     scales = np.empty((n, k // bl), dtype=np.uint16)
     wb = None
     if importance is not None:
@@ -129,13 +139,13 @@ def quantize_qsi4c32(w, bl: int = 32, search: bool = True, importance=None):
         if imp.shape[0] != k or not np.isfinite(imp).all() or (imp < 0).any():
             raise ValueError(f"importance must be {k} finite values >= 0, got shape {imp.shape}")
         imp = imp / imp.mean() if imp.mean() > 0 else np.ones_like(imp)
-        wb = imp + np.float32(1e-3)                  # no channel is ignored entirely
+        wb = imp + np.float32(1e-3)
     rows = max(1, _ROWS_PER_CHUNK_ELEMS // k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         wbr = None if wb is None else np.broadcast_to(wb, (r1 - r0, k)).reshape(-1, bl)
-        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search, wbr)
-        qs[r0:r1] = pack_nibbles(q.reshape(r1 - r0, k))
+        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search, wbr, qmin, qmax, divisors)
+        qs[r0:r1] = pack(q.reshape(r1 - r0, k))
         scales[r0:r1] = bits.reshape(r1 - r0, k // bl)
     return qs, scales
 

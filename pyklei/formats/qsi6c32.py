@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bf16 import bf16_to_f32
-from .qsi4c32 import _ROWS_PER_CHUNK_ELEMS, _quantize_blocks
+from .qsi4c32 import quantize_rows
 
 QMIN, QMAX = -32, 31
 BLOCK = 32
@@ -72,23 +72,7 @@ def quantize_qsi6c32(w, search: bool = True, importance=None):
         raise ValueError(f"qsi6c32 needs a non-empty [N, K] matrix with K a multiple of 32, got [{n}, {k}]")
     if not np.isfinite(w).all():
         raise ValueError("weight has NaN or Inf values; cannot quantize")
-    wb = None
-    if importance is not None:
-        imp = np.asarray(importance, dtype=np.float32).reshape(-1)
-        if imp.shape[0] != k or not np.isfinite(imp).all() or (imp < 0).any():
-            raise ValueError(f"importance must be {k} finite values >= 0, got shape {imp.shape}")
-        imp = imp / imp.mean() if imp.mean() > 0 else np.ones_like(imp)
-        wb = imp + np.float32(1e-3)
-    qs = np.empty((n, k // 32 * 24), dtype=np.uint8)
-    scales = np.empty((n, k // BLOCK), dtype=np.uint16)
-    rows = max(1, _ROWS_PER_CHUNK_ELEMS // k)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        wbr = None if wb is None else np.broadcast_to(wb, (r1 - r0, k)).reshape(-1, BLOCK)
-        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, BLOCK), search, wbr, QMIN, QMAX, SEARCH_DIVISORS)
-        qs[r0:r1] = pack_q6(q.reshape(r1 - r0, k))
-        scales[r0:r1] = bits.reshape(r1 - r0, k // BLOCK)
-    return qs, scales
+    return quantize_rows(w, BLOCK, search, importance, pack_q6, k // 32 * 24, QMIN, QMAX, SEARCH_DIVISORS)
 
 
 def dequantize_qsi6c32(qs, scales) -> np.ndarray:
