@@ -15,6 +15,24 @@ pk_p16_geom pk_p16_geometry(const pk_rhs *rhs) {
 
 size_t pk_p16_size(const pk_rhs *rhs) { return pk_p16_geometry(rhs).bytes; }
 
+/* qsi4c32 rows: per k-octet 64 bytes, offset nibbles u = q + 8. */
+static void pack_q4_rows(const pk_rhs *rhs, const pk_p16_geom *g, uint8_t *out) {
+    const size_t R = (size_t)rhs->k / 2;
+    for (int row = 0; row < rhs->n; row++) {
+        const uint8_t *src = rhs->qs + (size_t)row * R;
+        uint8_t *panel = out + (size_t)(row / 16) * g->panel_bytes + 4 * (row % 16);
+        /* octet o = elements 8o..8o+7 = chunk o/4, the low (o%4 < 2) or high nibbles of its
+         * bytes 8*(o%2)..+7 (docs/FORMAT.md, nibble order) */
+        for (int o = 0; o < rhs->k / 8; o++) {
+            const uint8_t *b = src + 16 * (o / 4) + 8 * (o % 2);
+            const int sh = (o % 4) < 2 ? 0 : 4;
+            uint8_t *d = panel + (size_t)64 * o;
+            for (int t = 0; t < 4; t++)
+                d[t] = (uint8_t)((((b[t] >> sh) & 15) ^ 8) | ((((b[t + 4] >> sh) & 15) ^ 8) << 4));
+        }
+    }
+}
+
 /* qsi6c32 rows: 192 bytes per 16 k of a panel: the low nibbles of k-octets 2P and 2P+1 as for
  * qsi4c32 (but u = q + 32 is already unsigned), then 64 bytes of top bits. */
 static void pack_q6_rows(const pk_rhs *rhs, const pk_p16_geom *g, uint8_t *out) {
@@ -45,21 +63,8 @@ void pk_p16_pack(const pk_rhs *rhs, void *dst) {
     const pk_p16_geom g = pk_p16_geometry(rhs);
     uint8_t *out = dst;
     if (rhs->n % 16) memset(out + (size_t)(g.panels - 1) * g.panel_bytes, 0, g.panel_bytes);
-    const size_t R = (size_t)rhs->k / 2;
     if (rhs->fmt == PK_FMT_QSI6C32) pack_q6_rows(rhs, &g, out);
-    for (int row = 0; row < rhs->n && rhs->fmt == PK_FMT_QSI4C32; row++) {
-        const uint8_t *src = rhs->qs + (size_t)row * R;
-        uint8_t *panel = out + (size_t)(row / 16) * g.panel_bytes + 4 * (row % 16);
-        /* octet o = elements 8o..8o+7 = chunk o/4, the low (o%4 < 2) or high nibbles of its
-         * bytes 8*(o%2)..+7 (docs/FORMAT.md, nibble order) */
-        for (int o = 0; o < rhs->k / 8; o++) {
-            const uint8_t *b = src + 16 * (o / 4) + 8 * (o % 2);
-            const int sh = (o % 4) < 2 ? 0 : 4;
-            uint8_t *d = panel + (size_t)64 * o;
-            for (int t = 0; t < 4; t++)
-                d[t] = (uint8_t)((((b[t] >> sh) & 15) ^ 8) | ((((b[t + 4] >> sh) & 15) ^ 8) << 4));
-        }
-    }
+    else pack_q4_rows(rhs, &g, out);
     uint16_t *s = (uint16_t *)(out + g.scales_off);
     memset(s, 0, g.bytes - g.scales_off);
     for (int row = 0; row < rhs->n; row++)
