@@ -76,7 +76,9 @@ int pk_kernel_supported(const pk_kernel *kern);
 
 /* Builds the dispatch table once from the CPU features and PYKLEI_KERNEL (a comma list of
  * kernel names or ISA tags that restricts the choice; a format with no forced match keeps
- * its default). Returns 0, or -1 with a message in pk_last_error(). */
+ * its default), then checks each SIMD kernel it could pick against the scalar kernel on a
+ * small case and drops, with a warning on stderr, any that disagrees (docs/KERNELS.md).
+ * Returns 0, or -1 with a message in pk_last_error(). */
 int pk_dispatch_init(void);
 const char *pk_last_error(void);
 /* Sets this thread's error message (for the layers above the kernels); returns -1. */
@@ -84,6 +86,11 @@ int pk_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The kernel the table picks for (fmt, m); NULL if init failed. */
 const pk_kernel *pk_dispatch_select(pk_format fmt, int m);
+
+/* Tests only: with PYKLEI_TEST_BREAK_KERNEL=<name>, the corrupted copy of that kernel which
+ * was put into the table (and which the table's self-check then drops; docs/KERNELS.md), so
+ * that a test can show it computes wrong results; NULL otherwise. */
+const pk_kernel *pk_test_broken_kernel(void);
 
 /* ---- weights ------------------------------------------------------------------------ */
 
