@@ -281,6 +281,21 @@ def norm_gain_importance(src: ModelSource) -> dict[str, np.ndarray]:
     return out
 
 
+def _current_umask() -> int:
+    """The process umask. Linux shows it in /proc (since 4.7); elsewhere os.umask can only read
+    it by setting it, which is process-wide, so that is the fallback."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_model(src: ModelSource, out_path, *, group_size: int = 32,
                 embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
                 force: bool = False, progress: bool = True, imatrix=None,
@@ -363,6 +378,9 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
         w.close()
         if out_path.exists() and not force:  # checked again: it may have appeared meanwhile
             raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
+        # mkstemp made the file 0600; the model gets the mode any new file gets (0666 less the
+        # umask), so that other users and services can read it, as llama.cpp's files.
+        os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, out_path)
     except BaseException as e:
         w.close()

@@ -147,6 +147,22 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def _check_messages(messages) -> None:
+    """Each message a dict with a string role and string content (content may be absent or
+    None only beside tool_calls, as in the OpenAI and Hugging Face formats): a template given
+    None would fail on a string concatenation deep inside Jinja, far from the mistake."""
+    if isinstance(messages, (Mapping, str, bytes)) or not isinstance(messages, Sequence):
+        raise TypeError("messages must be a list of dicts with 'role' and 'content'")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise TypeError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
+        if not isinstance(m.get("role"), str) or not m.get("role"):
+            raise ValueError(f"message {i} has no 'role' string (e.g. 'user'), got {m.get('role')!r}")
+        content = m.get("content")
+        if not isinstance(content, str) and not (content is None and m.get("tool_calls")):
+            raise ValueError(f"message {i} ({m['role']}): 'content' must be a string, got {content!r}")
+
+
 def render(template: str | None, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *,
            bos_token: str = "", eos_token: str = "", tools: Sequence[Mapping] | None = None,
            documents: Sequence[Mapping] | None = None, fallback: str | None = None, **kwargs: Any) -> str:
@@ -159,6 +175,7 @@ def render(template: str | None, messages: Sequence[Mapping[str, Any]], add_gene
     """
     import jinja2
 
+    _check_messages(messages)
     if not template:
         if fallback is None:
             raise MissingChatTemplateError(
@@ -168,8 +185,6 @@ def render(template: str | None, messages: Sequence[Mapping[str, Any]], add_gene
             raise ValueError(f"unknown chat template fallback {fallback!r} (only 'chatml')")
         warnings.warn("the model has no chat template; using the ChatML fallback", UserWarning, stacklevel=2)
         template = CHATML_TEMPLATE
-    if isinstance(messages, Mapping) or not all(isinstance(m, Mapping) for m in messages):
-        raise TypeError("messages must be a list of dicts with 'role' and 'content'")
     compiled = compile_template(template)
     try:
         return compiled.render(messages=_plain(list(messages)), add_generation_prompt=add_generation_prompt,

@@ -10,7 +10,8 @@
 User mistakes (a missing file, a file that is not a pyklei GGUF, a bad option value) end
 with one line on stderr, "pyklei COMMAND: error: ...", and exit code 2; anything else
 unexpected exits with 1 (add --debug for the traceback). Ctrl-C exits with 130, except in
-the chat REPL, where it only stops the reply being written. docs/CLI.md has the details.
+the chat REPL, where it only stops the reply being written. A closed pipe on stdout
+(`| head`) ends quietly with 141, as a shell reports for `cat`. docs/CLI.md has the details.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ PROG = "pyklei"
 EXIT_USER = 2          # bad input or options
 EXIT_INTERNAL = 1      # a bug or an environment problem
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
 
 
 class CLIError(Exception):
@@ -171,29 +173,16 @@ def _progress_disabled(args) -> bool | None:
 # ---- models ---------------------------------------------------------------------------------
 
 def _model_path(path: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise CLIError(f"no such model file: {path}")
-    if p.is_dir():
-        raise CLIError(f"{path} is a directory; pyklei runs one .gguf file (convert a Hugging Face "
-                       f"checkpoint with `pyklei convert {path} -o model.gguf`)")
-    return p
+    from .formats.model_file import check_model_path
+    return check_model_path(path)
 
 
 def _load(args, n_ctx: int | None = None, n_threads: int | None = None):
     from .llm import load
 
-    path = _model_path(args.model)
-    want_ctx = n_ctx or args.ctx_size
-    if want_ctx:  # check before the KV cache is allocated
-        from .formats.model_file import read_model
-        limit = read_model(path).hparams.context_length
-        if want_ctx > limit:
-            raise CLIError(f"--ctx-size {want_ctx} exceeds the model's context length of {limit} "
-                           f"tokens")
-    llm = load(path, n_threads=n_threads or args.threads, n_ctx=n_ctx or args.ctx_size,
-               n_batch=args.batch_size, kv_cache=args.kv_cache, activations=args.activations)
-    return llm
+    return load(_model_path(args.model), n_threads=n_threads or args.threads,
+                n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
+                activations=args.activations)
 
 
 def _mb(nbytes: float) -> str:
@@ -218,20 +207,6 @@ def _n(k: int, word: str) -> str:
     return f"{k} {word}" + ("" if k == 1 else "s")
 
 
-def _budget(n_ctx: int, n_prompt: int, max_tokens: int) -> int:
-    """max_tokens, with -1 meaning the rest of the context; errors if the prompt leaves no room."""
-    room = n_ctx - n_prompt
-    if room < 1:
-        raise CLIError(f"the prompt has {n_prompt} tokens and does not fit the context of {n_ctx} "
-                       f"tokens with room to generate; raise --ctx-size or shorten the prompt")
-    if max_tokens < 0:
-        return room
-    if max_tokens > room:
-        raise CLIError(f"the prompt ({_n(n_prompt, 'token')}) + --max-tokens {max_tokens} exceed the "
-                       f"context of {n_ctx} tokens; raise --ctx-size or lower --max-tokens")
-    return max_tokens
-
-
 # ---- generate -------------------------------------------------------------------------------
 
 def _read_text(path: str, what: str) -> str:
@@ -245,6 +220,8 @@ def _read_text(path: str, what: str) -> str:
 
 
 def cmd_generate(args) -> int:
+    from .generate import token_budget
+
     if args.prompt is None and args.file is None:
         raise CLIError("give a prompt with -p PROMPT or -f FILE")
     if args.prompt is not None and args.file is not None:
@@ -262,7 +239,7 @@ def cmd_generate(args) -> int:
         ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     else:
         ids = tok.encode(prompt, add_bos=False if args.no_bos else None, parse_special=True)
-    max_tokens = _budget(llm.n_ctx, len(ids), args.max_tokens)
+    max_tokens = token_budget(llm.n_ctx, len(ids), args.max_tokens)
     out = sys.stdout
     last, wrote, interrupted = None, "", False
     it = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=args.stop, **_sampling(args))
@@ -1077,10 +1054,12 @@ def main(argv=None) -> int:
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # the reader went away (e.g. `| head`): stop quietly
+        # The reader went away (`| head`): stop quietly with the status a shell reports for a
+        # command killed by SIGPIPE, as `cat` or llama.cpp's tools give. stdout goes to
+        # /dev/null so that the interpreter's final flush does not complain again.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_INTERNAL
+        return EXIT_BROKEN_PIPE
     except (CLIError, ValueError, OSError) as e:
         if debug:
             raise

@@ -4,7 +4,17 @@
         print(r.text, end="")           # r.finish_reason is set on the last response
 
 Every response carries the running statistics (mlx-lm style); a stop string is never emitted,
-not even its beginning while it is still undecided.
+not even its beginning while it is still undecided. A streamed response is yielded when it has
+text, and the last one always (it carries finish_reason): tokens that end inside a UTF-8
+character (an emoji spans several byte tokens) or inside a possible stop string only add to the
+next response's text.
+
+max_tokens: a count, or None (or a negative count, as the CLI's -1) for "until the context is
+full"; 0 runs the prompt only. `token_budget` is the rule, shared with chat() and the CLI.
+
+A generation owns the model's KV cache while it runs: if another call uses the model between
+two of its steps, the next step raises pyklei.model.SequenceLostError rather than continue
+somebody else's context.
 """
 from __future__ import annotations
 
@@ -14,13 +24,15 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from .sampler import SamplingParams, apply_repetition_penalty, make_sampler
 
 
 @dataclass
 class GenerationResponse:
-    text: str                        # new text of this step (streaming) or the whole reply
-    token: int | None                # the token sampled at this step (None: final flush)
+    text: str                        # new text since the last response (streaming) or the whole reply
+    token: int | None                # the last token sampled (None: none was)
     finish_reason: str | None        # None while running; "stop" (EOS or stop string) or "length"
     prompt_tokens: int               # tokens in the prompt
     prompt_eval_tokens: int          # of those, tokens that ran (the rest came from the cache)
@@ -29,6 +41,28 @@ class GenerationResponse:
     prompt_tps: float                # prefill tokens/s
     generation_tps: float            # decode tokens/s (after the first token)
     peak_rss_mb: float
+    max_tokens: int = 0              # the token budget it ran with (chat() trims it to the context)
+
+
+def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
+    """The number of tokens a generation may produce. max_tokens None or < 0: the rest of the
+    context. A count larger than the room left is an error, or with trim=True is cut to it (as
+    chat() does, like llama-cpp-python). A prompt that leaves no room is always an error."""
+    if max_tokens is not None and (isinstance(max_tokens, bool)
+                                   or not isinstance(max_tokens, (int, np.integer))):
+        raise TypeError(f"max_tokens must be an integer or None, got {max_tokens!r}")
+    room = n_ctx - n_prompt
+    if room < 1 and not (room == 0 and max_tokens == 0):
+        raise ValueError(f"the prompt has {n_prompt} tokens and exceeds the context of {n_ctx} "
+                         f"tokens with no room to generate; shorten the prompt or load with a "
+                         f"larger n_ctx (--ctx-size)")
+    if max_tokens is None or max_tokens < 0:
+        return room
+    if max_tokens > room and not trim:
+        raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
+                         f"context of {n_ctx} tokens; shorten the prompt, lower max_tokens "
+                         f"(--max-tokens) or load with a larger n_ctx (--ctx-size)")
+    return int(min(max_tokens, room))
 
 
 def peak_rss_mb() -> float:
@@ -77,26 +111,29 @@ class StopMatcher:
         return out
 
 
-def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int = 256,
+def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | None = 256,
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
-                    eos_ids: Sequence[int] | None = None) -> Iterator[GenerationResponse]:
+                    eos_ids: Sequence[int] | None = None,
+                    trim: bool = False) -> Iterator[GenerationResponse]:
+    """Checks everything before it returns the iterator (errors come at the call, not at the
+    first next()); see the module doc for max_tokens and trim."""
     params = params or SamplingParams()
-    if max_tokens < 0:
-        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
-    if len(prompt) + max_tokens > model.n_ctx:
-        raise ValueError(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) exceeds the "
-                         f"context of {model.n_ctx} tokens; shorten the prompt, lower max_tokens "
-                         f"or load with a larger n_ctx")
+    budget = token_budget(model.n_ctx, len(prompt), max_tokens, trim=trim)
+    return _stream(model, tokenizer, prompt, budget, params, stop, eos_ids)
+
+
+def _stream(model, tokenizer, prompt, max_tokens, params, stop, eos_ids):
     eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
     sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p, params.seed)
     detok = tokenizer.detokenizer()
     matcher = StopMatcher(stop)
 
+    owner = object()   # this generation's claim on the KV cache (model.step checks it)
     t0 = time.perf_counter()
-    logits = model.eval(prompt)
+    logits = model.eval(prompt, owner=owner)
     t_prefill = time.perf_counter() - t0
     n_eval = model.last_eval_tokens
     history = list(prompt)
@@ -113,7 +150,7 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int = 2
             prompt_eval_tokens=n_eval, generation_tokens=n_gen, time_to_first_token=ttft,
             prompt_tps=n_eval / t_prefill if t_prefill > 0 else 0.0,
             generation_tps=(n_gen - 1) / (now - t_first) if n_gen > 1 and now > t_first else 0.0,
-            peak_rss_mb=rss[0])
+            peak_rss_mb=rss[0], max_tokens=max_tokens)
 
     if max_tokens == 0:
         yield response("", None, "length")
@@ -139,5 +176,6 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int = 2
             yield response(text + tail + ("" if stopped else matcher.flush()), token,
                            "stop" if stopped else "length")
             return
-        yield response(text, token, None)
-        logits = model.step(token)
+        if text:
+            yield response(text, token, None)
+        logits = model.step(token, owner=owner)

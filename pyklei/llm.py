@@ -6,6 +6,10 @@
         print(r.text, end="", flush=True)
     reply = llm.chat([{"role": "user", "content": "Name three colours."}])
     logits = llm.logits(token_ids)          # numpy, one row per position
+    llm.close()                             # or: with pyklei.load(...) as llm:
+
+Arguments are checked as the CLI checks its flags, with the same messages: a bad value is a
+ValueError, a value of the wrong type a TypeError, before any work is done.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 from .generate import GenerationResponse, stream_generate
 from .model import Model
 from .sampler import SamplingParams
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, token_ids
 
 _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -37,6 +41,30 @@ class LLM:
     def n_ctx(self) -> int:
         return self.model.n_ctx
 
+    def __repr__(self) -> str:
+        m = self.model
+        if m.closed:
+            return "<pyklei.LLM (closed)>"
+        name = m.file.metadata.get("general.name") or m.file.path.name
+        return (f"<pyklei.LLM {name!r}: {m.hparams.n_layer} layers, vocab {m.vocab_size}, "
+                f"n_ctx={m.n_ctx}, n_threads={m.n_threads}, activations={m.activations}, "
+                f"{len(m.cached_tokens)} tokens cached>")
+
+    def reset(self) -> None:
+        """Forgets the conversation in the KV cache (the next call runs its whole prompt)."""
+        self.model.reset()
+
+    def close(self) -> None:
+        """Frees the model's memory (KV cache, weights, file mapping) now; later calls raise."""
+        self.model.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=parse_special)
 
@@ -47,41 +75,55 @@ class LLM:
         """float32 [len(token_ids), n_vocab]: the logits at every position."""
         return self.model.logits(token_ids)
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 256, stream: bool = False,
-                 stop: str | Sequence[str] = (), add_bos: bool | None = None,
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
+                 stream: bool = False, stop: str | Sequence[str] = (),
+                 add_bos: bool | None = None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
-        """Continue `prompt` (text, or token ids). With stream=True, yields one response per
-        step (its .text is the new text); else returns one response with the whole text.
-        Sampling keywords: temperature, top_k, top_p, min_p, repetition_penalty,
-        repetition_window, seed."""
-        unknown = set(sampling) - _SAMPLING
-        if unknown:
-            raise TypeError(f"unknown argument(s) {', '.join(sorted(unknown))}; sampling options "
-                            f"are {', '.join(sorted(_SAMPLING))}")
-        params = SamplingParams(**sampling)
+        """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
+        arrives (each .text is the new text); else returns one response with the whole text.
+        max_tokens None (or -1) generates until the context is full; a count that does not fit
+        is a ValueError. Sampling keywords: temperature, top_k, top_p, min_p,
+        repetition_penalty, repetition_window, seed."""
+        return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling)
+
+    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling):
+        self.model.check_open()
+        params = _sampling_params(sampling)
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty")
             ids = self.tokenizer.encode(prompt, add_bos=add_bos, parse_special=True)
         else:
-            ids = list(prompt)
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))]
-            if bad:
-                raise ValueError(f"token ids must be integers, got {bad[0]!r}")
-            ids = [int(t) for t in ids]
-        stops = [stop] if isinstance(stop, str) else list(stop)
-        it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops, self.eos_ids)
+            ids = token_ids(prompt, self.model.vocab_size)
+        if isinstance(stop, str):
+            stops = [stop]
+        else:
+            stops = list(stop)
+            if not all(isinstance(x, str) for x in stops):
+                raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+        it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,
+                             self.eos_ids, trim=trim)
         if stream:
             return it
         return _collect(it)
 
-    def chat(self, messages: Sequence[dict], max_tokens: int = 512, stream: bool = False,
+    def chat(self, messages: Sequence[dict], max_tokens: int | None = 512, stream: bool = False,
              stop: str | Sequence[str] = (), **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
-        keeps the conversation so far: a new turn runs only its new tokens."""
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        ids = self.tokenizer.encode(text, add_bos=False, parse_special=True)
-        return self.generate(ids, max_tokens=max_tokens, stream=stream, stop=stop, **sampling)
+        keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
+        to the room the context leaves (the response's max_tokens says what it ran with); a
+        conversation that leaves no room at all is a ValueError."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        return self._generate(ids, max_tokens, stream, stop, None, True, sampling)
+
+
+def _sampling_params(sampling: dict) -> SamplingParams:
+    unknown = set(sampling) - _SAMPLING
+    if unknown:
+        raise TypeError(f"unknown argument(s) {', '.join(sorted(unknown))}; sampling options "
+                        f"are {', '.join(sorted(_SAMPLING))}")
+    return SamplingParams(**sampling)
 
 
 def _collect(it: Iterator[GenerationResponse]) -> GenerationResponse:

@@ -20,11 +20,18 @@ thread ...") rather than queued: interleaving two threads' calls on one KV cache
 their contexts even if serialised, so sharing a model needs the caller's own coordination
 (or one Model per thread).
 
+Owners: a generation continues the cache with `step`; if anything else used the model in
+between (another generation's eval, a logits call, a reset), its context is gone. A caller
+that passes `owner=` to eval and step gets SequenceLostError from such a step instead of a
+continuation of somebody else's context.
+
 Ctrl-C: the C forward pass runs without the GIL, and Python only runs its signal handlers
 between bytecodes, so a long prefill on the main thread runs in a helper thread while the
 main thread waits; on KeyboardInterrupt the pass is asked to stop at its next layer boundary
-(`LlamaRuntime.request_interrupt`), and KeyboardInterrupt is raised once it has stopped. The
-cache keeps the tokens before that call, so the model stays usable.
+(`LlamaRuntime.request_interrupt`), and KeyboardInterrupt is raised once the helper thread
+has left the C pass. The cache keeps the tokens before that call, so the model stays usable.
+
+`close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
 """
 from __future__ import annotations
 
@@ -43,6 +50,10 @@ from .formats.model_file import ModelFileError, Tensor, read_model
 # Forwards of at least this many tokens run in a helper thread when called on the main thread,
 # so Ctrl-C is seen while the C pass runs (a one-token decode step is short: run directly).
 _THREADED_MIN_TOKENS = 2
+
+
+class SequenceLostError(RuntimeError):
+    """A generation tried to continue a KV cache that another call has since used."""
 
 
 class _Release:
@@ -88,12 +99,22 @@ def _qweight(t: Tensor) -> _ext.QWeight:
                          f"qsi6c32 or qsi8cx (re-convert the model)")
 
 
+def _check_int(name: str, v, allow_none: bool = False) -> None:
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {v!r}")
+
+
 class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2"):
         t0 = time.perf_counter()
         if n_threads is not None and n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
+        _check_int("n_threads", n_threads, allow_none=True)
+        _check_int("n_ctx", n_ctx, allow_none=True)
+        _check_int("n_batch", n_batch)
         if n_ctx is not None and n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
         if n_batch < 1:
@@ -103,6 +124,9 @@ class Model:
         self.file = read_model(path)
         hp = self.file.hparams
         self.hparams = hp
+        if n_ctx is not None and n_ctx > hp.context_length:   # before the KV cache is allocated
+            raise ValueError(f"context size {n_ctx} exceeds the model's context length of "
+                             f"{hp.context_length} tokens")
         self.n_threads = n_threads or physical_cores()
         self.n_ctx = n_ctx or min(hp.context_length, 4096)
         # qai8dx2 (default): two int8 planes per activation row, ~16-bit precision; qai8dx:
@@ -152,6 +176,7 @@ class Model:
                                          layers)
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
         self._cached: list[int] = []          # tokens whose K/V are in the cache, in order
+        self._owner = None                    # who last wrote the cache (see "Owners" above)
         self.last_eval_tokens = 0             # tokens the last eval() actually ran
         self.load_seconds = time.perf_counter() - t0
 
@@ -191,18 +216,56 @@ class Model:
     def cached_tokens(self) -> list[int]:
         return list(self._cached)
 
+    # ---- lifetime ----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.runtime is None
+
+    def close(self) -> None:
+        """Frees the KV cache, the kernels' weight copies and the file mapping now, rather than
+        when the garbage collector gets to them. Later calls raise RuntimeError. Idempotent."""
+        if self.runtime is None:
+            return
+        with self._busy():
+            self.runtime = None
+            self._layers = []
+            self.lm_head = None
+            self._cached = []
+            mm, self.file._mmap = self.file._mmap, None
+            self.file.tensors.clear()
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:   # the caller still holds a tensor view: unmapped with it
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
     # ---- evaluation --------------------------------------------------------------------
     def reset(self) -> None:
         """Forgets the KV cache contents."""
         with self._busy():
             self._cached = []
+            self._owner = None
 
     def _busy(self):
         """Context manager holding the evaluation lock; refuses (RuntimeError) if taken."""
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("model is busy in another thread (a Model runs one evaluation at a "
                                "time; use one Model per thread or serialise the calls)")
+        if self.runtime is None:
+            self._lock.release()
+            self.check_open()
         return _Release(self._lock)
+
+    def check_open(self) -> None:
+        if self.runtime is None:
+            raise RuntimeError("the model is closed (close() or the end of its `with` block)")
 
     def _check(self, tokens) -> np.ndarray:
         try:
@@ -228,26 +291,33 @@ class Model:
         if len(toks) < _THREADED_MIN_TOKENS or threading.current_thread() is not threading.main_thread():
             return self.runtime.forward(toks, pos0, all_logits)
         box: dict = {}
+        # Set by the helper thread once it has left the C pass, whatever happened there. The wait
+        # is on this event, never on Thread.join/is_alive: a join interrupted by Ctrl-C can mark
+        # a thread that still runs as stopped (CPython 3.10-3.12, threading._wait_for_tstate_lock
+        # releases the running thread's lock), and releasing the model then would let the next
+        # call run while the interrupted pass still writes into the KV cache and scratch buffers.
+        left_c = threading.Event()
 
         def work():
             try:
                 box["out"] = self.runtime.forward(toks, pos0, all_logits)
             except BaseException as e:  # handed to the caller below
                 box["err"] = e
+            finally:
+                left_c.set()
 
-        t = threading.Thread(target=work, name="pyklei-forward", daemon=True)
-        t.start()
+        threading.Thread(target=work, name="pyklei-forward", daemon=True).start()
         try:
-            while t.is_alive():
-                t.join(0.1)
+            while not left_c.wait(0.1):
+                pass
         except BaseException:
             # KeyboardInterrupt (or another async exception): stop the C pass at its next
-            # layer boundary and wait for it, so that nothing still runs on our buffers when
-            # the lock is released; further Ctrl-Cs while waiting are absorbed.
-            while t.is_alive():
+            # layer boundary and wait until it has left, so that nothing still runs on our
+            # buffers when the lock is released; further Ctrl-Cs while waiting are absorbed.
+            while not left_c.is_set():
                 try:
                     self.runtime.request_interrupt()   # repeated: forward() clears it on entry
-                    t.join(0.005)
+                    left_c.wait(0.005)
                 except BaseException:
                     pass
             raise
@@ -266,11 +336,14 @@ class Model:
             raise KeyboardInterrupt
         return out
 
-    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+    def eval(self, tokens: Sequence[int], owner: object = None) -> np.ndarray:
         """Logits [n_vocab] after `tokens`, reusing the longest cached prefix: a chat turn
-        only runs its new tokens."""
+        only runs its new tokens. `owner` (any object) marks the cache as that caller's."""
         with self._busy():
-            return self._eval(tokens)
+            self._owner = None
+            out = self._eval(tokens)
+            self._owner = owner
+            return out
 
     def _eval(self, tokens: Sequence[int]) -> np.ndarray:
         toks = self._check(tokens)
@@ -284,10 +357,21 @@ class Model:
         self.last_eval_tokens = len(toks) - n
         return logits
 
-    def step(self, token: int) -> np.ndarray:
-        """Decode one token after the cached ones: logits [n_vocab] (the generation hot path)."""
+    def step(self, token: int, owner: object = None) -> np.ndarray:
+        """Decode one token after the cached ones: logits [n_vocab] (the generation hot path).
+        With `owner`, raises SequenceLostError unless that owner's eval/step wrote the cache
+        last."""
         with self._busy():
-            return self._step(token)
+            if owner is not None and self._owner is not owner:
+                raise SequenceLostError(
+                    "this generation's context is gone: another call used the model since its "
+                    "last step (a second generation, logits() or reset() on the same model). "
+                    "Finish or close one generation before starting the next, or load one model "
+                    "per concurrent generation")
+            self._owner = None
+            out = self._step(token)
+            self._owner = owner
+            return out
 
     def _step(self, token: int) -> np.ndarray:
         pos = len(self._cached)
@@ -304,6 +388,7 @@ class Model:
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """float32 [len(tokens), n_vocab]: logits at every position, computed from scratch."""
         with self._busy():
+            self._owner = None
             return self._logits(tokens)
 
     def _logits(self, tokens: Sequence[int]) -> np.ndarray:

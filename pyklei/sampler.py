@@ -26,6 +26,17 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        # Types first: a string or None would otherwise fail inside numpy, far from the call.
+        for name, kind in (("temperature", float), ("top_k", int), ("top_p", float),
+                           ("min_p", float), ("repetition_penalty", float),
+                           ("repetition_window", int), ("seed", int)):
+            v = getattr(self, name)
+            if name == "seed" and v is None:
+                continue
+            ok = (int, np.integer) if kind is int else (int, float, np.integer, np.floating)
+            if isinstance(v, bool) or not isinstance(v, ok):
+                raise TypeError(f"{name} must be {'an integer' if kind is int else 'a number'}, "
+                                f"got {v!r}")
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:

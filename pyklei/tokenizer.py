@@ -220,6 +220,24 @@ def _meta_int(meta: dict, key: str) -> int | None:
     return None if v is None else int(v)
 
 
+def token_ids(ids, vocab_size: int) -> list[int]:
+    """A list of token ids, each an integer in [0, vocab_size): bytes and strings are refused
+    (iterating them would give character codes), as are floats and bools."""
+    if isinstance(ids, (str, bytes, bytearray, memoryview)):
+        raise TypeError(f"token ids must be a sequence of integers, got {type(ids).__name__} "
+                        f"(pass text as a str prompt)")
+    try:
+        ids = list(ids)
+    except TypeError:
+        raise TypeError(f"token ids must be a sequence of integers, got {ids!r}") from None
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise ValueError(f"token ids must be integers, got {t!r}")
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"token id {int(t)} is outside the vocabulary [0, {vocab_size})")
+    return [int(t) for t in ids]
+
+
 @dataclass
 class Tokenizer:
     """A tokenizer built from GGUF metadata. Build it with :meth:`from_gguf`."""
@@ -533,7 +551,7 @@ class Tokenizer:
 
         ``skip_special`` leaves out CONTROL and UNKNOWN tokens (``skip_special_tokens``).
         """
-        ids = [int(i) for i in ids]
+        ids = token_ids(ids, self.vocab_size)
         if skip_special:
             sp = self.special_ids
             ids = [i for i in ids if i not in sp]

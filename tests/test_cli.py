@@ -167,9 +167,12 @@ def test_perplexity(smollm2_q4, tmp_path):
 def test_convert_command(tiny64, tmp_path):
     hf, _ = tiny64
     out = tmp_path / "tiny.gguf"
-    r = pyklei("convert", hf, "-o", out, "--no-progress")
+    r = subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "-o", str(out),
+                        "--no-progress"], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       preexec_fn=lambda: os.umask(0o027))
     assert r.returncode == 0, r.stderr
     assert out.is_file() and "converted" in r.stdout
+    assert out.stat().st_mode & 0o777 == 0o640      # a new file's mode under the umask, not 0600
     assert_user_error(pyklei("convert", hf, "-o", out, "--no-progress"), "convert")
     r = pyklei("generate", out, "-p", "hello", "-n", "4", "-t", "1")
     assert r.returncode == 0, r.stderr

@@ -147,7 +147,7 @@ def test_logits_api(llm):
 @pytest.mark.parametrize("kwargs,err,match", [
     (dict(temperature=-1.0), ValueError, "temperature"),
     (dict(top_p=0.0), ValueError, "top_p"),
-    (dict(max_tokens=-1), ValueError, "max_tokens"),
+    (dict(max_tokens=2.5), TypeError, "max_tokens"),
     (dict(bogus=1), TypeError, "bogus"),
 ])
 def test_bad_arguments(llm, kwargs, err, match):

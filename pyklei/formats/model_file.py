@@ -124,10 +124,19 @@ def _parse(path: Path):
     return g.metadata, g.types, g.tensors, g.buffer
 
 
-def read_model(path) -> ModelFile:
+def check_model_path(path) -> Path:
+    """The path of an existing model file, or a ModelFileError that says what to do instead."""
     path = Path(path)
+    if path.is_dir():
+        raise ModelFileError(f"{path} is a directory; pyklei runs one .gguf file (convert a Hugging "
+                             f"Face checkpoint with `pyklei convert {path} -o model.gguf`)")
     if not path.is_file():
         raise ModelFileError(f"no such model file: {path}")
+    return path
+
+
+def read_model(path) -> ModelFile:
+    path = check_model_path(path)
     try:
         md, types, raw, mm = _parse(path)
     except ModelFileError:
