@@ -363,3 +363,25 @@ def test_chat_drops_oldest_turns_and_ctrl_d_leaves(smollm2_q4, terminal):
     assert used <= 128
     t.type("\x04")                        # Ctrl-D at the prompt
     assert t.proc.wait(20) == 0
+
+
+def test_chat_ctrl_c_during_a_long_prefill_keeps_the_model_right(smollm2_q4, terminal):
+    """Issue 13's walk: ask, paste a ~9 KB message, Ctrl-C while its prompt is being run, ask
+    again: the answer is as good as before (it was garbage until /reset when the C pass went on
+    writing into the KV cache after the interrupt)."""
+    t = terminal("chat", smollm2_q4, "--temperature", "0", "-n", "24", "-t", "1", "-c", "4096")
+    t.expect(PROMPT)
+    t.type("What is the capital of France?\r")
+    assert "Paris" in t.expect(PROMPT).split("France?", 1)[1]
+    for _ in range(8):                    # continued lines: a canonical tty line holds 4 KB
+        t.type(TEXT.strip()[:1000] + " \\\r")
+        t.expect(r"\.\.\. $")
+    t.type("Summarise this.\r")
+    t.expect(r"Summarise this\.\n")
+    time.sleep(0.7)                       # inside the prefill of ~2000 tokens
+    t.type("\x03")
+    assert "[stopped]" in t.expect(PROMPT, timeout=30)
+    t.type("What is the capital of France?\r")       # no /reset: the model must be right as is
+    assert "Paris" in t.expect(PROMPT).split("France?", 1)[1]
+    t.type("/exit\r")
+    assert t.proc.wait(20) == 0
