@@ -12,6 +12,9 @@
  *    and on random rows (range and round-trip invariants);
  *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
  *    since the dispatch table is built once per process;
+ *  - the table's self-check (children too): with PYKLEI_TEST_BREAK_KERNEL naming the kernel
+ *    picked for qsi4c32 at m = 1 (and with it forced), the kernel is dropped with a warning,
+ *    and its corrupted copy really computes wrong results;
  *  - matmul, for each kernel and shape (N x K x M x bl from the lists below, trimmed by a
  *    work budget so that every value of each list occurs):
  *      (a) exact integer cases (bf16 scales 1.0, activation scale 1, zp = 0 or zp != 0,
@@ -193,6 +196,103 @@ static void run_dispatch_check(const char *force, const char *want_isa, const ch
     CHECK(ok, "dispatch check PYKLEI_KERNEL=%s", force ? force : "(unset)");
 }
 
+/* PYKLEI_TEST_BREAK_KERNEL=name (with PYKLEI_KERNEL=force, or unset): in the child, the
+ * table's entry for the kernel is a copy with corrupted outputs. The self-check must drop it
+ * with a warning naming it (forced alone: the scalar kernel takes over), and the copy must
+ * really compute wrong results, so that the check cannot pass vacuously. Returns the exit
+ * status (0 ok). */
+static int break_child(const char *name, const char *force) {
+    setenv("PYKLEI_TEST_BREAK_KERNEL", name, 1);
+    if (force) setenv("PYKLEI_KERNEL", force, 1);
+    else unsetenv("PYKLEI_KERNEL");
+    const pk_kernel *real = pk_kernel_by_name(name);
+    /* the warning goes to stderr: catch it in a file */
+    FILE *log = tmpfile();
+    if (!log || !real) return 1;
+    fflush(stderr);
+    const int saved = dup(2);
+    dup2(fileno(log), 2);
+    const int rc = pk_dispatch_init();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[4096] = "";
+    rewind(log);
+    text[fread(text, 1, sizeof text - 1, log)] = 0;
+    fclose(log);
+    fputs(text, stdout);
+    char want[256];
+    snprintf(want, sizeof want, "pyklei: warning: kernel %s failed its self-check against the scalar kernel", name);
+    if (rc || !strstr(text, want)) {
+        printf("break %s: init %d, no warning naming it\n", name, rc);
+        return 1;
+    }
+    for (int m = 1; m <= 64; m++) {
+        const pk_kernel *k = pk_dispatch_select(real->fmt, m);
+        if (!k || !strcmp(k->name, name) || (force && strcmp(k->isa, "scalar"))) {
+            printf("break %s: m=%d still picks %s\n", name, m, k ? k->name : "nothing");
+            return 1;
+        }
+    }
+    /* the broken copy on a case of its own: every output off by at least 1 */
+    const pk_kernel *broken = pk_test_broken_kernel();
+    if (!broken || strcmp(broken->name, name) || broken->run == real->run) {
+        printf("break %s: pk_test_broken_kernel() gives no corrupted copy\n", name);
+        return 1;
+    }
+    enum { N = 37, K = 128, M = 2 };
+    const int bl = real->fmt == PK_FMT_QSI8CX ? K : 32;
+    const int blocks = real->fmt != PK_FMT_QSI8CX;
+    uint8_t *qs = malloc(pk_row_bytes(real->fmt, K) * N);
+    void *scales = malloc(blocks ? sizeof(uint16_t) * N * (K / bl) : sizeof(float) * N);
+    int8_t aq[M * K];
+    float ascale[M] = {0.01f, 0.02f}, ref[M * N], got[M * N];
+    int32_t azp[M] = {3, -7};
+    for (size_t i = 0; i < pk_row_bytes(real->fmt, K) * N; i++) qs[i] = blocks ? (uint8_t)rnd() : (uint8_t)rnd_int(-127, 127);
+    for (int i = 0; i < (blocks ? N * (K / bl) : N); i++) {
+        if (blocks) ((uint16_t *)scales)[i] = f32_to_bf16(0.01f + 0.01f * rnd_unit());
+        else ((float *)scales)[i] = 0.001f + 0.001f * rnd_unit();
+    }
+    for (int i = 0; i < M * K; i++) aq[i] = (int8_t)rnd();
+    const pk_lhs lhs = {M, K, aq, K, ascale, azp};
+    pk_rhs rhs;
+    if (pk_rhs_prepare(&rhs, real->fmt, N, K, bl, qs, scales, real)) return 1;
+    const void *packed = NULL;
+    for (int p = 0; p < PK_MAX_PACKED; p++)
+        if (real->rhs_pack && rhs.packed_for[p] && rhs.packed_for[p]->rhs_pack == real->rhs_pack) packed = rhs.packed[p];
+    int bad = 0;
+    for (int pairs = 0; pairs < (real->run_pairs ? 2 : 1); pairs++) {
+        const int rows = pairs ? M / 2 : M;
+        if (pairs) {
+            real->run_pairs(M, 0, N, &lhs, &rhs, packed, ref, N, -INFINITY, INFINITY);
+            broken->run_pairs(M, 0, N, &lhs, &rhs, packed, got, N, -INFINITY, INFINITY);
+        } else {
+            real->run(M, 0, N, &lhs, &rhs, packed, ref, N, -INFINITY, INFINITY);
+            broken->run(M, 0, N, &lhs, &rhs, packed, got, N, -INFINITY, INFINITY);
+        }
+        for (int i = 0; i < rows * N; i++)
+            if (!(fabsf(got[i] - ref[i]) >= 1.0f)) bad = 1;
+        if (bad) printf("break %s: the corrupted %s equals the kernel somewhere\n", name, pairs ? "run_pairs" : "run");
+    }
+    pk_rhs_release(&rhs);
+    free(qs);
+    free(scales);
+    return bad;
+}
+
+static void run_break_check(const char *name, const char *force) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int rc = break_child(name, force);
+        fflush(stdout);
+        _exit(rc);
+    }
+    int status = 0;
+    const int ok = pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    CHECK(ok, "self-check drops PYKLEI_TEST_BREAK_KERNEL=%s (PYKLEI_KERNEL=%s)", name, force ? force : "(unset)");
+}
+
 static void test_dispatch(void) {
     run_dispatch_check(NULL, NULL, NULL, 0);
     const char *tags[32];
@@ -213,6 +313,21 @@ static void test_dispatch(void) {
     }
     if (named) run_dispatch_check(named->name, NULL, named->name, 0);
     run_dispatch_check("no_such_kernel", NULL, NULL, 1);
+    /* the self-check: break the kernel the table would pick for qsi4c32 at m = 1 (ranked as
+     * build_dispatch ranks them: this process has no table yet, its children fork first) */
+    const pk_kernel *gemv = NULL;
+    for (int i = 0; i < pk_kernel_count(); i++) {
+        const pk_kernel *k = pk_kernel_at(i);
+        if (k->fmt == PK_FMT_QSI4C32 && pk_kernel_supported(k) && k->m_min <= 1 &&
+            (!gemv || k->priority > gemv->priority))
+            gemv = k;
+    }
+    if (gemv && strcmp(gemv->isa, "scalar")) {
+        run_break_check(gemv->name, NULL);
+        run_break_check(gemv->name, gemv->name);
+    } else {
+        printf("self-check: the dispatch picks the scalar kernel here, nothing to break\n");
+    }
 }
 
 /* ---- matmul cases ----------------------------------------------------------------------- */
