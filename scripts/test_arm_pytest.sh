@@ -100,6 +100,7 @@ find "$STAGE/pyklei" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf
 [ -d converters ] && cp -r converters "$STAGE/pyklei/converters"
 cp tests/*.py "$STAGE/tests/"
 [ -d tests/data ] && cp -r tests/data "$STAGE/tests/"
+[ -d tests/fuzz_corpus ] && cp -r tests/fuzz_corpus "$STAGE/tests/"   # the self-check test's model
 cp pyproject.toml "$STAGE/"
 
 say "cythonize + cross-compile pyklei._ext for aarch64"

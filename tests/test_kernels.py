@@ -8,11 +8,14 @@ M from 1 to 67) and block sizes 32/64/128/256:
   (b) random cases: within the bound of `tolerance()` (stated there);
   (c) the output window: nothing outside [M rows x N cols] of a larger buffer changes;
   (d) dispatch forcing through PYKLEI_KERNEL / PYKLEI_LOG=kernels in a subprocess;
-  (e) the C qai8dx quantizer is byte-exact with the numpy reference.
+  (e) the C qai8dx quantizer is byte-exact with the numpy reference;
+  (f) the dispatch table's self-check: a kernel broken on purpose (PYKLEI_TEST_BREAK_KERNEL)
+      is dropped with a warning and the model's logits are the scalar kernel's.
 """
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -379,6 +382,107 @@ def test_reference_helpers_consistent():
     q = np.random.default_rng(1).integers(-8, 8, (3, 64)).astype(np.int8)
     np.testing.assert_array_equal(unpack_nibbles(pack_nibbles(q)), q)
     assert bf16_to_f32(np.array([0x3F80], np.uint16))[0] == 1.0
+
+
+# ---- (f) the self-check of the dispatch table ------------------------------------------------
+
+SEED_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_corpus", "seed-tied-q4.gguf")
+TEST_ENV = ("PYKLEI_KERNEL", "PYKLEI_LOG", "PYKLEI_TEST_BREAK_KERNEL")
+
+
+def _run_env(env, code, *args):
+    """`code` in a fresh interpreter (the table is built once per process) with `env` set and
+    the other pyklei switches cleared."""
+    full = {k: v for k, v in os.environ.items() if k not in TEST_ENV}
+    full.update(env)
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], env=full, capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _warning(name, stderr):
+    """max |diff| of the self-check warning naming kernel `name`, or None."""
+    m = re.search(rf"^pyklei: warning: kernel {re.escape(name)} failed its self-check against the scalar "
+                  r"kernel \(.*max \|diff\| (\S+) at .*; using the next best$", stderr, re.M)
+    return float(m.group(1)) if m else None
+
+
+def _gemv():
+    """The kernel the table picks here for qsi4c32 at m = 1 (skips where that is the scalar one)."""
+    name = _ext.selected_kernel("qsi4c32", 1)
+    if name == SCALAR["qsi4c32"]:
+        pytest.skip("the dispatch picks the scalar kernel here: no SIMD kernel to check")
+    return name
+
+
+MODEL_CODE = """
+import sys
+import numpy as np
+from pyklei import _ext
+from pyklei.model import Model
+m = Model(sys.argv[1], n_threads=1, n_ctx=64)
+steps = [m.eval([1])] + [m.step(t) for t in (5, 9, 200, 33)]   # decode: 2 rows (qai8dx2) a matmul
+prefill = m.logits([1, 5, 9, 200, 33])                          # prefill: 10 rows
+np.savez(sys.argv[2], steps=np.stack(steps), prefill=prefill)
+print(_ext.selected_kernel("qsi4c32", 1), _ext.selected_kernel("qsi4c32", 2))
+"""
+
+
+def test_selfcheck_drops_broken_kernel(tmp_path):
+    """The decode kernel, broken on purpose (every output + 1 + |output|), fails the self-check:
+    a warning names it, the table takes the next best kernel, and the model's logits equal those
+    of a run on the scalar kernels."""
+    name = _gemv()
+    assert _ext.selected_kernel("qsi4c32", 2) == name   # the model's decode matmuls would use it
+    broken = _run_env({"PYKLEI_TEST_BREAK_KERNEL": name}, MODEL_CODE, SEED_MODEL, tmp_path / "broken.npz")
+    assert broken.returncode == 0, broken.stderr
+    diff = _warning(name, broken.stderr)
+    assert diff is not None, broken.stderr
+    # the self-check saw the corruption itself (tests/c/test_matmul.c also runs the broken copy
+    # directly), so passing here is not vacuous: it would have been used for every decode step
+    assert diff >= 0.9, broken.stderr
+    assert name not in broken.stdout.split()
+    scalar = _run_env({"PYKLEI_KERNEL": "scalar"}, MODEL_CODE, SEED_MODEL, tmp_path / "scalar.npz")
+    assert scalar.returncode == 0 and "warning" not in scalar.stderr, scalar.stderr
+    got, want = np.load(tmp_path / "broken.npz"), np.load(tmp_path / "scalar.npz")
+    for key in ("steps", "prefill"):
+        # kernels differ from the scalar one only in float32 summation order: K <= 128 here, a
+        # few blocks per dot; the broken kernel would be off by more than 1 per matmul output
+        tol = 1e-4 * float(np.abs(want[key]).max())
+        np.testing.assert_allclose(got[key], want[key], rtol=0, atol=tol, err_msg=key)
+
+
+def test_selfcheck_forced_broken_kernel_leaves_scalar():
+    """PYKLEI_KERNEL forcing only the broken kernel: it is dropped all the same, and the scalar
+    kernel takes every qsi4c32 call."""
+    name = _gemv()
+    r = _run_env({"PYKLEI_KERNEL": name, "PYKLEI_TEST_BREAK_KERNEL": name},
+                 "from pyklei import _ext\n"
+                 "print(_ext.selected_kernel('qsi4c32', 1), _ext.selected_kernel('qsi4c32', 64))")
+    assert r.returncode == 0, r.stderr
+    assert _warning(name, r.stderr) is not None, r.stderr
+    assert r.stdout.split() == [SCALAR["qsi4c32"]] * 2
+
+
+SELECTED_CODE = """
+from pyklei import _ext
+print(" ".join(_ext.selected_kernel(f, m) for f in ("qsi4c32", "qsi6c32", "qsi8cx")
+               for m in (1, 2, 3, 4, 6, 8, 16, 64)))
+"""
+
+
+def test_selfcheck_logs_passed_kernels():
+    """PYKLEI_LOG=kernels: one line lists the kernels that passed, among them every SIMD kernel
+    the table picks; no warning on this CPU."""
+    r = _run_env({"PYKLEI_LOG": "kernels"}, SELECTED_CODE)
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr, r.stderr
+    lines = re.findall(r"^pyklei: self-check passed \(([0-9.]+) ms\): (.*)$", r.stderr, re.M)
+    assert len(lines) == 1, r.stderr
+    chosen = set(r.stdout.split()) - set(SCALAR.values())
+    if chosen:
+        assert chosen <= set(lines[0][1].split(", ")), r.stderr
+    else:
+        assert lines[0][1] == "no SIMD kernel in the table"
 
 
 # ---- (g) one row, any M: decode equals prefill bit for bit ----------------------------------
