@@ -9,8 +9,9 @@ text, and the last one always (it carries finish_reason): tokens that end inside
 character (an emoji spans several byte tokens) or inside a possible stop string only add to the
 next response's text.
 
-max_tokens: a count, or None (or a negative count, as the CLI's -1) for "until the context is
-full"; 0 runs the prompt only. `token_budget` is the rule, shared with chat() and the CLI.
+max_tokens: a count, or None or -1 for "until the context is full"; 0 runs the prompt only.
+`token_budget` is the rule, shared by chat(), the CLI, pyklei.chat and examples/server.py; its
+type and range are pyklei.sampler's MAX_TOKENS.
 
 A generation owns the model's KV cache while it runs: if another call uses the model between
 two of its steps, the next step raises pyklei.model.SequenceLostError rather than continue
@@ -24,9 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-import numpy as np
-
-from .sampler import SamplingParams, apply_repetition_penalty, make_sampler
+from .sampler import MAX_TOKENS, SamplingParams, apply_repetition_penalty, make_sampler
 
 
 @dataclass
@@ -45,18 +44,16 @@ class GenerationResponse:
 
 
 def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
-    """The number of tokens a generation may produce. max_tokens None or < 0: the rest of the
+    """The number of tokens a generation may produce. max_tokens None or -1: the rest of the
     context. A count larger than the room left is an error, or with trim=True is cut to it (as
     chat() does, like llama-cpp-python). A prompt that leaves no room is always an error."""
-    if max_tokens is not None and (isinstance(max_tokens, bool)
-                                   or not isinstance(max_tokens, (int, np.integer))):
-        raise TypeError(f"max_tokens must be an integer or None, got {max_tokens!r}")
+    MAX_TOKENS.check(max_tokens)
     room = n_ctx - n_prompt
     if room < 1 and not (room == 0 and max_tokens == 0):
         raise ValueError(f"the prompt has {n_prompt} tokens and exceeds the context of {n_ctx} "
                          f"tokens with no room to generate; shorten the prompt or load with a "
                          f"larger n_ctx (--ctx-size)")
-    if max_tokens is None or max_tokens < 0:
+    if max_tokens is None or max_tokens == -1:
         return room
     if max_tokens > room and not trim:
         raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "

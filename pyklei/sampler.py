@@ -6,49 +6,129 @@
 Filters apply in llama.cpp's usual order: repetition penalty (a logits processor), top-k,
 top-p, min-p, then temperature and a draw. temperature == 0 is greedy (argmax); the same
 seed gives the same tokens.
+
+SAMPLING_OPTIONS is the one schema of the generation options (max_tokens and SamplingParams'
+fields): type, default, range, CLI flags and help. SamplingParams checks itself with it, the
+CLI makes its sampling flags from it, examples/server.py checks requests with it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from typing import Callable, Sequence
 
 import numpy as np
 
 
+# ---- the schema: one entry per option, read by SamplingParams, the CLI and the server ----------
+
+@dataclass(frozen=True)
+class SamplingOption:
+    """One generation option: its type, default and range, and how the CLI shows it.
+
+    The range is [lo, hi] with either end open (lo_open / hi_open) or absent (None); floats
+    must also be finite. `optional`: None is a value (seed: random; max_tokens: until the
+    context is full)."""
+    name: str                     # SamplingParams field, LLM keyword, request field of the server
+    kind: type                    # int or float
+    default: object
+    flags: tuple[str, ...]        # CLI flags; argparse stores the value under `name`
+    metavar: str
+    what: str                     # the value's name in the CLI's messages: "invalid top-p '2': ..."
+    help: str                     # CLI help, then " (" + default_help + ")"
+    default_help: str = "default %(default)s"
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    optional: bool = False
+    note: str = ""                # after the range in messages: "top_k must be >= 0 (0 disables it)"
+
+    def check_type(self, v) -> None:
+        if v is None and self.optional:
+            return
+        ok = (int, np.integer) if self.kind is int else (int, float, np.integer, np.floating)
+        if isinstance(v, bool) or not isinstance(v, ok):
+            raise TypeError(f"{self.name} must be {'an integer' if self.kind is int else 'a number'}"
+                            f"{' or None' if self.optional else ''}, got {v!r}")
+
+    def check_range(self, v) -> None:
+        if v is None:
+            return
+        bad = self.kind is float and not math.isfinite(v)
+        if self.lo is not None:
+            bad |= v <= self.lo if self.lo_open else v < self.lo
+        if self.hi is not None:
+            bad |= v >= self.hi if self.hi_open else v > self.hi
+        if bad:
+            raise ValueError(f"{self.name} must be {self.range_text()}{self.note}, got {v}")
+
+    def check(self, v):
+        """v if it is a valid value; else a TypeError or ValueError that names the option."""
+        self.check_type(v)
+        self.check_range(v)
+        return v
+
+    def range_text(self) -> str:
+        """'>= 0', '> 0' or 'in (0, 1]' ('' when any value goes)."""
+        lo, hi = self.lo, self.hi
+        if hi is None:
+            return "" if lo is None else f"{'>' if self.lo_open else '>='} {lo:g}"
+        return (f"in {'(' if self.lo_open else '['}{'-inf' if lo is None else f'{lo:g}'}, "
+                f"{hi:g}{')' if self.hi_open else ']'}")
+
+
+SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
+    # max_tokens is pyklei.generate.token_budget's: callers pick their own default
+    # (LLM.generate 256, chat 512, `pyklei generate` 128).
+    SamplingOption("max_tokens", int, 256, ("-n", "--max-tokens"), "N", "token count",
+                   "tokens to generate at most",
+                   "default %(default)s; -1: until the context is full", lo=-1, optional=True,
+                   note=" (None or -1: until the context is full)"),
+    SamplingOption("temperature", float, 0.8, ("--temperature", "--temp"), "T", "temperature",
+                   "randomness; 0 is greedy, always the most likely token", lo=0),
+    SamplingOption("top_k", int, 40, ("--top-k",), "K", "top-k",
+                   "sample from the K most likely tokens; 0 disables it", lo=0,
+                   note=" (0 disables it)"),
+    SamplingOption("top_p", float, 0.95, ("--top-p",), "P", "top-p",
+                   "nucleus sampling threshold in (0, 1]; 1 disables it", lo=0, hi=1,
+                   lo_open=True),
+    SamplingOption("min_p", float, 0.05, ("--min-p",), "P", "min-p",
+                   "drop tokens less likely than P x the most likely one; 0 disables it",
+                   lo=0, hi=1, hi_open=True),
+    SamplingOption("repetition_penalty", float, 1.0, ("--repeat-penalty",), "X", "repeat penalty",
+                   "penalty on recently seen tokens; 1 disables it", lo=0, lo_open=True),
+    SamplingOption("repetition_window", int, 64, ("--repeat-last-n",), "N", "window",
+                   "tokens the repeat penalty looks back over", lo=0),
+    SamplingOption("seed", int, None, ("--seed",), "N", "seed",
+                   "random seed, for repeatable sampling", "default: random", optional=True),
+)
+OPTION = {o.name: o for o in SAMPLING_OPTIONS}
+MAX_TOKENS = OPTION["max_tokens"]
+
+
+def _default(name):
+    return OPTION[name].default
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repetition_penalty: float = 1.0
-    repetition_window: int = 64
-    seed: int | None = None
+    """The sampling options of SAMPLING_OPTIONS (all but max_tokens), checked when made."""
+    temperature: float = _default("temperature")
+    top_k: int = _default("top_k")
+    top_p: float = _default("top_p")
+    min_p: float = _default("min_p")
+    repetition_penalty: float = _default("repetition_penalty")
+    repetition_window: int = _default("repetition_window")
+    seed: int | None = _default("seed")
 
     def __post_init__(self):
+        opts = [OPTION[f.name] for f in fields(self)]
         # Types first: a string or None would otherwise fail inside numpy, far from the call.
-        for name, kind in (("temperature", float), ("top_k", int), ("top_p", float),
-                           ("min_p", float), ("repetition_penalty", float),
-                           ("repetition_window", int), ("seed", int)):
-            v = getattr(self, name)
-            if name == "seed" and v is None:
-                continue
-            ok = (int, np.integer) if kind is int else (int, float, np.integer, np.floating)
-            if isinstance(v, bool) or not isinstance(v, ok):
-                raise TypeError(f"{name} must be {'an integer' if kind is int else 'a number'}, "
-                                f"got {v!r}")
-        if not np.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.repetition_window < 0:
-            raise ValueError(f"repetition_window must be >= 0, got {self.repetition_window}")
+        for o in opts:
+            o.check_type(getattr(self, o.name))
+        for o in opts:
+            o.check_range(getattr(self, o.name))
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty: float,
@@ -64,8 +144,9 @@ def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty
     return out
 
 
-def make_sampler(temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95,
-                 min_p: float = 0.05, seed: int | None = None) -> Callable[[np.ndarray], int]:
+def make_sampler(temperature: float = _default("temperature"), top_k: int = _default("top_k"),
+                 top_p: float = _default("top_p"), min_p: float = _default("min_p"),
+                 seed: int | None = None) -> Callable[[np.ndarray], int]:
     p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     if p.temperature == 0:
         return lambda logits: int(np.argmax(logits))
