@@ -1,4 +1,4 @@
-"""`python -m pyklei ...`: the same as the `pyklei` command (pyklei/cli.py)."""
+"""`python -m pyklei ...`: the same as the `pyklei` command (pyklei/cli/)."""
 import sys
 
 from .cli import main

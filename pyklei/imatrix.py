@@ -76,3 +76,20 @@ def save_imatrix(path, imatrix: dict[str, np.ndarray], n_tokens: int) -> None:
     tmp = path.with_name(path.name + ".part.npz")
     np.savez(tmp, _tokens=np.array(n_tokens), **imatrix)
     tmp.replace(path)
+
+
+def collect_imatrix_from_text(model_path, text: str, n_ctx: int = 512,
+                              max_tokens: int | None = None, n_threads: int | None = None,
+                              progress: Callable[[int, int], None] | None = None
+                              ) -> tuple[dict[str, np.ndarray], int]:
+    """Loads the model at model_path, tokenizes `text` (its first max_tokens tokens, all when
+    None) and runs collect_imatrix over it. -> (imatrix, calibration tokens used)."""
+    from .llm import LLM
+
+    llm = LLM(model_path, n_threads=n_threads, n_ctx=n_ctx)
+    ids = llm.tokenizer.encode(text, parse_special=False)
+    if max_tokens:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError("the calibration text has fewer than 2 tokens")
+    return collect_imatrix(llm.model, ids, n_ctx=n_ctx, progress=progress), len(ids)

@@ -1,0 +1,217 @@
+"""What every command of the CLI shares: exit codes, the argparse plumbing (one-line usage
+errors, the help formatter, typed option values), the model and sampling option groups, and
+model loading, text files and progress bars."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+PROG = "pyklei"
+EXIT_USER = 2          # bad input or options
+EXIT_INTERNAL = 1      # a bug or an environment problem
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
+
+
+class CLIError(Exception):
+    """A user mistake: reported as one line, exit code 2."""
+
+
+# ---- argparse plumbing ----------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump) and exit code 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USER, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+class _Formatter(argparse.HelpFormatter):
+    """Wraps description paragraphs to the terminal, but keeps indented lines (examples, command
+    lists) as written."""
+
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=30, width=min(100, _term_width()))
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        out = []
+        for para in text.split("\n\n"):
+            if any(line.startswith(" ") for line in para.splitlines()) or para.endswith(":"):
+                out.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                out.append(textwrap.fill(" ".join(para.split()), width, initial_indent=indent, break_on_hyphens=False,
+                                         subsequent_indent=indent))
+        return "\n\n".join(out)
+
+
+def _term_width() -> int:
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError):
+        return 100
+
+
+def _add_debug(p) -> None:
+    p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="show the full traceback of errors")
+
+
+def _add_command(sub, name, help, description, epilog=None):
+    """A subcommand's parser: our help formatter and --debug."""
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                       formatter_class=_Formatter)
+    _add_debug(p)
+    return p
+
+
+def _int_at_least(lo: int, what: str = "value"):
+    def conv(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: expected an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: must be >= {lo}")
+        return v
+    conv.__name__ = what
+    return conv
+
+
+def _float_in(lo: float | None, hi: float | None, lo_open=False, hi_open=False, what="value"):
+    def conv(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: expected a number") from None
+        bad = not math.isfinite(v)
+        if lo is not None:
+            bad |= v <= lo if lo_open else v < lo
+        if hi is not None:
+            bad |= v >= hi if hi_open else v > hi
+        if bad:
+            rng = (("(" if lo_open else "[") + ("-inf" if lo is None else f"{lo:g}") + ", "
+                   + ("inf" if hi is None else f"{hi:g}") + (")" if hi_open or hi is None else "]"))
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: must be in {rng}")
+        return v
+    conv.__name__ = what
+    return conv
+
+
+def _int_list(lo: int, what: str):
+    one = _int_at_least(lo, what)
+
+    def conv(s: str) -> list[int]:
+        parts = [p for p in s.replace(" ", "").split(",") if p]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: expected a comma-separated list")
+        return [one(p) for p in parts]
+    conv.__name__ = what
+    return conv
+
+
+# ---- option groups --------------------------------------------------------------------------
+
+def _add_model_options(p, ctx_help="context size in tokens (default: the model's, at most 4096)",
+                       threads=True):
+    g = p.add_argument_group("model")
+    if threads:
+        g.add_argument("-t", "--threads", type=_int_at_least(1, "thread count"), default=None, metavar="N",
+                       help="threads (default: the physical cores this process may use)")
+    g.add_argument("-c", "--ctx-size", type=_int_at_least(2, "context size"), default=None, metavar="N",
+                   help=ctx_help)
+    g.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
+                   help="prompt tokens per forward pass (prefill chunk; default %(default)s)")
+    g.add_argument("--kv-cache", choices=("f32", "f16"), default="f32", help="KV cache precision (default %(default)s)")
+    g.add_argument("--activations", choices=("qai8dx2", "qai8dx"), default="qai8dx2",
+                   help="activation quantization: qai8dx2 (two int8 planes, accurate) or qai8dx "
+                        "(one plane, KleidiAI's scheme: faster prefill, less accurate); default %(default)s")
+    return g
+
+
+def _option_type(o):
+    """The argparse type of a pyklei.sampler.SamplingOption: its range, the CLI's messages."""
+    if o.kind is int:
+        return int if o.lo is None else _int_at_least(int(o.lo), o.what)
+    return _float_in(o.lo, o.hi, o.lo_open, o.hi_open, what=o.what)
+
+
+def _add_sampling_options(p, max_tokens=128, n_help=None):
+    """The flags of pyklei.sampler.SAMPLING_OPTIONS (max_tokens with this command's default and
+    help), then --stop."""
+    from ..sampler import SAMPLING_OPTIONS
+
+    g = p.add_argument_group("sampling")
+    for o in SAMPLING_OPTIONS:
+        default, text = o.default, o.help
+        if o.name == "max_tokens":
+            default, text = max_tokens, n_help or text
+        g.add_argument(*o.flags, dest=o.name, type=_option_type(o), default=default,
+                       metavar=o.metavar, help=f"{text} ({o.default_help})")
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when TEXT is generated (not printed); repeatable")
+    return g
+
+
+def _sampling(args) -> dict:
+    """The SamplingParams keywords of parsed sampling options."""
+    from ..sampler import SAMPLING_OPTIONS, MAX_TOKENS
+
+    return {o.name: getattr(args, o.name) for o in SAMPLING_OPTIONS if o is not MAX_TOKENS}
+
+
+# ---- models, files, output ------------------------------------------------------------------
+
+def _model_path(path: str) -> Path:
+    from ..formats.model_file import check_model_path
+    return check_model_path(path)
+
+
+def _load(args, n_ctx: int | None = None, n_threads: int | None = None):
+    from ..llm import load
+
+    return load(_model_path(args.model), n_threads=n_threads or args.threads,
+                n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
+                activations=args.activations)
+
+
+def _read_text(path: str, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise CLIError(f"no such {what} file: {path}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CLIError(f"{path} is not UTF-8 text") from None
+
+
+@contextmanager
+def _progress_bar(args, desc: str, unit: str, leave: bool = True):
+    """A tqdm bar on stderr (shown when stderr is a terminal, never with --no-progress); yields
+    progress(i, n, stage=None): i of n done, stage shown beside the bar."""
+    from tqdm import tqdm
+
+    off = True if getattr(args, "no_progress", False) else None   # None: tqdm decides
+    bar = tqdm(total=None, desc=desc, unit=unit, disable=off, file=sys.stderr, leave=leave)
+
+    def progress(i, n, stage=None):
+        bar.total = n
+        if stage:
+            bar.set_postfix_str(stage)
+        bar.update(i - bar.n)
+
+    try:
+        yield progress
+    finally:
+        bar.close()
+
+
+def _print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")

@@ -1,0 +1,33 @@
+"""`pyklei info`: pyklei.info.model_info, as text or --json."""
+from __future__ import annotations
+
+from ._common import _add_command, _int_at_least, _model_path, _print_json
+
+
+def add_parser(sub):
+    i = _add_command(
+        sub, "info", "show a model's metadata, tensor formats and kernels",
+        "Show the model's metadata, its tensors by format (count, bytes, bits per weight), "
+        "the CPU's features, and which kernel each weight shape runs on this CPU for decode "
+        "and prefill.")
+    i.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
+    i.add_argument("--activations", choices=("qai8dx2", "qai8dx"), default="qai8dx2",
+                   help="activation scheme the kernel table assumes (qai8dx2: 2 rows per token; "
+                        "default %(default)s)")
+    i.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
+                   help="prefill chunk (tokens) the kernel table assumes (default %(default)s)")
+    i.add_argument("--json", action="store_true", help="print the information as JSON")
+    i.set_defaults(func=run)
+    return i
+
+
+def run(args) -> int:
+    from ..info import info_text, model_info
+
+    info = model_info(_model_path(args.model), activations=args.activations,
+                      batch_size=args.batch_size)
+    if args.json:
+        _print_json(info)
+    else:
+        print(info_text(info))
+    return 0

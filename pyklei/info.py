@@ -1,0 +1,146 @@
+"""What a pyklei model file holds and which kernel each of its weights runs on this CPU.
+
+    info = model_info("smollm2.gguf")            # a dict (JSON-ready); reads the file only
+    print(info_text(info))                       # what `pyklei info` prints
+
+Nothing is loaded into the runtime: the tensors are read from the file's header and the kernel
+table is asked which kernel a weight of each format gets for decode (m = activation planes)
+and for a full prefill chunk (m = planes x batch size).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ._text import mb, table, wrap
+
+# the linear weights of a layer, by GGUF name part, and the short name a table shows
+_PARTS = (("attn_q", "q"), ("attn_k", "k"), ("attn_v", "v"), ("attn_output", "o"),
+          ("ffn_gate", "gate"), ("ffn_up", "up"), ("ffn_down", "down"))
+
+
+def _tensor_bytes(t) -> int:
+    return sum(a.nbytes for a in (t.data, t.qs, t.scales) if a is not None)
+
+
+def model_info(path, activations: str = "qai8dx2", batch_size: int = 256) -> dict:
+    """The model's metadata, its tensors by format, the CPU's kernels and the kernel of each
+    weight shape for decode and prefill, as a dict. Raises ValueError (ModelFileError) for a
+    path that is not a pyklei model file."""
+    from .formats import gguf_keys as K
+    from .formats.model_file import read_model
+    from .kernels import available_kernels, cpu_features, selected_kernel
+
+    mf = read_model(path)
+    hp, md = mf.hparams, mf.metadata
+    fmts: dict[str, dict] = {}
+    for t in mf.tensors.values():
+        f = fmts.setdefault(t.format, {"tensors": 0, "params": 0, "bytes": 0})
+        f["tensors"] += 1
+        f["params"] += math.prod(t.shape)
+        f["bytes"] += _tensor_bytes(t)
+    for f in fmts.values():
+        f["bits_per_weight"] = 8 * f["bytes"] / f["params"] if f["params"] else 0.0
+    n_params = sum(f["params"] for f in fmts.values())
+    n_bytes = sum(f["bytes"] for f in fmts.values())
+
+    planes = 2 if activations == "qai8dx2" else 1
+    m_dec, m_pre = planes, planes * batch_size
+    shapes: dict[tuple, dict] = {}
+    for i in range(hp.n_layer):
+        for part, short in _PARTS:
+            t = mf.layer(i, part)
+            key = (short, t.shape, t.format)
+            s = shapes.setdefault(key, {"weight": short, "n": t.shape[0], "k": t.shape[1],
+                                        "format": t.format, "layers": 0})
+            s["layers"] += 1
+    out = mf.output
+    rows = list(shapes.values())
+    rows.append({"weight": "lm_head" + (" (tied)" if hp.tied else ""), "n": out.shape[0],
+                 "k": out.shape[1], "format": out.format, "layers": 1})
+    for r in rows:
+        f = r["format"] if r["format"] in K.PACKED_FORMATS else "qsi8cx"  # f16/f32 lm_head -> qsi8cx at load
+        if f != r["format"]:
+            r["runtime_format"] = f
+        r["decode_kernel"] = selected_kernel(f, m_dec)
+        # only the last position's logits are computed after a prompt: lm_head runs at m = planes
+        r["prefill_kernel"] = selected_kernel(f, m_dec if r["weight"].startswith("lm_head") else m_pre)
+
+    tmpl = md.get("tokenizer.chat_template")
+    return {
+        "path": str(path),
+        "file_bytes": Path(path).stat().st_size,
+        "name": md.get(K.GENERAL_NAME),
+        "architecture": md.get(K.GENERAL_ARCHITECTURE),
+        "pyklei_format_version": md.get(K.KEY_FORMAT_VERSION),
+        "converted_from": md.get(K.KEY_SOURCE),
+        "params": n_params,
+        "tensor_bytes": n_bytes,
+        "bits_per_weight": 8 * n_bytes / n_params if n_params else 0.0,
+        "qsi4c32_block_size": hp.block_size,
+        "hparams": {"context_length": hp.context_length, "n_layer": hp.n_layer,
+                    "n_embd": hp.n_embd, "n_ff": hp.n_ff, "n_head": hp.n_head,
+                    "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim,
+                    "rope_theta": hp.rope_theta, "rope_scaling": md.get(K.ROPE_SCALING_TYPE),
+                    "rms_eps": hp.rms_eps, "tied_embeddings": hp.tied},
+        "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
+                      "vocab_size": hp.vocab_size, "bos_id": md.get("tokenizer.ggml.bos_token_id"),
+                      "eos_ids": mf.eos_token_ids,
+                      "add_bos": md.get("tokenizer.ggml.add_bos_token")},
+        "chat_template": bool(tmpl),
+        "formats": fmts,
+        "cpu_features": cpu_features(),
+        "kernels_available": [k["name"] for k in available_kernels() if k["priority"] >= 0],
+        "activations": activations,
+        "m_decode": m_dec,
+        "m_prefill": m_pre,
+        "layers": rows,
+    }
+
+
+def info_text(info: dict) -> str:
+    """model_info's dict as the text `pyklei info` prints."""
+    hp, tk = info["hparams"], info["tokenizer"]
+    tok_kind = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}.get(tk["model"], tk["model"])
+    src = f", converted from {info['converted_from']}" if info["converted_from"] else ""
+    L = [
+        f"file           {info['path']} ({mb(info['file_bytes'])})",
+        f"name           {info['name'] or '-'}",
+        f"architecture   {info['architecture']} (pyklei format {info['pyklei_format_version']}{src})",
+        f"parameters     {info['params'] / 1e6:.1f} M, {info['bits_per_weight']:.2f} bits per "
+        f"weight overall",
+        f"context        {hp['context_length']} tokens",
+        f"shape          {hp['n_layer']} layers, embedding {hp['n_embd']}, feed-forward {hp['n_ff']}, "
+        f"heads {hp['n_head']} (kv {hp['n_head_kv']}), head dim {hp['head_dim']}",
+        f"rope           theta {hp['rope_theta']:g}" + (f", {hp['rope_scaling']} scaling"
+                                                        if hp["rope_scaling"] else "")
+        + f"; tied embeddings: {'yes' if hp['tied_embeddings'] else 'no'}",
+        f"vocab          {tk['vocab_size']} tokens, {tok_kind}"
+        + (f" (pre-tokenizer {tk['pre']})" if tk["pre"] else "")
+        + f"; BOS {tk['bos_id']}, EOS {tk['eos_ids']}",
+        f"chat template  {'yes' if info['chat_template'] else 'no'}",
+        "",
+        "tensors by format",
+    ]
+    rows = [["format", "tensors", "params", "bytes", "bits/weight"]]
+    for f, v in sorted(info["formats"].items(), key=lambda kv: -kv[1]["bytes"]):
+        label = f + (f" (group {info['qsi4c32_block_size']})" if f == "qsi4c32" else "")
+        rows.append([label, str(v["tensors"]), f"{v['params']:,}", mb(v["bytes"]),
+                     f"{v['bits_per_weight']:.2f}"])
+    rows.append(["total", str(sum(v["tensors"] for v in info["formats"].values())),
+                 f"{info['params']:,}", mb(info["tensor_bytes"]), f"{info['bits_per_weight']:.2f}"])
+    L += table(rows, indent=2)
+    L += ["", f"cpu features   {' '.join(info['cpu_features']) or '(baseline only)'}",
+          *wrap("kernels        ", ", ".join(info["kernels_available"])), "",
+          *wrap("", f"kernel per weight on this CPU ({info['activations']} activations: decode "
+                    f"runs m={info['m_decode']} rows, prefill m={info['m_prefill']} for a full "
+                    f"chunk of {info['m_prefill'] // info['m_decode']} tokens; lm_head runs on "
+                    f"the last position only)")]
+    rows = [["weight", "N x K", "format", "layers", f"decode (m={info['m_decode']})",
+             f"prefill (m={info['m_prefill']})"]]
+    for r in info["layers"]:
+        fmt = r["format"] + (f" -> {r['runtime_format']}" if "runtime_format" in r else "")
+        rows.append([r["weight"], f"{r['n']} x {r['k']}", fmt, str(r["layers"]),
+                     r["decode_kernel"], r["prefill_kernel"]])
+    L += table(rows, indent=2)
+    return "\n".join(L)
