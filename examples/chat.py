@@ -2,17 +2,20 @@
 
     python examples/chat.py ~/.cache/pyklei/smollm2-135m-instruct-q4.gguf
 
-Replies stream as they are generated; the KV cache keeps the conversation, so each turn only
-runs its new tokens. Ctrl-C stops a reply, Ctrl-D (or an empty line then Ctrl-D) quits.
+pyklei.chat.ChatSession keeps the conversation: replies stream as they are generated, the KV
+cache keeps what came before, so each turn only runs its new tokens, and the oldest turns are
+dropped when the next one would not fit the context. Ctrl-C stops a reply, Ctrl-D quits.
 """
 import sys
 
 import pyklei
+from pyklei.chat import ChatSession
 
 
 def main(path: str) -> None:
     llm = pyklei.load(path)
-    messages = [{"role": "system", "content": "You are a helpful, concise assistant."}]
+    session = ChatSession(llm, system="You are a helpful, concise assistant.", max_tokens=256,
+                          sampling={"temperature": 0.7})
     print(f"chatting with {path} ({llm.n_ctx}-token context); Ctrl-D quits")
     while True:
         try:
@@ -22,21 +25,16 @@ def main(path: str) -> None:
             return
         if not user:
             continue
-        messages.append({"role": "user", "content": user})
-        reply = []
         print("bot> ", end="", flush=True)
         try:
-            for r in llm.chat(messages, max_tokens=256, stream=True, temperature=0.7):
-                print(r.text, end="", flush=True)
-                reply.append(r.text)
-        except KeyboardInterrupt:
-            print(" [stopped]", end="")
-        except ValueError as e:          # e.g. the conversation no longer fits the context
-            print(f"\n(error: {e}; starting over)")
-            del messages[1:]
+            _, interrupted, dropped = session.reply(
+                user, write=lambda text: print(text, end="", flush=True))
+        except ValueError as e:          # the message alone does not fit the context
+            print(f"\n(error: {e})")
             continue
-        print()
-        messages.append({"role": "assistant", "content": "".join(reply)})
+        print(" [stopped]" if interrupted else "")
+        if dropped:
+            print(f"(forgot the oldest {dropped} turn(s) to stay within the context)")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,14 @@ Endpoints:
   POST /v1/completions        prompt -> continuation
 With "stream": true the reply comes as Server-Sent Events, one `data: {...}` chunk per piece
 of text in OpenAI's chunk shape, then `data: [DONE]`. Request fields used: max_tokens (or
-max_completion_tokens), temperature, top_p, stop, seed, stream, stream_options.include_usage,
-n (must be 1), and the extensions top_k, min_p, repetition_penalty. Absent sampling fields
-take pyklei's defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05). Unknown fields
-are ignored, as OpenAI-compatible servers commonly do; bad values get a 400 JSON error.
+max_completion_tokens), stop, stream, stream_options.include_usage, n (must be 1), and the
+sampling options of pyklei's schema under their own names (pyklei.sampler.SAMPLING_OPTIONS:
+temperature, top_p, seed, and the extensions top_k, min_p, repetition_penalty,
+repetition_window), with its ranges and, when absent, its defaults. max_tokens follows
+pyklei.generate.token_budget: -1 runs until the context is full, 0 the prompt only; when it is
+absent, 512 for a chat and 16 for a completion (OpenAI's default), cut to the room the
+context leaves. Unknown fields are ignored, as OpenAI-compatible servers commonly do; bad
+values get a 400 JSON error that names the field.
 
 The model is not thread-safe: requests are served one at a time (a lock), each on its own
 thread. The KV cache keeps the previous request's tokens, so a chat that grows turn by turn
@@ -31,9 +35,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyklei
-from pyklei.sampler import SamplingParams
+from pyklei.generate import token_budget
+from pyklei.sampler import MAX_TOKENS, SAMPLING_OPTIONS
 
 MAX_BODY = 8 << 20
+DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none
 
 
 class BadRequest(Exception):
@@ -42,32 +48,17 @@ class BadRequest(Exception):
         self.param, self.status = param, status
 
 
-def _number(body, key, lo=None, hi=None, integer=False, lo_open=False, hi_open=False):
-    v = body.get(key)
-    if v is None:
-        return None
-    ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
-    if isinstance(v, bool) or not ok_type:
-        raise BadRequest(f"'{key}' must be {'an integer' if integer else 'a number'}", key)
-    if (lo is not None and (v <= lo if lo_open else v < lo)) or \
-            (hi is not None and (v >= hi if hi_open else v > hi)):
-        rng = (("(" if lo_open else "[") + f"{lo}, " + ("inf" if hi is None else str(hi))
-               + (")" if hi is None or hi_open else "]"))
-        raise BadRequest(f"'{key}' must be in {rng}, got {v}", key)
-    return v
-
-
 def sampling_from(body) -> dict:
+    """The sampling keywords of a request, each checked by pyklei's schema."""
     s = {}
-    for key, name, kw in (("temperature", "temperature", dict(lo=0, hi=2)),
-                          ("top_p", "top_p", dict(lo=0, hi=1, lo_open=True)),
-                          ("top_k", "top_k", dict(lo=0, integer=True)),
-                          ("min_p", "min_p", dict(lo=0, hi=1, hi_open=True)),
-                          ("repetition_penalty", "repetition_penalty", dict(lo=0, lo_open=True)),
-                          ("seed", "seed", dict(integer=True))):
-        v = _number(body, key, **kw)
-        if v is not None:
-            s[name] = v
+    for o in SAMPLING_OPTIONS:
+        v = body.get(o.name)
+        if o is MAX_TOKENS or v is None:
+            continue
+        try:
+            s[o.name] = o.check(v)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(str(e), o.name) from None
     return s
 
 
@@ -129,26 +120,20 @@ class Engine:
             raise BadRequest("only n=1 is supported", "n")
         # "model" is not checked: the one model serves any name, as single-model servers do
         ids = self.prompt_ids(kind, body)
-        room = self.llm.n_ctx - len(ids)
-        if room < 1:
-            raise BadRequest(f"the prompt has {len(ids)} tokens; the context holds "
-                             f"{self.llm.n_ctx}", "messages" if kind == "chat" else "prompt")
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        max_tokens = _number(body, key, lo=1, integer=True)
-        if max_tokens is None:
-            max_tokens = min(room, 512 if kind == "chat" else 16)  # OpenAI's completions default is 16
-        if max_tokens > room:
-            raise BadRequest(f"prompt ({len(ids)} tokens) + {key} ({max_tokens}) exceed the context "
-                             f"of {self.llm.n_ctx} tokens", key)
+        asked = body.get(key)
+        try:   # a default is cut to the room left; a count asked for must fit
+            max_tokens = token_budget(self.llm.n_ctx, len(ids),
+                                      DEFAULT_MAX_TOKENS[kind] if asked is None else asked,
+                                      trim=asked is None)
+        except (TypeError, ValueError) as e:
+            prompt_fits = isinstance(e, TypeError) or len(ids) < self.llm.n_ctx
+            raise BadRequest(str(e), key if prompt_fits else
+                             "messages" if kind == "chat" else "prompt") from None
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadRequest("'stream' must be true or false", "stream")
-        try:
-            sampling = sampling_from(body)
-            SamplingParams(**sampling)
-        except ValueError as e:
-            raise BadRequest(str(e)) from None
-        return ids, max_tokens, stops_from(body), sampling
+        return ids, max_tokens, stops_from(body), sampling_from(body)
 
     def generate(self, ids, max_tokens, stops, sampling):
         return self.llm.generate(ids, max_tokens=max_tokens, stream=True, stop=stops, **sampling)
