@@ -177,13 +177,9 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
     # calibrated: importance matrix measured on an 8-bit draft (what `pyklei convert --calibrate` does)
     cal = work / f"{tag}-q4-g32-imatrix.gguf"
     if imatrix and not (cal.exists() and current(cal)):
-        from pyklei.imatrix import collect_imatrix, default_calibration_text
-        from pyklei.llm import LLM
+        from pyklei.imatrix import collect_imatrix_from_text, default_calibration_text
         draft = pyklei_convert(work / f"{tag}-q8-draft.gguf", keep=["*=q8"])
-        llm = LLM(draft, n_ctx=512)
-        ids = llm.tokenizer.encode(default_calibration_text())[:8192]
-        imat = collect_imatrix(llm.model, ids)
-        del llm
+        imat, _ = collect_imatrix_from_text(draft, default_calibration_text(), max_tokens=8192)
         pyklei_convert(cal, imatrix=imat)
     if imatrix:
         models["pyklei q4 g32 +imatrix"] = ("pyklei", cal)
@@ -271,30 +267,20 @@ ENGINES = {"pyklei": PykleiEngine, "llamacpp": LlamaCppEngine, "transformers": T
 
 
 def worker_speed(engine, path, threads, prompt_lengths, n_gen, ids):
+    """`pyklei bench`'s loop (pyklei.bench.measure_speed) on any engine, the same token ids
+    for all: each figure the median of 3 in-process (one hiccup of the VM is not a figure);
+    decode after a 16-token prompt."""
+    from pyklei.bench import measure_speed
     t0 = time.perf_counter()
     e = ENGINES[engine](path, threads, max(prompt_lengths) + n_gen + 8)
-    res = {"load_s": time.perf_counter() - t0, "prefill_tps": {}, "ttft_s": {}}
-    e.prefill(ids[:8])                                        # warm-up
-    for n in prompt_lengths:
-        dts, ttfts = [], []
-        for _ in range(3):            # median of 3 in-process: one hiccup of the VM is not a figure
-            t = time.perf_counter()
-            logits = e.prefill(ids[:n])
-            dts.append(time.perf_counter() - t)
-            int(np.argmax(logits))                            # the first token is sampled too
-            ttfts.append(time.perf_counter() - t)
-        res["ttft_s"][n] = statistics.median(ttfts)
-        res["prefill_tps"][n] = n / statistics.median(dts)
-    rates = []
-    for _ in range(3):                # median of 3 in-process, as for prefill
-        tok = int(np.argmax(e.prefill(ids[:16])))
-        t = time.perf_counter()
-        for _ in range(n_gen):
-            tok = int(np.argmax(e.step(tok)))
-        rates.append(n_gen / (time.perf_counter() - t))
-    res["decode_tps"] = statistics.median(rates)
-    res["peak_rss_mb"] = peak_rss_mb()
-    return res
+    load_s = time.perf_counter() - t0
+    m = measure_speed(e.prefill, e.step, lambda n: ids[:n], prompt_lengths, n_gen, repeats=3,
+                      decode_context=16)
+    return {"load_s": load_s,
+            "prefill_tps": {p["tokens"]: p["tok_s"] for p in m["prefill"]},
+            "ttft_s": {p["tokens"]: p["ttft_s"] for p in m["prefill"]},
+            "decode_tps": m["decode"]["tok_s"] if m["decode"] else None,
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def worker_ppl(engine, path, threads, ids, n_ctx, stride):
