@@ -73,6 +73,58 @@ def test_console_script_is_installed():
     assert r.returncode == 0 and r.stdout.startswith("pyklei ")
 
 
+
+def test_sampling_flags_follow_the_schema():
+    """The CLI's sampling flags are made from pyklei.sampler.SAMPLING_OPTIONS: their defaults
+    are SamplingParams' and a value out of the schema's range is refused by both."""
+    from pyklei.cli import build_parser
+    from pyklei.cli._common import _sampling
+    from pyklei.sampler import SAMPLING_OPTIONS, SamplingParams
+
+    args = build_parser().parse_args(["generate", "m.gguf", "-p", "hi"])
+    assert SamplingParams(**_sampling(args)) == SamplingParams()
+    assert args.max_tokens == 128
+    bad = {"max_tokens": "-2", "temperature": "-1", "top_k": "-1", "top_p": "0", "min_p": "1",
+           "repetition_penalty": "0", "repetition_window": "-1", "seed": "x"}
+    for o in SAMPLING_OPTIONS:
+        r = pyklei("generate", "m.gguf", "-p", "hi", o.flags[-1], bad[o.name])
+        assert o.flags[-1] in assert_user_error(r, "generate")
+        if o.name not in ("max_tokens", "seed"):
+            with pytest.raises(ValueError, match=f"{o.name} must be"):
+                SamplingParams(**{o.name: o.kind(bad[o.name])})
+
+
+def test_measure_speed_runs_any_engine():
+    """pyklei.bench.measure_speed (pyklei bench and benchmarks/compare.py) on a fake engine:
+    a warm-up, `repeats` prefills per length from an empty context, decode after
+    decode_context tokens, one step per token."""
+    import numpy as np
+
+    from pyklei.bench import measure_speed
+
+    calls = []
+
+    def prefill(ids):
+        calls.append(("prefill", len(ids)))
+        return np.zeros(8, np.float32)
+
+    def step(tok):
+        calls.append(("step", tok))
+        return np.zeros(8, np.float32)
+
+    stages = []
+    m = measure_speed(prefill, step, lambda n: [1] * n, [4, 16], n_gen=5, repeats=3,
+                      decode_context=2, progress=lambda i, n, stage: stages.append((i, n, stage)))
+    assert calls[0] == ("prefill", 8)
+    assert [c for c in calls if c[0] == "prefill"][1:] == [("prefill", 4)] * 3 + \
+        [("prefill", 16)] * 3 + [("prefill", 2)] * 3
+    assert sum(c[0] == "step" for c in calls) == 15
+    assert [p["tokens"] for p in m["prefill"]] == [4, 16]
+    assert all(p["tok_s"] > 0 and p["ttft_s"] > 0 and len(p["samples_s"]) == 3 for p in m["prefill"])
+    assert m["decode"]["tokens"] == 5 and len(m["decode"]["samples_s"]) == 3
+    assert stages[0] == (0, 10, "warm-up") and stages[-1] == (10, 10, "done")
+    assert measure_speed(prefill, step, lambda n: [1] * n, [4], n_gen=0, repeats=1)["decode"] is None
+
 # ---- generate -----------------------------------------------------------------------------
 
 def test_generate_streams_and_prints_stats(smollm2_q4):

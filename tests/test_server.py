@@ -165,6 +165,23 @@ def test_bad_requests_get_400(server, path, body, raw, param):
     assert out["error"]["param"] == param
 
 
+
+@pytest.mark.parametrize("field, value", [
+    ("max_tokens", -2), ("max_completion_tokens", "many"), ("top_k", 2.5), ("min_p", 1),
+    ("repetition_penalty", 0), ("repetition_window", -1), ("seed", "1"),
+])
+def test_request_fields_are_checked_by_the_schema(server, field, value):
+    """Every sampling field and max_tokens is checked by pyklei's schema; the 400 names it."""
+    status, _, out = post_json(server, "/v1/completions", {"prompt": "hi", field: value})
+    assert status == 400 and out["error"]["param"] == field, out
+
+
+def test_max_tokens_zero_runs_the_prompt_only(server):
+    status, _, body = post_json(server, "/v1/completions",
+                                {"prompt": "The capital of France is", "max_tokens": 0})
+    assert status == 200 and body["choices"][0]["text"] == ""
+    assert body["usage"]["completion_tokens"] == 0
+
 def test_unknown_route_is_404(server):
     status, _, out = post_json(server, "/v1/embeddings", {"input": "x"})
     assert status == 404 and "error" in out
