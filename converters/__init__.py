@@ -26,7 +26,8 @@ def convert(hf_dir, out_path, group_size: int = 32,
     embedding_bits: 4 (qsi4c32), 6 (qsi6c32, default), 8 (qsi8cx) or 16 (f16) for token_embd.weight and,
         if the model is untied, output.weight.
     keep: ["PATTERN=FMT", ...] or {PATTERN: FMT}: fnmatch patterns over GGUF (or HF) tensor
-        names; FMT in q4, q8, f16, bf16, f32; the first matching pattern wins.
+        names; FMT a format name or alias (q4, q6, q8, f16, bf16, f32; qsi4c32, ...); the first
+        matching pattern wins.
     imatrix: importance per input channel ({GGUF name: float [K]} or an .npz path from
         `pyklei imatrix`): each qsi4c32 block's scale minimises the importance-weighted error.
     norm_weighting: without a measured imatrix for a weight, weigh the error of each input

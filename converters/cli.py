@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .core import DEFAULT_EMBEDDING_BITS, FORMATS
+from pyklei.formats.registry import WEIGHT_FORMATS
+
+from .core import DEFAULT_EMBEDDING_BITS
 
 HELP = "convert a Hugging Face Llama checkpoint or a llama.cpp GGUF into a pyklei GGUF"
 
@@ -28,7 +30,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                         "4 = qsi4c32, 6 = qsi6c32, 8 = qsi8cx, 16 = f16 (default %(default)s)")
     p.add_argument("--keep", action="append", default=[], metavar="PATTERN=FMT",
                    help=f"store tensors whose GGUF or HF name matches the glob PATTERN in FMT "
-                        f"({', '.join(FORMATS)}), e.g. 'blk.*.ffn_down.weight=q8'; repeatable, "
+                        f"({', '.join(f.alias for f in WEIGHT_FORMATS.values())}), e.g. 'blk.*.ffn_down.weight=q8'; repeatable, "
                         f"the first matching pattern wins")
     p.add_argument("--imatrix", metavar="FILE.npz",
                    help="importance matrix from `pyklei imatrix` (mean squared activation per "

@@ -26,23 +26,14 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from pyklei.formats import (
-    QSI4C32_BLOCK_SIZES,
-    dequantize_qsi4c32,
-    dequantize_qsi8cx,
-    f32_to_bf16,
-    quantize_qsi4c32,
-    quantize_qsi8cx,
-)
+from pyklei.formats import QSI4C32_BLOCK_SIZES
 from pyklei.formats import gguf_keys as K
-from pyklei.formats.qsi6c32 import dequantize_qsi6c32, quantize_qsi6c32
+from pyklei.formats.registry import WEIGHT_FORMATS, WeightFormat, weight_format
 
 from .errors import ConversionError
 
 CONVERTER_VERSION = "2"   # 2: qsi6c32 embedding by default, norm-gain weighted 4-bit scales
-FORMATS = ("q4", "q6", "q8", "f16", "bf16", "f32")
-FORMAT_LONG = {"q4": "qsi4c32", "q6": "qsi6c32", "q8": "qsi8cx", "f16": "f16", "bf16": "bf16", "f32": "f32"}
-EMBEDDING_BITS = {4: "q4", 6: "q6", 8: "q8", 16: "f16"}
+EMBEDDING_BITS = {4: "qsi4c32", 6: "qsi6c32", 8: "qsi8cx", 16: "f16"}   # --embedding-bits
 DEFAULT_EMBEDDING_BITS = 6
 CHUNK_ELEMS = 1 << 23  # rows per chunk: ~8M elements (32 MB of float32)
 F16_MAX = 65504.0
@@ -70,7 +61,7 @@ class ModelSource:
 @dataclass
 class TensorReport:
     name: str
-    fmt: str
+    fmt: str                       # a format name of pyklei.formats.registry ("qsi4c32", ...)
     shape: tuple[int, ...]
     nbytes: int
     rel_rmse: float
@@ -103,35 +94,34 @@ class ConversionResult:
 
     def summary(self) -> str:
         lines = [f"converted {self.source} -> {self.path}"]
-        fm = ", ".join(f"{FORMAT_LONG[f]}: {n}" for f, n in sorted(self.by_format().items()))
+        fm = ", ".join(f"{f}: {n}" for f, n in sorted(self.by_format().items()))
         lines.append(f"  tensors: {len(self.tensors)} ({fm})")
         lines.append(f"  parameters: {self.n_params:,}; file size: {self.file_size / 1e6:.1f} MB")
         lines.append(f"  bits per weight: {self.bits_per_weight():.3f} overall, "
-                     f"{self.bits_per_weight(('q4',)):.3f} for qsi4c32 tensors "
+                     f"{self.bits_per_weight(('qsi4c32',)):.3f} for qsi4c32 tensors "
                      f"(group size {self.group_size})")
-        for fmt in ("q4", "q6", "q8", "f16"):
+        for fmt in ("qsi4c32", "qsi6c32", "qsi8cx", "f16"):
             errs = [t.rel_rmse for t in self.tensors if t.fmt == fmt]
             if errs:
                 worst = max((t for t in self.tensors if t.fmt == fmt), key=lambda t: t.rel_rmse)
-                lines.append(f"  relative RMSE ({FORMAT_LONG[fmt]}): mean {np.mean(errs):.4f}, "
+                lines.append(f"  relative RMSE ({fmt}): mean {np.mean(errs):.4f}, "
                              f"max {worst.rel_rmse:.4f} ({worst.name})")
         lines.append(f"  time: {self.seconds:.1f} s; peak RSS: {self.peak_rss_mb:.0f} MB")
         return "\n".join(lines)
 
 
 def parse_keep(keep) -> list[tuple[str, str]]:
-    """["PATTERN=FMT", ...] or {PATTERN: FMT} -> [(pattern, fmt)] (first match wins)."""
+    """["PATTERN=FMT", ...] or {PATTERN: FMT} -> [(pattern, format name)] (first match wins);
+    FMT is any spelling pyklei.formats.registry.weight_format takes (q8, qsi8cx, 8, ...)."""
     if not keep:
         return []
     items = keep.items() if isinstance(keep, dict) else [_split_keep(k) for k in keep]
     out = []
     for pat, fmt in items:
-        fmt = fmt.strip().lower()
-        fmt = {"8": "q8", "q8_0": "q8", "qsi8cx": "q8", "4": "q4", "qsi4c32": "q4",
-               "6": "q6", "qsi6c32": "q6", "16": "f16"}.get(fmt, fmt)
-        if fmt not in FORMATS:
-            raise ConversionError(f"--keep {pat}={fmt}: unknown format; use one of {', '.join(FORMATS)}")
-        out.append((pat.strip(), fmt))
+        try:
+            out.append((pat.strip(), weight_format(fmt).name))
+        except ValueError as e:
+            raise ConversionError(f"--keep {pat}={fmt.strip()}: {e}") from None
     return out
 
 
@@ -149,14 +139,14 @@ def choose_format(t: SourceTensor, group_size: int, embedding_bits: int,
     pattern matching the GGUF or source name overrides that."""
     if t.kind in ("norm", "rope_freqs"):
         return "f32"
-    fmt = "q4" if t.kind == "linear" else EMBEDDING_BITS[embedding_bits]
+    fmt = "qsi4c32" if t.kind == "linear" else EMBEDDING_BITS[embedding_bits]
     for pat, f in keep:
         if _matches(pat, t):
             fmt = f
             if used is not None:
                 used.add(pat)
             break
-    if fmt == "q4":
+    if fmt == "qsi4c32":
         n, k = t.shape
         if k % group_size or k % 32:
             ok = [b for b in QSI4C32_BLOCK_SIZES if k % b == 0]
@@ -165,7 +155,7 @@ def choose_format(t: SourceTensor, group_size: int, embedding_bits: int,
                 f"{t.name}: input dimension K={k} is not divisible by the group size "
                 f"{group_size}; {hint}, or keep this tensor at 8 bits with "
                 f"--keep '{t.name}=q8'")
-    if fmt == "q6" and t.shape[-1] % 32:
+    if fmt == "qsi6c32" and t.shape[-1] % 32:
         raise ConversionError(f"{t.name}: qsi6c32 needs K divisible by 32, K={t.shape[-1]}; keep "
                               f"this tensor at 8 bits with --keep '{t.name}=q8'")
     return fmt
@@ -177,21 +167,9 @@ def _matches(pat: str, t: SourceTensor) -> bool:
 
 def _outputs(t: SourceTensor, fmt: str, bl: int):
     """GGUF tensors written for t: [(name, numpy shape, numpy dtype, GGML type)]."""
-    if fmt == "q4":
-        n, k = t.shape
-        return [(t.name, (n, k // 2), np.int8, GGMLQuantizationType.I8),
-                (K.scales_name(t.name), (n, k // bl), np.uint16, GGMLQuantizationType.BF16)]
-    if fmt == "q6":
-        n, k = t.shape
-        return [(t.name, (n, k // 32 * 24), np.int8, GGMLQuantizationType.I8),
-                (K.scales_name(t.name), (n, k // 32), np.uint16, GGMLQuantizationType.BF16)]
-    if fmt == "q8":
-        n, k = t.shape
-        return [(t.name, (n, k), np.int8, GGMLQuantizationType.I8),
-                (K.scales_name(t.name), (n,), np.float32, GGMLQuantizationType.F32)]
-    return [(t.name, t.shape, {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[fmt],
-             {"f32": GGMLQuantizationType.F32, "f16": GGMLQuantizationType.F16,
-              "bf16": GGMLQuantizationType.BF16}[fmt])]
+    names = [t.name, K.scales_name(t.name)]
+    return [(nm, st.shape, st.dtype, GGMLQuantizationType(st.ggml_type))
+            for nm, st in zip(names, WEIGHT_FORMATS[fmt].stored(t.shape, bl))]
 
 
 class _DataStream:
@@ -337,8 +315,8 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
     w.add_uint32(K.KEY_BLOCK_SIZE, group_size)
     w.add_string(K.KEY_CONVERTER_VERSION, CONVERTER_VERSION)
     for t, fmt in plan:
-        if fmt in ("q4", "q6", "q8"):
-            w.add_string(K.format_key(t.name), FORMAT_LONG[fmt])
+        if WEIGHT_FORMATS[fmt].quantized:
+            w.add_string(K.format_key(t.name), fmt)
     outs = []
     for t, fmt in plan:
         o = _outputs(t, fmt, group_size)
@@ -362,7 +340,7 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
             bar = tqdm(total=len(plan), unit="tensor", desc="converting", dynamic_ncols=True)
         for (t, fmt), o in zip(plan, outs):
             imp = importance.get(t.name)
-            if imp is not None and fmt in ("q4", "q6") and imp.shape != (t.shape[-1],):
+            if imp is not None and fmt in ("qsi4c32", "qsi6c32") and imp.shape != (t.shape[-1],):
                 raise ConversionError(f"importance for {t.name} has {imp.size} values, the tensor "
                                       f"has K={t.shape[-1]}: the imatrix is for another model")
             rep = _write_tensor(stream, t, fmt, group_size, o, imp)
@@ -370,7 +348,7 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
             if src.after_tensor:
                 src.after_tensor()
             if bar is not None:
-                bar.set_postfix_str(f"{t.name} {FORMAT_LONG[fmt]} rel.RMSE {rep.rel_rmse:.4f}",
+                bar.set_postfix_str(f"{t.name} {fmt} rel.RMSE {rep.rel_rmse:.4f}",
                                     refresh=False)
                 bar.update(1)
         w.fout[0].flush()
@@ -406,6 +384,7 @@ def peak_rss_mb() -> float:
 
 def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs,
                   importance: np.ndarray | None = None) -> TensorReport:
+    wf: WeightFormat = WEIGHT_FORMATS[fmt]
     rows = t.shape[0]
     row_elems = math.prod(t.shape[1:]) if len(t.shape) > 1 else 1
     step = rows if (t.whole or len(t.shape) == 1) else max(1, CHUNK_ELEMS // row_elems)
@@ -421,36 +400,15 @@ def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs,
             raise ConversionError(f"{t.name}: source gave shape {x.shape}, expected {want}")
         if not np.isfinite(x).all():
             raise ConversionError(f"{t.name} ({t.src_name or 'source'}) has NaN or Inf values")
-        if fmt == "q4":
-            qs, sc = quantize_qsi4c32(x, bl, importance=importance)
-            stream.write(qs)
-            side.append(sc)
-            deq = dequantize_qsi4c32(qs, sc)
-        elif fmt == "q6":
-            qs, sc = quantize_qsi6c32(x, importance=importance)
-            stream.write(qs)
-            side.append(sc)
-            deq = dequantize_qsi6c32(qs, sc)
-        elif fmt == "q8":
-            q, sc = quantize_qsi8cx(x)
-            stream.write(q)
-            side.append(sc)
-            deq = dequantize_qsi8cx(q, sc)
-        elif fmt == "f16":
+        if fmt == "f16":
             big = float(np.abs(x).max()) if x.size else 0.0
             if big > F16_MAX:
                 raise ConversionError(f"{t.name}: |value| {big:g} overflows f16; keep it as "
                                       f"bf16 or q8 instead (--keep '{t.name}=bf16')")
-            h = x.astype(np.float16)
-            stream.write(h)
-            deq = h.astype(np.float32)
-        elif fmt == "bf16":
-            b = f32_to_bf16(x)
-            stream.write(b)
-            deq = (b.astype(np.uint32) << 16).view(np.float32)
-        else:
-            stream.write(x)
-            deq = x
+        arrays = wf.quantize(x, bl, importance)   # formats without scale search ignore it
+        stream.write(arrays[0])
+        side.extend(arrays[1:])
+        deq = wf.dequantize(*arrays)
         d = (x - deq).ravel()
         err2 += float(np.dot(d, d))
         xr = x.ravel()

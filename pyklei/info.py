@@ -29,6 +29,7 @@ def model_info(path, activations: str = "qai8dx2", batch_size: int = 256) -> dic
     path that is not a pyklei model file."""
     from .formats import gguf_keys as K
     from .formats.model_file import read_model
+    from .formats.registry import WEIGHT_FORMATS
     from .kernels import available_kernels, cpu_features, selected_kernel
 
     mf = read_model(path)
@@ -59,7 +60,8 @@ def model_info(path, activations: str = "qai8dx2", batch_size: int = 256) -> dic
     rows.append({"weight": "lm_head" + (" (tied)" if hp.tied else ""), "n": out.shape[0],
                  "k": out.shape[1], "format": out.format, "layers": 1})
     for r in rows:
-        f = r["format"] if r["format"] in K.PACKED_FORMATS else "qsi8cx"  # f16/f32 lm_head -> qsi8cx at load
+        # an f16/f32 lm_head is quantized to qsi8cx at load (pyklei.model)
+        f = r["format"] if WEIGHT_FORMATS[r["format"]].quantized else "qsi8cx"
         if f != r["format"]:
             r["runtime_format"] = f
         r["decode_kernel"] = selected_kernel(f, m_dec)

@@ -156,3 +156,31 @@ def test_qsi6c32_round_trip_bound():
     assert np.all(e(d) <= e(dequantize_qsi6c32(qs0, s0)) * (1 + 1e-6))
     q4 = dequantize_qsi4c32(*quantize_qsi4c32(w, 32))
     assert e(d).sum() < 0.1 * e(q4).sum()
+
+
+# ---- the format registry ---------------------------------------------------------------------
+
+def test_registry_describes_what_each_format_stores():
+    from pyklei.formats.registry import WEIGHT_FORMATS, weight_format
+    x = np.random.default_rng(5).standard_normal((6, 256)).astype(np.float32)
+    for f in WEIGHT_FORMATS.values():
+        for bl in (f.block_sizes or (32,)):
+            arrays = f.quantize(x, bl, None)
+            stored = f.stored(x.shape, bl)
+            assert [a.shape for a in arrays] == [s.shape for s in stored], f.name
+            assert [a.nbytes for a in arrays] == [s.nbytes for s in stored], f.name
+            if f.quantized:
+                assert f.block_length_of(256, arrays[1].shape) == f.block_length(256, bl)
+            err = np.abs(f.dequantize(*arrays) - x).max() / np.abs(x).max()
+            assert err < {"qsi4c32": 0.2, "qsi6c32": 0.05, "qsi8cx": 0.01}.get(f.name, 0.01), f.name
+        assert weight_format(f.alias) is f and weight_format(f.name.upper()) is f
+    with pytest.raises(ValueError, match="unknown format 'q3'; use one of q4, q6, q8"):
+        weight_format("q3")
+
+
+def test_registry_ids_match_the_kernels():
+    """pk_format ids in pyklei_ext (the kernels) and c_id in the registry are one numbering."""
+    from pyklei.formats.registry import WEIGHT_FORMATS
+    from pyklei.kernels import _ext
+    quantized = {n: f.c_id for n, f in WEIGHT_FORMATS.items() if f.quantized}
+    assert {n: _ext.FORMATS[n] for n in quantized} == quantized

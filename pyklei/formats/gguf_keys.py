@@ -12,19 +12,12 @@ ALIGNMENT = 64
 # pyklei's own keys
 KEY_FORMAT_VERSION = "pyklei.format_version"
 KEY_BLOCK_SIZE = "pyklei.qsi4c32.block_size"
-KEY_FORMAT_PREFIX = "pyklei.format."          # + tensor name -> "qsi4c32" | "qsi8cx"
+KEY_FORMAT_PREFIX = "pyklei.format."          # + tensor name -> a name of registry.WEIGHT_FORMATS
 KEY_EOS_IDS = "pyklei.eos_token_ids"          # every id that ends generation (array uint32)
 KEY_SOURCE = "pyklei.converter.source"        # "hf" | "gguf"
 KEY_CONVERTER_VERSION = "pyklei.converter.version"
 
 SCALES_SUFFIX = ".scales"
-
-# Weight formats (values of pyklei.format.<name>); tensors without such a key use their
-# native GGUF type (F32, F16, BF16).
-QSI4C32 = "qsi4c32"
-QSI8CX = "qsi8cx"
-QSI6C32 = "qsi6c32"
-PACKED_FORMATS = (QSI4C32, QSI6C32, QSI8CX)
 
 # llama.cpp metadata keys (a subset of gguf.Keys, spelled out so readers need no gguf import)
 GENERAL_ARCHITECTURE = "general.architecture"
@@ -85,3 +78,15 @@ ROPE_SCALING_ORIG_CTX = "pyklei.rope.scaling.original_context_length"
 # SentencePiece tokenizers: the original tokenizer.model bytes (array uint8), next to
 # llama.cpp's tokens/scores/token_type arrays.
 KEY_SPM_MODEL = "pyklei.tokenizer.sentencepiece_model"
+
+# Keys a pyklei file carries for people and tools (`pyklei info`, llama.cpp's gguf-dump) that
+# the loader does not need: tests/test_convert.py checks every other key written is read.
+INFORMATIONAL = frozenset({
+    GENERAL_NAME, "general.type", KEY_SOURCE, KEY_CONVERTER_VERSION, GENERAL_ALIGNMENT,
+    ROPE_SCALING_TYPE, ROPE_SCALING_FACTOR, ROPE_SCALING_LOW, ROPE_SCALING_HIGH,
+    ROPE_SCALING_ORIG_CTX,
+})
+
+# What the tokenizer rebuilds a SentencePiece model from when a file has no KEY_SPM_MODEL
+# (llama.cpp's files); with the original bytes present they are not read.
+SPM_FALLBACK = frozenset({"tokenizer.ggml.scores", "tokenizer.ggml.add_space_prefix"})

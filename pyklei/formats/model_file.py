@@ -20,11 +20,9 @@ from typing import Any
 import numpy as np
 
 from . import gguf_keys as K
-from .bf16 import bf16_to_f32
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
-from .qsi4c32 import QSI4C32_BLOCK_SIZES, dequantize_qsi4c32
-from .qsi6c32 import dequantize_qsi6c32
-from .qsi8cx import dequantize_qsi8cx
+from .qsi4c32 import QSI4C32_BLOCK_SIZES
+from .registry import GGML_I8, GGML_TYPE_NAMES, PLAIN_BY_GGML, WEIGHT_FORMATS
 
 
 class ModelFileError(GGUFError):
@@ -52,7 +50,7 @@ class HParams:
 @dataclass
 class Tensor:
     name: str
-    format: str                  # "qsi4c32" | "qsi6c32" | "qsi8cx" | "f32" | "f16" | "bf16"
+    format: str                  # a name of registry.WEIGHT_FORMATS: "qsi4c32", ..., "f32"
     shape: tuple[int, ...]       # logical shape: (N, K) for matrices, (n,) for vectors
     data: np.ndarray | None = None     # f32/f16 values, bf16 as uint16 bits (plain formats)
     qs: np.ndarray | None = None       # qsi4c32: uint8 [N, K/2]; qsi6c32: uint8 [N, 3K/4]; qsi8cx: int8 [N, K]
@@ -60,23 +58,17 @@ class Tensor:
 
     @property
     def block_size(self) -> int | None:
-        if self.format == K.QSI6C32:
-            return 32
-        if self.format != K.QSI4C32:
+        """Block length along K of a quantized tensor (the row for qsi8cx); None if plain."""
+        if self.scales is None:
             return None
-        return self.shape[1] // self.scales.shape[1]
+        return WEIGHT_FORMATS[self.format].block_length_of(self.shape[1], self.scales.shape)
 
     def dequantize(self) -> np.ndarray:
         """float32 copy of the logical tensor."""
-        if self.format == K.QSI4C32:
-            return dequantize_qsi4c32(self.qs, self.scales)
-        if self.format == K.QSI6C32:
-            return dequantize_qsi6c32(self.qs, self.scales)
-        if self.format == K.QSI8CX:
-            return dequantize_qsi8cx(self.qs, self.scales)
-        if self.format == "bf16":
-            return bf16_to_f32(self.data)
-        return np.asarray(self.data, dtype=np.float32).copy()
+        fmt = WEIGHT_FORMATS[self.format]
+        if fmt.quantized:
+            return fmt.dequantize(self.qs, self.scales)
+        return fmt.dequantize(self.data)
 
 
 @dataclass
@@ -108,10 +100,6 @@ class ModelFile:
         return self.tensors.get(K.OUTPUT) or self.tensors[K.TOKEN_EMBD]
 
 
-# The GGUF tensor types a pyklei file may hold (ids from the GGUF spec).
-GGML_F32, GGML_F16, GGML_I8, GGML_BF16 = 0, 1, 24, 30
-_GGML = {GGML_F32: ("F32", np.float32), GGML_F16: ("F16", np.float16),
-         GGML_I8: ("I8", np.int8), GGML_BF16: ("BF16", np.uint16)}
 GGUF_MAGIC = b"GGUF"
 _INT_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}      # GGUF integer value types
 _NUM_TYPES = _INT_TYPES | {6, 12}            # ... and float32/float64
@@ -195,6 +183,9 @@ def read_model(path) -> ModelFile:
     )
     if hp.n_head % hp.n_head_kv:
         raise ModelFileError(f"{path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
+    if need(K.VALUE_LENGTH, default=hp.head_dim) != hp.head_dim:
+        raise ModelFileError(f"{path}: attention.value_length {md[K.VALUE_LENGTH]} differs from "
+                             f"key_length {hp.head_dim}; pyklei needs equal K and V head sizes")
     if hp.head_dim % 2:
         raise ModelFileError(f"{path}: head dimension {hp.head_dim} is odd (RoPE rotates pairs)")
     if hp.rope_dim != hp.head_dim:
@@ -238,7 +229,7 @@ def read_model(path) -> ModelFile:
             raise ModelFileError(f"{path} lacks tensor {name!r}")
         if t.ggml_type != gtype:
             raise ModelFileError(f"{path}: tensor {name} has GGUF type {t.type_name}, "
-                                 f"expected {_GGML[gtype][0]}")
+                                 f"expected {GGML_TYPE_NAMES[gtype]}")
         if dims(t) != tuple(shape):
             raise ModelFileError(f"{path}: tensor {name} has shape {list(dims(t))}, expected {list(shape)}")
         if t.offset % align or t.offset % K.ALIGNMENT:
@@ -246,57 +237,40 @@ def read_model(path) -> ModelFile:
         return t.data
 
     tensors: dict[str, Tensor] = {}
-    plain = {GGML_F32: ("f32", np.float32), GGML_F16: ("f16", np.float16),
-             GGML_BF16: ("bf16", np.uint16)}
     for name, shape in expect.items():
-        fmt = md.get(K.format_key(name))
-        if fmt is not None and vtype(K.format_key(name)) != 8:
-            raise ModelFileError(f"{path}: {K.format_key(name)} = {fmt!r} is not a string")
-        if fmt == K.QSI4C32:
-            if len(shape) != 2:
-                raise ModelFileError(f"{path}: {name} cannot be qsi4c32 (shape {list(shape)})")
-            n, k = shape
-            sc_t = raw.get(K.scales_name(name))
-            if sc_t is None:
-                raise ModelFileError(f"{path}: qsi4c32 tensor {name} lacks {K.scales_name(name)}")
-            nb = dims(sc_t)[-1] if len(dims(sc_t)) == 2 else 0
-            if nb <= 0 or k % nb or (k // nb) not in QSI4C32_BLOCK_SIZES:
-                raise ModelFileError(f"{path}: {K.scales_name(name)} shape {list(dims(sc_t))} does "
-                                     f"not give a valid block size for K={k}")
-            qs = get(name, GGML_I8, (n, k // 2)).view(np.uint8)
-            sc = get(K.scales_name(name), GGML_BF16, (n, nb))
-            tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
-        elif fmt == K.QSI6C32:
-            if len(shape) != 2 or shape[1] % 32:
-                raise ModelFileError(f"{path}: {name} cannot be qsi6c32 (shape {list(shape)})")
-            n, k = shape
-            if K.scales_name(name) not in raw:
-                raise ModelFileError(f"{path}: qsi6c32 tensor {name} lacks {K.scales_name(name)}")
-            qs = get(name, GGML_I8, (n, k // 32 * 24)).view(np.uint8)
-            sc = get(K.scales_name(name), GGML_BF16, (n, k // 32))
-            tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
-        elif fmt == K.QSI8CX:
-            if len(shape) != 2:
-                raise ModelFileError(f"{path}: {name} cannot be qsi8cx (shape {list(shape)})")
-            n, k = shape
-            qs = get(name, GGML_I8, (n, k))
-            sc = get(K.scales_name(name), GGML_F32, (n,))
-            tensors[name] = Tensor(name, fmt, shape, qs=qs, scales=sc)
-        elif fmt is None:
+        fname = md.get(K.format_key(name))
+        if fname is None:      # a plain tensor: its own GGUF type says what it is
             t = raw.get(name)
             if t is None:
                 raise ModelFileError(f"{path} lacks tensor {name!r}")
-            if t.ggml_type not in plain or (len(shape) == 1 and t.ggml_type != GGML_F32):
+            fmt = PLAIN_BY_GGML.get(t.ggml_type)
+            if fmt is None or (len(shape) == 1 and fmt.name != "f32"):
                 raise ModelFileError(f"{path}: tensor {name} has unsupported GGUF type "
                                      f"{t.type_name} (and no {K.format_key(name)} key)")
             if K.scales_name(name) in raw:
                 raise ModelFileError(f"{path}: unexpected tensor {K.scales_name(name)!r} ({name} "
                                      f"has no {K.format_key(name)} key)")
-            pf, _ = plain[t.ggml_type]
-            data = get(name, t.ggml_type, shape)
-            tensors[name] = Tensor(name, pf, shape, data=data)
-        else:
-            raise ModelFileError(f"{path}: {K.format_key(name)} = {fmt!r} is not a known format")
+            tensors[name] = Tensor(name, fmt.name, shape, data=get(name, t.ggml_type, shape))
+            continue
+        if vtype(K.format_key(name)) != 8:
+            raise ModelFileError(f"{path}: {K.format_key(name)} = {fname!r} is not a string")
+        fmt = WEIGHT_FORMATS.get(fname)
+        if fmt is None or not fmt.quantized:
+            raise ModelFileError(f"{path}: {K.format_key(name)} = {fname!r} is not a known format")
+        if len(shape) != 2:
+            raise ModelFileError(f"{path}: {name} cannot be {fmt.name} (shape {list(shape)})")
+        sc_t = raw.get(K.scales_name(name))
+        if sc_t is None:
+            raise ModelFileError(f"{path}: {fmt.name} tensor {name} lacks {K.scales_name(name)}")
+        n, k = shape
+        qs = get(name, GGML_I8, (n, fmt.qs_cols(k)))
+        bl = fmt.block_length_of(k, dims(sc_t))
+        if bl is None:
+            raise ModelFileError(f"{path}: {K.scales_name(name)} shape {list(dims(sc_t))} does "
+                                 f"not give a valid block size for K={k}")
+        sc_st = fmt.stored(shape, bl)[1]
+        sc = get(K.scales_name(name), sc_st.ggml_type, sc_st.shape)
+        tensors[name] = Tensor(name, fmt.name, shape, qs=qs.view(fmt.qs_dtype), scales=sc)
     toks = md.get("tokenizer.ggml.tokens")
     if toks is None:
         raise ModelFileError(f"{path} has no tokenizer (tokenizer.ggml.tokens)")
