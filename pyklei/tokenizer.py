@@ -64,6 +64,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from .formats.gguf_keys import KEY_SPM_MODEL
 from .formats.gguf_reader import GGUFError
 from .formats.gguf_reader import read_gguf_metadata as _read_gguf_metadata
 
@@ -76,8 +77,8 @@ __all__ = [
     "END_OF_TURN_TOKENS",
 ]
 
-#: Metadata key under which a pyklei GGUF may store the raw SentencePiece ``tokenizer.model``.
-SP_MODEL_KEY = "pyklei.tokenizer.sp_model"
+#: Metadata key under which a pyklei GGUF stores the raw SentencePiece ``tokenizer.model``.
+SP_MODEL_KEY = KEY_SPM_MODEL
 
 # llama.cpp / GGUF token types (tokenizer.ggml.token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6

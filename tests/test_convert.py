@@ -261,8 +261,8 @@ def test_tiny_bpe_tied(tiny_bpe, tmp_path):
     errs = check_against_hf(mf, hf_tensors(tiny_bpe))
     assert max(errs[K.blk(0, "attn_q")], errs[K.blk(1, "ffn_down")]) < 0.12
     # summary figures
-    assert res.by_format() == {"q4": 14, "q6": 1, "f32": 6}
-    assert res.bits_per_weight(("q4",)) == pytest.approx(4.5)
+    assert res.by_format() == {"qsi4c32": 14, "qsi6c32": 1, "f32": 6}
+    assert res.bits_per_weight(("qsi4c32",)) == pytest.approx(4.5)
     assert res.file_size == out.stat().st_size
     assert "bits per weight" in res.summary() and "relative RMSE" in res.summary()
 
@@ -326,7 +326,7 @@ def test_group_sizes_and_4bit_embedding(tiny_bpe, tmp_path, gs):
     assert mf.tensor(K.TOKEN_EMBD).format == "qsi4c32"
     assert {t.block_size for t in mf.tensors.values() if t.format == "qsi4c32"} == {gs}
     check_against_hf(mf, hf_tensors(tiny_bpe))
-    assert res.bits_per_weight(("q4",)) == pytest.approx(4 + 16 / gs)
+    assert res.bits_per_weight(("qsi4c32",)) == pytest.approx(4 + 16 / gs)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_bpe", "tiny_spm"])
@@ -339,7 +339,7 @@ def test_6bit_embedding(fixture, tmp_path, request):
     assert all(mf.tensor(n).format == "qsi6c32" for n in outs)
     assert mf.tensor(K.TOKEN_EMBD).qs.shape == (mf.hparams.vocab_size, mf.hparams.n_embd // 32 * 24)
     check_against_hf(mf, hf_tensors(src))
-    assert res.bits_per_weight(("q6",)) == pytest.approx(6.5)
+    assert res.bits_per_weight(("qsi6c32",)) == pytest.approx(6.5)
 
 
 def test_keep_patterns(tiny_bpe, tmp_path):
@@ -352,7 +352,7 @@ def test_keep_patterns(tiny_bpe, tmp_path):
     assert mf.tensor(K.TOKEN_EMBD).format == "bf16"
     assert mf.layer(0, "ffn_up").format == "qsi4c32"
     check_against_hf(mf, hf_tensors(tiny_bpe))
-    assert res.by_format() == {"q4": 10, "q8": 2, "f16": 2, "bf16": 1, "f32": 6}
+    assert res.by_format() == {"qsi4c32": 10, "qsi8cx": 2, "f16": 2, "bf16": 1, "f32": 6}
     with pytest.raises(ConversionError, match="matches no weight matrix"):
         convert(tiny_bpe, tmp_path / "x.gguf", keep=["*norm*=q8"])
     with pytest.raises(ConversionError, match="PATTERN=FORMAT"):
@@ -728,7 +728,7 @@ def test_smollm2_end_to_end(smollm2_hf, smollm2_converted, smollm2_gguf_path):
     errs = check_against_hf(mf, hf_tensors(smollm2_hf))
     q4 = [e for n, e in errs.items() if mf.tensors[n].format == "qsi4c32"]
     assert np.mean(q4) < 0.1 and max(q4) < 0.12
-    assert res.bits_per_weight(("q4",)) == pytest.approx(4.5)
+    assert res.bits_per_weight(("qsi4c32",)) == pytest.approx(4.5)
     assert res.peak_rss_mb < 2000
 
 
@@ -777,3 +777,62 @@ def test_llama32_1b_random_peak_rss(tmp_path):
     mf = read_model(out)
     assert mf.hparams.n_layer == 16 and mf.hparams.vocab_size == 128256 and mf.hparams.has_rope_freqs
     assert mf.tensor(K.TOKEN_EMBD).format == "qsi6c32" and mf.hparams.tied
+
+
+# ---- every key the converter writes has a reader ----------------------------------------------
+
+class _Recording(dict):
+    """A metadata dict that records which keys its reader asked for."""
+
+    def __init__(self, d, seen):
+        super().__init__(d)
+        self.seen = seen
+
+    def __getitem__(self, k):
+        self.seen.add(k)
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        self.seen.add(k)
+        return super().get(k, default)
+
+    def __contains__(self, k):
+        self.seen.add(k)
+        return super().__contains__(k)
+
+
+@pytest.mark.parametrize("which", ["bpe", "spm"])
+def test_every_written_key_is_read_by_the_loader(which, tiny_bpe, tiny_spm, tmp_path, monkeypatch):
+    """Issue 14: the converter stored the SentencePiece model under one key and the tokenizer
+    looked for another, so the bytes were never read while each side's own test passed. Load a
+    converted file with recording metadata and require every written key to be read, or to be
+    listed in gguf_keys.INFORMATIONAL (kept for people and tools, not for pyklei)."""
+    import pyklei.formats.model_file as mf_mod
+    import pyklei.tokenizer as tok_mod
+    from pyklei.formats.gguf_reader import read_gguf
+    from pyklei.llm import LLM
+
+    out = tmp_path / f"{which}.gguf"
+    convert(tiny_bpe if which == "bpe" else tiny_spm, out)
+    written = set(read_gguf(out, tensors=False).metadata)
+    seen: set = set()
+    real_read_gguf, real_read_meta = mf_mod.read_gguf, tok_mod._read_gguf_metadata
+
+    def recording_read_gguf(*a, **kw):
+        g = real_read_gguf(*a, **kw)
+        g.metadata = _Recording(g.metadata, seen)
+        return g
+
+    def recording_read_meta(*a, **kw):
+        return _Recording(real_read_meta(*a, **kw), seen)
+
+    monkeypatch.setattr(mf_mod, "read_gguf", recording_read_gguf)
+    monkeypatch.setattr(tok_mod, "_read_gguf_metadata", recording_read_meta)
+    llm = LLM(out, n_threads=1, n_ctx=64)
+    llm.generate("hello", max_tokens=2, temperature=0)
+    if llm.tokenizer.chat_template:
+        llm.chat([{"role": "user", "content": "hi"}], max_tokens=2, temperature=0)
+    unread = written - seen - K.INFORMATIONAL - (K.SPM_FALLBACK if K.KEY_SPM_MODEL in seen else set())
+    assert not unread, f"written by the converter, never read by the loader: {sorted(unread)}"
+    if which == "spm":
+        assert K.KEY_SPM_MODEL in seen
