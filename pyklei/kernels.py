@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _ext
-from ._ext import KernelError, Ops, QWeight, kernels, quantize_qai8dx, selected_kernel
+from ._native import load_ext
+
+_ext = load_ext()
+KernelError, Ops, QWeight = _ext.KernelError, _ext.Ops, _ext.QWeight
+kernels, quantize_qai8dx, selected_kernel = _ext.kernels, _ext.quantize_qai8dx, _ext.selected_kernel
 
 
 def cpu_features() -> list[str]:

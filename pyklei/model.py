@@ -8,8 +8,9 @@ Activations are quantized per row at run time: `activations="qai8dx2"` (default)
 residual int8 plane to KleidiAI's qai8dx, which SmolLM2's outlier channels need to agree with
 float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme.
 
-Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 kernels
-read "p4", rows interleaved in 4-row tiles: docs/FORMAT.md) get a copy made at load, and
+Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 and AMX
+kernels read qsi4c32/qsi6c32 as "p16", panels of 16 rows with offset nibbles, and qsi8cx as
+"p4", 4-row tiles: docs/FORMAT.md, "Runtime layouts") get a copy made at load, and
 the mapped pages of those weights are then released (`released_bytes`), so each weight is
 resident once. The kernel layer also owns a float per weight row (R, the row sums of
 docs/FORMAT.md); `weights_owned_bytes` reports all of it.
@@ -44,8 +45,11 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _ext
+from ._native import load_ext
 from .formats.model_file import ModelFileError, Tensor, read_model
+from .formats.registry import QUANTIZED, WEIGHT_FORMATS
+
+_ext = load_ext()
 
 # Forwards of at least this many tokens run in a helper thread when called on the main thread,
 # so Ctrl-C is seen while the C pass runs (a one-token decode step is short: run directly).
@@ -89,14 +93,10 @@ def physical_cores() -> int:
 
 
 def _qweight(t: Tensor) -> _ext.QWeight:
-    if t.format == "qsi4c32":
-        return _ext.QWeight("qsi4c32", t.qs, t.scales, t.block_size)
-    if t.format == "qsi6c32":
-        return _ext.QWeight("qsi6c32", t.qs, t.scales, 32)
-    if t.format == "qsi8cx":
-        return _ext.QWeight("qsi8cx", t.qs, t.scales)
-    raise ModelFileError(f"{t.name} is stored as {t.format}; linear weights must be qsi4c32, "
-                         f"qsi6c32 or qsi8cx (re-convert the model)")
+    if not WEIGHT_FORMATS[t.format].quantized:
+        raise ModelFileError(f"{t.name} is stored as {t.format}; linear weights must be one of "
+                             f"{', '.join(QUANTIZED)} (re-convert the model)")
+    return _ext.QWeight(t.format, t.qs, t.scales, t.block_size)
 
 
 def _check_int(name: str, v, allow_none: bool = False) -> None:
@@ -136,13 +136,13 @@ class Model:
 
         self.released_bytes = 0
         emb = self.file.tensor("token_embd.weight")
-        if emb.format in ("qsi4c32", "qsi6c32", "qsi8cx"):
-            emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size or 0)
+        if emb.qs is not None:
+            emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size)
         else:
             emb_spec = (emb.format, emb.data, None, 0)
         # The output weight first: it is the largest, and packing holds one weight twice.
         out = self.file.output
-        if out.format in ("qsi4c32", "qsi6c32", "qsi8cx"):
+        if out.qs is not None:
             self.lm_head = _qweight(out)
             self._release_mapped_pages(self.lm_head, out)
         else:

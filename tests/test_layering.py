@@ -1,0 +1,110 @@
+"""The layers import downward only (issue 14): read every module's imports with ast and fail on
+an upward or sideways edge.
+
+    CLI / pipeline (pyklei/cli/, pyklei/pipeline.py)     may import everything below
+    runtime (the rest of pyklei/)                         formats, the kernel layer
+    converters (converters/, installed as pyklei.converters)   formats only
+    formats (pyklei/formats/)                             nothing of pyklei outside itself
+    kernel layer (pyklei._ext)                            imported through pyklei._native only
+    assets (pyklei/assets.py: the real model files of the tests, examples and benchmarks,
+            fetched from PyPI)                            a leaf: stdlib only, used by any layer
+                                                          but formats
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "converters":               # installed as pyklei.converters (setup.py)
+        parts = ["pyklei"] + parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute names of the pyklei modules `path` imports (at any depth of the file)."""
+    mod = _module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            out.add(name)
+            out |= {f"{name}.{a.name}" for a in node.names}   # `from . import _ext`
+    return {n for n in out if n == "pyklei" or n.startswith("pyklei.")}
+
+
+def _layer(name: str) -> str:
+    if name.startswith("pyklei.formats"):
+        return "formats"
+    if name.startswith("pyklei.converters"):
+        return "converters"
+    if name.startswith("pyklei.cli") or name in ("pyklei.pipeline", "pyklei.__main__"):
+        return "top"
+    if name.startswith("pyklei.assets"):
+        return "assets"
+    if name == "pyklei._ext":
+        return "ext"
+    return "runtime"
+
+
+ALLOWED = {
+    "formats": {"formats"},
+    "assets": set(),
+    "converters": {"formats", "converters", "assets"},
+    "runtime": {"formats", "runtime", "assets"},
+    "top": {"formats", "converters", "runtime", "top", "assets"},
+}
+
+FILES = sorted(p for d in ("pyklei", "converters") for p in (ROOT / d).rglob("*.py"))
+
+
+def test_the_tree_is_seen():
+    names = {_module_name(p) for p in FILES}
+    assert {"pyklei.formats.registry", "pyklei.converters.core", "pyklei.model",
+            "pyklei.cli"} <= names
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_go_down(path):
+    me = _module_name(path)
+    layer = _layer(me)
+    bad = []
+    for name in _imports(path):
+        if name == "pyklei":           # the package itself: only its version or lazy API
+            if layer in ("formats", "converters"):
+                bad.append(name)
+            continue
+        if _layer(name) == "ext":
+            if me != "pyklei._native":
+                bad.append(f"{name} (only pyklei._native imports the extension)")
+        elif _layer(name) not in ALLOWED[layer]:
+            bad.append(f"{name} ({_layer(name)})")
+    assert not bad, f"{me} ({layer}) imports upward or sideways: {bad}"
+
+
+def test_the_checker_catches_an_upward_edge(tmp_path, monkeypatch):
+    """The rule is not vacuous: a formats module importing the runtime is caught."""
+    f = ROOT / "pyklei" / "formats" / "_layering_probe.py"
+    try:
+        f.write_text("from ..model import Model\n")
+        with pytest.raises(AssertionError, match="imports upward"):
+            test_imports_go_down(f)
+    finally:
+        f.unlink()
