@@ -1,14 +1,18 @@
-"""`pyklei convert`: the converter's own parser (pyklei.converters.cli), plus --calibrate: an
-8-bit draft, its importance matrix, then the real conversion (pyklei.pipeline)."""
+"""`pyklei convert`: a Hugging Face checkpoint or llama.cpp GGUF -> a pyklei GGUF
+(pyklei.converters), plus --calibrate: an 8-bit draft, its importance matrix, then the real
+conversion (pyklei.pipeline)."""
 from __future__ import annotations
+
+import sys
 
 from ._common import CLIError, _add_debug, _Formatter, _read_text
 
+HELP = "convert a Hugging Face Llama checkpoint or a llama.cpp GGUF into a pyklei GGUF"
+
 
 def add_parser(sub):
-    from ..converters.cli import add_convert_parser
-
-    c = add_convert_parser(sub)
+    c = sub.add_parser("convert", help=HELP, description=HELP + ".")
+    _configure(c)
     c.formatter_class = _Formatter
     c.add_argument("--calibrate", nargs="?", const="default", default=None, metavar="TEXT_FILE",
                    help="measure an importance matrix first (an 8-bit draft run over TEXT_FILE, "
@@ -19,10 +23,46 @@ def add_parser(sub):
     return c
 
 
+def _configure(p) -> None:
+    p.add_argument("input", metavar="HF_DIR_OR_GGUF",
+                   help="Hugging Face checkpoint directory (config.json, *.safetensors, "
+                        "tokenizer files) or a llama.cpp .gguf file of a llama model")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="output file")
+    p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128, 256),
+                   help="qsi4c32 block length along K (default 32: 4.5 bits per weight)")
+    p.add_argument("--embedding-bits", type=int, default=_default_embedding_bits(),
+                   choices=(4, 6, 8, 16),
+                   help="precision of token_embd (the tied lm_head) and output.weight: "
+                        "4 = qsi4c32, 6 = qsi6c32, 8 = qsi8cx, 16 = f16 (default %(default)s)")
+    p.add_argument("--keep", action="append", default=[], metavar="PATTERN=FMT",
+                   help=f"store tensors whose GGUF or HF name matches the glob PATTERN in FMT "
+                        f"({', '.join(f.alias for f in _weight_formats())}), e.g. "
+                        f"'blk.*.ffn_down.weight=q8'; repeatable, the first matching pattern wins")
+    p.add_argument("--imatrix", metavar="FILE.npz",
+                   help="importance matrix from `pyklei imatrix` (mean squared activation per "
+                        "input channel): 4-bit scales then minimise the layer's output error")
+    p.add_argument("--norm-weighting", action="store_true",
+                   help="4-bit / 6-bit scales weigh each input channel of q/k/v, gate/up and the "
+                        "lm_head by the squared gain of the RMSNorm before it (data-free; small "
+                        "gain, see docs/FORMAT.md); default: plain squared error")
+    p.add_argument("--name", help="general.name of the model (default: the input's name)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _default_embedding_bits() -> int:
+    from ..converters import DEFAULT_EMBEDDING_BITS
+    return DEFAULT_EMBEDDING_BITS
+
+
+def _weight_formats():
+    from ..formats.registry import WEIGHT_FORMATS
+    return WEIGHT_FORMATS.values()
+
+
 def run(args) -> int:
-    from ..converters.cli import run_convert
     if args.calibrate is None:
-        return run_convert(args)
+        return _run_convert(args)
     if args.imatrix:
         raise CLIError("give either --calibrate or --imatrix, not both")
     from ..converters import ConversionError
@@ -35,5 +75,36 @@ def run(args) -> int:
                                     keep=args.keep, name=args.name, force=args.force)
     except ConversionError as e:
         raise CLIError(str(e)) from None
+    print(result.summary())
+    return 0
+
+
+def _run_convert(args) -> int:
+    import signal
+
+    from ..converters import ConversionError, convert
+
+    def _term(signum, frame):  # turn SIGTERM into KeyboardInterrupt: the temp file is removed
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, _term)
+    except ValueError:  # not in the main thread
+        old = None
+    try:
+        result = convert(args.input, args.output, group_size=args.group_size,
+                         embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
+                         force=args.force, progress=not args.no_progress,
+                         imatrix=getattr(args, "imatrix", None),
+                         norm_weighting=getattr(args, "norm_weighting", False))
+    except ConversionError as e:
+        print(f"pyklei convert: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pyklei convert: interrupted; no output written", file=sys.stderr)
+        return 130
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
     print(result.summary())
     return 0
