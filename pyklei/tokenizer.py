@@ -54,17 +54,17 @@ U+FFFD) for byte-level BPE; ``Replace("▁", " ")`` + ``ByteFallback`` + ``Fuse`
 """
 from __future__ import annotations
 
-import codecs
 import os
 import re
-import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .formats.gguf_keys import KEY_SPM_MODEL
+from ._spm_proto import sentencepiece_model_proto as _sentencepiece_model_proto
+from .detokenizer import StreamingDetokenizer
+from .formats.gguf_keys import (KEY_SPM_MODEL, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
+                                 TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED)
 from .formats.gguf_reader import GGUFError
 from .formats.gguf_reader import read_gguf_metadata as _read_gguf_metadata
 
@@ -79,9 +79,6 @@ __all__ = [
 
 #: Metadata key under which a pyklei GGUF stores the raw SentencePiece ``tokenizer.model``.
 SP_MODEL_KEY = KEY_SPM_MODEL
-
-# llama.cpp / GGUF token types (tokenizer.ggml.token_type).
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
 #: Control tokens that end a turn or a text in the models pyklei knows; ``Tokenizer.eos_ids``
 #: holds every CONTROL (or USER_DEFINED) token whose text is one of these, beside the ids named
@@ -159,58 +156,6 @@ _PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
     "gpt2": (_GPT2_PAT, False),
     "gpt-2": (_GPT2_PAT, False),
 }
-
-# ---------------------------------------------------------------------------------------------
-# SentencePiece ModelProto, serialized by hand (field numbers of sentencepiece_model.proto)
-# ---------------------------------------------------------------------------------------------
-
-
-def _varint(n: int) -> bytes:
-    if n < 0:
-        n &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _pb_len(field_no: int, payload: bytes) -> bytes:
-    return _varint(field_no << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _pb_int(field_no: int, v: int) -> bytes:
-    return _varint(field_no << 3) + _varint(int(v))
-
-
-def _pb_float(field_no: int, v: float) -> bytes:
-    return _varint(field_no << 3 | 5) + struct.pack("<f", v)
-
-
-def _sentencepiece_model_proto(tokens: Sequence[str], scores: np.ndarray, types: np.ndarray,
-                               unk_id: int, bos_id: int, eos_id: int, add_dummy_prefix: bool) -> bytes:
-    parts = []
-    # ModelProto.pieces (1): SentencePiece{piece=1, score=2, type=3}
-    for tok, score, ty in zip(tokens, scores.tolist(), types.tolist()):
-        ty = int(ty) if int(ty) in (1, 2, 3, 4, 5, 6) else TOKEN_NORMAL
-        body = _pb_len(1, tok.encode("utf-8")) + _pb_float(2, float(score))
-        if ty != TOKEN_NORMAL:
-            body += _pb_int(3, ty)
-        parts.append(_pb_len(1, body))
-    has_bytes = bool(np.any(types == TOKEN_BYTE))
-    # TrainerSpec (2): model_type=3 (BPE=2), vocab_size=4, byte_fallback=35, unk/bos/eos/pad ids 40-43
-    trainer = (_pb_int(3, 2) + _pb_int(4, len(tokens)) + _pb_int(35, int(has_bytes))
-               + _pb_int(40, unk_id) + _pb_int(41, bos_id) + _pb_int(42, eos_id) + _pb_int(43, -1))
-    parts.append(_pb_len(2, trainer))
-    # NormalizerSpec (3): name=1, add_dummy_prefix=3, remove_extra_whitespaces=4, escape_whitespaces=5
-    norm = (_pb_len(1, b"identity") + _pb_int(3, int(add_dummy_prefix)) + _pb_int(4, 0) + _pb_int(5, 1))
-    parts.append(_pb_len(3, norm))
-    return b"".join(parts)
-
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
@@ -643,56 +588,3 @@ def _alternation(words: dict[str, int]):
     if not words:
         return None
     return re.compile("|".join(re.escape(w) for w in sorted(words, key=len, reverse=True)))
-
-
-class StreamingDetokenizer:
-    """Turns token ids into text one token at a time, never emitting a broken UTF-8 sequence.
-
-    ``add_token(id)`` returns the text that became final with this token (possibly ``""``):
-    bytes of a UTF-8 sequence that is not complete yet are held back until the next tokens
-    complete it (mlx-lm style). ``finalize()`` returns what is held back, invalid bytes as
-    U+FFFD. The concatenation of all returned strings equals ``tokenizer.decode(ids)`` for any
-    ids of byte-level BPE vocabularies, and for SentencePiece ones whenever runs of byte tokens
-    are valid UTF-8 (``decode`` then follows Hugging Face in turning a whole invalid run into
-    U+FFFD, which a stream cannot know in advance). The leading space of a SentencePiece text
-    is stripped as ``decode`` does. ``text`` holds everything emitted so far.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
-        self.tokenizer = tokenizer
-        self.skip_special = skip_special
-        self._skip = tokenizer.special_ids if skip_special else frozenset()
-        self._strip_space = tokenizer.model == "llama"
-        self.reset()
-
-    def reset(self) -> None:
-        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
-        self._started = False
-        self.tokens: list[int] = []
-        self._chunks: list[str] = []
-
-    @property
-    def text(self) -> str:
-        return "".join(self._chunks)
-
-    def add_token(self, token_id: int) -> str:
-        token_id = int(token_id)
-        self.tokens.append(token_id)
-        if token_id in self._skip:
-            return ""
-        return self._emit(self._dec.decode(self.tokenizer._pieces[token_id]))
-
-    def add_tokens(self, ids: Iterable[int]) -> str:
-        return "".join(self.add_token(i) for i in ids)
-
-    def finalize(self) -> str:
-        return self._emit(self._dec.decode(b"", final=True))
-
-    def _emit(self, s: str) -> str:
-        if s and not self._started:
-            self._started = True
-            if self._strip_space and s.startswith(" "):
-                s = s[1:]
-        if s:
-            self._chunks.append(s)
-        return s

@@ -90,3 +90,6 @@ INFORMATIONAL = frozenset({
 # What the tokenizer rebuilds a SentencePiece model from when a file has no KEY_SPM_MODEL
 # (llama.cpp's files); with the original bytes present they are not read.
 SPM_FALLBACK = frozenset({"tokenizer.ggml.scores", "tokenizer.ggml.add_space_prefix"})
+
+# llama.cpp / GGUF token types (tokenizer.ggml.token_type).
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
