@@ -14,8 +14,7 @@ import tempfile
 from pathlib import Path
 
 from .converters import convert
-from .imatrix import collect_imatrix, default_calibration_text
-from .llm import LLM
+from .imatrix import collect_imatrix_from_text, default_calibration_text
 
 
 def convert_calibrated(src, out, calibration_text: str | None = None, n_tokens: int = 8192,
@@ -33,11 +32,6 @@ def convert_calibrated(src, out, calibration_text: str | None = None, n_tokens: 
         draft = Path(tmp) / "draft-q8.gguf"
         log("pass 1/2: 8-bit draft for calibration")
         convert(src, draft, keep=["*=q8"], embedding_bits=8, progress=progress)
-        llm = LLM(draft, n_ctx=512)
-        ids = llm.tokenizer.encode(text, parse_special=False)[:n_tokens]
-        if len(ids) < 2:
-            raise ValueError("the calibration text has fewer than 2 tokens")
-        imatrix = collect_imatrix(llm.model, ids, n_ctx=512)
-        del llm
-        log(f"pass 2/2: converting with the importance of {len(ids)} calibration tokens")
+        imatrix, n_used = collect_imatrix_from_text(draft, text, n_ctx=512, max_tokens=n_tokens)
+        log(f"pass 2/2: converting with the importance of {n_used} calibration tokens")
         return convert(src, out, imatrix=imatrix, progress=progress, **convert_kw)
