@@ -36,6 +36,8 @@ from pyklei.formats.model_file import ModelFileError, read_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EPS = float(np.finfo(np.float32).eps)
+# The test's own GGUF -> HF name map, on purpose independent of the converter's (a shared
+# table would hide a naming bug on both sides at once).
 HF_PARTS = {
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
