@@ -56,6 +56,7 @@ class ModelSource:
     description: str
     close: Callable[[], None] | None = None
     after_tensor: Callable[[], None] | None = None  # e.g. drop mmapped pages from RSS
+    notes: list[str] = field(default_factory=list)   # said in the conversion summary
 
 
 @dataclass
@@ -76,6 +77,7 @@ class ConversionResult:
     seconds: float = 0.0
     peak_rss_mb: float = 0.0
     group_size: int = 32
+    notes: list[str] = field(default_factory=list)
 
     @property
     def n_params(self) -> int:
@@ -107,6 +109,7 @@ class ConversionResult:
                 lines.append(f"  relative RMSE ({fmt}): mean {np.mean(errs):.4f}, "
                              f"max {worst.rel_rmse:.4f} ({worst.name})")
         lines.append(f"  time: {self.seconds:.1f} s; peak RSS: {self.peak_rss_mb:.0f} MB")
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -325,7 +328,8 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             w.add_tensor_info(oname, shape, np.dtype(dtype), nbytes, raw_dtype=gtype)
 
-    result = ConversionResult(path=out_path, source=src.description, group_size=group_size)
+    result = ConversionResult(path=out_path, source=src.description, group_size=group_size,
+                              notes=list(src.notes))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".part")
     os.close(fd)

@@ -1,7 +1,9 @@
 """llama.cpp GGUF files of llama models -> a ModelSource.
 
-Tensors of type F32, F16, BF16, Q8_0, Q4_0 and Q4_1 are dequantized with
-`gguf.quants.dequantize` (row chunk by row chunk); q/k are already in llama.cpp's order.
+Tensors of every type the `gguf` package can dequantize (F32, F16, BF16, Q4_0 ... Q8_0, the
+K-quants, the IQ types) are dequantized with `gguf.quants.dequantize` (row chunk by row chunk);
+q/k are already in llama.cpp's order. Re-quantizing a quantized file adds pyklei's rounding
+error to the one the file already has: the conversion summary says so.
 Metadata keys are copied with their types, except those describing llama.cpp's own storage
 (general.file_type, general.quantization_version, general.alignment, split.*).
 """
@@ -15,6 +17,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf import GGUFValueType as T
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from pyklei.formats import gguf_keys as K
@@ -22,7 +25,23 @@ from pyklei.formats import gguf_keys as K
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
 
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
+PLAIN_TYPES = (Q.F32, Q.F16, Q.BF16)
+
+
+def _dequantizable(qtype: Q) -> bool:
+    """Whether the installed gguf package dequantizes qtype: one zero block, tried once."""
+    if qtype in PLAIN_TYPES:
+        return True
+    if qtype not in _CAN:
+        try:
+            block, nbytes = GGML_QUANT_SIZES[qtype]
+            _CAN[qtype] = dequantize(np.zeros((1, nbytes), np.uint8), qtype).size == block
+        except (KeyError, NotImplementedError, ValueError):
+            _CAN[qtype] = False
+    return _CAN[qtype]
+
+
+_CAN: dict = {}
 DROPPED_KEYS = ("general.file_type", "general.quantization_version", "general.alignment")
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
@@ -129,6 +148,7 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
                 pass
 
     tensors = []
+    requantized: set[str] = set()
     for gname, (shape, kind) in expect.items():
         if gname not in by_name:
             raise ConversionError(f"{path} lacks tensor {gname}")
@@ -137,10 +157,12 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
         if lshape != shape:
             raise ConversionError(f"{path}: {gname} has shape {list(lshape)}, the metadata "
                                   f"implies {list(shape)}")
-        if t.tensor_type not in SUPPORTED_TYPES:
+        if not _dequantizable(t.tensor_type):
             raise ConversionError(
-                f"{path}: tensor {gname} has type {t.tensor_type.name}; supported: "
-                f"{', '.join(q.name for q in SUPPORTED_TYPES)}")
+                f"{path}: tensor {gname} has type {t.tensor_type.name}, which the installed gguf "
+                f"package cannot dequantize")
+        if t.tensor_type not in PLAIN_TYPES:
+            requantized.add(t.tensor_type.name)
 
         def read(r0, r1, t=t, shape=shape):
             raw = np.asarray(t.data[r0:r1] if len(shape) > 1 else t.data)
@@ -157,5 +179,10 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     tensors.sort(key=lambda s: rank.get(s.name, 2))
     kv += _eos_kv(fields)
     kv.append((K.KEY_SOURCE, "gguf", T.STRING, None))
+    notes = []
+    if requantized:
+        notes.append(f"the source is already quantized ({', '.join(sorted(requantized))}): "
+                     f"re-quantizing adds pyklei's rounding error to the file's own; convert "
+                     f"from the original (Hugging Face) weights for the best quality")
     return ModelSource(kv=kv, tensors=tensors, description=f"{path} (llama.cpp GGUF)",
-                       after_tensor=drop_pages)
+                       after_tensor=drop_pages, notes=notes)

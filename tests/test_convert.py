@@ -645,8 +645,10 @@ def _write_llamacpp_gguf(hf_dir: Path, out: Path, qtype) -> None:
         t = qtype if x.ndim == 2 else Q.F32
         if t == Q.F32:
             w.add_tensor(name, x.astype(np.float32))
-        else:
+        elif t in (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
             w.add_tensor(name, quantize(x.astype(np.float32), t), raw_dtype=t)
+        else:
+            w.add_tensor(name, _random_blocks(x.shape, t), raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -654,7 +656,18 @@ def _write_llamacpp_gguf(hf_dir: Path, out: Path, qtype) -> None:
     tmp.unlink()
 
 
-@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
+def _random_blocks(shape, qtype) -> np.ndarray:
+    """Random blocks of a type gguf cannot quantize (K-quants, IQ types): every byte below
+    0x30, so that any f16 scale the layout holds is small and finite (exponent field <= 11)."""
+    from gguf.constants import GGML_QUANT_SIZES
+    block, nbytes = GGML_QUANT_SIZES[qtype]
+    n, k = shape
+    rng = np.random.default_rng(int(qtype))
+    return rng.integers(0, 0x30, (n, k // block * nbytes), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_import_llamacpp_types(tiny_bpe, tmp_path, qname):
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
@@ -663,7 +676,7 @@ def test_import_llamacpp_types(tiny_bpe, tmp_path, qname):
     src = tmp_path / f"tiny-{qname}.gguf"
     _write_llamacpp_gguf(tiny_bpe, src, qtype)
     out = tmp_path / "out.gguf"
-    convert(src, out)
+    res = convert(src, out)
     mf = read_model(out)
     r = gguf.GGUFReader(src)
     for t in r.tensors:
@@ -671,6 +684,8 @@ def test_import_llamacpp_types(tiny_bpe, tmp_path, qname):
         check_tensor(x, mf.tensor(t.name), t.name)
     assert mf.metadata["tokenizer.ggml.tokens"] == r.fields["tokenizer.ggml.tokens"].contents()
     assert mf.metadata[K.KEY_SOURCE] == "gguf" and mf.hparams.has_rope_freqs
+    requantized = "re-quantizing adds pyklei's rounding error" in res.summary()
+    assert requantized == (qname not in ("F32", "F16", "BF16"))
 
 
 def test_import_llamacpp_errors(tmp_path, tiny_bpe):
