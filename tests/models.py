@@ -169,3 +169,78 @@ def smollm2_hf_dir() -> Path:
     from pyklei.converters.gguf_to_hf import smollm2_hf
 
     return smollm2_hf()
+
+
+def make_offgrid_twin(src: Path, out: Path, sigma: float, seed: int = 0) -> Path:
+    """A function-identical copy of a Llama checkpoint whose weights no longer sit on a 4-bit
+    grid (issue 15's test bed; SmolLM2's weights come from a Q4_1 file, which flatters
+    asymmetric 4-bit formats). Each linear's input channels are scaled by log-normal factors
+    exp(N(0, sigma^2)) and the scaling is undone exactly where the network allows:
+
+    - the RMSNorm gain before q/k/v (and before gate/up) takes s, those weights' columns 1/s;
+    - up_proj's rows take s, down_proj's columns 1/s (SwiGLU is linear in the up branch);
+    - v_proj's rows take s per KV head, o_proj's columns 1/s for every query head of the group.
+
+    In exact arithmetic the logits are SmolLM2's; in float32 they agree to rounding
+    (tests/test_offgrid.py). Written as float32 safetensors; tokenizer and config copied."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from pyklei.converters.safetensors_mmap import SafetensorsModel
+
+    cfg = json.loads((src / "config.json").read_text())
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // n_head
+    st = SafetensorsModel(src)
+    w = {k: np.asarray(st.read(k), np.float32) for k in st.keys()}
+    rng = np.random.default_rng(seed)
+
+    def factors(n):
+        return np.exp(rng.normal(0.0, sigma, n)).astype(np.float32)
+
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for norm, linears in (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj",
+                                                   "self_attn.v_proj")),
+                              ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"))):
+            s = factors(cfg["hidden_size"])
+            w[p + norm + ".weight"] *= s
+            for lin in linears:
+                w[p + lin + ".weight"] /= s[None, :]
+        s = factors(cfg["intermediate_size"])
+        w[p + "mlp.up_proj.weight"] *= s[:, None]
+        w[p + "mlp.down_proj.weight"] /= s[None, :]
+        s = factors(n_kv * hd)
+        w[p + "self_attn.v_proj.weight"] *= s[:, None]
+        per_q_head = s.reshape(n_kv, 1, hd).repeat(n_head // n_kv, axis=1).reshape(-1)
+        w[p + "self_attn.o_proj.weight"] /= per_q_head[None, :]
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in w.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json" and f.is_file():
+            shutil.copy(f, out / f.name)
+    cfg["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def smollm2_offgrid_dir(sigma: float = 0.5) -> Path:
+    """SmolLM2's off-grid twin (make_offgrid_twin), cached beside the other test models."""
+    import os
+    import tempfile
+
+    from pyklei.assets import cache_dir
+
+    out = cache_dir() / f"SmolLM2-135M-Instruct-offgrid-s{sigma:g}"
+    if not (out / "model.safetensors").is_file():
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".offgrid-"))
+        make_offgrid_twin(smollm2_hf_dir(), tmp, sigma)
+        try:
+            os.rename(tmp, out)
+        except OSError:          # built meanwhile by another process
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
