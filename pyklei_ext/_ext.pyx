@@ -11,11 +11,14 @@ cdef extern from "ops/pk_cpu.h":
     uint32_t pk_cpu_features()
     const char *pk_cpu_features_string(uint32_t features)
 
-cdef extern from "ops/pk_matmul.h":
+cdef extern from "ops/pk_format.h":
     ctypedef enum pk_format:
-        PK_FMT_QSI4C32
-        PK_FMT_QSI8CX
-        PK_FMT_QSI6C32
+        PK_FMT_QUANT_COUNT
+        PK_FMT_COUNT
+    const char *pk_format_name(int fmt)
+    int pk_format_quantized(int fmt)
+
+cdef extern from "ops/pk_matmul.h":
     ctypedef struct pk_lhs:
         int m, k
         const int8_t *q
@@ -67,8 +70,11 @@ cdef extern from "ops/pk_matmul.h":
 cdef extern from "<math.h>":
     float INFINITY
 
-FORMATS = {"qsi4c32": PK_FMT_QSI4C32, "qsi6c32": PK_FMT_QSI6C32, "qsi8cx": PK_FMT_QSI8CX}
-_FORMAT_NAMES = {PK_FMT_QSI4C32: "qsi4c32", PK_FMT_QSI6C32: "qsi6c32", PK_FMT_QSI8CX: "qsi8cx"}
+# Every format of the C layer (ops/pk_format.h), name -> id: the quantized weight formats
+# (ids < PK_FMT_QUANT_COUNT, those of pyklei.formats.registry's c_id), then the plain types.
+FORMATS = {pk_format_name(i).decode(): i for i in range(PK_FMT_COUNT)}
+_FORMAT_NAMES = {i: name for name, i in FORMATS.items()}
+QUANTIZED_FORMATS = tuple(n for n, i in FORMATS.items() if pk_format_quantized(i))
 
 
 class KernelError(RuntimeError):
@@ -177,6 +183,18 @@ def quantize_qai8dx2(x):
     return q, scale, zp
 
 
+# The canonical arrays of each quantized format (docs/FORMAT.md): the scales' dtype, and
+# K = row bytes // chunk * k_per_chunk; fixed_bl: the only block size (0: any, the C side
+# checks it; -1: one f32 scale per row).
+#                  scale dtype  k_per_chunk  chunk  fixed_bl
+_QWEIGHT_LAYOUT = {
+    "qsi4c32": (np.uint16,   2,           1,     0),     # nibbles [N][K/2], bf16 [N][K/bl]
+    "qsi6c32": (np.uint16,   32,          24,    32),    # 24 bytes per 32 k, bf16 [N][K/32]
+    "qsi8cx":  (np.float32,  1,           1,     -1),    # int8 [N][K], f32 [N]
+}
+assert set(_QWEIGHT_LAYOUT) == set(QUANTIZED_FORMATS)
+
+
 cdef class QWeight:
     """A quantized weight [N, K] prepared for the kernels (arrays borrowed, kept alive here)."""
     cdef pk_rhs rhs
@@ -185,46 +203,34 @@ cdef class QWeight:
     cdef readonly int n, k, block_size
 
     def __cinit__(self, str fmt, qs, scales, int block_size=32, extra_kernel=None):
-        if fmt not in FORMATS:
-            raise ValueError(f"unknown weight format {fmt!r}; expected one of {sorted(FORMATS)}")
+        if fmt not in QUANTIZED_FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; expected one of {sorted(QUANTIZED_FORMATS)}")
         _init()
-        cdef const uint8_t[:, ::1] qv
-        cdef const uint16_t[:, ::1] s4
-        cdef const float[::1] s8
-        cdef const void *sp
-        cdef int n, k
-        if fmt == "qsi4c32":
-            qv = np.ascontiguousarray(qs, dtype=np.uint8)
-            s4 = np.ascontiguousarray(scales, dtype=np.uint16)
-            n, k = qv.shape[0], qv.shape[1] * 2
-            if s4.shape[0] != n or s4.shape[1] * block_size != k:
-                raise ValueError(f"qsi4c32 scales shape {tuple(s4.shape)} does not match "
-                                 f"[{n}, {k}] with block size {block_size}")
-            sp = &s4[0, 0]
-            self._scales = s4
-        elif fmt == "qsi6c32":
-            qv = np.ascontiguousarray(qs, dtype=np.uint8)
-            s4 = np.ascontiguousarray(scales, dtype=np.uint16)
-            if qv.shape[1] % 24:
-                raise ValueError(f"qsi6c32 rows must be whole 24-byte chunks, got {qv.shape[1]} bytes")
-            n, k = qv.shape[0], qv.shape[1] // 3 * 4
-            if block_size != 32 or s4.shape[0] != n or s4.shape[1] * 32 != k:
-                raise ValueError(f"qsi6c32 scales shape {tuple(s4.shape)} does not match "
-                                 f"[{n}, {k}] with block size 32 (got block size {block_size})")
-            sp = &s4[0, 0]
-            self._scales = s4
-        else:
-            qv = np.ascontiguousarray(qs).view(np.uint8)
-            s8 = np.ascontiguousarray(scales, dtype=np.float32)
-            n, k = qv.shape[0], qv.shape[1]
-            if s8.shape[0] != n:
-                raise ValueError(f"qsi8cx scales shape {tuple(s8.shape)} does not match N={n}")
-            sp = &s8[0]
-            self._scales = s8
+        scale_dtype, k_per_bytes, chunk, fixed_bl = _QWEIGHT_LAYOUT[fmt]
+        cdef const uint8_t[:, ::1] qv = (np.ascontiguousarray(qs).view(np.uint8) if fixed_bl == -1
+                                         else np.ascontiguousarray(qs, dtype=np.uint8))
+        cdef const uint8_t[::1] sv
+        cdef int n = qv.shape[0], k
+        if qv.shape[1] % chunk:
+            raise ValueError(f"{fmt} rows must be whole {chunk}-byte chunks, got {qv.shape[1]} bytes")
+        k = qv.shape[1] // chunk * k_per_bytes
+        if fixed_bl == -1:        # per-row scale: one block of K
             block_size = k
+        elif fixed_bl and block_size != fixed_bl:
+            raise ValueError(f"{fmt} block size must be {fixed_bl}, got {block_size}")
+        s = np.ascontiguousarray(scales, dtype=scale_dtype)
+        if fixed_bl == -1:
+            ok = s.ndim == 1 and s.shape[0] == n
+        else:
+            ok = s.ndim == 2 and s.shape[0] == n and s.shape[1] * block_size == k
+        if not ok:
+            raise ValueError(f"{fmt} scales shape {tuple(s.shape)} does not match [{n}, {k}] "
+                             f"with block size {block_size}")
+        sv = s.reshape(-1).view(np.uint8)
+        self._scales = s
         self._qs = qv
         cdef const pk_kernel *extra = _kernel(extra_kernel)
-        if pk_rhs_prepare(&self.rhs, FORMATS[fmt], n, k, block_size, &qv[0, 0], sp, extra) != 0:
+        if pk_rhs_prepare(&self.rhs, FORMATS[fmt], n, k, block_size, &qv[0, 0], &sv[0], extra) != 0:
             raise ValueError(_last_error())
         self.format, self.n, self.k, self.block_size = fmt, n, k, block_size
 
@@ -350,15 +356,8 @@ cdef class Ops:
 # ---- the Llama forward pass (pyklei_ext/model) ---------------------------------------------
 
 cdef extern from "ops/pk_nn.h":
-    ctypedef enum pk_dtype:
-        PK_T_F32
-        PK_T_F16
-        PK_T_BF16
-        PK_T_QSI4C32
-        PK_T_QSI8CX
-        PK_T_QSI6C32
     ctypedef struct pk_tensor:
-        pk_dtype type
+        pk_format type
         int n, k, bl
         const void *data
         const void *scales
@@ -398,10 +397,6 @@ cdef extern from "model/pk_llama.h":
 
 from libc.stdlib cimport calloc, free
 
-_DTYPES = {"f32": PK_T_F32, "f16": PK_T_F16, "bf16": PK_T_BF16, "qsi4c32": PK_T_QSI4C32,
-           "qsi6c32": PK_T_QSI6C32, "qsi8cx": PK_T_QSI8CX}
-
-
 cdef const float *_f32_ptr(object arr, list keep, Py_ssize_t n, str what) except NULL:
     cdef const float[::1] v = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
     if v.shape[0] != n:
@@ -438,11 +433,11 @@ cdef class LlamaRuntime:
             raise ValueError(f"{len(layers)} layers given, hparams say {h.n_layer}")
         # token embedding table: (dtype name, data array, scales array or None, block size)
         dtype, data, scales, bl = tok_embd
-        if dtype not in _DTYPES:
+        if dtype not in FORMATS:
             raise ValueError(f"unsupported embedding type {dtype!r}")
         emb_bytes = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         self._keep.append(emb_bytes)
-        w.tok_embd.type = _DTYPES[dtype]
+        w.tok_embd.type = FORMATS[dtype]
         w.tok_embd.n, w.tok_embd.k, w.tok_embd.bl = h.n_vocab, h.n_embd, bl
         w.tok_embd.data = &emb_bytes[0]
         w.tok_embd.scales = NULL

@@ -26,12 +26,11 @@
  * code. smmla wants both operands as 2x8 row-interleaved blocks: the kernels build them in
  * registers with 64-bit zips (zip1/zip2) from the canonical layouts, so no weight repacking
  * (and no extra memory) is needed. */
-#include "../ops/pk_matmul.h"
+#include "../ops/pk_kernel.h"
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
 
-#include "../ops/pk_cpu.h"
 
 #define PK_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
 #define PK_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
@@ -566,17 +565,36 @@ PK_I8MM static void qai8dx_qsi8cx_4x4_i8mm(int m, int n0, int n1, const pk_lhs *
 #define I8MM (PK_CPU_NEON | PK_CPU_DOTPROD | PK_CPU_I8MM)
 
 const pk_kernel pk_kernels_arm_neon[] = {
-    /* name                          isa        fmt             features prio m_min n_step */
-    {"qai8dx_qsi4c32_1x4_neon", "neon", PK_FMT_QSI4C32, NEON, 10, 1, 4, NULL, NULL, qai8dx_qsi4c32_1x4_neon},
-    {"qai8dx_qsi8cx_1x4_neon", "neon", PK_FMT_QSI8CX, NEON, 10, 1, 4, NULL, NULL, qai8dx_qsi8cx_1x4_neon},
-    {"qai8dx_qsi4c32_1x4_dotprod", "dotprod", PK_FMT_QSI4C32, DOT, 20, 1, 4, NULL, NULL, qai8dx_qsi4c32_1x4_dotprod},
-    {"qai8dx_qsi4c32_4x4_dotprod", "dotprod", PK_FMT_QSI4C32, DOT, 21, 4, 4, NULL, NULL, qai8dx_qsi4c32_4x4_dotprod},
-    {"qai8dx_qsi8cx_1x4_dotprod", "dotprod", PK_FMT_QSI8CX, DOT, 20, 1, 4, NULL, NULL, qai8dx_qsi8cx_1x4_dotprod},
-    {"qai8dx_qsi8cx_4x4_dotprod", "dotprod", PK_FMT_QSI8CX, DOT, 21, 4, 4, NULL, NULL, qai8dx_qsi8cx_4x4_dotprod},
-    {"qai8dx_qsi4c32_4x4_i8mm", "i8mm", PK_FMT_QSI4C32, I8MM, 30, 4, 4, NULL, NULL, qai8dx_qsi4c32_4x4_i8mm},
-    {"qai8dx_qsi8cx_4x4_i8mm", "i8mm", PK_FMT_QSI8CX, I8MM, 30, 4, 4, NULL, NULL, qai8dx_qsi8cx_4x4_i8mm},
-    {"qai8dx_qsi6c32_1x4_neon", "neon", PK_FMT_QSI6C32, NEON, 10, 1, 4, NULL, NULL, qai8dx_qsi6c32_1x4_neon},
-    {"qai8dx_qsi6c32_1x4_dotprod", "dotprod", PK_FMT_QSI6C32, DOT, 20, 1, 4, NULL, NULL, qai8dx_qsi6c32_1x4_dotprod},
+    {.name = "qai8dx_qsi4c32_1x4_neon", .isa = "neon", .fmt = PK_FMT_QSI4C32, .features = NEON,
+     .priority = 10, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi4c32_1x4_neon},
+    {.name = "qai8dx_qsi8cx_1x4_neon", .isa = "neon", .fmt = PK_FMT_QSI8CX, .features = NEON,
+     .priority = 10, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi8cx_1x4_neon},
+    {.name = "qai8dx_qsi4c32_1x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI4C32, .features = DOT,
+     .priority = 20, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi4c32_1x4_dotprod},
+    {.name = "qai8dx_qsi4c32_4x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI4C32, .features = DOT,
+     .priority = 21, .m_min = 4, .n_step = 4,
+     .run = qai8dx_qsi4c32_4x4_dotprod},
+    {.name = "qai8dx_qsi8cx_1x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI8CX, .features = DOT,
+     .priority = 20, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi8cx_1x4_dotprod},
+    {.name = "qai8dx_qsi8cx_4x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI8CX, .features = DOT,
+     .priority = 21, .m_min = 4, .n_step = 4,
+     .run = qai8dx_qsi8cx_4x4_dotprod},
+    {.name = "qai8dx_qsi4c32_4x4_i8mm", .isa = "i8mm", .fmt = PK_FMT_QSI4C32, .features = I8MM,
+     .priority = 30, .m_min = 4, .n_step = 4,
+     .run = qai8dx_qsi4c32_4x4_i8mm},
+    {.name = "qai8dx_qsi8cx_4x4_i8mm", .isa = "i8mm", .fmt = PK_FMT_QSI8CX, .features = I8MM,
+     .priority = 30, .m_min = 4, .n_step = 4,
+     .run = qai8dx_qsi8cx_4x4_i8mm},
+    {.name = "qai8dx_qsi6c32_1x4_neon", .isa = "neon", .fmt = PK_FMT_QSI6C32, .features = NEON,
+     .priority = 10, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi6c32_1x4_neon},
+    {.name = "qai8dx_qsi6c32_1x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI6C32, .features = DOT,
+     .priority = 20, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi6c32_1x4_dotprod},
 };
 const int pk_kernels_arm_neon_count = sizeof pk_kernels_arm_neon / sizeof pk_kernels_arm_neon[0];
 #endif

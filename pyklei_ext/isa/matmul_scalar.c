@@ -1,9 +1,9 @@
 /* Scalar reference kernels: plain C, every architecture. The SIMD kernels are tested
  * against these; they favour obviousness over speed. */
-#include "../ops/pk_matmul.h"
+#include "../ops/pk_kernel.h"
 
 /* qai8dx x qsi4c32: integer dot per block, scaled by the block's bf16 scale. */
-static void qai8dx_qsi4c32_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+static void qai8dx_qsi4c32_1x1_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                   const void *packed, float *dst, size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k, bl = rhs->bl, nb = k / bl;
@@ -25,7 +25,7 @@ static void qai8dx_qsi4c32_scalar(int m, int n0, int n1, const pk_lhs *lhs, cons
 }
 
 /* qai8dx x qsi6c32: as qsi4c32 with 6-bit values and blocks of 32. */
-static void qai8dx_qsi6c32_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+static void qai8dx_qsi6c32_1x1_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                   const void *packed, float *dst, size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k, nb = k / 32;
@@ -47,7 +47,7 @@ static void qai8dx_qsi6c32_scalar(int m, int n0, int n1, const pk_lhs *lhs, cons
 }
 
 /* qai8dx x qsi8cx: one integer dot per row, exact until the final scaling. */
-static void qai8dx_qsi8cx_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+static void qai8dx_qsi8cx_1x1_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                  const void *packed, float *dst, size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k;
@@ -64,9 +64,24 @@ static void qai8dx_qsi8cx_scalar(int m, int n0, int n1, const pk_lhs *lhs, const
     }
 }
 
+void pk_scalar_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
+                   float *dst, size_t ldd, float lo, float hi) {
+    switch (rhs->fmt) {
+    case PK_FMT_QSI4C32: qai8dx_qsi4c32_1x1_scalar(m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi); break;
+    case PK_FMT_QSI6C32: qai8dx_qsi6c32_1x1_scalar(m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi); break;
+    default: qai8dx_qsi8cx_1x1_scalar(m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi); break;
+    }
+}
+
 const pk_kernel pk_kernels_scalar[] = {
-    {"qai8dx_qsi4c32_1x1_scalar", "scalar", PK_FMT_QSI4C32, 0, 0, 1, 1, NULL, NULL, qai8dx_qsi4c32_scalar},
-    {"qai8dx_qsi8cx_1x1_scalar", "scalar", PK_FMT_QSI8CX, 0, 0, 1, 1, NULL, NULL, qai8dx_qsi8cx_scalar},
-    {"qai8dx_qsi6c32_1x1_scalar", "scalar", PK_FMT_QSI6C32, 0, 0, 1, 1, NULL, NULL, qai8dx_qsi6c32_scalar},
+    {.name = "qai8dx_qsi4c32_1x1_scalar", .isa = "scalar", .fmt = PK_FMT_QSI4C32, .features = 0,
+     .priority = 0, .m_min = 1, .n_step = 1,
+     .run = qai8dx_qsi4c32_1x1_scalar},
+    {.name = "qai8dx_qsi8cx_1x1_scalar", .isa = "scalar", .fmt = PK_FMT_QSI8CX, .features = 0,
+     .priority = 0, .m_min = 1, .n_step = 1,
+     .run = qai8dx_qsi8cx_1x1_scalar},
+    {.name = "qai8dx_qsi6c32_1x1_scalar", .isa = "scalar", .fmt = PK_FMT_QSI6C32, .features = 0,
+     .priority = 0, .m_min = 1, .n_step = 1,
+     .run = qai8dx_qsi6c32_1x1_scalar},
 };
 const int pk_kernels_scalar_count = sizeof pk_kernels_scalar / sizeof pk_kernels_scalar[0];

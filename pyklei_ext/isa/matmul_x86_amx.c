@@ -16,8 +16,7 @@
  * the stores filling the rest). The tile loads/stores carry "memory" clobbers for the same
  * reason. The kernels run only when pk_cpu reports PK_CPU_AMX_INT8 (CPUID + XCR0 tile state
  * + arch_prctl(ARCH_REQ_XCOMP_PERM) granted). */
-#include "../ops/pk_matmul.h"
-#include "../ops/pk_cpu.h"
+#include "../ops/pk_kernel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -175,14 +174,18 @@ static void emu_dpbssd(int c, int a, int b) {
 
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_amx[] = {
-    {"qai8dx_qsi4c32p16_32x32_amx", "amx", PK_FMT_QSI4C32, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_32x32_amx},
-    {"qai8dx_qsi8cxp4_32x32_amx", "amx", PK_FMT_QSI8CX, PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI, 40, 16, ZNR,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_32x32_amx},
-    {"qai8dx_qsi4c32p16_32x32_amx_emul", "amx_emul", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 16, ZNR,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_32x32_amx_emul},
-    {"qai8dx_qsi8cxp4_32x32_amx_emul", "amx_emul", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 16, ZNR,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_32x32_amx_emul},
+    {.name = "qai8dx_qsi4c32p16_32x32_amx", .isa = "amx", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI,
+     .priority = 40, .m_min = 16, .n_step = ZNR,
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx},
+    {.name = "qai8dx_qsi8cxp4_32x32_amx", .isa = "amx", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI,
+     .priority = 40, .m_min = 16, .n_step = ZNR,
+     .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_32x32_amx},
+    {.name = "qai8dx_qsi4c32p16_32x32_amx_emul", .isa = "amx_emul", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
+     .priority = -1, .m_min = 16, .n_step = ZNR,
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx_emul},
+    {.name = "qai8dx_qsi8cxp4_32x32_amx_emul", .isa = "amx_emul", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
+     .priority = -1, .m_min = 16, .n_step = ZNR,
+     .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_32x32_amx_emul},
 };
 const int pk_kernels_x86_amx_count = sizeof pk_kernels_x86_amx / sizeof pk_kernels_x86_amx[0];
 #endif

@@ -1,8 +1,7 @@
 /* x86 AVX2 + FMA kernels (Haswell and later, Zen): vpmaddubsw (u8 x s8 -> s16 pairs) and
  * vpmaddwd. The qsi4c32 GEMV and GEMM bodies are shared with AVX-VNNI through
  * x86_ymm_tmpl.h; docs/KERNELS.md describes the kernels. All read the canonical weights. */
-#include "../ops/pk_matmul.h"
-#include "../ops/pk_cpu.h"
+#include "../ops/pk_kernel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -167,10 +166,18 @@ Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, floa
 
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_avx2[] = {
-    {"qai8dx_qsi4c32_1x4_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, y_q4_gemv_avx2},
-    {"qai8dx_qsi4c32_4x8_avx2", "avx2", PK_FMT_QSI4C32, PK_CPU_AVX2, 11, 8, 8, NULL, NULL, y_q4_gemm_avx2},
-    {"qai8dx_qsi8cx_1x4_avx2", "avx2", PK_FMT_QSI8CX, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, qai8dx_qsi8cx_1x4_avx2},
-    {"qai8dx_qsi6c32_1x4_avx2", "avx2", PK_FMT_QSI6C32, PK_CPU_AVX2, 10, 1, 4, NULL, NULL, qai8dx_qsi6c32_1x4_avx2},
+    {.name = "qai8dx_qsi4c32_1x4_avx2", .isa = "avx2", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX2,
+     .priority = 10, .m_min = 1, .n_step = 4,
+     .run = y_q4_gemv_avx2},
+    {.name = "qai8dx_qsi4c32_4x8_avx2", .isa = "avx2", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX2,
+     .priority = 11, .m_min = 8, .n_step = 8,
+     .run = y_q4_gemm_avx2},
+    {.name = "qai8dx_qsi8cx_1x4_avx2", .isa = "avx2", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX2,
+     .priority = 10, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi8cx_1x4_avx2},
+    {.name = "qai8dx_qsi6c32_1x4_avx2", .isa = "avx2", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX2,
+     .priority = 10, .m_min = 1, .n_step = 4,
+     .run = qai8dx_qsi6c32_1x4_avx2},
 };
 const int pk_kernels_x86_avx2_count = sizeof pk_kernels_x86_avx2 / sizeof pk_kernels_x86_avx2[0];
 #endif

@@ -15,9 +15,7 @@
  *   (dword j of a vector = 4 consecutive k of row j) holding unsigned w + 8 (int4) or
  *   w + 128 (int8); activations are signed and broadcast 4 bytes at a time. The offset is
  *   removed by starting each block's int32 accumulator at -off * sum_{k in block} a. */
-#include "../ops/pk_matmul.h"
-#include "../ops/pk_cpu.h"
-#include "../ops/pk_pack.h"
+#include "../ops/pk_kernel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -400,34 +398,48 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
 /* ---- table --------------------------------------------------------------------------- */
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_vnni[] = {
-    {"qai8dx_qsi4c32p16_2x16_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 30, 1, 16,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_2x16_avx512vnni, qai8dx2_qsi4c32p16_2x16_avx512vnni},
-    {"qai8dx_qsi4c32p16_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi4c32p16_6x32_avx512vnni, qai8dx2_qsi4c32p16_6x32_avx512vnni},
-    {"qai8dx_qsi6c32p16_2x16_avx512vnni", "avx512vnni", PK_FMT_QSI6C32, PK_CPU_AVX512VNNI, 30, 1, 16,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi6c32p16_2x16_avx512vnni, qai8dx2_qsi6c32p16_2x16_avx512vnni},
-    {"qai8dx_qsi6c32p16_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI6C32, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     pk_p16_size, pk_p16_pack, qai8dx_qsi6c32p16_6x32_avx512vnni, qai8dx2_qsi6c32p16_6x32_avx512vnni},
-    {"qai8dx_qsi8cxp4_1x4_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 30, 1, 4,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_1x4_avx512vnni},
-    {"qai8dx_qsi8cxp4_6x32_avx512vnni", "avx512vnni", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, 31, ZMR, ZNR,
-     pk_p4_size, pk_p4_pack, qai8dx_qsi8cxp4_6x32_avx512vnni},
-    {"qai8dx_qsi4c32_1x4_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 20, 1, 4,
-     NULL, NULL, y_q4_gemv_avxvnni},
-    {"qai8dx_qsi4c32_3x16_avxvnni", "avxvnni", PK_FMT_QSI4C32, PK_CPU_AVXVNNI, 21, 6, 16,
-     NULL, NULL, y_q4_gemm_avxvnni},
-    {"qai8dx_qsi8cx_1x4_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 20, 1, 4,
-     NULL, NULL, y_q8_gemv_avxvnni},
-    {"qai8dx_qsi8cx_3x16_avxvnni", "avxvnni", PK_FMT_QSI8CX, PK_CPU_AVXVNNI, 21, 6, 16,
-     NULL, NULL, y_q8_gemm_avxvnni},
-    {"qai8dx_qsi4c32_1x4_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 1, 4,
-     NULL, NULL, y_q4_gemv_avxvnni_evex},
-    {"qai8dx_qsi4c32_3x16_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI4C32, PK_CPU_AVX512VNNI, -1, 4, 16,
-     NULL, NULL, y_q4_gemm_avxvnni_evex},
-    {"qai8dx_qsi8cx_1x4_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 1, 4,
-     NULL, NULL, y_q8_gemv_avxvnni_evex},
-    {"qai8dx_qsi8cx_3x16_avxvnni_evex", "avxvnni_evex", PK_FMT_QSI8CX, PK_CPU_AVX512VNNI, -1, 4, 16,
-     NULL, NULL, y_q8_gemm_avxvnni_evex},
+    {.name = "qai8dx_qsi4c32p16_2x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
+     .priority = 30, .m_min = 1, .n_step = 16,
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_2x16_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_2x16_avx512vnni},
+    {.name = "qai8dx_qsi4c32p16_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
+     .priority = 31, .m_min = ZMR, .n_step = ZNR,
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_6x32_avx512vnni},
+    {.name = "qai8dx_qsi6c32p16_2x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
+     .priority = 30, .m_min = 1, .n_step = 16,
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_2x16_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_2x16_avx512vnni},
+    {.name = "qai8dx_qsi6c32p16_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
+     .priority = 31, .m_min = ZMR, .n_step = ZNR,
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_6x32_avx512vnni},
+    {.name = "qai8dx_qsi8cxp4_1x4_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
+     .priority = 30, .m_min = 1, .n_step = 4,
+     .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_1x4_avx512vnni},
+    {.name = "qai8dx_qsi8cxp4_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
+     .priority = 31, .m_min = ZMR, .n_step = ZNR,
+     .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_6x32_avx512vnni},
+    {.name = "qai8dx_qsi4c32_1x4_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVXVNNI,
+     .priority = 20, .m_min = 1, .n_step = 4,
+     .run = y_q4_gemv_avxvnni},
+    {.name = "qai8dx_qsi4c32_3x16_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVXVNNI,
+     .priority = 21, .m_min = 6, .n_step = 16,
+     .run = y_q4_gemm_avxvnni},
+    {.name = "qai8dx_qsi8cx_1x4_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVXVNNI,
+     .priority = 20, .m_min = 1, .n_step = 4,
+     .run = y_q8_gemv_avxvnni},
+    {.name = "qai8dx_qsi8cx_3x16_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVXVNNI,
+     .priority = 21, .m_min = 6, .n_step = 16,
+     .run = y_q8_gemm_avxvnni},
+    {.name = "qai8dx_qsi4c32_1x4_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
+     .priority = -1, .m_min = 1, .n_step = 4,
+     .run = y_q4_gemv_avxvnni_evex},
+    {.name = "qai8dx_qsi4c32_3x16_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
+     .priority = -1, .m_min = 4, .n_step = 16,
+     .run = y_q4_gemm_avxvnni_evex},
+    {.name = "qai8dx_qsi8cx_1x4_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
+     .priority = -1, .m_min = 1, .n_step = 4,
+     .run = y_q8_gemv_avxvnni_evex},
+    {.name = "qai8dx_qsi8cx_3x16_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
+     .priority = -1, .m_min = 4, .n_step = 16,
+     .run = y_q8_gemm_avxvnni_evex},
 };
 const int pk_kernels_x86_vnni_count = sizeof pk_kernels_x86_vnni / sizeof pk_kernels_x86_vnni[0];
 #endif

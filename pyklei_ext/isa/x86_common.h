@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../ops/pk_matmul.h"
+#include "../ops/pk_kernel.h"
 
 #define PK_SCRATCH_SLOTS 4
 
@@ -62,10 +62,7 @@ static void *pk_scratch(int slot, size_t bytes) {
 /* When scratch memory cannot be had, a kernel hands its rows to the scalar reference. */
 static void pk_run_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                           float *dst, size_t ldd, float lo, float hi) {
-    const pk_kernel *k = pk_kernel_by_name(rhs->fmt == PK_FMT_QSI4C32   ? "qai8dx_qsi4c32_1x1_scalar"
-                                           : rhs->fmt == PK_FMT_QSI6C32 ? "qai8dx_qsi6c32_1x1_scalar"
-                                                                        : "qai8dx_qsi8cx_1x1_scalar");
-    k->run(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
+    pk_scalar_run(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
 }
 
 /* The same for run_pairs: the plane products of one row pair and up to 64 weight rows at a

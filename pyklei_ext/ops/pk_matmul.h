@@ -5,66 +5,17 @@
  * 32; for the lm_head / tied embedding) or qsi8cx (int8, f32 scale per row).
  * docs/FORMAT.md defines the bytes and the arithmetic; docs/KERNELS.md the kernels.
  *
- * Layers: pk_matmul (this file: weights, dispatch, threads) -> pk_kernel micro-kernels
- * (isa/matmul_<isa>.c, one file per ISA family, per-function target attributes). */
+ * Layers: pk_matmul (this file, the public API: registry, dispatch, weights, activations,
+ * threads) -> the micro-kernels (isa/matmul_<isa>.c, one file per ISA family, per-function
+ * target attributes), which see only their contract, pk_kernel.h. */
 #ifndef PK_MATMUL_H
 #define PK_MATMUL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pk_kernel.h"   /* pk_lhs, pk_rhs, pk_kernel, the formats */
 #include "pk_pool.h"
-
-typedef enum { PK_FMT_QSI4C32 = 0, PK_FMT_QSI8CX = 1, PK_FMT_QSI6C32 = 2, PK_FMT_COUNT } pk_format;
-
-/* qai8dx activations, canonical layout. */
-typedef struct {
-    int m, k;
-    const int8_t *q;       /* [m][ld] int8, row i at q + i*ld */
-    size_t ld;             /* row stride in bytes, >= k */
-    const float *scale;    /* [m] */
-    const int32_t *zp;     /* [m] */
-} pk_lhs;
-
-#define PK_MAX_PACKED 4
-
-/* A weight prepared for the kernels. The canonical arrays are borrowed (often straight
- * from the memory-mapped file); the row sums and any repacked copies are owned. */
-typedef struct pk_rhs {
-    pk_format fmt;
-    int n, k, bl;                   /* bl: block length (32 for qsi6c32); k for qsi8cx */
-    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi6c32: [n][3k/4]; qsi8cx: int8 [n][k] */
-    const void *scales;             /* qsi4c32, qsi6c32: bf16 [n][k/bl]; qsi8cx: float [n] */
-    float *rsum;                    /* qsi4c32, qsi6c32: [n] sum_k of the dequantized row */
-    int32_t *isum;                  /* qsi8cx:  [n] sum_k of the int8 row */
-    /* Kernel-specific repacked copies (e.g. tile-interleaved for AMX), made on prepare. */
-    const struct pk_kernel *packed_for[PK_MAX_PACKED];
-    void *packed[PK_MAX_PACKED];
-    size_t packed_bytes[PK_MAX_PACKED];
-} pk_rhs;
-
-/* One micro-kernel. Any kernel computes correct results for every m >= 1 and any
- * [n0, n1) range; m_min only says from which m the dispatch prefers it. */
-typedef struct pk_kernel {
-    const char *name;        /* contract in the name: qai8dx_qsi4c32_1x4_avx512vnni */
-    const char *isa;         /* tag usable in PYKLEI_KERNEL: scalar, avx2, avx512vnni, ... */
-    pk_format fmt;
-    uint32_t features;       /* PK_CPU_* bits required */
-    int priority;            /* higher wins among usable kernels */
-    int m_min;               /* preferred for m >= m_min */
-    int n_step;              /* threads split N in multiples of this */
-    /* Optional weight repacking for this kernel (NULL when it reads the canonical layout). */
-    size_t (*rhs_packed_size)(const pk_rhs *rhs);
-    void (*rhs_pack)(const pk_rhs *rhs, void *dst);
-    /* dst[i*ldd + j] for i in [0, m), j in [n0, n1); packed is this kernel's repack or NULL */
-    void (*run)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
-    /* Optional, for two-plane activations (qai8dx2): as run, but lhs rows 2t and 2t+1 are the
-     * two planes of output row t (m even): dst row t = clamp(product 2t + product 2t+1),
-     * bit-identical to summing run's unclamped rows. NULL: the caller sums. */
-    void (*run_pairs)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                      const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
-} pk_kernel;
 
 /* ---- registry and dispatch ---------------------------------------------------------- */
 
@@ -151,52 +102,5 @@ int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m,
 /* Same with activations already quantized (tests feed exact integer cases this way). */
 int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs,
                   float *dst, size_t ldd, float clamp_lo, float clamp_hi, const pk_kernel *kern);
-
-/* ---- helpers shared by the ISA files ------------------------------------------------ */
-
-static inline float pk_bf16_to_f32(uint16_t b) {
-    union { uint32_t u; float f; } v = { (uint32_t)b << 16 };
-    return v.f;
-}
-
-static inline float pk_clampf(float v, float lo, float hi) {
-    return v < lo ? lo : (v > hi ? hi : v);
-}
-
-/* qai8dx's rule (docs/FORMAT.md) from a row's range [mn, mx] (mn <= 0 <= mx): sets the scale
- * and zero point, returns the inverse scale. One place for every quantizer (scalar and SIMD):
- * float32 arithmetic, no fused multiply-add, round half to even. */
-static inline float pk_qai8dx_params(float mn, float mx, float *scale, int32_t *zp) {
-    const float rng = mx - mn;
-    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
-    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
-    float z = __builtin_rintf(-128.0f - mn * inv);
-    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
-    *zp = (int32_t)z;
-    return inv;
-}
-
-/* Element kk of a qsi4c32 row (sign-extended int4), following the chunk nibble order. */
-static inline int pk_qsi4c32_get(const uint8_t *row, int kk) {
-    const uint8_t b = row[(kk >> 5) * 16 + (kk & 15)];
-    const int nib = (kk & 16) ? (b >> 4) : (b & 15);
-    return (nib ^ 8) - 8;
-}
-
-/* Element kk of a qsi6c32 row, in [-32, 31]. Chunk c of 32 elements is 24 bytes: 16 bytes of
- * low nibbles in qsi4c32's order, then 8 bytes whose byte j holds the top two bits of
- * elements j, j+8, j+16, j+24 (bits 0-1, 2-3, 4-5, 6-7); values are stored as q + 32. */
-static inline int pk_qsi6c32_get(const uint8_t *row, int kk) {
-    const uint8_t *c = row + (kk >> 5) * 24;
-    const int e = kk & 31;
-    const int lo = (e & 16) ? (c[e & 15] >> 4) : (c[e & 15] & 15);
-    const int hi = (c[16 + (e & 7)] >> (2 * (e >> 3))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
-/* Bytes of one weight row in the canonical layout. */
-static inline size_t pk_row_bytes(pk_format fmt, int k) {
-    return fmt == PK_FMT_QSI4C32 ? (size_t)k / 2 : fmt == PK_FMT_QSI6C32 ? (size_t)k / 4 * 3 : (size_t)k;
-}
 
 #endif

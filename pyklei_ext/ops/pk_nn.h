@@ -6,11 +6,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { PK_T_F32 = 0, PK_T_F16, PK_T_BF16, PK_T_QSI4C32, PK_T_QSI8CX, PK_T_QSI6C32 } pk_dtype;
+#include "pk_format.h"
+
 
 /* A 2-D tensor [n, k] read row by row (embedding tables). */
 typedef struct {
-    pk_dtype type;
+    pk_format type;          /* any format, plain or quantized */
     int n, k, bl;            /* bl: qsi4c32 block length */
     const void *data;        /* f32/f16/bf16 [n][k]; qsi4c32 nibbles [n][k/2]; qsi6c32 [n][3k/4]; qsi8cx int8 [n][k] */
     const void *scales;      /* qsi4c32, qsi6c32 bf16 [n][k/bl]; qsi8cx f32 [n]; else NULL */

@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pk_matmul.h"
+#include "pk_kernel.h"
 
 /* ---- p16 ---------------------------------------------------------------------------- */
 typedef struct {

@@ -105,7 +105,7 @@ static float *rand_vec(int n, float base, float spread) {
 typedef struct {
     const char *name;
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx;
-    pk_dtype emb;          /* embedding table type */
+    pk_format emb;          /* embedding table type */
     int tied;              /* lm_head = the embedding bytes (emb must be qsi4c32/qsi8cx) */
     int q8_layers;         /* layer weights qsi8cx instead of qsi4c32 */
     int rope_freqs, kv_f16, planes, threads, bl;
@@ -156,27 +156,27 @@ static int setup(fixture *f, const config *c) {
     t->n = V;
     t->k = h;
     t->bl = c->bl;
-    if (c->emb == PK_T_QSI4C32 || c->emb == PK_T_QSI8CX) {
+    if (c->emb == PK_FMT_QSI4C32 || c->emb == PK_FMT_QSI8CX) {
         weight e;
-        if (make_weight(&e, c->emb == PK_T_QSI4C32 ? PK_FMT_QSI4C32 : PK_FMT_QSI8CX, V, h, c->bl, 1.0f))
+        if (make_weight(&e, c->emb, V, h, c->bl, 1.0f))
             return -1;
         pk_rhs_release(&e.rhs);
         f->emb_data = e.qs;
         f->emb_scales = e.scales;
     } else {
-        const size_t es = c->emb == PK_T_F32 ? 4 : 2;
+        const size_t es = c->emb == PK_FMT_F32 ? 4 : 2;
         f->emb_data = malloc(es * (size_t)V * h);
         for (size_t i = 0; i < (size_t)V * h; i++) {
             const float x = rndf();
-            if (c->emb == PK_T_F32) ((float *)f->emb_data)[i] = x;
-            else if (c->emb == PK_T_F16) ((uint16_t *)f->emb_data)[i] = f32_to_f16(x);
+            if (c->emb == PK_FMT_F32) ((float *)f->emb_data)[i] = x;
+            else if (c->emb == PK_FMT_F16) ((uint16_t *)f->emb_data)[i] = f32_to_f16(x);
             else ((uint16_t *)f->emb_data)[i] = f32_to_bf16(x);
         }
     }
     t->data = f->emb_data;
     t->scales = f->emb_scales;
     if (c->tied) {
-        const pk_format ef = c->emb == PK_T_QSI4C32 ? PK_FMT_QSI4C32 : PK_FMT_QSI8CX;
+        const pk_format ef = c->emb;
         if (pk_rhs_prepare(&f->lm_head.rhs, ef, V, h, ef == PK_FMT_QSI4C32 ? c->bl : h, f->emb_data,
                            f->emb_scales, NULL))
             return -1;
@@ -307,7 +307,7 @@ done:
 }
 
 static void test_bad_hparams(void) {
-    config c = {"hp", 33, 64, 1, 4, 2, 16, 96, 8, PK_T_F32, 0, 0, 0, 0, 1, 1, 32};
+    config c = {"hp", 33, 64, 1, 4, 2, 16, 96, 8, PK_FMT_F32, 0, 0, 0, 0, 1, 1, 32};
     fixture f;
     if (setup(&f, &c)) {
         CHECK(0, "bad_hparams setup");
@@ -359,12 +359,12 @@ int main(int argc, char **argv) {
     /* name, V, h, layers, heads, kv heads, hd, ff, n_ctx, emb, tied, q8 layers, rope_freqs,
      * kv_f16, planes, threads, bl */
     const config configs[] = {
-        {"f32-emb q4 1thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_T_F32, 0, 0, 1, 0, 1, 1, 32},
-        {"f16-emb q4 kvf16 2thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_T_F16, 0, 0, 0, 1, 2, 2, 32},
-        {"bf16-emb q8 2planes", 41, 96, 1, 6, 3, 16, 160, 7, PK_T_BF16, 0, 1, 1, 0, 2, 2, 32},
-        {"tied q8-emb q4 bl64", 53, 128, 2, 4, 1, 32, 192, 10, PK_T_QSI8CX, 1, 0, 1, 0, 2, 2, 64},
-        {"tied q4-emb q4", 29, 64, 1, 2, 2, 32, 64, 6, PK_T_QSI4C32, 1, 0, 0, 1, 1, 2, 32},
-        {"hd128 gqa4 q8", 19, 128, 1, 4, 1, 128, 96, 5, PK_T_QSI8CX, 1, 1, 1, 0, 2, 1, 32},
+        {"f32-emb q4 1thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_FMT_F32, 0, 0, 1, 0, 1, 1, 32},
+        {"f16-emb q4 kvf16 2thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_FMT_F16, 0, 0, 0, 1, 2, 2, 32},
+        {"bf16-emb q8 2planes", 41, 96, 1, 6, 3, 16, 160, 7, PK_FMT_BF16, 0, 1, 1, 0, 2, 2, 32},
+        {"tied q8-emb q4 bl64", 53, 128, 2, 4, 1, 32, 192, 10, PK_FMT_QSI8CX, 1, 0, 1, 0, 2, 2, 64},
+        {"tied q4-emb q4", 29, 64, 1, 2, 2, 32, 64, 6, PK_FMT_QSI4C32, 1, 0, 0, 1, 1, 2, 32},
+        {"hd128 gqa4 q8", 19, 128, 1, 4, 1, 128, 96, 5, PK_FMT_QSI8CX, 1, 1, 1, 0, 2, 1, 32},
     };
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const int before = n_fail;

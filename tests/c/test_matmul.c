@@ -160,7 +160,7 @@ static int dispatch_child(const char *force, const char *want_isa, const char *w
         return 1;
     }
     int bad = 0;
-    for (int f = 0; f < PK_FMT_COUNT; f++) {
+    for (int f = 0; f < PK_FMT_QUANT_COUNT; f++) {
         const pk_kernel *k1 = pk_dispatch_select((pk_format)f, 1);
         const pk_kernel *k64 = pk_dispatch_select((pk_format)f, 64);
         if (!k1 || !k64) { printf("PYKLEI_KERNEL=%s: no kernel for %s\n", label, fmt_str(f)); return 1; }
@@ -609,7 +609,7 @@ int main(int argc, char **argv) {
 
     test_quantize();
 
-    const pk_kernel *ref[PK_FMT_COUNT] = {NULL};
+    const pk_kernel *ref[PK_FMT_QUANT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
         const pk_kernel *k = pk_kernel_at(i);
         kstats[i].name = k->name;
@@ -629,7 +629,7 @@ int main(int argc, char **argv) {
      * every list value occurs with the large K, the smallest shapes for each K. */
     const long budget = quick ? 40000 : 600000;
     int n_cases = 0, rot = 0;
-    for (int f = 0; f < PK_FMT_COUNT; f++) {
+    for (int f = 0; f < PK_FMT_QUANT_COUNT; f++) {
         const int nk = COUNT(Ks) + (f == PK_FMT_QSI8CX ? COUNT(K8_extra) : 0);
         for (int ik = 0; ik < nk; ik++) {
             const int K = ik < COUNT(Ks) ? Ks[ik] : K8_extra[ik - COUNT(Ks)];

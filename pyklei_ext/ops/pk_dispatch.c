@@ -1,0 +1,136 @@
+/* Dispatch: the table of usable kernels per format, built once from the CPU features and
+ * PYKLEI_KERNEL (forcing), then self-checked (pk_registry.c); per-thread error messages; the
+ * PYKLEI_LOG=kernels log of which kernel ran which shape. */
+#include "pk_ops_internal.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors and logging --------------------------------------------------------------- */
+
+static __thread char last_error[512];
+
+const char *pk_last_error(void) { return last_error; }
+
+int pk_set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* PYKLEI_LOG=kernels (or 1): one stderr line per distinct (kernel, m, n, k). */
+int pk_log_kernels = -1;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t logged[512];
+
+void pk_log_call(const pk_kernel *kern, int m, int n, int k) {
+    if (!pk_log_kernels) return;
+    const uint64_t key = ((uint64_t)(uintptr_t)kern * 0x9E3779B97F4A7C15ull)
+                       ^ ((uint64_t)m << 42) ^ ((uint64_t)n << 21) ^ (uint64_t)k;
+    pthread_mutex_lock(&log_lock);
+    for (size_t i = 0; i < sizeof logged / sizeof logged[0]; i++) {
+        size_t slot = (key + i) % (sizeof logged / sizeof logged[0]);
+        if (logged[slot] == key) break;
+        if (logged[slot] == 0) {
+            logged[slot] = key;
+            fprintf(stderr, "pyklei: matmul %s m=%d n=%d k=%d -> %s\n", pk_format_name(kern->fmt), m, n, k,
+                    kern->name);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&log_lock);
+}
+
+/* ---- dispatch table, built once -------------------------------------------------------- */
+
+static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
+static int dispatch_status = 0;
+static char dispatch_error[512];
+const pk_kernel *pk_usable[PK_FMT_QUANT_COUNT][PK_MAX_KERNELS];  /* sorted by priority, best first */
+int pk_n_usable[PK_FMT_QUANT_COUNT];
+
+static int forced_match(const char *list, const pk_kernel *kern) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save))
+        if (!strcmp(tok, kern->name) || !strcmp(tok, kern->isa)) return 1;
+    return 0;
+}
+
+static void build_dispatch(void) {
+    const char *lv = getenv("PYKLEI_LOG");
+    pk_log_kernels = lv && (strstr(lv, "kernel") || !strcmp(lv, "1"));
+    const char *force = getenv("PYKLEI_KERNEL");
+    if (force && !*force) force = NULL;
+    if (force) {   /* every forced name must exist and run on this CPU */
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", force);
+        for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            int known = 0, ok = 0;
+            for (int i = 0; i < pk_kernel_count(); i++) {
+                const pk_kernel *kern = pk_kernel_at(i);
+                if (strcmp(tok, kern->name) && strcmp(tok, kern->isa)) continue;
+                known = 1;
+                ok |= pk_kernel_supported(kern);
+            }
+            if (!known || !ok) {
+                snprintf(dispatch_error, sizeof dispatch_error,
+                         "PYKLEI_KERNEL=%s: %s '%s' (CPU features: %s)", force,
+                         known ? "this CPU cannot run" : "no kernel or ISA named", tok,
+                         pk_cpu_features_string(pk_cpu_features()));
+                dispatch_status = -1;
+                return;
+            }
+        }
+    }
+    for (int f = 0; f < PK_FMT_QUANT_COUNT; f++) {
+        int forced_any = 0;
+        for (int i = 0; force && i < pk_kernel_count(); i++)
+            forced_any |= pk_kernel_at(i)->fmt == (pk_format)f && forced_match(force, pk_kernel_at(i));
+        pk_n_usable[f] = 0;
+        for (int i = 0; i < pk_kernel_count() && pk_n_usable[f] < PK_MAX_KERNELS; i++) {
+            const pk_kernel *kern = pk_kernel_at(i);
+            if (kern->fmt != (pk_format)f || !pk_kernel_supported(kern)) continue;
+            if (forced_any && !forced_match(force, kern)) continue;
+            int j = pk_n_usable[f]++;
+            while (j > 0 && pk_usable[f][j - 1]->priority < kern->priority) {
+                pk_usable[f][j] = pk_usable[f][j - 1];
+                j--;
+            }
+            pk_usable[f][j] = kern;
+        }
+        if (pk_n_usable[f] == 0) {
+            snprintf(dispatch_error, sizeof dispatch_error, "no usable %s kernel", pk_format_name(f));
+            dispatch_status = -1;
+            return;
+        }
+    }
+    if (pk_log_kernels)
+        fprintf(stderr, "pyklei: CPU features: %s%s%s\n", pk_cpu_features_string(pk_cpu_features()),
+                force ? "; PYKLEI_KERNEL=" : "", force ? force : "");
+    const char *brk = getenv("PYKLEI_TEST_BREAK_KERNEL");
+    if (brk && *brk) pk_break_kernel_for_test(brk);
+    pk_dispatch_self_check();
+}
+
+int pk_dispatch_init(void) {
+    pthread_once(&dispatch_once, build_dispatch);
+    if (dispatch_status) return fail("%s", dispatch_error);
+    return 0;
+}
+
+const pk_kernel *pk_dispatch_select(pk_format fmt, int m) {
+    if (pk_dispatch_init() || fmt < 0 || fmt >= PK_FMT_QUANT_COUNT) return NULL;
+    const pk_kernel *fallback = NULL;
+    for (int i = 0; i < pk_n_usable[fmt]; i++) {
+        const pk_kernel *kern = pk_usable[fmt][i];
+        if (kern->m_min <= m) return kern;
+        if (!fallback || kern->m_min < fallback->m_min) fallback = kern;
+    }
+    return fallback;
+}

@@ -1,0 +1,122 @@
+/* The contract between the kernel layer (ops/pk_*.c) and the ISA files (isa/matmul_*.c):
+ * everything an ISA file may see, and nothing more. An ISA file includes this header (and its
+ * own template headers), fills one table of pk_kernel records, and may define SIMD activation
+ * quantizers; the registry (ops/pk_registry.c) lists the tables declared here.
+ *
+ *   formats, element getters, bf16      pk_format.h
+ *   CPU feature bits of the records     pk_cpu.h
+ *   operands                            pk_lhs (qai8dx activations), pk_rhs (a prepared weight)
+ *   the kernel record                   pk_kernel
+ *   repacked weight layouts             pk_pack.h (p16, p4), included at the end
+ *   the scalar reference                pk_scalar_run, the fallback of SIMD kernels
+ *
+ * Kernel names state the contract: qai8dx_<weight format>[p<layout>]_<MR>x<NR>_<isa>, e.g.
+ * qai8dx_qsi4c32p16_2x16_avx512vnni; docs/KERNELS.md lists them. */
+#ifndef PK_KERNEL_H
+#define PK_KERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pk_cpu.h"
+#include "pk_format.h"
+
+/* qai8dx activations, canonical layout. */
+typedef struct {
+    int m, k;
+    const int8_t *q;       /* [m][ld] int8, row i at q + i*ld */
+    size_t ld;             /* row stride in bytes, >= k */
+    const float *scale;    /* [m] */
+    const int32_t *zp;     /* [m] */
+} pk_lhs;
+
+#define PK_MAX_PACKED 4
+
+/* A weight prepared for the kernels. The canonical arrays are borrowed (often straight
+ * from the memory-mapped file); the row sums and any repacked copies are owned. */
+typedef struct pk_rhs {
+    pk_format fmt;
+    int n, k, bl;                   /* bl: block length (32 for qsi6c32); k for qsi8cx */
+    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi6c32: [n][3k/4]; qsi8cx: int8 [n][k] */
+    const void *scales;             /* qsi4c32, qsi6c32: bf16 [n][k/bl]; qsi8cx: float [n] */
+    float *rsum;                    /* qsi4c32, qsi6c32: [n] sum_k of the dequantized row */
+    int32_t *isum;                  /* qsi8cx:  [n] sum_k of the int8 row */
+    /* Kernel-specific repacked copies (e.g. tile-interleaved for AMX), made on prepare. */
+    const struct pk_kernel *packed_for[PK_MAX_PACKED];
+    void *packed[PK_MAX_PACKED];
+    size_t packed_bytes[PK_MAX_PACKED];
+} pk_rhs;
+
+/* One micro-kernel. Any kernel computes correct results for every m >= 1 and any
+ * [n0, n1) range; m_min only says from which m the dispatch prefers it. */
+typedef struct pk_kernel {
+    const char *name;        /* contract in the name: qai8dx_qsi4c32_1x4_avx512vnni */
+    const char *isa;         /* tag usable in PYKLEI_KERNEL: scalar, avx2, avx512vnni, ... */
+    pk_format fmt;
+    uint32_t features;       /* PK_CPU_* bits required */
+    int priority;            /* higher wins among usable kernels */
+    int m_min;               /* preferred for m >= m_min */
+    int n_step;              /* threads split N in multiples of this */
+    /* Optional weight repacking for this kernel (NULL when it reads the canonical layout). */
+    size_t (*rhs_packed_size)(const pk_rhs *rhs);
+    void (*rhs_pack)(const pk_rhs *rhs, void *dst);
+    /* dst[i*ldd + j] for i in [0, m), j in [n0, n1); packed is this kernel's repack or NULL */
+    void (*run)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
+    /* Optional, for two-plane activations (qai8dx2): as run, but lhs rows 2t and 2t+1 are the
+     * two planes of output row t (m even): dst row t = clamp(product 2t + product 2t+1),
+     * bit-identical to summing run's unclamped rows. NULL: the caller sums. */
+    void (*run_pairs)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                      const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
+} pk_kernel;
+
+/* ---- helpers for the kernels and quantizers --------------------------------------------- */
+
+static inline float pk_clampf(float v, float lo, float hi) {
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+/* qai8dx's rule (docs/FORMAT.md) from a row's range [mn, mx] (mn <= 0 <= mx): sets the scale
+ * and zero point, returns the inverse scale. One place for every quantizer (scalar and SIMD):
+ * float32 arithmetic, no fused multiply-add, round half to even. */
+static inline float pk_qai8dx_params(float mn, float mx, float *scale, int32_t *zp) {
+    const float rng = mx - mn;
+    const float inv = rng == 0.0f ? 1.0f : 255.0f / rng;
+    *scale = rng == 0.0f ? 1.0f : rng / 255.0f;
+    float z = __builtin_rintf(-128.0f - mn * inv);
+    z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
+    *zp = (int32_t)z;
+    return inv;
+}
+
+/* ---- the ISA tables (the registry, ops/pk_registry.c, lists them in this order) ----------- */
+
+extern const pk_kernel pk_kernels_scalar[];          /* isa/matmul_scalar.c */
+extern const int pk_kernels_scalar_count;
+#if defined(__x86_64__)
+extern const pk_kernel pk_kernels_x86_avx2[];        /* isa/matmul_x86_avx2.c */
+extern const int pk_kernels_x86_avx2_count;
+extern const pk_kernel pk_kernels_x86_vnni[];        /* isa/matmul_x86_vnni.c */
+extern const int pk_kernels_x86_vnni_count;
+extern const pk_kernel pk_kernels_x86_amx[];         /* isa/matmul_x86_amx.c */
+extern const int pk_kernels_x86_amx_count;
+#elif defined(__aarch64__)
+extern const pk_kernel pk_kernels_arm_neon[];        /* isa/matmul_arm_neon.c */
+extern const int pk_kernels_arm_neon_count;
+#endif
+
+/* The scalar reference for any format (isa/matmul_scalar.c; `run` of its table's records):
+ * SIMD kernels hand rows to it when they cannot get scratch memory. */
+void pk_scalar_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
+                   float *dst, size_t ldd, float lo, float hi);
+
+/* ---- per-ISA activation quantizers, byte-exact with pk_quantize_qai8dx_row_scalar --------- */
+
+#if defined(__x86_64__)
+void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp);    /* matmul_x86_avx2.c */
+void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);  /* matmul_x86_vnni.c */
+#endif
+
+#include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */
+
+#endif

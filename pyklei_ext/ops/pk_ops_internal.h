@@ -1,0 +1,37 @@
+/* Shared between the files of the kernel layer (pk_registry.c, pk_dispatch.c, pk_weights.c,
+ * pk_quantize.c, pk_matmul.c); not for the ISA files (they see ops/pk_kernel.h) nor for the
+ * layers above (ops/pk_matmul.h). */
+#ifndef PK_OPS_INTERNAL_H
+#define PK_OPS_INTERNAL_H
+
+#include "pk_matmul.h"
+
+#define fail pk_set_error
+
+/* ---- the dispatch table (pk_dispatch.c), built once by pk_dispatch_init ------------------ */
+
+#define PK_MAX_KERNELS 64
+extern const pk_kernel *pk_usable[PK_FMT_QUANT_COUNT][PK_MAX_KERNELS];   /* best first */
+extern int pk_n_usable[PK_FMT_QUANT_COUNT];
+extern int pk_log_kernels;   /* PYKLEI_LOG=kernels */
+
+/* One stderr line per distinct (kernel, m, n, k) when pk_log_kernels. */
+void pk_log_call(const pk_kernel *kern, int m, int n, int k);
+
+/* ---- registry (pk_registry.c), run while the table is built ------------------------------ */
+
+/* Checks the table's SIMD kernels against the scalar ones; drops any that disagrees. */
+void pk_dispatch_self_check(void);
+/* PYKLEI_TEST_BREAK_KERNEL: replaces that kernel's entry by a corrupted copy. */
+void pk_break_kernel_for_test(const char *name);
+
+/* ---- weights (pk_weights.c) -------------------------------------------------------------- */
+
+/* pk_rhs_prepare without the dispatch table: checks the shape, fills rhs and computes the row
+ * sums; no repacked copy (the self-check calls it while the table is being built). */
+int pk_rhs_prepare_canonical(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, const void *qs,
+                             const void *scales);
+/* The copy of rhs repacked for kern, or NULL (kern reads the canonical layout, or none made). */
+const void *pk_rhs_packed_for(const pk_rhs *rhs, const pk_kernel *kern);
+
+#endif
