@@ -1,0 +1,140 @@
+"""Quality of pyklei files against transformers fp32 on the original weights (issue 15, item 1).
+
+    python benchmarks/quality.py                       # both test beds, both texts
+    python benchmarks/quality.py --beds smollm2 --variants default
+
+For each test bed (SmolLM2-135M-Instruct as shipped; its off-grid twin, tests/models.py) and
+each text never used for calibration (Python's Language Reference topics of
+pyklei.imatrix.EVAL_TOPICS; the GPL-3 licence text), the first --tokens tokens run through
+transformers in float32 (the reference) and through pyklei on each converted variant, in one
+context. Per variant: KL divergence KL(ref || pyklei) of the next-token distribution (mean
+over positions), top-1 agreement, perplexity, and the file size beside them.
+
+Results: benchmarks/results/quality.md and quality.json. llama.cpp's files (Q4_0, IQ4_NL,
+Q4_K_M, ...) are not in this table yet: scoring them needs llama.cpp's logits (llama-cpp-python
+with logits_all, or llama-perplexity --kl-divergence), which this script does not drive yet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))          # tests/models.py: the test beds
+RESULTS = ROOT / "benchmarks" / "results"
+GPL3 = Path("/usr/share/common-licenses/GPL-3")
+
+VARIANTS = {                                      # name -> how to convert
+    "default": {},
+    "calibrated": {"calibrate": True},
+    "g64": {"group_size": 64},
+}
+
+
+def texts() -> dict[str, str]:
+    from pyklei.imatrix import evaluation_text
+    out = {"langref": evaluation_text()}
+    if GPL3.is_file():
+        out["gpl3"] = GPL3.read_text()
+    return out
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def score(ref_logits: np.ndarray, logits: np.ndarray, ids: list[int]) -> dict:
+    lp_ref, lp = log_softmax(ref_logits[:-1]), log_softmax(logits[:-1])
+    kld = (np.exp(lp_ref) * (lp_ref - lp)).sum(-1)
+    nxt = np.asarray(ids[1:])
+    return {"kld": float(kld.mean()), "kld_p99": float(np.percentile(kld, 99)),
+            "top1": float((lp_ref.argmax(-1) == lp.argmax(-1)).mean()),
+            "ppl": float(np.exp(-lp[np.arange(len(nxt)), nxt].mean()))}
+
+
+def reference(hf_dir: Path, ids: list[int]) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        out = model(torch.tensor([ids])).logits[0].numpy()
+    del model
+    return out
+
+
+def convert_variant(hf_dir: Path, out: Path, spec: dict) -> float:
+    from pyklei.converters import convert
+    from pyklei.pipeline import convert_calibrated
+    t0 = time.perf_counter()
+    if not out.exists():
+        kw = {k: v for k, v in spec.items() if k != "calibrate"}
+        if spec.get("calibrate"):
+            convert_calibrated(hf_dir, out, progress=False, log=lambda m: None, **kw)
+        else:
+            convert(hf_dir, out, **kw)
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--beds", default="smollm2,offgrid", help="smollm2, offgrid (comma list)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--tokens", type=int, default=1024, help="tokens of each text (default 1024)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--work", type=Path, default=None, help="where converted files are cached")
+    args = ap.parse_args(argv)
+
+    from models import smollm2_hf_dir, smollm2_offgrid_dir
+
+    from pyklei.assets import cache_dir
+    from pyklei.llm import LLM
+    from pyklei.tokenizer import Tokenizer
+
+    beds = {"smollm2": smollm2_hf_dir, "offgrid": lambda: smollm2_offgrid_dir(0.5)}
+    work = args.work or cache_dir() / "quality"
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for bed in args.beds.split(","):
+        hf = beds[bed]()
+        files = {}
+        for v in args.variants.split(","):
+            out = work / f"{bed}-{v}.gguf"
+            secs = convert_variant(hf, out, VARIANTS[v])
+            files[v] = out
+            print(f"{bed} {v}: {out.stat().st_size / 1e6:.1f} MB ({secs:.0f} s)", file=sys.stderr)
+        tok = Tokenizer.from_gguf(next(iter(files.values())))
+        for tname, text in texts().items():
+            ids = tok.encode(text, parse_special=False)[:args.tokens]
+            ref = reference(hf, ids)
+            rows.append({"bed": bed, "text": tname, "variant": "transformers fp32", "bytes": None,
+                         **score(ref, ref, ids)})
+            for v, path in files.items():
+                with LLM(path, n_threads=args.threads, n_ctx=len(ids)) as llm:
+                    logits = llm.logits(ids)
+                rows.append({"bed": bed, "text": tname, "variant": f"pyklei {v}",
+                             "bytes": path.stat().st_size, **score(ref, logits, ids)})
+                print(rows[-1], file=sys.stderr)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "quality.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
+    lines = [f"`python benchmarks/quality.py` ({args.tokens} tokens per text; KLD = KL(fp32 || "
+             f"variant), mean over positions):", "",
+             "| test bed | text | variant | file | KLD | KLD p99 | top-1 | perplexity |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        size = f"{r['bytes'] / 1e6:.1f} MB" if r["bytes"] else "—"
+        lines.append(f"| {r['bed']} | {r['text']} | {r['variant']} | {size} | {r['kld']:.4f} | "
+                     f"{r['kld_p99']:.3f} | {100 * r['top1']:.1f}% | {r['ppl']:.3f} |")
+    (RESULTS / "quality.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
