@@ -28,6 +28,7 @@ A_INLINE __m512 A_NAME(amx_clamp)(__m512 v, float lo, float hi) {
     return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
 }
 
+/* qai8dx_qsi4c32p16_32x32_amx, qai8dx_qsi4c32p16_32x32_amx_emul */
 A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                               const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int k = rhs->k, bl = rhs->bl, nb = k / bl, kd = bl == 32 ? 32 : 64, steps = bl / kd;
@@ -83,6 +84,7 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, cons
     AMX_RELEASE();
 }
 
+/* qai8dx_qsi8cxp4_32x32_amx, qai8dx_qsi8cxp4_32x32_amx_emul */
 A_TARGET static void A_NAME(qai8dx_qsi8cxp4_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                              const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int k = rhs->k, kp = (int)pk_round_up((size_t)k, 64);

@@ -1,4 +1,4 @@
-/* AVX-512 weight panels for the GEMM kernels (matmul_x86_vnni.c, matmul_x86_amx.c): 32
+/* AVX-512 weight panels for the GEMM kernels (matmul_x86_avx512vnni.c, matmul_x86_amx.c): 32
  * weight rows transposed so that 4 consecutive k of one row form one dword and a 64-byte
  * row of the panel holds one k-quad of 16 weight rows. This is the int8 "VNNI layout" both
  * vpdpbusd (one zmm per 16 rows) and the AMX B tile (K/4 rows x 16 columns x 4 bytes, stride

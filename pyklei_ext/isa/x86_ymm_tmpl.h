@@ -1,11 +1,14 @@
 /* 256-bit kernel template, included by matmul_x86_avx2.c (AVX2: vpmaddubsw + vpmaddwd) and
- * matmul_x86_vnni.c (AVX-VNNI: VEX vpdpbusd). Before including, define
+ * matmul_x86_avxvnni.c (AVX-VNNI: VEX vpdpbusd). Before including, define
  *   Y_TARGET   __attribute__((target(...)))
  *   Y_NAME(x)  x ## _suffix
  *   Y_VNNI     0 or 1
  *   Y_DPBUSD   (Y_VNNI) the ymm vpdpbusd intrinsic: _mm256_dpbusd_avx_epi32 (VEX) or
  *              _mm256_dpbusd_epi32 (EVEX, AVX512VL: the test twin)
  *   Y_MR, Y_NRV  GEMM register tile: Y_MR activation rows x 8*Y_NRV weight rows
+ *   Y_Q4_GEMV, Y_Q4_GEMM (and with Y_VNNI Y_Q8_GEMV, Y_Q8_GEMM)  the kernels' function names,
+ *              the whole names of their table entries (qai8dx_qsi4c32_1x4_avx2, ...), so
+ *              that a name in PYKLEI_LOG=kernels greps to the #define next to the include
  *
  * Operand conventions (u8 x s8 products, 4 per int32 lane):
  *  GEMV qsi4c32: u8 = activation q ^ 0x80 (= q + 128), s8 = sign-extended int4 (vpshufb table).
@@ -117,7 +120,7 @@ Y_INLINE void Y_NAME(y_gemv_q4_rows)(const int BL, int k, const uint8_t *const w
     }
 }
 
-Y_TARGET static void Y_NAME(y_q4_gemv)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+Y_TARGET static void Y_Q4_GEMV(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                        const void *packed, float *dst, size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k, bl = rhs->bl, nb = k / bl;
@@ -316,7 +319,7 @@ Y_TARGET static void Y_NAME(y_gemm_panel)(const int Q8, int m, const pk_lhs *lhs
     }
 }
 
-Y_TARGET static void Y_NAME(y_q4_gemm)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+Y_TARGET static void Y_Q4_GEMM(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                        const void *packed, float *dst, size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k, bl = rhs->bl, nb = k / bl;
@@ -337,7 +340,7 @@ Y_TARGET static void Y_NAME(y_q4_gemm)(int m, int n0, int n1, const pk_lhs *lhs,
 }
 
 #if Y_VNNI
-Y_TARGET static void Y_NAME(y_q8_gemm)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+Y_TARGET static void Y_Q8_GEMM(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                                        const void *packed, float *dst, size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k, kp = (int)pk_round_up((size_t)k, 16);
@@ -361,7 +364,7 @@ Y_TARGET static void Y_NAME(y_q8_gemm)(int m, int n0, int n1, const pk_lhs *lhs,
 
 #if Y_VNNI
 /* qai8dx x qsi8cx, 1 x 4: u8 = q ^ 0x80, s8 = w; exact int32, bit-exact with the scalar. */
-Y_TARGET static void Y_NAME(y_q8_gemv)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed, float *dst,
+Y_TARGET static void Y_Q8_GEMV(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed, float *dst,
                                                size_t ldd, float lo, float hi) {
     (void)packed;
     const int k = rhs->k, G = k / 32;

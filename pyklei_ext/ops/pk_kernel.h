@@ -96,8 +96,10 @@ extern const int pk_kernels_scalar_count;
 #if defined(__x86_64__)
 extern const pk_kernel pk_kernels_x86_avx2[];        /* isa/matmul_x86_avx2.c */
 extern const int pk_kernels_x86_avx2_count;
-extern const pk_kernel pk_kernels_x86_vnni[];        /* isa/matmul_x86_vnni.c */
-extern const int pk_kernels_x86_vnni_count;
+extern const pk_kernel pk_kernels_x86_avx512vnni[];  /* isa/matmul_x86_avx512vnni.c */
+extern const int pk_kernels_x86_avx512vnni_count;
+extern const pk_kernel pk_kernels_x86_avxvnni[];     /* isa/matmul_x86_avxvnni.c */
+extern const int pk_kernels_x86_avxvnni_count;
 extern const pk_kernel pk_kernels_x86_amx[];         /* isa/matmul_x86_amx.c */
 extern const int pk_kernels_x86_amx_count;
 #elif defined(__aarch64__)
@@ -114,7 +116,7 @@ void pk_scalar_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, 
 
 #if defined(__x86_64__)
 void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp);    /* matmul_x86_avx2.c */
-void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);  /* matmul_x86_vnni.c */
+void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);  /* matmul_x86_avx512vnni.c */
 #endif
 
 #include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */

@@ -15,7 +15,8 @@ static const struct { const pk_kernel *table; const int *count; } families[] = {
     {pk_kernels_scalar, &pk_kernels_scalar_count},
 #if defined(__x86_64__)
     {pk_kernels_x86_avx2, &pk_kernels_x86_avx2_count},
-    {pk_kernels_x86_vnni, &pk_kernels_x86_vnni_count},
+    {pk_kernels_x86_avx512vnni, &pk_kernels_x86_avx512vnni_count},
+    {pk_kernels_x86_avxvnni, &pk_kernels_x86_avxvnni_count},
     {pk_kernels_x86_amx, &pk_kernels_x86_amx_count},
 #elif defined(__aarch64__)
     {pk_kernels_arm_neon, &pk_kernels_arm_neon_count},

@@ -1,20 +1,22 @@
-/* x86 VNNI kernels: AVX-512 VNNI (EVEX vpdpbusd on zmm) and AVX-VNNI (VEX vpdpbusd on ymm,
- * client CPUs without AVX-512). docs/KERNELS.md describes the kernels; docs/FORMAT.md the
- * arithmetic. The AVX-512 kernels read the p4 copy of the weights made at prepare time
- * (ops/pk_pack.h: 4-row tiles, one memory stream per GEMV tile); the AVX-VNNI ones the
- * canonical layout.
+/* x86 AVX-512 VNNI kernels (EVEX vpdpbusd on zmm). docs/KERNELS.md describes the kernels;
+ * docs/FORMAT.md the arithmetic; ops/pk_pack.h the repacked copies they read, made at prepare
+ * time.
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes, four products per int32 lane.
  *
- * GEMV (1x4): activations become unsigned (q ^ 0x80 = q + 128) and weights stay signed.
- *   sum_k (q+128) w = D + 128 sum_k w, and the 128 folds into the zero point:
- *   dst = scale * (sum_b s_b D'_b - (zp + 128) R), D' the offset block dot.
- *   int4 weights are widened without a table as 16*w: (byte << 4) & 0xF0 for the low
- *   nibble, byte & 0xF0 for the high one; the 16 is taken out (exactly) at the row end.
- * GEMM (MRx32): a panel of 32 weight rows is transposed per call into a per-thread buffer
- *   (dword j of a vector = 4 consecutive k of row j) holding unsigned w + 8 (int4) or
- *   w + 128 (int8); activations are signed and broadcast 4 bytes at a time. The offset is
- *   removed by starting each block's int32 accumulator at -off * sum_{k in block} a. */
+ * qsi4c32 / qsi6c32 (p16 copy: 16-row panels of unsigned w + off, off 8 or 32): one
+ *   micro-kernel, z_qp16_tile, for the GEMV (2x16: up to 2 activation rows x one 16-row panel
+ *   per weight load) and the GEMM (6x32: 6 rows x two panels). Weights are the unsigned
+ *   operand, activations signed and broadcast 4 bytes at a time; each block's int32
+ *   accumulator starts at -off * sum_{k in block} a. GEMV and GEMM do the same per-output
+ *   arithmetic, so their results are bit-identical whatever M is.
+ * qsi8cx GEMV (p4 copy, 1x4: 4-row tiles, one memory stream per tile): activations become
+ *   unsigned (q ^ 0x80 = q + 128) and weights stay signed; sum_k (q+128) w = D + 128 sum_k w,
+ *   and the 128 folds into the zero point: dst = (scale * s) * (D' - (zp + 128) isum).
+ * qsi8cx GEMM (6x32): a panel of 32 weight rows is transposed per call from the p4 copy into a
+ *   per-thread buffer (x86_avx512_panel.h: dword j of a vector = 4 consecutive k of row j)
+ *   holding unsigned w + 128; activations are signed; the accumulator starts at -128 sum a.
+ * Also the AVX-512 qai8dx row quantizer (pk_quantize_qai8dx_row_avx512). */
 #include "../ops/pk_kernel.h"
 
 #if defined(__x86_64__)
@@ -369,35 +371,11 @@ Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, fl
     }
 }
 
-/* ====================================================================================
- * AVX-VNNI (VEX vpdpbusd on ymm): the 256-bit template with vpdpbusd, tile 3 x 16
- * ==================================================================================== */
-
-#define Y_TARGET __attribute__((target("avxvnni,avx2,fma,f16c")))
-#define Y_NAME(x) x##_avxvnni
-#define Y_VNNI 1
-#define Y_MR 3
-#define Y_NRV 2
-#define Y_DPBUSD _mm256_dpbusd_avx_epi32
-#include "x86_ymm_tmpl.h"
-
-/* Test twin of the AVX-VNNI kernels: the same template compiled with the EVEX encoding of
- * vpdpbusd on ymm (AVX512VL + VNNI), so AVX-512 machines (and CI) check the AVX-VNNI code
- * paths; only the instruction encoding differs. Priority -1: never chosen unless forced. */
-#undef Y_TARGET
-#undef Y_NAME
-#undef Y_DPBUSD
-#define Y_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
-#define Y_NAME(x) x##_avxvnni_evex
-#define Y_DPBUSD _mm256_dpbusd_epi32
-#include "x86_ymm_tmpl.h"
-
-
 #endif /* __x86_64__ */
 
 /* ---- table --------------------------------------------------------------------------- */
 #if defined(__x86_64__)
-const pk_kernel pk_kernels_x86_vnni[] = {
+const pk_kernel pk_kernels_x86_avx512vnni[] = {
     {.name = "qai8dx_qsi4c32p16_2x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 16,
      .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_2x16_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_2x16_avx512vnni},
@@ -416,30 +394,6 @@ const pk_kernel pk_kernels_x86_vnni[] = {
     {.name = "qai8dx_qsi8cxp4_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
      .priority = 31, .m_min = ZMR, .n_step = ZNR,
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_6x32_avx512vnni},
-    {.name = "qai8dx_qsi4c32_1x4_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVXVNNI,
-     .priority = 20, .m_min = 1, .n_step = 4,
-     .run = y_q4_gemv_avxvnni},
-    {.name = "qai8dx_qsi4c32_3x16_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVXVNNI,
-     .priority = 21, .m_min = 6, .n_step = 16,
-     .run = y_q4_gemm_avxvnni},
-    {.name = "qai8dx_qsi8cx_1x4_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVXVNNI,
-     .priority = 20, .m_min = 1, .n_step = 4,
-     .run = y_q8_gemv_avxvnni},
-    {.name = "qai8dx_qsi8cx_3x16_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVXVNNI,
-     .priority = 21, .m_min = 6, .n_step = 16,
-     .run = y_q8_gemm_avxvnni},
-    {.name = "qai8dx_qsi4c32_1x4_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
-     .priority = -1, .m_min = 1, .n_step = 4,
-     .run = y_q4_gemv_avxvnni_evex},
-    {.name = "qai8dx_qsi4c32_3x16_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
-     .priority = -1, .m_min = 4, .n_step = 16,
-     .run = y_q4_gemm_avxvnni_evex},
-    {.name = "qai8dx_qsi8cx_1x4_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
-     .priority = -1, .m_min = 1, .n_step = 4,
-     .run = y_q8_gemv_avxvnni_evex},
-    {.name = "qai8dx_qsi8cx_3x16_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
-     .priority = -1, .m_min = 4, .n_step = 16,
-     .run = y_q8_gemm_avxvnni_evex},
 };
-const int pk_kernels_x86_vnni_count = sizeof pk_kernels_x86_vnni / sizeof pk_kernels_x86_vnni[0];
+const int pk_kernels_x86_avx512vnni_count = sizeof pk_kernels_x86_avx512vnni / sizeof pk_kernels_x86_avx512vnni[0];
 #endif
