@@ -12,11 +12,18 @@ from setuptools import Extension, setup
 
 c_sources = sorted(glob.glob("pyklei_ext/ops/*.c") + glob.glob("pyklei_ext/isa/*.c")
                    + glob.glob("pyklei_ext/model/*.c"))
-compile_args = ["-O3", "-pthread", "-ffp-contract=off", "-fno-math-errno",
-                "-Wall", "-Wno-unused-function"]
+
+
+def read_cflags(path="pyklei_ext/cflags.txt"):
+    """The C flags shared with scripts/cflags.sh (why -ffp-contract=off: in that file)."""
+    with open(path) as f:
+        return [w for line in f if not line.lstrip().startswith("#") for w in line.split()]
+
+
+compile_args = ["-O3"] + read_cflags()
 if os.environ.get("PYKLEI_DEBUG_BUILD"):   # sanitizer / debug builds
-    compile_args = ["-O1", "-g", "-std=gnu11", "-pthread", "-ffp-contract=off",
-                    "-fno-omit-frame-pointer"] + os.environ["PYKLEI_DEBUG_BUILD"].split()
+    compile_args = (["-O1", "-g", "-fno-omit-frame-pointer"] + read_cflags()
+                    + os.environ["PYKLEI_DEBUG_BUILD"].split())
 
 ext = Extension(
     "pyklei._ext",

@@ -54,8 +54,9 @@ say "$(aarch64-linux-gnu-gcc --version | head -1); $(qemu-aarch64 --version | he
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pyklei_test_arm.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 SRCS=(tests/c/test_matmul.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
-# the flags of setup.py that matter for results (no fp contraction), at the arch baseline
-CFLAGS=(-O2 -std=gnu11 -pthread -ffp-contract=off -fno-math-errno -Wall -Wno-unused-function -Ipyklei_ext)
+# the flags of setup.py (pyklei_ext/cflags.txt: no fp contraction), at the arch baseline
+source scripts/cflags.sh
+CFLAGS=(-O2 "${PK_CFLAGS[@]}" -Ipyklei_ext)
 
 say "cross-compiling for aarch64 (armv8-a baseline, static)"
 aarch64-linux-gnu-gcc "${CFLAGS[@]}" -static "${SRCS[@]}" -lm -o "$WORK/test_matmul_aarch64"

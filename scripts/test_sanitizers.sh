@@ -53,8 +53,8 @@ say "$(gcc --version | head -1)"
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-CFLAGS=(-O1 -g -std=gnu11 -pthread -ffp-contract=off -fno-math-errno -Wall -Wno-unused-function
-        -Ipyklei_ext "${SAN[@]}")
+source scripts/cflags.sh   # PK_CFLAGS: pyklei_ext/cflags.txt, as setup.py
+CFLAGS=(-O1 -g "${PK_CFLAGS[@]}" -Ipyklei_ext "${SAN[@]}")
 KERNEL_SRCS=(pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
 FAILED=0
 

@@ -2,8 +2,9 @@
  * weights, meant to run under AddressSanitizer + UndefinedBehaviorSanitizer
  * (scripts/test_sanitizers.sh) as well as natively.
  *
- * Build:  gcc -O1 -g -fsanitize=address,undefined -pthread -ffp-contract=off -Ipyklei_ext
- *             tests/c/test_llama.c <every .c file of pyklei_ext/model, ops and isa> -lm
+ * Build (bash):  source scripts/cflags.sh   # the flags of pyklei_ext/cflags.txt
+ *   gcc -O1 -g -fsanitize=address,undefined "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_llama.c \
+ *       pyklei_ext/model/pk_*.c pyklei_ext/ops/pk_*.c pyklei_ext/isa/matmul_*.c -lm
  * Arguments: --seed N, --verbose. Last line: "<P> passed, <F> failed"; exit 1 on failure.
  *
  * For several configurations (embedding table f32 / f16 / bf16 / qsi4c32 / qsi8cx, tied
@@ -29,36 +30,8 @@
 #include "model/pk_llama.h"
 #include "ops/pk_matmul.h"
 #include "ops/pk_nn.h"
+#include "pk_test.h"
 
-static int n_pass, n_fail, verbose, fail_prints;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            n_pass++;                                                                      \
-        } else {                                                                           \
-            n_fail++;                                                                      \
-            if (fail_prints++ < 40) {                                                      \
-                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
-                printf(__VA_ARGS__);                                                       \
-                printf("\n");                                                              \
-            }                                                                              \
-        }                                                                                  \
-    } while (0)
-
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void) {   /* xorshift64* */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545F4914F6CDD1Dull;
-}
-static float rndf(void) { return (float)((rnd() >> 40) * (1.0 / (1 << 24))) * 2.0f - 1.0f; }
-
-static uint16_t f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = { f };
-    return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
-}
 static uint16_t f32_to_f16(float f) {   /* small normal values only (the test's range) */
     uint16_t h;
     pk_f32_to_f16_row(1, &f, &h);
@@ -346,7 +319,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);   /* keep the log if a sanitizer aborts */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--verbose")) verbose = 1;
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rnd_seed(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--seed N] [--verbose]\n", argv[0]);
             return 2;
@@ -372,6 +345,5 @@ int main(int argc, char **argv) {
         printf("config %s: %s\n", configs[i].name, n_fail == before ? "ok" : "FAILED");
     }
     test_bad_hparams();
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return pk_test_summary();
 }

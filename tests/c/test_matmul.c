@@ -1,8 +1,9 @@
 /* Standalone kernel test: every compiled-in kernel this CPU supports against the scalar
  * reference kernel (and the reference against an independent int64/double evaluation).
  *
- * Build (native):  gcc -O2 -pthread -ffp-contract=off -Ipyklei_ext tests/c/test_matmul.c
- *                  <every .c file of pyklei_ext/ops and pyklei_ext/isa> -lm -o test_matmul
+ * Build (native, bash):  source scripts/cflags.sh   # the flags of pyklei_ext/cflags.txt
+ *   gcc -O2 "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_matmul.c pyklei_ext/ops/pk_*.c \
+ *       pyklei_ext/isa/matmul_*.c -lm -o test_matmul
  * (cross: aarch64-linux-gnu-gcc ... -static, run with qemu-aarch64 -cpu ...; see
  * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators),
  * --seed N, --only SUBSTR (only kernels whose name contains SUBSTR), --verbose.
@@ -38,42 +39,9 @@
 
 #include "ops/pk_cpu.h"
 #include "ops/pk_matmul.h"
+#include "pk_test.h"
 
-static int n_pass, n_fail, verbose;
 static const char *only;   /* --only SUBSTR: test only kernels whose name contains it */
-static int fail_prints;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            n_pass++;                                                                      \
-        } else {                                                                           \
-            n_fail++;                                                                      \
-            if (fail_prints++ < 40) {                                                      \
-                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                \
-                printf(__VA_ARGS__);                                                       \
-                printf("\n");                                                              \
-            }                                                                              \
-        }                                                                                  \
-    } while (0)
-
-/* ---- random numbers -------------------------------------------------------------------- */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    uint64_t x = rng_state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return rng_state = x;
-}
-static int rnd_int(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float rnd_unit(void) { return (float)((rnd() >> 40) * (1.0 / 16777216.0)); } /* [0,1) */
-
-static uint16_t f32_to_bf16(float f) {   /* round to nearest even */
-    union { float f; uint32_t u; } v = {f};
-    return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
-}
 
 /* ---- qai8dx quantizer ------------------------------------------------------------------- */
 
@@ -587,7 +555,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--verbose")) verbose = 1;
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng_state = strtoull(argv[++i], NULL, 0) | 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rnd_seed(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--quick] [--seed N] [--only SUBSTR] [--verbose]\n", argv[0]);
@@ -679,6 +647,5 @@ int main(int argc, char **argv) {
             printf("kernel %s: %d cases passed, %d FAILED%s\n", k->name, kstats[i].passed, kstats[i].failed, extra);
         else printf("kernel %s: %d cases passed%s\n", k->name, kstats[i].passed, extra);
     }
-    printf("%d passed, %d failed\n", n_pass, n_fail);
-    return n_fail ? 1 : 0;
+    return pk_test_summary();
 }
