@@ -6,7 +6,8 @@
  * KD = 32 for qsi4c32 with bl = 32 (one tdpbssd per block), 64 otherwise.
  * B comes from the per-thread 32-row weight panel (x86_avx512_panel.h), built per call from
  * the repacked copy the AVX-512 kernels read too (ops/pk_pack.h): two 16-row panels of the p16
- * copy for qsi4c32 (int4 sign-extended to int8), 32 rows of the p4 copy for qsi8cx. Both operands are signed, so the block dots are exact with no offsets:
+ * copy for qsi4c32 (int4 sign-extended to int8), 32 rows of the p4 copy for qsi8cx. Both
+ * operands are signed, so the block dots are exact with no offsets:
  *   qsi4c32: after each block, C is stored, converted and accumulated as s_b * D_b in f32
  *            (AVX-512), then dst = scale * (acc - zp * R) as in the scalar kernel;
  *   qsi8cx:  C accumulates all of K in int32; dst = (scale * s) * (D - zp * isum), bit-exact

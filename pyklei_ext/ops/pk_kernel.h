@@ -115,8 +115,9 @@ void pk_scalar_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, 
 /* ---- per-ISA activation quantizers, byte-exact with pk_quantize_qai8dx_row_scalar --------- */
 
 #if defined(__x86_64__)
-void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp);    /* matmul_x86_avx2.c */
-void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);  /* matmul_x86_avx512vnni.c */
+/* isa/matmul_x86_avx2.c, isa/matmul_x86_avx512vnni.c */
+void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
 #endif
 
 #include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */

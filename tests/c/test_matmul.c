@@ -526,9 +526,9 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
             ok = check_tile(buf, rows, ldd, 0, 1, m, n0, n1, ref, exact ? NULL : tol, N, why, sizeof why);
             if (tile_ratio > kstats[ki].max_ratio) kstats[ki].max_ratio = tile_ratio;
             if (!ok) {
-                char tmp[256];
+                char tmp[sizeof why];
                 snprintf(tmp, sizeof tmp, "%s", why);
-                snprintf(why, sizeof why, "direct run m=%d n=[%d,%d): %s", m, n0, n1, tmp);
+                snprintf(why, sizeof why, "direct run m=%d n=[%d,%d): %.200s", m, n0, n1, tmp);
             }
             free(buf);
         }
