@@ -113,6 +113,8 @@ def kernels():
 def selected_kernel(str fmt, int m):
     """Name of the kernel the dispatch table picks for weight format `fmt` and M rows."""
     _init()
+    if fmt not in QUANTIZED_FORMATS:   # as before the plain types joined FORMATS
+        raise KeyError(fmt)
     cdef const pk_kernel *k = pk_dispatch_select(FORMATS[fmt], m)
     if k == NULL:
         raise KernelError(_last_error())
