@@ -106,8 +106,8 @@ cp pyproject.toml "$STAGE/"
 say "cythonize + cross-compile pyklei._ext for aarch64"
 "$PY" -m cython -3 -I pyklei_ext pyklei_ext/_ext.pyx -o "$WORK/_ext.c" >/dev/null
 C_SOURCES=$(ls pyklei_ext/ops/*.c pyklei_ext/isa/*.c pyklei_ext/model/*.c 2>/dev/null)   # as setup.py
-# shellcheck disable=SC2086
 source scripts/cflags.sh   # PK_CFLAGS: pyklei_ext/cflags.txt, as setup.py (-w: Cython's warnings)
+# shellcheck disable=SC2086
 aarch64-linux-gnu-gcc -shared -fPIC -O3 "${PK_CFLAGS[@]}" -w \
     -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION -Ipyklei_ext \
     -I"$ROOT/usr/include/python3.11" -I"$ROOT/usr/include" -I"$SITE/numpy/_core/include" \
