@@ -173,7 +173,8 @@ class Model:
                      n_batch=n_batch, kv_f16=kv_cache == "f16")
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
                                          self.file.tensor("output_norm.weight").data, rope_freqs,
-                                         layers)
+                                         layers, {k: (r.signs, r.mix) for k, r in
+                                                  self.file.rotations.items()})
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
         self._cached: list[int] = []          # tokens whose K/V are in the cache, in order
         self._owner = None                    # who last wrote the cache (see "Owners" above)
