@@ -35,7 +35,7 @@ def add_parser(sub):
     g.add_argument("--port", type=_port, default=8000, help="port; 0 picks a free one (default %(default)s)")
     g.add_argument("--parallel", "-np", type=_int_at_least(1, "parallel count"), default=4, metavar="N",
                    help="sequences decoded together (default %(default)s)")
-    g.add_argument("--max-queue", type=_int_at_least(0, "queue size"), default=64, metavar="N",
+    g.add_argument("--max-queue", type=_int_at_least(1, "queue size"), default=64, metavar="N",
                    help="requests that may wait for a sequence; more get 429 (default %(default)s)")
     g.add_argument("--api-key", metavar="KEY", default=os.environ.get("PYKLEI_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $PYKLEI_API_KEY, "

@@ -56,21 +56,22 @@ UNSUPPORTED = {
     "functions": (lambda v: v == [], "function calling is not supported"),
     "function_call": (lambda v: v == "none", "function calling is not supported"),
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "tool calling is not supported"),
-    "response_format": (lambda v: v == {"type": "text"},
-                        "only response_format {\"type\": \"text\"} is supported (no JSON mode)"),
+    "response_format": (lambda v: v == {"type": "text"}, "JSON mode and structured outputs "
+                        "are not supported (only {\"type\": \"text\"})"),
     "logprobs": (_falsy, "logprobs are not supported"),
     "top_logprobs": (_falsy, "logprobs are not supported"),
     "logit_bias": (_falsy, "logit_bias is not supported"),
-    "n": (lambda v: v == 1 and not isinstance(v, bool), "only n=1 is supported"),
-    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "only best_of=1 is supported"),
+    "n": (lambda v: v == 1 and not isinstance(v, bool),
+          "several choices are not supported (only n=1)"),
+    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "best_of is not supported"),
     "echo": (lambda v: v is False, "echo is not supported"),
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
-    "presence_penalty": (_falsy, "presence_penalty is not supported; pyklei's "
-                                 "repetition_penalty is"),
-    "frequency_penalty": (_falsy, "frequency_penalty is not supported; pyklei's "
-                                  "repetition_penalty is"),
+    "presence_penalty": (_falsy, "presence_penalty is not supported (pyklei's "
+                                 "repetition_penalty is)"),
+    "frequency_penalty": (_falsy, "frequency_penalty is not supported (pyklei's "
+                                  "repetition_penalty is)"),
     "audio": (lambda v: False, "audio output is not supported"),
-    "modalities": (lambda v: v == ["text"], "only the text modality is supported"),
+    "modalities": (lambda v: v == ["text"], "modalities other than text are not supported"),
     "prediction": (lambda v: False, "predicted outputs are not supported"),
 }
 
@@ -90,7 +91,7 @@ def check_unsupported(body: dict) -> None:
     for name, (noop, why) in UNSUPPORTED.items():
         v = body.get(name)
         if v is not None and not noop(v):
-            raise APIError(f"'{name}': {why} by this server", name)
+            raise APIError(f"'{name}': {why}; leave it out", name)
 
 
 def sampling_from(body: dict) -> SamplingParams:
