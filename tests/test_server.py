@@ -301,3 +301,26 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(smollm2_q4):
         assert srv.proc.wait(60) == 0
     finally:
         srv.stop()
+
+
+def test_serve_command_line_mistakes_exit_2(tiny64, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    def serve(*args):
+        p = subprocess.run([sys.executable, "-m", "pyklei", "serve", *map(str, args)],
+                           capture_output=True, text=True, timeout=120)
+        return p.returncode, p.stderr.strip()
+
+    rc, err = serve(tmp_path / "missing.gguf")
+    assert rc == 2 and err.startswith("pyklei serve: error:") and "missing.gguf" in err
+    rc, err = serve(tiny64[1], "--port", "70000")
+    assert rc == 2 and "port" in err and len(err.splitlines()) == 1
+    rc, err = serve(tiny64[1], "--parallel", "0")
+    assert rc == 2 and "parallel" in err
+    with socket.socket() as busy:                 # a port already taken
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        rc, err = serve(tiny64[1], "--port", busy.getsockname()[1], "-c", "256")
+    assert rc == 2 and "in use" in err and len(err.splitlines()) == 1, err

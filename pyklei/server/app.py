@@ -28,6 +28,7 @@ from importlib import resources
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -49,12 +50,14 @@ class _Generation:
     """One engine stream seen from the event loop: a thread iterates the blocking stream and
     hands each GenerationResponse over; `next()` awaits it (None at the end)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, t_submit: float):
         self.stream = stream
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
         self.finished = False
         self.client_gone = False
+        self.t_submit = t_submit
+        self.ttft = None          # submission -> first token, queue wait included (seconds)
         threading.Thread(target=self._pump, daemon=True,
                          name=f"pyklei-stream-{getattr(stream, 'id', '?')}").start()
 
@@ -67,6 +70,8 @@ class _Generation:
     def _pump(self) -> None:
         try:
             for r in self.stream:
+                if self.ttft is None and r.generation_tokens:
+                    self.ttft = time.perf_counter() - self.t_submit
                 self._put(r)
             self._put(None)
         except BaseException as e:     # handed to the loop, raised there
@@ -130,7 +135,7 @@ class _EventStream:
                                        "type": "server_error", "param": None, "code": None}})
             else:
                 if last is not None:
-                    s.metrics.generation(last)
+                    s.metrics.generation(last, gen.ttft)
                     if req.include_usage:
                         await event(api.chunk(req.kind, rid, created, s.model_id, last=last))
             await event(b"[DONE]")
@@ -194,8 +199,11 @@ def _submit(s: _State, req: api.Request):
 async def _generate(request: HTTPRequest, kind: str) -> Response:
     s: _State = request.app.state.pyklei
     _check_key(s, request)
-    req = api.parse(kind, await _read_json(request), s.tokenizer, s.n_ctx)
-    gen = _Generation(_submit(s, req))
+    body = await _read_json(request)
+    # tokenizing and templating a long prompt takes milliseconds: not on the event loop
+    req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx)
+    t_submit = time.perf_counter()
+    gen = _Generation(_submit(s, req), t_submit)
     if req.stream:
         return _EventStream(s, req, gen)
     watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
@@ -209,7 +217,7 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
         gen.close()
     if gen.client_gone:
         return Response(status_code=CLIENT_CLOSED)
-    s.metrics.generation(last)
+    s.metrics.generation(last, gen.ttft)
     return JSONResponse(api.completion(kind, api.new_id(kind), s.model_id, "".join(parts), last))
 
 

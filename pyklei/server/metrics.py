@@ -8,7 +8,8 @@ apps in one process (tests) do not share counters.
     pyklei_running_sequences                         sequences being decoded now (engine)
     pyklei_parallel_slots                            the engine's n_parallel
     pyklei_cancelled_total                           sequences the engine cancelled (disconnects)
-    pyklei_time_to_first_token_seconds               histogram, per request
+    pyklei_time_to_first_token_seconds               histogram, per request: submitted -> first
+                                                     token, queue wait included
     pyklei_decode_tokens_per_second                  histogram, per request (after the first token)
 
 The engine gauges are read from Engine.stats() when /metrics is scraped.
@@ -51,7 +52,8 @@ class Metrics:
                                      registry=r)
         self.generated_tokens = Counter("pyklei_generated_tokens", "tokens generated",
                                         registry=r)
-        self.ttft = Histogram("pyklei_time_to_first_token_seconds", "time to first token",
+        self.ttft = Histogram("pyklei_time_to_first_token_seconds",
+                              "time from submission to the first token (queue wait included)",
                               buckets=TTFT_BUCKETS, registry=r)
         self.decode_tps = Histogram("pyklei_decode_tokens_per_second",
                                     "decode speed of a request after its first token",
@@ -61,12 +63,13 @@ class Metrics:
     def request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()
 
-    def generation(self, last) -> None:
-        """A finished generation's figures (its last GenerationResponse)."""
+    def generation(self, last, ttft: float | None) -> None:
+        """A finished generation's figures: its last GenerationResponse, and the time from its
+        submission to its first token as the server saw it (queue wait included)."""
         self.prompt_tokens.inc(last.prompt_tokens)
         self.generated_tokens.inc(last.generation_tokens)
-        if last.generation_tokens:
-            self.ttft.observe(last.time_to_first_token)
+        if ttft is not None:
+            self.ttft.observe(ttft)
         if last.generation_tokens > 1:
             self.decode_tps.observe(last.generation_tps)
 
