@@ -70,6 +70,9 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
     announce(f"serving {model_id} on http://{shown}:{p}/v1 (chat page: http://{shown}:{p}/; "
              f"{n_parallel} parallel sequences, queue {max_queue})")
     sys.stdout.flush()
+    if api_key is None and h not in ("127.0.0.1", "::1", "localhost"):
+        print(f"pyklei serve: warning: listening on {h} without --api-key: anyone who can reach "
+              f"this port can use the model", file=sys.stderr, flush=True)
     try:
         with _signals_end_quietly():
             server.run(sockets=[sock])
