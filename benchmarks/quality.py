@@ -37,6 +37,9 @@ VARIANTS = {                                      # name -> how to convert
     "default": {},
     "calibrated": {"calibrate": True},
     "g64": {"group_size": 64},
+    "gptq": {"gptq": True},                       # pipeline.convert_gptq (8192 tokens)
+    "rotate": {"rotate": True},
+    "rotate-gptq": {"rotate": True, "gptq": True},
 }
 
 
@@ -78,8 +81,11 @@ def convert_variant(hf_dir: Path, out: Path, spec: dict) -> float:
     from pyklei.pipeline import convert_calibrated
     t0 = time.perf_counter()
     if not out.exists():
-        kw = {k: v for k, v in spec.items() if k != "calibrate"}
-        if spec.get("calibrate"):
+        kw = {k: v for k, v in spec.items() if k not in ("calibrate", "gptq")}
+        if spec.get("gptq"):
+            from pyklei.pipeline import convert_gptq
+            convert_gptq(hf_dir, out, progress=False, **kw)
+        elif spec.get("calibrate"):
             convert_calibrated(hf_dir, out, progress=False, log=lambda m: None, **kw)
         else:
             convert(hf_dir, out, **kw)
