@@ -214,3 +214,19 @@ def test_cli_convert_gptq(tiny64, tmp_path):
     r = subprocess.run([sys.executable, "-m", "pyklei", "info", str(out)], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "gptq" in r.stdout, r.stdout
+
+
+def test_calibration_forward_of_a_rotated_source(tiny64):
+    """A rotated source (converters/rotation.py) computes the same function: its stream is the
+    unrotated one times Q_r, which needs the online down_proj transform (ffn_down_input)."""
+    from pyklei.converters.rotation import rotate_source
+    from pyklei.formats.rotation import make_rotation
+    hf, _ = tiny64
+    src = hf_source(hf)
+    toks = np.random.default_rng(5).integers(3, 500, size=256)
+    x = float_forward(src, toks, seq_len=256)
+    rot = rotate_source(src, seed=3)
+    assert rot.ffn_down_input is not None
+    xr = float_forward(rot, toks, seq_len=256)
+    q_r = make_rotation(x.shape[1], np.random.default_rng(3))       # rotate_source's first draw
+    assert np.abs(xr - q_r.apply(x)).max() <= 1e-4 * np.abs(x).max()
