@@ -19,8 +19,9 @@ max_tokens fixed). Per level:
 Token counts come from the usage chunk (stream_options.include_usage) when the server sends
 one, else one token per text chunk. Servers run on 127.0.0.1 with --threads threads; the
 clients are threads of this process (they mostly wait on sockets). Results:
-benchmarks/results/serve.md and serve.json (--out changes the stem). Not a test: timings on a
-shared machine vary.
+benchmarks/results/serve.md, serve.json and serve.png (the chart, when matplotlib is installed;
+--out changes the stem). Not a test: timings on a shared machine vary; on a busy machine
+--threads 1 is steadier (threads of one forward pass wait for each other at every layer).
 """
 from __future__ import annotations
 
@@ -217,6 +218,36 @@ def render(report: dict) -> str:
     return "\n".join(lines)
 
 
+def chart(report: dict, path: Path) -> bool:
+    """Aggregate tok/s and TTFT p95 against concurrency, one line per server (needs matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rows in report["servers"].items():
+        n = [r["concurrency"] for r in rows]
+        left.plot(n, [r["aggregate_tps"] for r in rows], marker="o", label=name)
+        right.plot(n, [r["ttft_p95"] for r in rows], marker="o", label=name)
+    for ax, label in ((left, "aggregate tokens / s"), (right, "time to first token p95 (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([r["concurrency"] for r in next(iter(report["servers"].values()))])
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    fig.suptitle(f"{Path(report['model']).name}, {report['args']['threads']} threads, {report['cpu']}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def default_model(work: Path) -> Path:
     from pyklei.converters import convert
     from pyklei.converters.gguf_to_hf import smollm2_hf
@@ -282,7 +313,8 @@ def main(argv=None):
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(render(report))
-    print(f"wrote {out.with_suffix('.md')} and .json")
+    drawn = chart(report, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.md')}, .json{' and .png' if drawn else ''}")
 
 
 if __name__ == "__main__":
