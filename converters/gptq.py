@@ -33,6 +33,11 @@ from .errors import ConversionError
 DEFAULT_DAMP = 0.01        # lambda = DEFAULT_DAMP * mean(diag H), added to diag H
 DEFAULT_BLOCK = 128        # columns per lazy batch update
 _TRI_BASE = 256            # triangular inverse: below this, one np.linalg.inv
+SUB_BLOCK = 32             # columns updated column by column inside a block (a second lazy level)
+# The scale search's candidates absmax / t inside GPTQ: steps of 0.5 instead of the format's
+# 0.125 (SmolLM2 layer 3, output error: attn_q 0.0285 both, attn_v 0.0634 vs 0.0635, ffn_gate
+# 0.0451 vs 0.0450; the error feedback makes up for a coarser scale), at a quarter of the cost.
+SCALE_DIVISORS = np.arange(6.0, 8.5001, 0.5, dtype=np.float32)
 
 
 def accumulate_gram(h: np.ndarray | None, x: np.ndarray, col_block: int = 1024) -> np.ndarray:
@@ -83,6 +88,11 @@ def _reverse_inplace(a: np.ndarray) -> None:
         a[n - 1 - i] = top
     if n % 2:
         a[n // 2] = a[n // 2, ::-1].copy()
+
+
+def _inverse(s: np.ndarray) -> np.ndarray:
+    """1 / s, and 0 where s = 0 (an all-zero group: its values round to 0)."""
+    return np.where(s > 0, 1.0 / np.where(s > 0, s, 1), 0).astype(np.float32)
 
 
 def _round(w: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -143,6 +153,7 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bl: int = 32, damp: float = DEFA
         w = w[:, perm]
         h = h[perm][:, perm]
     scale = bf16_to_f32(bits)                                # [N, K/bl]
+    inv_s = _inverse(scale)                                  # 1 / scale, 0 where scale = 0
     u = _damped_factor(h, damp)
     del h
     q = np.empty((n, k), np.int8)
@@ -151,23 +162,27 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bl: int = 32, damp: float = DEFA
         w1 = w[:, i1:i2]                                     # [N, B], updated in place
         u1 = np.ascontiguousarray(u[i1:i2, i1:i2])           # [B, B]
         err = np.empty((n, i2 - i1), np.float32)             # [N, B] scaled errors
-        for i in range(i2 - i1):
-            j = i1 + i
-            if perm is None:
-                if j % bl == 0:
-                    g = j // bl
-                    bits[:, g] = choose_block_scales(
-                        w1[:, i:i + bl], None if imp is None else imp[j:j + bl])
-                    scale[:, g] = bf16_to_f32(bits[:, g])
-                s = scale[:, j // bl]
-            else:
-                s = scale[:, perm[j] // bl]
-            col = w1[:, i]
-            qi = _round(col, s)
-            q[:, j] = qi
-            e = (col - qi * s) / u1[i, i]
-            w1[:, i + 1:] -= np.outer(e, u1[i, i + 1:])
-            err[:, i] = e
+        for g1 in range(0, i2 - i1, SUB_BLOCK):              # columns g1:g2 of the block
+            g2 = min(i2 - i1, g1 + SUB_BLOCK)
+            j0 = i1 + g1
+            if perm is None and j0 % bl == 0:                # a group starts: its scale
+                g = j0 // bl
+                bits[:, g] = choose_block_scales(
+                    w1[:, g1:g1 + bl], None if imp is None else imp[j0:j0 + bl], SCALE_DIVISORS)
+                scale[:, g] = bf16_to_f32(bits[:, g])
+                inv_s[:, g] = _inverse(scale[:, g])
+            for i in range(g1, g2):
+                j = i1 + i
+                grp = j // bl if perm is None else perm[j] // bl
+                col = w1[:, i]
+                qi = np.clip(np.rint(col * inv_s[:, grp]), QMIN, QMAX)
+                q[:, j] = qi
+                e = (col - qi * scale[:, grp]) / u1[i, i]
+                if i + 1 < g2:                               # the rest of this sub-block
+                    w1[:, i + 1:g2] -= np.outer(e, u1[i, i + 1:g2])
+                err[:, i] = e
+            if g2 < i2 - i1:                                 # the rest of the block, at once
+                w1[:, g2:] -= err[:, g1:g2] @ u1[g1:g2, g2:]
         if i2 < k:
             w[:, i2:] -= err @ u[i1:i2, i2:]
     if perm is not None:
