@@ -230,3 +230,22 @@ def test_calibration_forward_of_a_rotated_source(tiny64):
     xr = float_forward(rot, toks, seq_len=256)
     q_r = make_rotation(x.shape[1], np.random.default_rng(3))       # rotate_source's first draw
     assert np.abs(xr - q_r.apply(x)).max() <= 1e-4 * np.abs(x).max()
+
+
+@pytest.mark.slow
+def test_cli_gptq_sigterm_leaves_no_file(tiny64, tmp_path):
+    import signal
+    hf, _ = tiny64
+    text = tmp_path / "calib.txt"
+    text.write_text(" ".join(f"word{i % 97} the of and" for i in range(60000)))
+    out = tmp_path / "killed.gguf"
+    p = subprocess.Popen([sys.executable, "-m", "pyklei", "convert", str(hf), "-o", str(out),
+                          "--gptq", str(text), "--calib-tokens", "100000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:                      # the first layer is done: the writer is open
+        if "GPTQ layer 1/" in line:
+            break
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert list(tmp_path.glob("*.gguf*")) == []

@@ -96,25 +96,32 @@ def _run_gptq(args) -> int:
         raise CLIError("--gptq measures its own statistics; give it without --calibrate / --imatrix")
     if args.calib_tokens < 1:
         raise CLIError(f"--calib-tokens must be positive, got {args.calib_tokens}")
-    from ..converters import ConversionError
     from ..pipeline import convert_gptq
 
     text = None if args.gptq == "default" else _read_text(args.gptq, "text")
-    try:
-        result = convert_gptq(args.input, args.output, text, n_tokens=args.calib_tokens,
-                              progress=not args.no_progress, group_size=args.group_size,
-                              embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
-                              force=args.force, rotate=getattr(args, "rotate", False))
-    except ConversionError as e:
-        raise CLIError(str(e)) from None
-    print(result.summary())
-    return 0
+    return _guarded(lambda: convert_gptq(
+        args.input, args.output, text, n_tokens=args.calib_tokens, progress=not args.no_progress,
+        group_size=args.group_size, embedding_bits=args.embedding_bits, keep=args.keep,
+        name=args.name, force=args.force, rotate=getattr(args, "rotate", False)))
 
 
 def _run_convert(args) -> int:
+    from ..converters import convert
+
+    return _guarded(lambda: convert(
+        args.input, args.output, group_size=args.group_size, embedding_bits=args.embedding_bits,
+        keep=args.keep, name=args.name, force=args.force, progress=not args.no_progress,
+        imatrix=getattr(args, "imatrix", None),
+        norm_weighting=getattr(args, "norm_weighting", False),
+        rotate=getattr(args, "rotate", False)))
+
+
+def _guarded(job) -> int:
+    """Runs a conversion job and prints its summary; SIGTERM and Ctrl-C leave no output
+    behind (the writer removes its temporary file on KeyboardInterrupt)."""
     import signal
 
-    from ..converters import ConversionError, convert
+    from ..converters import ConversionError
 
     def _term(signum, frame):  # turn SIGTERM into KeyboardInterrupt: the temp file is removed
         raise KeyboardInterrupt
@@ -124,12 +131,7 @@ def _run_convert(args) -> int:
     except ValueError:  # not in the main thread
         old = None
     try:
-        result = convert(args.input, args.output, group_size=args.group_size,
-                         embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
-                         force=args.force, progress=not args.no_progress,
-                         imatrix=getattr(args, "imatrix", None),
-                         norm_weighting=getattr(args, "norm_weighting", False),
-                         rotate=getattr(args, "rotate", False))
+        result = job()
     except ConversionError as e:
         print(f"pyklei convert: error: {e}", file=sys.stderr)
         return 2
