@@ -1,0 +1,251 @@
+"""Batched decoding: Model.batch against solo runs (bit for bit), and pyklei.engine's continuous
+batching (same tokens as stream_generate alone, cancellation, queue limits, shutdown, prefix
+reuse). On the tiny random model (tests/conftest.py); generations ignore EOS (eos_ids=[]) so
+they run their whole budget."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from pyklei.engine import Engine, EngineClosedError, QueueFullError
+from pyklei.generate import stream_generate
+from pyklei.model import Model
+from pyklei.sampler import SamplingParams
+from pyklei.tokenizer import Tokenizer
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def gguf(tiny64):
+    return tiny64[1]
+
+
+@pytest.fixture(scope="module")
+def tok(gguf):
+    return Tokenizer.from_gguf(gguf)
+
+
+def _prompts(n, seed=0, lo=3, hi=40):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 512, size=int(rng.integers(lo, hi))).tolist() for _ in range(n)]
+
+
+# ---- Model.batch ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_batch_rows_equal_solo_rows_bit_for_bit(gguf, n_threads):
+    m = Model(gguf, n_threads=n_threads, n_ctx=128, n_batch=16, n_seq=4)
+    seqs = _prompts(4, seed=1, lo=20, hi=60)
+    solo = []
+    for s in seqs:
+        m.reset()
+        solo.append(m.logits(s))
+    m.reset()
+    # prefill: different lengths per sequence in one call (more rows than n_batch: chunked)
+    cut = [17, 3, 12, 1]
+    toks, sid, pos = [], [], []
+    for i, (s, c) in enumerate(zip(seqs, cut)):
+        toks += s[:c]
+        sid += [i] * c
+        pos += range(c)
+    out = m.batch(toks, sid, pos, list(range(len(toks))))
+    assert np.array_equal(out, np.concatenate([solo[i][:c] for i, c in enumerate(cut)]))
+    # decode: one row per sequence, each at its own position, with logits for the last rows only
+    for k in range(15):
+        rows = [(i, s[c + k]) for i, (s, c) in enumerate(zip(seqs, cut)) if c + k < len(s)]
+        out = m.batch([t for _, t in rows], [i for i, _ in rows], [cut[i] + k for i, _ in rows],
+                      range(len(rows)))
+        assert np.array_equal(out, np.array([solo[i][cut[i] + k] for i, _ in rows])), k
+    for i, (s, c) in enumerate(zip(seqs, cut)):
+        assert m.seq_tokens(i) == s[:c + 15]
+
+
+def test_copy_seq_continues_like_the_source(gguf):
+    m = Model(gguf, n_threads=2, n_ctx=128, n_seq=3)
+    s = _prompts(1, seed=2, lo=40, hi=41)[0]
+    ref = m.logits(s)
+    m.copy_seq(0, 2, 25)
+    assert m.seq_tokens(2) == s[:25]
+    out = m.batch(s[25:30], [2] * 5, range(25, 30), [4])
+    assert np.array_equal(out[0], ref[29])
+    with pytest.raises(ValueError, match="holds 40 tokens"):
+        m.copy_seq(0, 1, 41)
+    with pytest.raises(ValueError, match="outside the model's 3 slots"):
+        m.copy_seq(0, 3)
+
+
+@pytest.mark.parametrize("args,match", [
+    (([1, 2], [0, 3], [0, 0], [1]), "sequence id 3 is outside"),
+    (([1, 2], [0, -1], [0, 0], [1]), "sequence id -1 is outside"),
+    (([1, 2], [0, 0], [0, 2], [1]), "not consecutive"),
+    (([1, 2, 3], [0, 1, 0], [0, 0, 1], [2]), "rows of sequence 0 are not consecutive"),
+    (([1], [1], [5], [0]), "slot holds 0 tokens"),
+    (([1], [0], [0], [1]), "logit_rows"),
+    (([1, 2], [0, 0], [0, 1], [1, 0]), "logit_rows"),
+    (([1, 600], [0, 0], [0, 1], [1]), "outside the vocabulary"),
+    (([1, 2], [0], [0, 1], [1]), "sequence ids|seq_ids"),
+    (([], [], [], []), "no tokens"),
+])
+def test_bad_batch_is_a_clear_error_and_keeps_the_cache(gguf, args, match):
+    m = Model(gguf, n_threads=1, n_ctx=16, n_seq=3)
+    m.batch([5, 6], [0, 0], [0, 1], [1])
+    with pytest.raises(ValueError, match=match):
+        m.batch(*args)
+    assert m.seq_tokens(0) in ([5, 6], [])    # never a cache that claims tokens it lacks
+    with pytest.raises(ValueError, match="beyond the context"):
+        m.batch(list(range(17)), [1] * 17, range(17), [16])
+
+
+# ---- the engine --------------------------------------------------------------------------
+
+def _solo(gguf, tok, prompt, max_tokens, params):
+    m = Model(gguf, n_threads=2, n_ctx=256)
+    rs = list(stream_generate(m, tok, prompt, max_tokens, params, eos_ids=[]))
+    return "".join(r.text for r in rs), rs[-1]
+
+
+def _collect(stream):
+    rs = list(stream)
+    return "".join(r.text for r in rs), rs[-1]
+
+
+def test_16_concurrent_greedy_streams_equal_their_solo_runs(gguf, tok):
+    prompts = _prompts(16, seed=3)
+    solo = [_solo(gguf, tok, p, 24, GREEDY) for p in prompts]
+    m = Model(gguf, n_threads=2, n_ctx=256, n_seq=16)
+    with Engine(m, tok, n_parallel=16, prefill_chunk=8) as eng:
+        streams = [eng.submit(p, max_tokens=24, params=GREEDY, eos_ids=[]) for p in prompts]
+        results = [None] * 16
+
+        def consume(i):
+            results[i] = _collect(streams[i])
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    for (text, last), (stext, slast) in zip(results, solo):
+        assert text == stext
+        assert last.token == slast.token and last.finish_reason == "length"
+        assert last.generation_tokens == 24 and last.prompt_eval_tokens == last.prompt_tokens
+    st = eng.stats()
+    assert st["completed"] == 16 and st["generated_tokens"] == 16 * 24 and st["running"] == 0
+
+
+def test_seeded_sampling_is_the_same_alone_and_batched(gguf, tok):
+    prompts = _prompts(6, seed=4)
+    params = [SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=100 + i,
+                             repetition_penalty=1.1 + 0.1 * i) for i in range(6)]
+    solo = [_solo(gguf, tok, p, 20, q)[0] for p, q in zip(prompts, params)]
+    m = Model(gguf, n_threads=2, n_ctx=256, n_seq=4)
+    with Engine(m, tok, n_parallel=4) as eng:    # 6 requests on 4 slots: two wait, then reuse
+        streams = [eng.submit(p, max_tokens=20, params=q, eos_ids=[]) for p, q in zip(prompts, params)]
+        texts = [_collect(s)[0] for s in streams]
+    assert texts == solo
+    assert len(set(texts)) == 6
+
+
+def test_cancel_frees_the_slot(gguf, tok):
+    m = Model(gguf, n_threads=1, n_ctx=256, n_seq=1)
+    with Engine(m, tok, n_parallel=1) as eng:
+        a = eng.submit([1, 2, 3], max_tokens=250, params=GREEDY, eos_ids=[])
+        b = eng.submit([4, 5, 6], max_tokens=5, params=GREEDY, eos_ids=[])
+        it = iter(a)
+        next(it)
+        assert eng.stats()["queued"] == 1
+        a.cancel()
+        rest = list(it)
+        assert rest[-1].finish_reason == "cancelled" and rest[-1].generation_tokens < 250
+        assert _collect(b)[1].finish_reason == "length"
+        st = eng.stats()
+    assert st["cancelled"] == 1 and st["completed"] == 1
+
+
+def test_queue_full_and_shutdown_cancel(gguf, tok):
+    m = Model(gguf, n_threads=1, n_ctx=256, n_seq=1)
+    eng = Engine(m, tok, n_parallel=1, max_queue=2)
+    a = eng.submit([1, 2], max_tokens=250, params=GREEDY, eos_ids=[])
+    next(iter(a))                                   # a runs: the queue is empty
+    queued = [eng.submit([3, 4], max_tokens=250, eos_ids=[]) for _ in range(2)]
+    with pytest.raises(QueueFullError, match="max_queue=2"):
+        eng.submit([5], max_tokens=4)
+    eng.shutdown(cancel=True, timeout=30)
+    assert not eng._thread.is_alive()
+    for s in [a] + queued:
+        assert list(s)[-1].finish_reason == "cancelled"
+    assert eng.stats()["cancelled"] == 3
+    with pytest.raises(EngineClosedError):
+        eng.submit([1])
+    eng.shutdown()                                  # idempotent
+
+
+def test_shutdown_drains_running_and_queued(gguf, tok):
+    m = Model(gguf, n_threads=1, n_ctx=256, n_seq=2)
+    eng = Engine(m, tok, n_parallel=2)
+    streams = [eng.submit(p, max_tokens=10, params=GREEDY, eos_ids=[]) for p in _prompts(5, seed=5)]
+    eng.shutdown(timeout=60)
+    assert not eng._thread.is_alive()
+    assert [list(s)[-1].finish_reason for s in streams] == ["length"] * 5
+    assert eng.stats() == dict(queued=0, running=0, n_parallel=2, completed=5, cancelled=0,
+                               generated_tokens=50, prompt_tokens=sum(s.prompt_tokens for s in streams),
+                               prompt_eval_tokens=eng.stats()["prompt_eval_tokens"])
+
+
+def test_prefix_reuse_runs_only_new_tokens(gguf, tok):
+    base = _prompts(1, seed=6, lo=30, hi=31)[0]
+    m = Model(gguf, n_threads=2, n_ctx=256, n_seq=2)
+    with Engine(m, tok, n_parallel=2) as eng:
+        first = _collect(eng.submit(base, max_tokens=4, params=GREEDY, eos_ids=[]))[1]
+        assert first.prompt_eval_tokens == 30
+        # the idle slot kept warm: only the 3 new tokens run
+        text, r = _collect(eng.submit(base + [7, 8, 9], max_tokens=6, params=GREEDY, eos_ids=[]))
+        assert r.prompt_eval_tokens == 3 and r.prompt_tokens == 33
+        assert text == _solo(gguf, tok, base + [7, 8, 9], 6, GREEDY)[0]
+        # copied from a running slot: a long request holds base, a second one shares it
+        long = eng.submit(base, max_tokens=200, params=GREEDY, eos_ids=[])
+        next(iter(long))
+        text, r = _collect(eng.submit(base + [11, 12], max_tokens=6, params=GREEDY, eos_ids=[]))
+        assert r.prompt_eval_tokens == 2
+        assert text == _solo(gguf, tok, base + [11, 12], 6, GREEDY)[0]
+        long.cancel()
+
+
+@pytest.mark.parametrize("kwargs,err,match", [
+    (dict(prompt=[]), ValueError, "empty"),
+    (dict(prompt=[1] * 300), ValueError, "exceeds the context"),
+    (dict(prompt=[1], max_tokens=300), ValueError, "max_tokens"),
+    (dict(prompt=[1, 512], max_tokens=4), ValueError, "outside the vocabulary"),
+    (dict(prompt=[1], max_tokens=-5), ValueError, "max_tokens"),
+    (dict(prompt=[1], max_tokens=4, stop=[3]), TypeError, "stop"),
+])
+def test_submit_checks_at_the_call(gguf, tok, kwargs, err, match):
+    m = Model(gguf, n_threads=1, n_ctx=256, n_seq=1)
+    with Engine(m, tok, n_parallel=1) as eng:
+        prompt = kwargs.pop("prompt")
+        with pytest.raises(err, match=match):
+            eng.submit(prompt, **kwargs)
+        assert eng.stats()["queued"] == 0
+
+
+def test_engine_arguments(gguf, tok):
+    m = Model(gguf, n_threads=1, n_ctx=64, n_seq=2)
+    with pytest.raises(ValueError, match="n_seq=2"):
+        Engine(m, tok, n_parallel=3)
+    with pytest.raises(ValueError, match="max_queue"):
+        Engine(m, tok, max_queue=0)
+    with pytest.raises(TypeError, match="prefill_chunk"):
+        Engine(m, tok, n_parallel=1, prefill_chunk=2.5)
+
+
+def test_max_tokens_zero_and_ttft(gguf, tok):
+    m = Model(gguf, n_threads=1, n_ctx=64, n_seq=1)
+    with Engine(m, tok, n_parallel=1) as eng:
+        t0 = time.perf_counter()
+        (r,) = list(eng.submit([1, 2, 3], max_tokens=0))
+        assert r.finish_reason == "length" and r.generation_tokens == 0 and r.prompt_eval_tokens == 3
+        r = _collect(eng.submit([1, 2, 3, 4], max_tokens=3, params=GREEDY, eos_ids=[]))[1]
+        assert 0 < r.time_to_first_token < time.perf_counter() - t0
+        assert r.prompt_eval_tokens == 1     # [1, 2, 3] was cached
