@@ -249,3 +249,43 @@ def test_max_tokens_zero_and_ttft(gguf, tok):
         r = _collect(eng.submit([1, 2, 3, 4], max_tokens=3, params=GREEDY, eos_ids=[]))[1]
         assert 0 < r.time_to_first_token < time.perf_counter() - t0
         assert r.prompt_eval_tokens == 1     # [1, 2, 3] was cached
+
+
+# ---- the real model ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol(smollm2_q4):
+    import pyklei
+    return pyklei.load(smollm2_q4, n_threads=2, n_ctx=512, n_seq=4)
+
+
+def test_smollm2_batch_rows_equal_solo_rows(smol):
+    m = smol.model
+    seqs = [smol.encode(t) for t in ("The capital of France is", "def fib(n):\n    return",
+                                     "Three colours: red,")]
+    solo = []
+    for s in seqs:
+        m.reset()
+        solo.append(m.logits(s))
+    m.reset()
+    toks = [t for s in seqs for t in s]
+    sid = [i for i, s in enumerate(seqs) for _ in s]
+    pos = [p for s in seqs for p in range(len(s))]
+    assert np.array_equal(m.batch(toks, sid, pos, range(len(toks))), np.concatenate(solo))
+    m.reset()
+
+
+def test_generate_batch_equals_generate(smol):
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,", "Python is"]
+    solo = [smol.generate(p, max_tokens=16, temperature=0.0) for p in prompts]
+    seeded = smol.generate(prompts[1], max_tokens=16, temperature=0.9, seed=7)
+    batch = smol.generate_batch(prompts, max_tokens=16, temperature=0.0)
+    assert [r.text for r in batch] == [r.text for r in solo]
+    assert "Paris" in batch[0].text
+    assert smol.generate_batch([prompts[1]] * 3, max_tokens=16, temperature=0.9,
+                               seed=7)[2].text == seeded.text
+    with pytest.raises(TypeError, match="list of prompts"):
+        smol.generate_batch("one prompt")
+    with pytest.raises(ValueError, match="max_tokens"):   # checked before anything runs
+        smol.generate_batch(["ok", "x"], max_tokens=600)
+    assert smol.generate_batch([]) == []
