@@ -22,6 +22,10 @@ slot sharing the longest prefix with its prompt, or, when another slot (running 
 a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
 (prompt_eval_tokens says how many did).
 
+The engine owns its model: a call on the model from elsewhere while the engine runs (a
+generate(), logits()) makes the engine's step fail with "model is busy", and the requests of
+that step raise that error from their streams; the engine goes on with the next requests.
+
 Timing per response, as stream_generate's: time_to_first_token from submit() (queueing
 included); prompt_tps over the prompt's prefill, from its first chunk to its last (steps of the
 other requests included: that is the time it took).

@@ -289,3 +289,14 @@ def test_generate_batch_equals_generate(smol):
     with pytest.raises(ValueError, match="max_tokens"):   # checked before anything runs
         smol.generate_batch(["ok", "x"], max_tokens=600)
     assert smol.generate_batch([]) == []
+
+
+def test_a_failed_step_reaches_the_streams_and_the_engine_goes_on(gguf, tok):
+    m = Model(gguf, n_threads=1, n_ctx=64, n_seq=1)
+    real = m.batch
+    m.batch = lambda *a: (_ for _ in ()).throw(RuntimeError("model is busy in another thread"))
+    with Engine(m, tok, n_parallel=1) as eng:
+        with pytest.raises(RuntimeError, match="busy"):
+            list(eng.submit([1, 2, 3], max_tokens=4))
+        m.batch = real
+        assert _collect(eng.submit([1, 2, 3], max_tokens=4, params=GREEDY, eos_ids=[]))[1].generation_tokens == 4
