@@ -300,3 +300,14 @@ def test_a_failed_step_reaches_the_streams_and_the_engine_goes_on(gguf, tok):
             list(eng.submit([1, 2, 3], max_tokens=4))
         m.batch = real
         assert _collect(eng.submit([1, 2, 3], max_tokens=4, params=GREEDY, eos_ids=[]))[1].generation_tokens == 4
+
+
+def test_profiler_and_statistics_count_batches(gguf):
+    m = Model(gguf, n_threads=1, n_ctx=64, n_seq=2)
+    m.runtime.profile_ops(True)
+    m.runtime.collect_stats(True)
+    m.batch([1, 2, 3, 4, 5], [0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [2, 4])
+    ops, calls = m.runtime.op_profile()
+    _, rows, lm_rows = m.runtime.stats()
+    assert calls == 1 and ops["attention"] > 0 and ops["lm_head"] > 0
+    assert rows == 5 and lm_rows == 2
