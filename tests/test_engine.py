@@ -311,3 +311,16 @@ def test_profiler_and_statistics_count_batches(gguf):
     _, rows, lm_rows = m.runtime.stats()
     assert calls == 1 and ops["attention"] > 0 and ops["lm_head"] > 0
     assert rows == 5 and lm_rows == 2
+
+
+def _rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_kv_slots_cost_memory_only_where_written(gguf):
+    before = _rss_mb()
+    m = Model(gguf, n_threads=1, n_ctx=4096, n_seq=16)    # 2 KiB per token per slot: 128 MiB
+    assert m.state_bytes > 128 * 2**20
+    m.batch([1, 2, 3, 4], [0, 0, 15, 15], [0, 1, 0, 1], [3])
+    assert _rss_mb() - before < 32
