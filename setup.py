@@ -35,7 +35,8 @@ ext = Extension(
 )
 
 setup(
-    packages=["pyklei", "pyklei.formats", "pyklei.converters"],
+    packages=["pyklei", "pyklei.formats", "pyklei.converters", "pyklei.cli", "pyklei.server"],
     package_dir={"pyklei": "pyklei", "pyklei.converters": "converters"},
+    package_data={"pyklei.server": ["static/*.html"]},   # the chat page of `pyklei serve`
     ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
 )

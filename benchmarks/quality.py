@@ -10,9 +10,13 @@ transformers in float32 (the reference) and through pyklei on each converted var
 context. Per variant: KL divergence KL(ref || pyklei) of the next-token distribution (mean
 over positions), top-1 agreement, perplexity, and the file size beside them.
 
-Results: benchmarks/results/quality.md and quality.json. llama.cpp's files (Q4_0, IQ4_NL,
-Q4_K_M, ...) are not in this table yet: scoring them needs llama.cpp's logits (llama-cpp-python
-with logits_all, or llama-perplexity --kl-divergence), which this script does not drive yet.
+llama.cpp's own files of the same weights (Q4_0, IQ4_NL, Q4_K_M, Q5_0, Q6_K, Q8_0, and
+Q4_0 / IQ4_NL / Q4_K_M with llama-imatrix on pyklei's calibration text) are scored beside them
+on their dequantized weights: benchmarks/llamacpp_quality.py (--llamacpp; skipped, with a
+note, when llama.cpp's tools are not found).
+
+Results: benchmarks/results/quality.md, quality.json and quality.png (KLD against file size,
+benchmarks/quality_chart.py).
 """
 from __future__ import annotations
 
@@ -33,6 +37,9 @@ VARIANTS = {                                      # name -> how to convert
     "default": {},
     "calibrated": {"calibrate": True},
     "g64": {"group_size": 64},
+    "gptq": {"gptq": True},                       # pipeline.convert_gptq (8192 tokens)
+    "rotate": {"rotate": True},
+    "rotate-gptq": {"rotate": True, "gptq": True},
 }
 
 
@@ -74,8 +81,11 @@ def convert_variant(hf_dir: Path, out: Path, spec: dict) -> float:
     from pyklei.pipeline import convert_calibrated
     t0 = time.perf_counter()
     if not out.exists():
-        kw = {k: v for k, v in spec.items() if k != "calibrate"}
-        if spec.get("calibrate"):
+        kw = {k: v for k, v in spec.items() if k not in ("calibrate", "gptq")}
+        if spec.get("gptq"):
+            from pyklei.pipeline import convert_gptq
+            convert_gptq(hf_dir, out, progress=False, **kw)
+        elif spec.get("calibrate"):
             convert_calibrated(hf_dir, out, progress=False, log=lambda m: None, **kw)
         else:
             convert(hf_dir, out, **kw)
@@ -89,6 +99,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=1024, help="tokens of each text (default 1024)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", type=Path, default=None, help="where converted files are cached")
+    ap.add_argument("--llamacpp", default="all", help="llama.cpp files to score: comma list of "
+                    "benchmarks/llamacpp_quality.py's KINDS, 'all' or 'none'")
     args = ap.parse_args(argv)
 
     from models import smollm2_hf_dir, smollm2_offgrid_dir
@@ -100,6 +112,13 @@ def main(argv=None) -> int:
     beds = {"smollm2": smollm2_hf_dir, "offgrid": lambda: smollm2_offgrid_dir(0.5)}
     work = args.work or cache_dir() / "quality"
     work.mkdir(parents=True, exist_ok=True)
+    import llamacpp_quality as lcpp
+    kinds = [] if args.llamacpp == "none" else \
+        list(lcpp.KINDS) if args.llamacpp == "all" else args.llamacpp.split(",")
+    if kinds and lcpp.tools_missing():
+        print(f"llama.cpp's files not scored: {', '.join(lcpp.tools_missing())} missing "
+              f"(LLAMACPP_SRC, LLAMACPP_BIN)", file=sys.stderr)
+        kinds = []
     rows = []
     for bed in args.beds.split(","):
         hf = beds[bed]()
@@ -121,6 +140,12 @@ def main(argv=None) -> int:
                 rows.append({"bed": bed, "text": tname, "variant": f"pyklei {v}",
                              "bytes": path.stat().st_size, **score(ref, logits, ids)})
                 print(rows[-1], file=sys.stderr)
+        if kinds:
+            ids = {t: tok.encode(x, parse_special=False)[:args.tokens] for t, x in texts().items()}
+            rows += lcpp.llamacpp_rows(bed, hf, ids, kinds, cache_dir() / "llamacpp" / bed,
+                                       threads=args.threads or 2)
+    groups = list(dict.fromkeys((r["bed"], r["text"]) for r in rows))
+    rows.sort(key=lambda r: groups.index((r["bed"], r["text"])))  # stable: a text's rows together
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "quality.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
     lines = [f"`python benchmarks/quality.py` ({args.tokens} tokens per text; KLD = KL(fp32 || "
@@ -133,6 +158,8 @@ def main(argv=None) -> int:
                      f"{r['kld_p99']:.3f} | {100 * r['top1']:.1f}% | {r['ppl']:.3f} |")
     (RESULTS / "quality.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    from quality_chart import draw
+    draw(rows, list(texts()), args.tokens, RESULTS / "quality.png")
     return 0
 
 

@@ -12,13 +12,24 @@ from pathlib import Path
 from .core import DEFAULT_EMBEDDING_BITS, ConversionResult, write_model
 from .errors import ConversionError
 
-__all__ = ["ConversionError", "ConversionResult", "convert", "DEFAULT_EMBEDDING_BITS"]
+__all__ = ["ConversionError", "ConversionResult", "convert", "open_source", "DEFAULT_EMBEDDING_BITS"]
+
+
+def open_source(path, name: str | None = None):
+    """A core.ModelSource of a llama.cpp GGUF file or a Hugging Face checkpoint directory."""
+    path = Path(path)
+    if path.is_file():
+        from .llamacpp_gguf import gguf_source
+        return gguf_source(path, name)
+    from .hf_llama import hf_source
+    return hf_source(path, name)
 
 
 def convert(hf_dir, out_path, group_size: int = 32,
             embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
             force: bool = False, progress: bool = False, imatrix=None,
-            norm_weighting: bool = False) -> ConversionResult:
+            norm_weighting: bool = False, rotate: bool = False,
+            gptq=None) -> ConversionResult:
     """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
     model, into a pyklei GGUF at out_path (written atomically).
 
@@ -33,6 +44,11 @@ def convert(hf_dir, out_path, group_size: int = 32,
     norm_weighting: without a measured imatrix for a weight, weigh the error of each input
         channel of q/k/v, gate/up and the lm_head by the squared gain of the RMSNorm before
         it (data-free; see core.norm_gain_importance). Default False: plain squared error.
+    rotate: rotate the model first (converters/rotation.py: residual stream, value heads and
+        down_proj's input, QuaRot-style), so that 4-bit weights and int8 activations lose less.
+    gptq: a calibration_forward.GPTQOptions (its calibration tokens, ...): the block linears'
+        qsi4c32 weights are chosen by GPTQ over those tokens (converters/gptq.py) instead of
+        plain rounding; None (default): plain rounding.
     Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
     """
     src_path = Path(hf_dir)
@@ -43,13 +59,14 @@ def convert(hf_dir, out_path, group_size: int = 32,
         raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
     if out_path.exists() and src_path.resolve() == out_path.resolve():
         raise ConversionError("the output path is the input file")
-    if src_path.is_file():
-        from .llamacpp_gguf import gguf_source
-        src = gguf_source(src_path, name)
-    else:
-        from .hf_llama import hf_source
-        src = hf_source(src_path, name)
+    src = open_source(src_path, name)
+    if rotate:
+        from .rotation import rotate_source
+        src = rotate_source(src)
     try:
+        if gptq is not None:
+            from .calibration_forward import gptq_source
+            src = gptq_source(src, gptq, group_size)
         return write_model(src, out_path, group_size=group_size, embedding_bits=embedding_bits,
                            keep=keep, name=name, force=force, progress=progress, imatrix=imatrix,
                            norm_weighting=norm_weighting)

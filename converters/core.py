@@ -47,6 +47,9 @@ class SourceTensor:
     read: Callable[[int, int], np.ndarray]  # rows r0:r1 -> float32 array
     src_name: str = ""             # name in the source (HF name), for messages and --keep
     whole: bool = False            # must be read in one piece (e.g. q/k row permutation)
+    # (format name, block size) -> the stored arrays chosen elsewhere (GPTQ: converters/
+    # calibration_forward.py), written as given; None (or returning None): rounded here.
+    quantized: Callable[[str, int], tuple[np.ndarray, ...] | None] | None = None
 
 
 @dataclass
@@ -57,6 +60,9 @@ class ModelSource:
     close: Callable[[], None] | None = None
     after_tensor: Callable[[], None] | None = None  # e.g. drop mmapped pages from RSS
     notes: list[str] = field(default_factory=list)   # said in the conversion summary
+    # A rotated source (converters/rotation.py): x -> x @ Q_f, the transform the forward pass
+    # applies to the SwiGLU output before down_proj; None when unrotated.
+    ffn_down_input: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 @dataclass
@@ -137,10 +143,10 @@ def _split_keep(s: str) -> tuple[str, str]:
 
 def choose_format(t: SourceTensor, group_size: int, embedding_bits: int,
                   keep: list[tuple[str, str]], used: set | None = None) -> str:
-    """Output format of t. Norms and rope_freqs are always f32 (--keep patterns skip them);
+    """Output format of t. Norms, rope_freqs and rotations are always f32 (--keep patterns skip them);
     linear weights default to q4, embeddings/output to --embedding-bits; the first --keep
     pattern matching the GGUF or source name overrides that."""
-    if t.kind in ("norm", "rope_freqs"):
+    if t.kind in ("norm", "rope_freqs", "rotation"):
         return "f32"
     fmt = "qsi4c32" if t.kind == "linear" else EMBEDDING_BITS[embedding_bits]
     for pat, f in keep:
@@ -395,6 +401,10 @@ def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs,
     err2 = 0.0
     ref2 = 0.0
     side = []  # scales, written after the qs tensor
+    given = t.quantized(fmt, bl) if t.quantized is not None else None
+    if given is not None and [a.shape for a in given] != [tuple(o[1]) for o in outs]:
+        raise ConversionError(f"{t.name}: the given {fmt} arrays have shapes "
+                              f"{[a.shape for a in given]}, the file wants {[o[1] for o in outs]}")
     stream.begin()
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
@@ -409,7 +419,10 @@ def _write_tensor(stream: _DataStream, t: SourceTensor, fmt: str, bl: int, outs,
             if big > F16_MAX:
                 raise ConversionError(f"{t.name}: |value| {big:g} overflows f16; keep it as "
                                       f"bf16 or q8 instead (--keep '{t.name}=bf16')")
-        arrays = wf.quantize(x, bl, importance)   # formats without scale search ignore it
+        if given is not None:   # rows r0:r1 of the arrays chosen elsewhere
+            arrays = [a[r0:r1] for a in given]
+        else:                   # formats without scale search ignore the importance
+            arrays = wf.quantize(x, bl, importance)
         stream.write(arrays[0])
         side.extend(arrays[1:])
         deq = wf.dequantize(*arrays)

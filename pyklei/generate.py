@@ -10,7 +10,7 @@ character (an emoji spans several byte tokens) or inside a possible stop string 
 next response's text.
 
 max_tokens: a count, or None or -1 for "until the context is full"; 0 runs the prompt only.
-`token_budget` is the rule, shared by chat(), the CLI, pyklei.chat and examples/server.py; its
+`token_budget` is the rule, shared by chat(), the CLI, pyklei.chat and pyklei.server; its
 type and range are pyklei.sampler's MAX_TOKENS.
 
 A generation owns the model's KV cache while it runs: if another call uses the model between

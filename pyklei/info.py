@@ -76,6 +76,7 @@ def model_info(path, activations: str = "qai8dx2", batch_size: int = 256) -> dic
         "architecture": md.get(K.GENERAL_ARCHITECTURE),
         "pyklei_format_version": md.get(K.KEY_FORMAT_VERSION),
         "converted_from": md.get(K.KEY_SOURCE),
+        "weight_method": md.get(K.KEY_WEIGHT_METHOD) or "rounding",   # how 4-bit values were chosen
         "params": n_params,
         "tensor_bytes": n_bytes,
         "bits_per_weight": 8 * n_bytes / n_params if n_params else 0.0,
@@ -111,6 +112,8 @@ def info_text(info: dict) -> str:
         f"architecture   {info['architecture']} (pyklei format {info['pyklei_format_version']}{src})",
         f"parameters     {info['params'] / 1e6:.1f} M, {info['bits_per_weight']:.2f} bits per "
         f"weight overall",
+        f"weights        4-bit values chosen by {info['weight_method']}"
+        + (" (per-block scale search)" if info["weight_method"] == "rounding" else ""),
         f"context        {hp['context_length']} tokens",
         f"shape          {hp['n_layer']} layers, embedding {hp['n_embd']}, feed-forward {hp['n_ff']}, "
         f"heads {hp['n_head']} (kv {hp['n_head_kv']}), head dim {hp['head_dim']}",

@@ -184,7 +184,8 @@ class Model:
                      n_batch=n_batch, kv_f16=kv_cache == "f16", n_seq=n_seq)
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
                                          self.file.tensor("output_norm.weight").data, rope_freqs,
-                                         layers)
+                                         layers, {k: (r.signs, r.mix) for k, r in
+                                                  self.file.rotations.items()})
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
         self.n_seq = n_seq
         self._seqs: list[list[int]] = [[] for _ in range(n_seq)]   # per slot: tokens whose K/V

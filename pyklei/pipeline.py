@@ -6,12 +6,20 @@
 2. runs the draft over calibration text and measures each linear layer's input activations
    (pyklei.imatrix);
 3. converts the checkpoint to qsi4c32 with that importance matrix.
+
+    convert_gptq("SmolLM2-135M-Instruct/", "smollm2.gguf")
+
+tokenizes the calibration text with the checkpoint's own tokenizer (pyklei.tokenizer, built
+from the metadata the converter would write) and converts with GPTQ over those tokens
+(converters/gptq.py; the converter runs its own numpy forward pass, no draft file).
 """
 from __future__ import annotations
 
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from .converters import convert
 from .imatrix import collect_imatrix_from_text, default_calibration_text
@@ -35,3 +43,38 @@ def convert_calibrated(src, out, calibration_text: str | None = None, n_tokens: 
         imatrix, n_used = collect_imatrix_from_text(draft, text, n_ctx=512, max_tokens=n_tokens)
         log(f"pass 2/2: converting with the importance of {n_used} calibration tokens")
         return convert(src, out, imatrix=imatrix, progress=progress, **convert_kw)
+
+
+def calibration_tokens(src, text: str, n_tokens: int, seq_len: int = 512) -> list[int]:
+    """n_tokens token ids of `text` (tokenized as the model at `src` does), as n_tokens //
+    seq_len windows of seq_len spread evenly over the text (all of it when shorter)."""
+    from .converters import open_source
+    from .tokenizer import Tokenizer
+
+    source = open_source(src)
+    try:
+        tok = Tokenizer.from_metadata({k: v for k, v, *_ in source.kv}, path=str(src))
+    finally:
+        if source.close:
+            source.close()
+    ids = tok.encode(text, parse_special=False)
+    n_win = max(1, n_tokens // seq_len)
+    if len(ids) <= n_win * seq_len:
+        return ids
+    starts = np.linspace(0, len(ids) - seq_len, n_win).astype(int)
+    return [t for s in starts for t in ids[s:s + seq_len]]
+
+
+def convert_gptq(src, out, calibration_text: str | None = None, n_tokens: int = 8192,
+                 seq_len: int = 512, progress: bool = True, log=None, gptq_options=None,
+                 **convert_kw):
+    """Conversion whose qsi4c32 weights GPTQ chooses over n_tokens tokens of the calibration
+    text (default: pyklei.imatrix.default_calibration_text()); returns the ConversionResult.
+    gptq_options: extra fields of converters.calibration_forward.GPTQOptions (damp, ...)."""
+    from .converters.calibration_forward import GPTQOptions
+
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    text = calibration_text if calibration_text is not None else default_calibration_text()
+    ids = calibration_tokens(src, text, n_tokens, seq_len)
+    opts = GPTQOptions(ids, seq_len=seq_len, log=log if progress else None, **(gptq_options or {}))
+    return convert(src, out, gptq=opts, progress=progress, **convert_kw)

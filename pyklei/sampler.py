@@ -9,7 +9,7 @@ seed gives the same tokens.
 
 SAMPLING_OPTIONS is the one schema of the generation options (max_tokens and SamplingParams'
 fields): type, default, range, CLI flags and help. SamplingParams checks itself with it, the
-CLI makes its sampling flags from it, examples/server.py checks requests with it.
+CLI makes its sampling flags from it, pyklei.server checks requests with it.
 """
 from __future__ import annotations
 

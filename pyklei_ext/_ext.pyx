@@ -379,12 +379,18 @@ cdef extern from "model/pk_llama.h":
         const pk_rhs *w_gate
         const pk_rhs *w_up
         const pk_rhs *w_down
+    ctypedef struct pk_rotation:
+        int n, m, p
+    int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix)
+    void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch) nogil
     ctypedef struct pk_llama_weights:
         pk_tensor tok_embd
         const pk_rhs *lm_head
         const float *output_norm
         const float *rope_freqs
         const pk_llama_layer *layers
+        pk_rotation rot_ffn_down
+        pk_rotation rot_output
     ctypedef struct pk_llama:
         pass
     pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx)
@@ -423,7 +429,7 @@ cdef class LlamaRuntime:
     cdef volatile int interrupt
 
     def __cinit__(self, Ops ops, dict hp, tuple tok_embd, QWeight lm_head, output_norm,
-                  rope_freqs, list layers):
+                  rope_freqs, list layers, dict rotations=None):
         cdef pk_llama_hparams h
         cdef pk_llama_weights w
         cdef int i
@@ -473,6 +479,21 @@ cdef class LlamaRuntime:
             self.layers[i].w_up = &(<QWeight>L["w_up"]).rhs
             self.layers[i].w_down = &(<QWeight>L["w_down"]).rhs
         w.layers = self.layers
+        # rotations: {"ffn_down" | "output": (signs [n], mix [m, m])}, checked by the loader
+        w.rot_ffn_down.n = 0
+        w.rot_output.n = 0
+        for key, rot in (rotations or {}).items():
+            if key not in ("ffn_down", "output"):
+                raise ValueError(f"unknown rotation {key!r}")
+            signs = np.ascontiguousarray(rot[0], np.float32).reshape(-1)
+            n = signs.shape[0]
+            mix = np.ascontiguousarray(rot[1], np.float32)
+            if mix.ndim != 2 or mix.shape[0] != mix.shape[1] or mix.shape[0] * (n // max(mix.shape[0], 1)) != n:
+                raise ValueError(f"rotation {key}: mix of shape {list(mix.shape)} does not fit size {n}")
+            if pk_rotation_init(&w.rot_ffn_down if key == "ffn_down" else &w.rot_output, n,
+                                _f32_ptr(signs, self._keep, n, f"rotation {key} signs"),
+                                _f32_ptr(mix, self._keep, mix.size, f"rotation {key} mix")):
+                raise ValueError(_last_error())
         self.model = pk_llama_create(&h, &w, ops.ctx)
         if self.model == NULL:
             raise ValueError(_last_error())
@@ -573,3 +594,24 @@ cdef class LlamaRuntime:
         """Copies the K/V of positions [0, n) of slot src into slot dst."""
         if pk_llama_kv_copy(self.model, src, dst, n) != 0:
             raise ValueError(_last_error())
+
+def rotate_rows(signs, mix, x, bint transpose=False):
+    """x [rows, n] float32 -> x @ Q (or x @ Q^T) by the C rotation (pk_rotate.h); tests."""
+    cdef pk_rotation r
+    cdef list keep = []
+    s = np.ascontiguousarray(signs, np.float32).reshape(-1)
+    mx = np.ascontiguousarray(mix, np.float32)
+    cdef int n = s.shape[0]
+    if pk_rotation_init(&r, n, _f32_ptr(s, keep, n, "signs"), _f32_ptr(mx, keep, mx.size, "mix")):
+        raise ValueError(_last_error())
+    if mx.shape != (r.m, r.m):
+        raise ValueError(f"mix has shape {list(mx.shape)}, size {n} needs [{r.m}, {r.m}]")
+    cdef float[:, ::1] out = np.array(x, dtype=np.float32, order="C", ndmin=2)
+    if out.shape[1] != n:
+        raise ValueError(f"rows have {out.shape[1]} values, the rotation {n}")
+    cdef float[::1] scratch = np.empty(n, np.float32)
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(out.shape[0]):
+            pk_rotate_row(&r, transpose, &out[i, 0], &scratch[0])
+    return np.asarray(out)

@@ -62,3 +62,24 @@ def english_text() -> str:
     from pydoc_data.topics import topics
     return "\n\n".join(topics[k] for k in ("assignment", "if", "while", "for", "try", "with",
                                            "function", "class", "import", "numbers"))
+
+
+def add_rotation_hooks(model, gguf_path):
+    """Makes a dequantized_hf_model of a rotated file compute what pyklei's forward pass does:
+    rotate the SwiGLU output before down_proj and, for a tied rotated file, bring the final
+    norm's output back (Q^T), apply its gain, rotate again (Q). Returns the model."""
+    import torch
+
+    rots = read_model(gguf_path).rotations
+    if "ffn_down" in rots:
+        q_f = torch.from_numpy(rots["ffn_down"].dense().astype(np.float32))
+        for layer in model.model.layers:
+            layer.mlp.down_proj.register_forward_pre_hook(lambda mod, inp: (inp[0] @ q_f,))
+    if "output" in rots:
+        q_r = torch.from_numpy(rots["output"].dense().astype(np.float32))
+        norm = model.model.norm
+        gain = norm.weight.detach().clone()
+        with torch.no_grad():
+            norm.weight.fill_(1.0)
+        norm.register_forward_hook(lambda mod, inp, out: ((out @ q_r.T) * gain) @ q_r)
+    return model

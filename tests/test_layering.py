@@ -1,7 +1,8 @@
 """The layers import downward only (issue 14): read every module's imports with ast and fail on
 an upward or sideways edge.
 
-    CLI / pipeline (pyklei/cli/, pyklei/pipeline.py)     may import everything below
+    CLI / pipeline / server (pyklei/cli/, pyklei/pipeline.py, pyklei/server/)
+                                                          may import everything below
     runtime (the rest of pyklei/)                         formats, the kernel layer
     converters (converters/, installed as pyklei.converters)   formats only
     formats (pyklei/formats/)                             nothing of pyklei outside itself
@@ -55,7 +56,8 @@ def _layer(name: str) -> str:
         return "formats"
     if name.startswith("pyklei.converters"):
         return "converters"
-    if name.startswith("pyklei.cli") or name in ("pyklei.pipeline", "pyklei.__main__"):
+    if (name.startswith(("pyklei.cli", "pyklei.server"))
+            or name in ("pyklei.pipeline", "pyklei.__main__")):
         return "top"
     if name.startswith("pyklei.assets"):
         return "assets"

@@ -173,12 +173,13 @@ def _model_path(path: str) -> Path:
     return check_model_path(path)
 
 
-def _load(args, n_ctx: int | None = None, n_threads: int | None = None):
+def _load(args, n_ctx: int | None = None, n_threads: int | None = None, **kw):
+    """The model of args.model with the model options; kw: more pyklei.load keywords."""
     from ..llm import load
 
     return load(_model_path(args.model), n_threads=n_threads or args.threads,
                 n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
-                activations=args.activations)
+                activations=args.activations, **kw)
 
 
 def _read_text(path: str, what: str) -> str:

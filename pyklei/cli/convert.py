@@ -18,6 +18,12 @@ def add_parser(sub):
                    help="measure an importance matrix first (an 8-bit draft run over TEXT_FILE, "
                         "default: Python's Language Reference) and quantize with it; better "
                         "4-bit quality for about twice the conversion time")
+    c.add_argument("--gptq", nargs="?", const="default", default=None, metavar="TEXT_FILE",
+                   help="choose the 4-bit weights by GPTQ (error-compensating rounding over the "
+                        "Hessian of each layer's inputs) on calibration text TEXT_FILE (default: "
+                        "Python's Language Reference), run through the model in numpy")
+    c.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
+                   help="calibration tokens for --gptq, as windows of 512 (default %(default)s)")
     c.set_defaults(func=run)
     _add_debug(c)
     return c
@@ -45,6 +51,10 @@ def _configure(p) -> None:
                    help="4-bit / 6-bit scales weigh each input channel of q/k/v, gate/up and the "
                         "lm_head by the squared gain of the RMSNorm before it (data-free; small "
                         "gain, see docs/FORMAT.md); default: plain squared error")
+    p.add_argument("--rotate", action="store_true",
+                   help="rotate the model before quantizing (residual stream, value heads, "
+                        "down_proj input: QuaRot-style, exact in real arithmetic; the runtime "
+                        "applies the online part), so 4-bit weights and int8 activations lose less")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -61,6 +71,8 @@ def _weight_formats():
 
 
 def run(args) -> int:
+    if args.gptq is not None:
+        return _run_gptq(args)
     if args.calibrate is None:
         return _run_convert(args)
     if args.imatrix:
@@ -73,6 +85,26 @@ def run(args) -> int:
         result = convert_calibrated(args.input, args.output, text, progress=not args.no_progress,
                                     group_size=args.group_size, embedding_bits=args.embedding_bits,
                                     keep=args.keep, name=args.name, force=args.force)
+    except ConversionError as e:
+        raise CLIError(str(e)) from None
+    print(result.summary())
+    return 0
+
+
+def _run_gptq(args) -> int:
+    if args.calibrate is not None or args.imatrix:
+        raise CLIError("--gptq measures its own statistics; give it without --calibrate / --imatrix")
+    if args.calib_tokens < 1:
+        raise CLIError(f"--calib-tokens must be positive, got {args.calib_tokens}")
+    from ..converters import ConversionError
+    from ..pipeline import convert_gptq
+
+    text = None if args.gptq == "default" else _read_text(args.gptq, "text")
+    try:
+        result = convert_gptq(args.input, args.output, text, n_tokens=args.calib_tokens,
+                              progress=not args.no_progress, group_size=args.group_size,
+                              embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
+                              force=args.force, rotate=getattr(args, "rotate", False))
     except ConversionError as e:
         raise CLIError(str(e)) from None
     print(result.summary())
@@ -96,7 +128,8 @@ def _run_convert(args) -> int:
                          embedding_bits=args.embedding_bits, keep=args.keep, name=args.name,
                          force=args.force, progress=not args.no_progress,
                          imatrix=getattr(args, "imatrix", None),
-                         norm_weighting=getattr(args, "norm_weighting", False))
+                         norm_weighting=getattr(args, "norm_weighting", False),
+                         rotate=getattr(args, "rotate", False))
     except ConversionError as e:
         print(f"pyklei convert: error: {e}", file=sys.stderr)
         return 2

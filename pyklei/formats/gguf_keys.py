@@ -16,6 +16,16 @@ KEY_FORMAT_PREFIX = "pyklei.format."          # + tensor name -> a name of regis
 KEY_EOS_IDS = "pyklei.eos_token_ids"          # every id that ends generation (array uint32)
 KEY_SOURCE = "pyklei.converter.source"        # "hf" | "gguf"
 KEY_CONVERTER_VERSION = "pyklei.converter.version"
+KEY_WEIGHT_METHOD = "pyklei.converter.weight_method"   # "gptq"; absent: per-block rounding
+# Rotations (pyklei.formats.rotation, docs/FORMAT.md "Rotations"): what the converter rotated
+# (a comma list: "residual,value_heads,ffn_down"), and the online ones as f32 tensors
+# <prefix>.signs [n] and <prefix>.mix [m, m]: rot.ffn_down (before down_proj, every layer) and
+# rot.output (around the final norm's gain, tied embeddings only). Files without the key run
+# unrotated, as every file before it.
+KEY_ROTATION = "pyklei.rotation"
+KEY_ROTATION_SEED = "pyklei.rotation.seed"
+ROT_FFN_DOWN = "rot.ffn_down"
+ROT_OUTPUT = "rot.output"
 
 SCALES_SUFFIX = ".scales"
 
@@ -67,6 +77,14 @@ def scales_name(name: str) -> str:
 def format_key(name: str) -> str:
     return KEY_FORMAT_PREFIX + name
 
+
+def rot_signs(prefix: str) -> str:
+    return prefix + ".signs"
+
+
+def rot_mix(prefix: str) -> str:
+    return prefix + ".mix"
+
 # Llama 3 RoPE scaling, informational: the runtime applies it through the rope_freqs tensor
 # (pair i of a head rotates by pos * theta**(-2i/d) / rope_freqs[i]), as llama.cpp does.
 ROPE_SCALING_TYPE = "pyklei.rope.scaling.type"                  # "llama3"
@@ -84,7 +102,8 @@ KEY_SPM_MODEL = "pyklei.tokenizer.sentencepiece_model"
 INFORMATIONAL = frozenset({
     GENERAL_NAME, "general.type", KEY_SOURCE, KEY_CONVERTER_VERSION, GENERAL_ALIGNMENT,
     ROPE_SCALING_TYPE, ROPE_SCALING_FACTOR, ROPE_SCALING_LOW, ROPE_SCALING_HIGH,
-    ROPE_SCALING_ORIG_CTX,
+    ROPE_SCALING_ORIG_CTX, KEY_ROTATION_SEED,
+    KEY_WEIGHT_METHOD,
 })
 
 # What the tokenizer rebuilds a SentencePiece model from when a file has no KEY_SPM_MODEL

@@ -23,6 +23,9 @@ from . import gguf_keys as K
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
 from .qsi4c32 import QSI4C32_BLOCK_SIZES
 from .registry import GGML_I8, GGML_TYPE_NAMES, PLAIN_BY_GGML, WEIGHT_FORMATS
+from .rotation import Rotation, check_rotation, split_size
+
+ROTATION_PARTS = ("residual", "value_heads", "ffn_down")   # the values KEY_ROTATION may list
 
 
 class ModelFileError(GGUFError):
@@ -79,6 +82,9 @@ class ModelFile:
     tensors: dict[str, Tensor]
     eos_token_ids: list[int] = field(default_factory=list)
     metadata_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # GGUF (type, array type)
+    # Online rotations of a rotated file (gguf_keys KEY_ROTATION): "ffn_down" [n_ff] and, tied
+    # only, "output" [n_embd]; empty for an unrotated file.
+    rotations: dict[str, Rotation] = field(default_factory=dict)
     _mmap: Any = None
 
     def tensor(self, name: str) -> Tensor:
@@ -212,6 +218,11 @@ def read_model(path) -> ModelFile:
         expect[K.OUTPUT] = (v, h)
     if hp.has_rope_freqs:
         expect[K.ROPE_FREQS] = (hd // 2,)
+    online = _rotation_tensors(path, md, vtype, hp)
+    for prefix, n in online.values():
+        m, _ = split_size(n)
+        expect[K.rot_signs(prefix)] = (n,)
+        expect[K.rot_mix(prefix)] = (m, m)
     companions = {K.scales_name(n) for n in expect}
     for name in raw:
         if name not in expect and name not in companions:
@@ -271,6 +282,15 @@ def read_model(path) -> ModelFile:
         sc_st = fmt.stored(shape, bl)[1]
         sc = get(K.scales_name(name), sc_st.ggml_type, sc_st.shape)
         tensors[name] = Tensor(name, fmt.name, shape, qs=qs.view(fmt.qs_dtype), scales=sc)
+    rotations = {}
+    for key, (prefix, n) in online.items():
+        signs, mix = tensors[K.rot_signs(prefix)], tensors[K.rot_mix(prefix)]
+        if signs.format != "f32" or mix.format != "f32":
+            raise ModelFileError(f"{path}: rotation tensors {prefix}.* must be f32")
+        try:
+            rotations[key] = check_rotation(prefix, n, signs.data, mix.data)
+        except ValueError as e:
+            raise ModelFileError(f"{path}: {e}") from None
     toks = md.get("tokenizer.ggml.tokens")
     if toks is None:
         raise ModelFileError(f"{path} has no tokenizer (tokenizer.ggml.tokens)")
@@ -292,4 +312,24 @@ def read_model(path) -> ModelFile:
         if key in md and token_id(key, md[key]) not in eos_ids:
             eos_ids.append(md[key])
     return ModelFile(path=path, hparams=hp, metadata=md, tensors=tensors, eos_token_ids=eos_ids,
-                     metadata_types=types, _mmap=mm)
+                     metadata_types=types, rotations=rotations, _mmap=mm)
+
+
+def _rotation_tensors(path, md, vtype, hp: HParams) -> dict[str, tuple[str, int]]:
+    """The online rotations KEY_ROTATION implies: {"ffn_down" | "output": (prefix, size)}."""
+    if K.KEY_ROTATION not in md:
+        return {}
+    val = md[K.KEY_ROTATION]
+    if vtype(K.KEY_ROTATION) != 8:
+        raise ModelFileError(f"{path}: {K.KEY_ROTATION} = {val!r} is not a string")
+    parts = val.split(",") if val else []
+    bad = [p for p in parts if p not in ROTATION_PARTS]
+    if bad or len(set(parts)) != len(parts):
+        raise ModelFileError(f"{path}: {K.KEY_ROTATION} = {val!r}; expected a comma list of "
+                             f"{', '.join(ROTATION_PARTS)} (each once)")
+    out = {}
+    if "ffn_down" in parts:
+        out["ffn_down"] = (K.ROT_FFN_DOWN, hp.n_ff)
+    if "residual" in parts and hp.tied:   # an untied lm_head has the final gain folded in
+        out["output"] = (K.ROT_OUTPUT, hp.n_embd)
+    return out

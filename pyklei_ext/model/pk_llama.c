@@ -40,6 +40,8 @@ struct pk_llama {
     float *up;           /* [B][n_ff] */
     float *scores;       /* [n_threads][n_ctx] */
     float *rope_cs;      /* [B][head_dim]: cos/sin of each row's angles, shared by the layers */
+    float *rot_scratch;  /* [n_threads][max(n_ff, n_embd)]: pk_rotate_row's scratch */
+    float *ones;         /* [n_embd]: the gain of the final norm of a rotated file */
     size_t state_bytes;
     double *stats;       /* optional: see pk_llama_stats_enable */
     size_t stats_len;
@@ -146,13 +148,26 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->row_pos = alloc(m, sizeof(int32_t) * B);
     m->row_out = alloc(m, sizeof(int32_t) * B);
     m->seq_seen = alloc(m, sizeof(int) * m->hp.n_seq);
-    if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache || !m->v_cache || !m->x || !m->xn || !m->q ||
+    const int rot_len = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
+    m->rot_scratch = alloc(m, sizeof(float) * nt * rot_len);
+    m->ones = alloc(m, sizeof(float) * hp->n_embd);
+    if ((w->rot_ffn_down.n && w->rot_ffn_down.n != hp->n_ff) ||
+        (w->rot_output.n && w->rot_output.n != hp->n_embd)) {
+        pk_llama_destroy(m);
+        err("rotation sizes %d / %d do not match n_ff %d / n_embd %d", w->rot_ffn_down.n,
+            w->rot_output.n, hp->n_ff, hp->n_embd);
+        return NULL;
+    }
+    if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen ||
+        !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache ||
+        !m->v_cache || !m->x || !m->xn || !m->q ||
         !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores) {
         pk_llama_destroy(m);
         err("out of memory allocating the KV cache and scratch (lower n_ctx or n_batch)");
         return NULL;
     }
     memcpy(m->layers, w->layers, sizeof(pk_llama_layer) * hp->n_layer);
+    for (int i = 0; i < hp->n_embd; i++) m->ones[i] = 1.0f;
     m->w.layers = m->layers;
     /* inv_freq[i] = theta^(-2i/hd), divided by llama3's per-frequency factor if present;
      * computed like the float32 reference implementations do */
@@ -184,6 +199,8 @@ void pk_llama_destroy(pk_llama *m) {
     free(m->row_pos);
     free(m->row_out);
     free(m->seq_seen);
+    free(m->rot_scratch);
+    free(m->ones);
     free(m->stats);
     free(m);
 }
@@ -257,11 +274,32 @@ static void job_attention(void *arg, int ith, int nth) {
     }
 }
 
+/* SwiGLU, and in a rotated file the rotation of down_proj's input, while the row is in cache. */
 static void job_swiglu(void *arg, int ith, int nth) {
     row_job *j = arg;
-    const int f = j->m->hp.n_ff;
-    for (int t = ith; t < j->n; t += nth)
-        pk_swiglu(f, j->m->gate + (size_t)t * f, j->m->up + (size_t)t * f, j->m->gate + (size_t)t * f);
+    pk_llama *m = j->m;
+    const int f = m->hp.n_ff;
+    const pk_rotation *rot = &m->w.rot_ffn_down;
+    const int rot_len = m->hp.n_ff > m->hp.n_embd ? m->hp.n_ff : m->hp.n_embd;
+    for (int t = ith; t < j->n; t += nth) {
+        float *g = m->gate + (size_t)t * f;
+        pk_swiglu(f, g, m->up + (size_t)t * f, g);
+        if (rot->n) pk_rotate_row(rot, 0, g, m->rot_scratch + (size_t)ith * rot_len);
+    }
+}
+
+/* The final norm of one row into out; see rot_output in pk_llama.h. */
+static void output_norm_row(pk_llama *m, const float *x, float *out) {
+    const pk_rotation *rot = &m->w.rot_output;
+    const int d = m->hp.n_embd;
+    if (!rot->n) {
+        pk_rmsnorm(d, x, m->w.output_norm, m->hp.rms_eps, out);
+        return;
+    }
+    pk_rmsnorm(d, x, m->ones, m->hp.rms_eps, out);
+    pk_rotate_row(rot, 1, out, m->rot_scratch);
+    for (int i = 0; i < d; i++) out[i] *= m->w.output_norm[i];
+    pk_rotate_row(rot, 0, out, m->rot_scratch);
 }
 
 static void run_rows(pk_llama *m, pk_task_fn fn, row_job *job, int work) {
@@ -340,7 +378,7 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
     /* final norm and lm_head: the rows asked for only, packed */
     const int rows = n_out;
     for (int i = 0; i < rows; i++)
-        pk_rmsnorm(d, m->x + (size_t)m->row_out[i] * d, m->w.output_norm, hp->rms_eps, m->xn + (size_t)i * d);
+        output_norm_row(m, m->x + (size_t)m->row_out[i] * d, m->xn + (size_t)i * d);
     if (m->stats) {
         add_squares(m->stats + stats_layer_len(hp) * hp->n_layer, m->xn, rows, d);
         m->stats_lm_rows += rows;

@@ -16,6 +16,7 @@
 
 #include "../ops/pk_matmul.h"
 #include "../ops/pk_nn.h"
+#include "../ops/pk_rotate.h"
 
 typedef struct {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff;
@@ -37,6 +38,11 @@ typedef struct {
     const float *output_norm;    /* [n_embd] */
     const float *rope_freqs;     /* [head_dim/2] llama3 frequency divisors, or NULL */
     const pk_llama_layer *layers;/* [n_layer] */
+    /* Rotated files (pk_rotate.h; n == 0: none): the SwiGLU output is rotated by rot_ffn_down
+     * [n_ff] before down_proj, and with rot_output [n_embd] the final norm runs without its
+     * gain, the row is rotated back (Q^T), scaled by output_norm and rotated again (Q), so
+     * that a tied, rotated embedding table can serve as lm_head. */
+    pk_rotation rot_ffn_down, rot_output;
 } pk_llama_weights;
 
 typedef struct pk_llama pk_llama;

@@ -1,0 +1,186 @@
+"""llama.cpp's own quantized files in the quality harness (issue 15, item 1).
+
+    python benchmarks/quality.py                        # pyklei's variants and these files
+    python benchmarks/quality.py --llamacpp Q4_K_M,Q4_K_M+imatrix --variants default
+
+For each test bed, from the same weights pyklei converts:
+
+1. llama.cpp's convert_hf_to_gguf.py writes an f32 GGUF of the HF checkpoint;
+2. llama-imatrix measures an importance matrix on pyklei's calibration text
+   (pyklei.imatrix.default_calibration_text()), with the token budget and window of
+   `pyklei convert --calibrate` (pyklei.pipeline.convert_calibrated: its first 8192 tokens in
+   windows of 512);
+3. llama-quantize writes each file of KINDS, with that matrix for the "+imatrix" kinds.
+
+Each file is scored on its dequantized weights (the `gguf` package's dequantize, through
+converters/llamacpp_gguf.py; q/k rows back in Hugging Face order) loaded into a float32
+transformers LlamaForCausalLM: the numbers llama.cpp multiplies, without its activation
+rounding. An output.weight of its own becomes lm_head. quality.py scores the logits against
+transformers fp32 on the original weights, on the same token ids.
+
+llama.cpp is a measuring tool here, never a dependency: its sources (LLAMACPP_SRC, by default
+llama-cpp-python 0.3.36's sdist) and built tools (LLAMACPP_BIN) are found through the
+environment. Every file is cached under ~/.cache/pyklei/llamacpp/<bed>/, named by what made it,
+so a re-run quantizes nothing.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+LLAMACPP_SRC = Path(os.environ.get(
+    "LLAMACPP_SRC", "/tmp/lcpp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+LLAMACPP_BIN = Path(os.environ.get("LLAMACPP_BIN", "/tmp/lcpp-build/bin"))
+
+# name -> (llama-quantize type, with the importance matrix)
+KINDS = {
+    "Q4_0": ("Q4_0", False),
+    "IQ4_NL": ("IQ4_NL", False),
+    "Q4_K_M": ("Q4_K_M", False),
+    "Q5_0": ("Q5_0", False),
+    "Q6_K": ("Q6_K", False),
+    "Q8_0": ("Q8_0", False),
+    "Q4_0+imatrix": ("Q4_0", True),
+    "IQ4_NL+imatrix": ("IQ4_NL", True),
+    "Q4_K_M+imatrix": ("Q4_K_M", True),
+}
+
+
+def variant_name(kind: str) -> str:
+    """The quality table's variant column: "llama.cpp Q4_K_M", "llama.cpp Q4_K_M +imatrix"."""
+    return "llama.cpp " + kind.replace("+imatrix", " +imatrix")
+
+
+def tools_missing() -> list[str]:
+    need = [LLAMACPP_SRC / "convert_hf_to_gguf.py", LLAMACPP_BIN / "llama-quantize",
+            LLAMACPP_BIN / "llama-imatrix"]
+    return [str(p) for p in need if not p.is_file()]
+
+
+def _run(cmd: list, log: Path, env: dict | None = None) -> None:
+    """Runs a llama.cpp tool at low priority, its output into `log`; raises naming the log."""
+    with open(log, "w") as f:
+        rc = subprocess.run(["nice", "-n", "10", *map(str, cmd)], stdout=f,
+                            stderr=subprocess.STDOUT, env=env).returncode
+    if rc:
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        raise RuntimeError(f"{Path(cmd[0]).name} failed (rc {rc}), log {log}:\n" + "\n".join(tail))
+
+
+def calibration_budget() -> tuple[int, int]:
+    """(tokens, window) of `pyklei convert --calibrate`: read from convert_calibrated's defaults
+    and its draft's context, so the two calibrations stay alike if those change."""
+    from pyklei.pipeline import convert_calibrated
+    n_tokens = inspect.signature(convert_calibrated).parameters["n_tokens"].default
+    return n_tokens, 512
+
+
+def f32_gguf(hf_dir: Path, work: Path) -> Path:
+    """llama.cpp's f32 GGUF of the checkpoint (its convert_hf_to_gguf.py)."""
+    out = work / "f32.gguf"
+    if not out.is_file():
+        tmp = work / "f32.gguf.part"
+        env = dict(os.environ, PYTHONPATH=str(LLAMACPP_SRC / "gguf-py"))
+        _run([sys.executable, LLAMACPP_SRC / "convert_hf_to_gguf.py", hf_dir, "--outtype", "f32",
+              "--outfile", tmp], work / "convert.log", env)
+        tmp.rename(out)
+    return out
+
+
+def imatrix(f32: Path, work: Path, threads: int) -> Path:
+    """llama-imatrix over pyklei's calibration text, pyklei's token budget and window."""
+    from pyklei.imatrix import default_calibration_text
+    n_tokens, window = calibration_budget()
+    out = work / f"imatrix-{n_tokens}x{window}.gguf"
+    if not out.is_file():
+        text = work / "calibration.txt"
+        text.write_text(default_calibration_text())
+        tmp = work / (out.name + ".part.gguf")
+        _run([LLAMACPP_BIN / "llama-imatrix", "-m", f32, "-f", text, "-o", tmp, "-c", window,
+              "--chunks", n_tokens // window, "-t", threads, "--no-ppl"], work / "imatrix.log")
+        tmp.rename(out)
+    return out
+
+
+def make_files(hf_dir: Path, work: Path, kinds, threads: int = 2, log=print) -> dict[str, Path]:
+    """{kind: llama.cpp file} for `kinds` (names of KINDS), made once and cached in `work`."""
+    work.mkdir(parents=True, exist_ok=True)
+    f32 = f32_gguf(hf_dir, work)
+    files = {}
+    for kind in kinds:
+        qtype, with_imatrix = KINDS[kind]
+        out = work / f"{kind}.gguf"
+        if not out.is_file():
+            im = ["--imatrix", imatrix(f32, work, threads)] if with_imatrix else []
+            tmp = work / f"{kind}.part.gguf"
+            _run([LLAMACPP_BIN / "llama-quantize", *im, f32, tmp, qtype, threads],
+                 work / f"quantize-{kind}.log")
+            tmp.rename(out)
+        files[kind] = out
+        log(f"llama.cpp {kind}: {out.stat().st_size / 1e6:.1f} MB")
+    return files
+
+
+def dequantized_model(gguf_path: Path, hf_dir: Path):
+    """A float32 transformers LlamaForCausalLM (config of hf_dir) with the dequantized weights
+    of a llama.cpp file; its own output.weight, when stored, as lm_head."""
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    from pyklei.converters.gguf_to_hf import _hf_name
+    from pyklei.converters.hf_llama import unpermute_qk
+    from pyklei.converters.llamacpp_gguf import gguf_source
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    src = gguf_source(gguf_path)
+    state = {}
+    for t in src.tensors:
+        if t.kind == "rope_freqs":
+            continue
+        w = np.asarray(t.read(0, t.shape[0]), np.float32).reshape(t.shape)
+        if t.name.endswith(".attn_q.weight"):
+            w = unpermute_qk(w, cfg.num_attention_heads)
+        elif t.name.endswith(".attn_k.weight"):
+            w = unpermute_qk(w, cfg.num_key_value_heads)
+        state[_hf_name(t.name)] = torch.from_numpy(np.array(w, np.float32, order="C"))  # writable
+    if src.close:
+        src.close()
+    untied = "lm_head.weight" in state
+    cfg.tie_word_embeddings = not untied
+    model = LlamaForCausalLM(cfg).float()
+    if not untied:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if "rotary" not in m]
+    if missing or unexpected:
+        raise RuntimeError(f"{gguf_path}: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def llamacpp_rows(bed: str, hf_dir: Path, ids_by_text: dict[str, list[int]], kinds,
+                  work: Path, threads: int = 2) -> list[dict]:
+    """quality.py's rows for llama.cpp's files of one test bed: each file dequantized once and
+    run on every text."""
+    import torch
+
+    from quality import reference, score
+
+    log = lambda m: print(f"{bed} {m}", file=sys.stderr)  # noqa: E731
+    files = make_files(hf_dir, work, kinds, threads, log)
+    refs = {t: reference(hf_dir, ids) for t, ids in ids_by_text.items()}
+    rows = []
+    for kind, path in files.items():
+        model = dequantized_model(path, hf_dir)
+        for tname, ids in ids_by_text.items():
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].numpy()
+            rows.append({"bed": bed, "text": tname, "variant": variant_name(kind),
+                         "bytes": path.stat().st_size, **score(refs[tname], logits, ids)})
+            log(str(rows[-1]))
+        del model
+    return rows

@@ -1,0 +1,320 @@
+"""The calibration pass of GPTQ: calibration tokens through a ModelSource's float weights,
+one decoder layer at a time, in numpy (converters import no runtime).
+
+    src = gptq_source(hf_source(hf_dir), tokens, group_size=32)
+    write_model(src, "m.gguf")     # each linear's `quantized` runs GPTQ as the writer gets there
+
+The residual stream of every calibration token, x [T = n_seq * seq_len, n_embd] float32, is
+held; layer i then
+
+1. normalises x (attn_norm), gathers H = xn^T xn, GPTQs q/k/v, computes q/k/v with the
+   quantized weights, RoPE, causal GQA attention per sequence;
+2. gathers the attention output's H, GPTQs o_proj, adds its output to x;
+3. normalises x (ffn_norm), gathers H, GPTQs gate/up, computes SwiGLU (and the source's
+   ffn_down_input transform, for rotated sources);
+4. gathers that H (n_ff x n_ff), GPTQs down_proj, adds its output to x.
+
+So each matrix's Hessian is of its inputs in the partly quantized model it will run in
+("sequential" GPTQ). Memory: one layer's weights, the largest H, the stream and the SwiGLU
+activations [T, n_ff]. The operations follow pyklei's C forward pass (pyklei_ext/model/
+pk_llama.c, ops/pk_nn.c): RMSNorm with a float64 sum, RoPE on llama.cpp's interleaved pairs
+(the source's q/k rows are in GGUF order), angles pos * inv_freq in float32.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from gguf import GGUFValueType as T
+
+from pyklei.formats import gguf_keys as K
+
+from . import gptq
+from .core import ModelSource, SourceTensor
+from .errors import ConversionError
+
+MIN_CALIBRATION_TOKENS = 256     # fewer: the Hessians are too poor to be worth it
+DEFAULT_CALIBRATION_TOKENS = 8192
+DEFAULT_SEQ_LEN = 512
+METHOD_GPTQ = "gptq"
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+    vocab_size: int
+
+    @classmethod
+    def from_source(cls, src: ModelSource) -> "LlamaShape":
+        kv = {k: v for k, v, *_ in src.kv}
+        try:
+            return cls(int(kv[K.EMBEDDING_LENGTH]), int(kv[K.BLOCK_COUNT]),
+                       int(kv[K.FEED_FORWARD_LENGTH]), int(kv[K.HEAD_COUNT]),
+                       int(kv[K.HEAD_COUNT_KV]), int(kv[K.KEY_LENGTH]), float(kv[K.RMS_EPS]),
+                       float(kv[K.ROPE_FREQ_BASE]), int(kv[K.VOCAB_SIZE]))
+        except KeyError as e:
+            raise ConversionError(f"GPTQ: the source has no {e.args[0]}") from None
+
+
+# ---- the operations of the forward pass (x: [T, d] float32) ----------------------------------
+
+def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, d] -> x / rms(x) * gain, the sum of squares in float64 as pk_rmsnorm."""
+    ss = np.einsum("td,td->t", x.astype(np.float64), x.astype(np.float64)) / x.shape[1]
+    inv = (1.0 / np.sqrt(ss + eps)).astype(np.float32)
+    return (x * inv[:, None]) * gain.astype(np.float32)
+
+
+def rope_tables(hp: LlamaShape, n_pos: int, rope_freqs: np.ndarray | None):
+    """(cos, sin), each float32 [n_pos, head_dim/2]: pair i at position p turns by
+    p * theta^(-2i/hd) / rope_freqs[i] (inv_freq in float32, as pk_llama_create)."""
+    i = np.arange(hp.head_dim // 2, dtype=np.float64)
+    inv = (1.0 / hp.rope_theta ** (2 * i / hp.head_dim)).astype(np.float32)
+    if rope_freqs is not None:
+        inv = (inv / rope_freqs.astype(np.float32)).astype(np.float32)
+    ang = np.arange(n_pos, dtype=np.float32)[:, None] * inv[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [S, L, heads, hd] (GGUF row order: pairs (2i, 2i+1)) -> rotated, a new array."""
+    a, b = x[..., 0::2], x[..., 1::2]                   # [S, L, heads, hd/2]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * c - b * s
+    out[..., 1::2] = a * s + b * c
+    return out
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal GQA attention per sequence. q [S, L, nh, hd], k/v [S, L, nkv, hd] ->
+    [S, L, nh * hd]; query head h reads K/V head h // (nh / nkv)."""
+    n_seq, seq_len, nh, hd = q.shape
+    nkv = k.shape[2]
+    group = nh // nkv
+    mask = np.triu(np.full((seq_len, seq_len), -np.inf, np.float32), 1)
+    out = np.empty((n_seq, seq_len, nh, hd), np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    for s in range(n_seq):
+        for g in range(nkv):
+            qg = q[s, :, g * group:(g + 1) * group].transpose(1, 0, 2)     # [group, L, hd]
+            sc = (qg @ k[s, :, g].T) * scale + mask                          # [group, L, L]
+            sc -= sc.max(-1, keepdims=True)
+            np.exp(sc, out=sc)
+            sc /= sc.sum(-1, keepdims=True)
+            out[s, :, g * group:(g + 1) * group] = (sc @ v[s, :, g]).transpose(1, 0, 2)
+    return out.reshape(n_seq, seq_len, nh * hd)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+# ---- the layer-streaming calibrator ------------------------------------------------------------
+
+@dataclass
+class GPTQOptions:
+    """What gptq_source does. tokens: the calibration token ids (cut into sequences of
+    seq_len; a shorter remainder is dropped); propagate: "quantized" (the stream goes through
+    the GPTQ weights, as the runtime will) or "float"."""
+    tokens: np.ndarray | list
+    seq_len: int = DEFAULT_SEQ_LEN
+    damp: float = gptq.DEFAULT_DAMP
+    act_order: bool = False
+    weighted_scales: bool = True
+    propagate: str = "quantized"
+    log: Callable[[str], None] | None = None
+
+    def describe(self, n_tokens: int) -> str:
+        return (f"GPTQ on {n_tokens} calibration tokens (damp {self.damp:g}"
+                f"{', act-order' if self.act_order else ''}, stream through "
+                f"{self.propagate} weights)")
+
+
+def calibration_batch(tokens, seq_len: int, vocab_size: int) -> np.ndarray:
+    """tokens [n] -> int64 [n_seq, seq_len] (one shorter sequence if n < seq_len)."""
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if ids.size < MIN_CALIBRATION_TOKENS:
+        raise ConversionError(f"GPTQ needs at least {MIN_CALIBRATION_TOKENS} calibration "
+                              f"tokens, got {ids.size}: give a longer calibration text")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ConversionError(f"calibration token ids must lie in [0, {vocab_size}), got "
+                              f"{ids.min()}..{ids.max()}: tokens of another tokenizer?")
+    seq_len = min(seq_len, ids.size)
+    n_seq = ids.size // seq_len
+    return ids[:n_seq * seq_len].reshape(n_seq, seq_len)
+
+
+class LayerCalibrator:
+    """Runs GPTQ layer by layer on demand: quantized(name) returns a linear's stored arrays,
+    running the layers up to its own first (tensors are asked for in file order, one layer
+    after the other; a layer's results are held until taken)."""
+
+    def __init__(self, src: ModelSource, opts: GPTQOptions, group_size: int):
+        if opts.propagate not in ("quantized", "float"):
+            raise ConversionError(f"GPTQ propagate must be 'quantized' or 'float', got {opts.propagate!r}")
+        self.src, self.opts, self.bl = src, opts, group_size
+        self.hp = LlamaShape.from_source(src)
+        self.by_name = {t.name: t for t in src.tensors}
+        self.batch = calibration_batch(opts.tokens, opts.seq_len, self.hp.vocab_size)
+        self.down_input = getattr(src, "ffn_down_input", None)
+        self.x: np.ndarray | None = None      # [T, d] the residual stream before layer next_layer
+        self.next_layer = 0
+        self.done: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # stored arrays not yet taken
+        self.unused: set[str] = set()         # linears the writer stores otherwise (--keep)
+        self.seconds = 0.0
+        self.quantize = True                  # False: the float model (float_forward)
+        rf = self.by_name.get(K.ROPE_FREQS)
+        freqs = None if rf is None else self._read(rf).reshape(-1)
+        self.cos, self.sin = rope_tables(self.hp, self.batch.shape[1], freqs)
+
+    @property
+    def n_tokens(self) -> int:
+        return self.batch.size
+
+    def _read(self, t: SourceTensor) -> np.ndarray:
+        a = np.asarray(t.read(0, t.shape[0]), dtype=np.float32)
+        if not np.isfinite(a).all():
+            raise ConversionError(f"{t.name} ({t.src_name or 'source'}) has NaN or Inf values")
+        if self.src.after_tensor:
+            self.src.after_tensor()
+        return a
+
+    def _embed(self) -> np.ndarray:
+        """The embedding rows of the batch's tokens, [T, d], reading the table in chunks."""
+        t = self.by_name[K.TOKEN_EMBD]
+        ids = self.batch.reshape(-1)
+        x = np.empty((ids.size, self.hp.n_embd), np.float32)
+        step = max(1, (1 << 22) // self.hp.n_embd)
+        for r0 in range(0, t.shape[0], step):
+            r1 = min(t.shape[0], r0 + step)
+            sel = np.nonzero((ids >= r0) & (ids < r1))[0]
+            if sel.size:
+                x[sel] = np.asarray(t.read(r0, r1), np.float32)[ids[sel] - r0]
+        if self.src.after_tensor:
+            self.src.after_tensor()
+        return x
+
+    def quantized(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        layer = int(name.split(".")[1])
+        while name not in self.done and self.next_layer <= layer:
+            self._run_layer(self.next_layer)
+        if name not in self.done:
+            raise ConversionError(f"GPTQ: {name} was asked for twice or out of order")
+        return self.done.pop(name)
+
+    def _gptq(self, i: int, part: str, w: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """GPTQ of blk.i.part; keeps the stored arrays, returns the weight the stream uses."""
+        if not self.quantize:
+            return w
+        q, bits = gptq.gptq_quantize(w.copy(), h, self.bl, self.opts.damp,
+                                     act_order=self.opts.act_order,
+                                     weighted_scales=self.opts.weighted_scales)
+        if K.blk(i, part) not in self.unused:
+            self.done[K.blk(i, part)] = gptq.pack(q, bits)
+        return w if self.opts.propagate == "float" else gptq.dequantize(q, bits)
+
+    def _run_layer(self, i: int) -> None:
+        t0 = time.perf_counter()
+        hp, (n_seq, seq_len) = self.hp, self.batch.shape
+        if self.x is None:
+            self.x = self._embed()
+        x = self.x
+        w = {p: self._read(self.by_name[K.blk(i, p)]) for p in K.BLOCK_LINEARS + K.BLOCK_NORMS}
+        # attention
+        xn = rmsnorm(x, w["attn_norm"], hp.rms_eps)
+        h = gptq.accumulate_gram(None, xn)
+        wq = self._gptq(i, "attn_q", w["attn_q"], h.copy())
+        wk = self._gptq(i, "attn_k", w["attn_k"], h.copy())
+        wv = self._gptq(i, "attn_v", w["attn_v"], h)
+        del h
+        shape = (n_seq, seq_len, -1, hp.head_dim)
+        q = apply_rope((xn @ wq.T).reshape(shape), self.cos, self.sin)
+        k = apply_rope((xn @ wk.T).reshape(shape), self.cos, self.sin)
+        v = (xn @ wv.T).reshape(shape)
+        del xn, wq, wk, wv
+        a = attention(q, k, v).reshape(n_seq * seq_len, -1)        # [T, nh * hd]
+        del q, k, v
+        wo = self._gptq(i, "attn_output", w["attn_output"], gptq.accumulate_gram(None, a))
+        x += a @ wo.T
+        del a, wo
+        # feed-forward
+        xn = rmsnorm(x, w["ffn_norm"], hp.rms_eps)
+        h = gptq.accumulate_gram(None, xn)
+        wg = self._gptq(i, "ffn_gate", w["ffn_gate"], h.copy())
+        wu = self._gptq(i, "ffn_up", w["ffn_up"], h)
+        del h
+        act = np.empty((x.shape[0], hp.n_ff), np.float32)         # [T, n_ff]
+        for r0 in range(0, x.shape[0], seq_len):
+            r1 = r0 + seq_len
+            y = swiglu(xn[r0:r1] @ wg.T, xn[r0:r1] @ wu.T)
+            act[r0:r1] = y if self.down_input is None else self.down_input(y)
+        del xn, wg, wu
+        wd = self._gptq(i, "ffn_down", w["ffn_down"], gptq.accumulate_gram(None, act))
+        del w
+        x += act @ wd.T
+        del act, wd
+        self.next_layer = i + 1
+        self.seconds += time.perf_counter() - t0
+        if self.opts.log:
+            self.opts.log(f"GPTQ layer {i + 1}/{hp.n_layer}: {time.perf_counter() - t0:.1f} s")
+        if self.next_layer == hp.n_layer:
+            self.x = None                                           # the stream is done
+
+
+def float_forward(src: ModelSource, tokens, seq_len: int = DEFAULT_SEQ_LEN) -> np.ndarray:
+    """The residual stream after the last layer, float32 [n_seq * seq_len, n_embd], of the
+    float model (no quantization): the calibration forward pass alone, for tests."""
+    cal = LayerCalibrator(src, GPTQOptions(tokens, seq_len), 32)
+    cal.quantize = False
+    for i in range(cal.hp.n_layer - 1):
+        cal._run_layer(i)
+    x = cal.x
+    cal._run_layer(cal.hp.n_layer - 1)
+    return x
+
+
+def gptq_source(src: ModelSource, opts: GPTQOptions, group_size: int = 32) -> ModelSource:
+    """src with GPTQ as the `quantized` rule of every block linear (qsi4c32 at group_size;
+    a linear kept in another format by --keep is rounded as usual, while the calibration
+    stream still runs through its 4-bit GPTQ weights). The file records the method
+    (K.KEY_WEIGHT_METHOD)."""
+    cal = LayerCalibrator(src, opts, group_size)
+    blk_linears = {K.blk(i, p) for i in range(cal.hp.n_layer) for p in K.BLOCK_LINEARS}
+
+    def rule(name: str):
+        def quantized(fmt: str, bl: int):
+            if fmt != "qsi4c32" or bl != group_size:
+                cal.unused.add(name)
+                cal.done.pop(name, None)
+                return None
+            return cal.quantized(name)
+        return quantized
+
+    tensors = [dataclasses.replace(t, quantized=rule(t.name)) if t.name in blk_linears else t
+               for t in src.tensors]
+    missing = blk_linears - {t.name for t in src.tensors}
+    if missing:
+        raise ConversionError(f"GPTQ: the source lacks {sorted(missing)[0]}")
+    out = dataclasses.replace(
+        src, tensors=tensors,
+        kv=[e for e in src.kv if e[0] != K.KEY_WEIGHT_METHOD]
+        + [(K.KEY_WEIGHT_METHOD, METHOD_GPTQ, T.STRING, None)],
+        notes=list(src.notes) + [f"weights: {opts.describe(cal.n_tokens)}"])
+    out.calibrator = cal
+    return out
+
+
+def stderr_log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,76 @@
+"""`pyklei serve`: the OpenAI-compatible HTTP server (pyklei.server; docs/SERVE.md)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ._common import CLIError, _add_command, _add_model_options, _float_in, _int_at_least, _load
+
+
+def _port(s: str) -> int:
+    v = _int_at_least(0, "port")(s)
+    if v > 65535:
+        import argparse
+        raise argparse.ArgumentTypeError(f"invalid port {s!r}: must be in [0, 65535]")
+    return v
+
+
+def _slots(n_parallel: int) -> dict:
+    """The load keyword giving the model a KV cache slot per parallel sequence (n_seq), where
+    this version of LLM has slots; without them the engine runs one sequence at a time."""
+    import inspect
+
+    from ..llm import LLM
+
+    return {"n_seq": n_parallel} if "n_seq" in inspect.signature(LLM.__init__).parameters else {}
+
+
+def add_parser(sub):
+    p = _add_command(
+        sub, "serve", "OpenAI-compatible HTTP server with a chat page",
+        "Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's "
+        "API, streamed as Server-Sent Events), GET /v1/models, /health, /metrics (Prometheus) "
+        "and a chat page at /. Up to --parallel requests are decoded together (continuous "
+        "batching); up to --max-queue more wait, and beyond that a request gets 429. SIGTERM "
+        "or Ctrl-C stops accepting connections, lets the replies in flight finish (at most "
+        "--drain-timeout seconds) and exits with 0.",
+        epilog="examples:\n"
+               "  pyklei serve smollm2.gguf --port 8000 --parallel 8\n"
+               "  pyklei serve smollm2.gguf --host 0.0.0.0 --api-key $KEY --cors https://my.site\n"
+               "\ndocs/SERVE.md: endpoints, metrics, several replicas behind nginx.")
+    p.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default %(default)s: this machine only)")
+    g.add_argument("--port", type=_port, default=8000, help="port; 0 picks a free one (default %(default)s)")
+    g.add_argument("--parallel", "-np", type=_int_at_least(1, "parallel count"), default=4, metavar="N",
+                   help="sequences decoded together (default %(default)s)")
+    g.add_argument("--max-queue", type=_int_at_least(1, "queue size"), default=64, metavar="N",
+                   help="requests that may wait for a sequence; more get 429 (default %(default)s)")
+    g.add_argument("--api-key", metavar="KEY", default=os.environ.get("PYKLEI_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $PYKLEI_API_KEY, "
+                        "or no key)")
+    g.add_argument("--cors", metavar="ORIGINS", action="append", default=[],
+                   help="allow browser requests from these origins (comma-separated, or '*'); "
+                        "repeatable (default: none)")
+    g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the file name)")
+    g.add_argument("--drain-timeout", type=_float_in(0, None, what="drain timeout"), default=30.0,
+                   metavar="S", help="on SIGTERM, seconds to let replies finish before cancelling "
+                                     "them (default %(default)s)")
+    g.add_argument("--quiet", action="store_true", help="no request log")
+    _add_model_options(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    try:
+        from ..server.run import serve
+    except ImportError as e:
+        raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
+    cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
+    llm = _load(args, **_slots(args.parallel))
+    model_id = args.model_id or Path(args.model).stem
+    return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
+                 max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=args.api_key,
+                 cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet)

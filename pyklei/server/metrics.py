@@ -1,0 +1,77 @@
+"""The server's Prometheus metrics (prometheus_client), in a registry of their own so that two
+apps in one process (tests) do not share counters.
+
+    pyklei_requests_total{endpoint, status}          requests answered, by route and HTTP status
+    pyklei_prompt_tokens_total                       prompt tokens of finished requests
+    pyklei_generated_tokens_total                    tokens generated for them
+    pyklei_queue_depth                               requests waiting for a sequence slot (engine)
+    pyklei_running_sequences                         sequences being decoded now (engine)
+    pyklei_parallel_slots                            the engine's n_parallel
+    pyklei_cancelled_total                           sequences the engine cancelled (disconnects)
+    pyklei_time_to_first_token_seconds               histogram, per request: submitted -> first
+                                                     token, queue wait included
+    pyklei_decode_tokens_per_second                  histogram, per request (after the first token)
+
+The engine gauges are read from Engine.stats() when /metrics is scraped.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TPS_BUCKETS = (1, 2, 5, 10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 1000)
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/")
+
+
+class _EngineCollector:
+    """Gauges read from the engine at scrape time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        s = self.engine.stats()
+        for name, key, text in (("pyklei_queue_depth", "queued", "requests waiting for a slot"),
+                                ("pyklei_running_sequences", "running", "sequences being decoded"),
+                                ("pyklei_parallel_slots", "n_parallel", "sequence slots")):
+            yield GaugeMetricFamily(name, text, value=s[key])
+        yield CounterMetricFamily("pyklei_cancelled", "sequences cancelled (client disconnects, "
+                                  "shutdown)", value=s["cancelled"])
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, engine):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("pyklei_requests", "HTTP requests answered",
+                                ("endpoint", "status"), registry=r)
+        self.prompt_tokens = Counter("pyklei_prompt_tokens", "prompt tokens of finished requests",
+                                     registry=r)
+        self.generated_tokens = Counter("pyklei_generated_tokens", "tokens generated",
+                                        registry=r)
+        self.ttft = Histogram("pyklei_time_to_first_token_seconds",
+                              "time from submission to the first token (queue wait included)",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.decode_tps = Histogram("pyklei_decode_tokens_per_second",
+                                    "decode speed of a request after its first token",
+                                    buckets=TPS_BUCKETS, registry=r)
+        r.register(_EngineCollector(engine))
+
+    def request(self, path: str, status: int) -> None:
+        self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()
+
+    def generation(self, last, ttft: float | None) -> None:
+        """A finished generation's figures: its last GenerationResponse, and the time from its
+        submission to its first token as the server saw it (queue wait included)."""
+        self.prompt_tokens.inc(last.prompt_tokens)
+        self.generated_tokens.inc(last.generation_tokens)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        if last.generation_tokens > 1:
+            self.decode_tps.observe(last.generation_tps)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,68 @@
+#include "pk_rotate.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "pk_matmul.h"   /* pk_set_error */
+
+int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix) {
+    memset(r, 0, sizeof *r);
+    if (n <= 0 || !signs || !mix) return pk_set_error("rotation: size %d or its tensors missing", n);
+    const int p = n & -n, m = n / p;
+    if (m > 64) return pk_set_error("rotation: size %d has an odd factor %d > 64", n, m);
+    r->n = n;
+    r->m = m;
+    r->p = p;
+    r->signs = signs;
+    r->mix = mix;
+    return 0;
+}
+
+/* x[p] <- x @ H_p, unnormalised: butterflies on pairs (i, i + h) in blocks of 2h. */
+static void fwht(int p, float *x) {
+    for (int h = 1; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* y[c][:] = sum_a x[a][:] * (transpose ? mix[c][a] : mix[a][c]) for m groups of p. */
+static void mix_groups(const pk_rotation *r, int transpose, const float *x, float *y) {
+    const int m = r->m, p = r->p;
+    for (int c = 0; c < m; c++) {
+        float *yc = y + (size_t)c * p;
+        memset(yc, 0, sizeof(float) * p);
+        for (int a = 0; a < m; a++) {
+            const float w = transpose ? r->mix[c * m + a] : r->mix[a * m + c];
+            const float *xa = x + (size_t)a * p;
+            for (int j = 0; j < p; j++) yc[j] += w * xa[j];
+        }
+    }
+}
+
+void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch) {
+    const int n = r->n, m = r->m, p = r->p;
+    const float scale = 1.0f / sqrtf((float)p);
+    if (!transpose) {   /* signs, then H within each group, then mix across groups */
+        for (int i = 0; i < n; i++) x[i] *= r->signs[i];
+        for (int a = 0; a < m; a++) fwht(p, x + (size_t)a * p);
+        if (m > 1) {
+            mix_groups(r, 0, x, scratch);
+            for (int i = 0; i < n; i++) x[i] = scratch[i] * scale;
+        } else {
+            const float s = scale * r->mix[0];
+            for (int i = 0; i < n; i++) x[i] *= s;
+        }
+    } else {            /* the inverse order: mix^T, H, signs */
+        if (m > 1) {
+            mix_groups(r, 1, x, scratch);
+            memcpy(x, scratch, sizeof(float) * n);
+        }
+        for (int a = 0; a < m; a++) fwht(p, x + (size_t)a * p);
+        const float s = m > 1 ? scale : scale * r->mix[0];
+        for (int i = 0; i < n; i++) x[i] *= s * r->signs[i];
+    }
+}
