@@ -170,6 +170,11 @@ class Engine:
             self._cond.notify_all()
         return stream
 
+    @property
+    def n_ctx(self) -> int:
+        """A request's context in tokens (prompt + generated): the model's n_ctx, per slot."""
+        return self.model.n_ctx
+
     def stats(self) -> dict:
         with self._cond:
             return dict(queued=len(self._waiting), running=len(self._running),
