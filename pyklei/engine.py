@@ -53,7 +53,6 @@ class EngineClosedError(RuntimeError):
     """submit() after shutdown()."""
 
 
-_END = object()
 _ids = itertools.count(1)
 
 
@@ -68,6 +67,7 @@ class RequestStream:
         self._engine = engine
         self._items: deque = deque()
         self._ready = threading.Condition(threading.Lock())
+        self._ended = False        # the last response (or an error) was taken
         self.cancelled = False
 
     def _put(self, item) -> None:
@@ -78,15 +78,16 @@ class RequestStream:
     def __iter__(self):
         while True:
             with self._ready:
+                if self._ended:    # a second iteration after the end: nothing more comes
+                    return
                 while not self._items:
                     self._ready.wait()
                 item = self._items.popleft()
-            if item is _END:
-                return
+                self._ended = isinstance(item, BaseException) or item.finish_reason is not None
             if isinstance(item, BaseException):
                 raise item
             yield item
-            if item.finish_reason is not None:
+            if self._ended:
                 return
 
     def cancel(self) -> None:

@@ -160,6 +160,8 @@ def test_cancel_frees_the_slot(gguf, tok):
         rest = list(it)
         assert rest[-1].finish_reason == "cancelled" and rest[-1].generation_tokens < 250
         assert _collect(b)[1].finish_reason == "length"
+        assert list(b) == [] and list(a) == []         # ended streams end at once
+        b.cancel()                                     # after the end: nothing happens
         st = eng.stats()
     assert st["cancelled"] == 1 and st["completed"] == 1
 
