@@ -1,29 +1,46 @@
-"""A request engine: many generation requests on one Model, behind one scheduler thread.
+"""Continuous batching: many generation requests on one Model, decoded together.
 
-    engine = Engine(Model("smollm2.gguf"), tokenizer, n_parallel=4)
+    engine = Engine(Model("smollm2.gguf", n_seq=4), tokenizer, n_parallel=4)
     stream = engine.submit(prompt_ids, max_tokens=64, params=SamplingParams(temperature=0))
     for r in stream:                       # GenerationResponse, as stream_generate yields them
         print(r.text, end="")
     engine.shutdown()
 
-FIRST VERSION (the interface, issue 16): the scheduler thread runs the requests one at a time
-with stream_generate on the model's single KV cache; n_parallel is accepted and reported but
-not used yet. Continuous batching (several requests decoded in one step, each in its own KV
-slot) replaces the inside of this class with the same interface (branch `batch`).
+A scheduler thread owns the model. Each request gets a KV cache slot (slots [0, n_parallel) of
+the model's n_seq). Every step runs, in one Model.batch call, the next token of every running
+request plus one chunk (prefill_chunk tokens) of at most one prompt still being prefilled: the
+weights stream once for all of them, a newcomer's prompt neither stalls the running requests
+(it goes in chunks) nor waits for them to end. A request that finishes or is cancelled frees its
+slot at once. Requests beyond n_parallel wait in a queue of at most max_queue (QueueFullError).
 
-Requests wait in a queue of at most max_queue (QueueFullError beyond). A cancelled request ends
-at its next token with finish_reason "cancelled" (queued: at once). Responses are those of
-stream_generate (time_to_first_token counts from the start of its prefill here).
+Determinism: a row of a batch gets the same logits, bit for bit, as alone (Model.batch), and each
+request samples with its own sampler (its own seed), so a request's text does not depend on
+what else runs.
+
+Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
+slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
+a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
+(prompt_eval_tokens says how many did).
+
+The engine owns its model: a call on the model from elsewhere while the engine runs (a
+generate(), logits()) makes the engine's step fail with "model is busy", and the requests of
+that step raise that error from their streams; the engine goes on with the next requests.
+
+Timing per response, as stream_generate's: time_to_first_token from submit() (queueing
+included); prompt_tps over the prompt's prefill, from its first chunk to its last (steps of the
+other requests included: that is the time it took).
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
+import time
 from collections import deque
 from typing import Sequence
 
-from .generate import GenerationResponse, peak_rss_mb, stream_generate, token_budget
+import numpy as np
+
+from .generate import Generation, GenerationResponse, check_request
 from .model import Model
 from .sampler import SamplingParams
 
@@ -50,6 +67,7 @@ class RequestStream:
         self._engine = engine
         self._items: deque = deque()
         self._ready = threading.Condition(threading.Lock())
+        self._ended = False        # the last response (or an error) was taken
         self.cancelled = False
 
     def _put(self, item) -> None:
@@ -60,28 +78,42 @@ class RequestStream:
     def __iter__(self):
         while True:
             with self._ready:
+                if self._ended:    # a second iteration after the end: nothing more comes
+                    return
                 while not self._items:
                     self._ready.wait()
                 item = self._items.popleft()
+                self._ended = isinstance(item, BaseException) or item.finish_reason is not None
             if isinstance(item, BaseException):
                 raise item
             yield item
-            if item.finish_reason is not None:
+            if self._ended:
                 return
 
     def cancel(self) -> None:
-        """Stops the request at its next token; the stream ends with a response whose
-        finish_reason is "cancelled" (unless it had already finished)."""
+        """Stops the request: its slot is freed at the engine's next step, and the stream ends
+        with a response whose finish_reason is "cancelled" (unless it had already finished)."""
         self.cancelled = True
         self._engine._wake()
 
 
 class _Request:
-    __slots__ = ("stream", "prompt", "budget", "params", "stop", "eos_ids")
+    __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill")
 
-    def __init__(self, stream, prompt, budget, params, stop, eos_ids):
-        self.stream, self.prompt, self.budget = stream, prompt, budget
-        self.params, self.stop, self.eos_ids = params, stop, eos_ids
+    def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation):
+        self.stream, self.prompt, self.gen = stream, prompt, gen
+        self.slot = -1
+        self.done_pos = 0          # positions of the slot written for this request so far
+        self.n_reused = 0          # prompt tokens that came from a cache
+        self.t_prefill = None      # when its first prefill chunk ran
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class Engine:
@@ -94,17 +126,23 @@ class Engine:
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         model.check_open()
+        if n_parallel > model.n_seq:
+            raise ValueError(f"n_parallel={n_parallel} needs as many KV cache slots; the model has "
+                             f"n_seq={model.n_seq} (load it with Model(..., n_seq={n_parallel}))")
         self.model, self.tokenizer = model, tokenizer
         self.n_parallel, self.max_queue, self.prefill_chunk = n_parallel, max_queue, prefill_chunk
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
+        self._running: list[_Request] = []        # in admission order (prefill goes FIFO)
+        self._last_used = [0] * n_parallel        # step of each slot's last use (LRU on ties)
+        self._step = 0
         self._closing = False
         self._counts = dict(completed=0, cancelled=0, generated_tokens=0, prompt_tokens=0,
                             prompt_eval_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
         self._thread.start()
 
+    # ---- the caller's side ---------------------------------------------------------------
     def submit(self, prompt: Sequence[int], *, max_tokens: int | None = 256,
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False) -> RequestStream:
@@ -113,28 +151,30 @@ class Engine:
         shutdown()."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
-        params = params or SamplingParams()
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("the prompt is empty: give at least one token")
-        budget = token_budget(self.model.n_ctx, len(prompt), max_tokens, trim=trim)
+        prompt, budget, params = check_request(self.model.n_ctx, prompt, max_tokens, params, trim)
         bad = [t for t in prompt if not 0 <= t < self.model.vocab_size]
-        if bad:
+        if bad:   # refused here: in a batch it would fail the other requests' step too
             raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
         if isinstance(stop, str):
             stop = [stop]
         if not all(isinstance(s, str) for s in stop):
             raise TypeError(f"stop must be a list of strings, got {stop!r}")
         stream = RequestStream(self, len(prompt))
+        gen = Generation(self.tokenizer, prompt, budget, params, list(stop), eos_ids)
         with self._cond:
             if self._closing:
                 raise EngineClosedError("the engine is shut down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
                                      f"(max_queue={self.max_queue})")
-            self._waiting.append(_Request(stream, prompt, budget, params, list(stop), eos_ids))
+            self._waiting.append(_Request(stream, prompt, gen))
             self._cond.notify_all()
         return stream
+
+    @property
+    def n_ctx(self) -> int:
+        """A request's context in tokens (prompt + generated): the model's n_ctx, per slot."""
+        return self.model.n_ctx
 
     def stats(self) -> dict:
         with self._cond:
@@ -165,61 +205,111 @@ class Engine:
         with self._cond:
             self._cond.notify_all()
 
+    # ---- the scheduler thread ------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._closing):
+                while not (self._waiting or self._running or self._closing):
                     self._cond.wait()
-                for r in [r for r in self._waiting if r.stream.cancelled]:
-                    self._waiting.remove(r)
-                    self._counts["cancelled"] += 1
-                    r.stream._put(_cancelled(None, len(r.prompt), r.budget))
-                if not self._waiting:
-                    if self._closing:
-                        return
-                    continue
-                r = self._waiting.popleft()
-                self._running.append(r)
-                self._counts["prompt_tokens"] += len(r.prompt)
-            self._run(r)
-            with self._cond:
-                self._running.remove(r)
+                self._drop_cancelled()
+                if self._closing and not self._waiting and not self._running:
+                    return
+                admitted = []
+                while self._waiting and len(self._running) < self.n_parallel:
+                    r = self._waiting.popleft()
+                    self._running.append(r)
+                    admitted.append(r)
+                    self._counts["prompt_tokens"] += len(r.prompt)
+            try:
+                for r in admitted:
+                    self._place(r)
+                self._run_step()
+            except BaseException as e:   # the model failed: the running requests get the error
+                with self._cond:
+                    failed, self._running = self._running, []
+                for r in failed:
+                    r.stream._put(e)
 
-    def _run(self, r: _Request) -> None:
-        last = None
-        try:
-            it = stream_generate(self.model, self.tokenizer, r.prompt, r.budget, r.params, r.stop,
-                                 r.eos_ids)
-            for resp in it:
-                if r.stream.cancelled:
-                    it.close()
-                    break
-                last = resp
-                if resp.finish_reason is not None:
-                    break
-                r.stream._put(resp)
-        except BaseException as e:
-            r.stream._put(e)
-            return
-        with self._cond:
-            if last is not None:
-                self._counts["generated_tokens"] += last.generation_tokens
-                self._counts["prompt_eval_tokens"] += last.prompt_eval_tokens
-            if last is None or last.finish_reason is None:
+    def _drop_cancelled(self) -> None:
+        """(lock held) Ends the cancelled requests, queued or running: their slots are free."""
+        for q in (self._waiting, self._running):
+            for r in [r for r in q if r.stream.cancelled]:
+                q.remove(r)
                 self._counts["cancelled"] += 1
-                r.stream._put(_cancelled(last, len(r.prompt), r.budget))
-            else:
-                self._counts["completed"] += 1
-                r.stream._put(last)
+                self._counts["generated_tokens"] += r.gen.n_gen
+                r.stream._put(r.gen.finish("cancelled"))
 
+    def _place(self, r: _Request) -> None:
+        """Gives a newly admitted request a free slot, reusing the longest cached prefix."""
+        used = {x.slot for x in self._running if x is not r}
+        free = [s for s in range(self.n_parallel) if s not in used]
+        limit = len(r.prompt) - 1                     # one token at least runs, for the logits
+        share = {s: min(limit, _common_prefix(self.model.seq_tokens(s), r.prompt))
+                 for s in range(self.n_parallel)}
+        slot = max(free, key=lambda s: (share[s], -self._last_used[s]))
+        src = max(range(self.n_parallel), key=lambda s: share[s])
+        if share[src] > share[slot]:
+            self.model.copy_seq(src, slot, share[src])
+            share[slot] = share[src]
+        r.slot, r.done_pos = slot, share[slot]
+        r.n_reused = share[slot]
 
-def _cancelled(last: GenerationResponse | None, n_prompt: int, budget: int) -> GenerationResponse:
-    if last is not None:
-        return dataclasses.replace(last, text="", finish_reason="cancelled")
-    return GenerationResponse(text="", token=None, finish_reason="cancelled", prompt_tokens=n_prompt,
-                              prompt_eval_tokens=0, generation_tokens=0, time_to_first_token=0.0,
-                              prompt_tps=0.0, generation_tps=0.0, peak_rss_mb=peak_rss_mb(),
-                              max_tokens=budget)
+    def _run_step(self) -> None:
+        tokens, seqs, pos, rows = [], [], [], []
+        decoding = [r for r in self._running if r.done_pos >= len(r.prompt)]
+        for r in decoding:
+            rows.append(len(tokens))
+            tokens.append(r.gen.token)
+            seqs.append(r.slot)
+            pos.append(r.done_pos)
+        pre = next((r for r in self._running if r.done_pos < len(r.prompt)), None)
+        chunk_end = 0
+        if pre is not None:
+            chunk_end = min(len(pre.prompt), pre.done_pos + self.prefill_chunk)
+            if pre.t_prefill is None:
+                pre.t_prefill = time.perf_counter()
+            tokens += pre.prompt[pre.done_pos:chunk_end]
+            seqs += [pre.slot] * (chunk_end - pre.done_pos)
+            pos += range(pre.done_pos, chunk_end)
+            if chunk_end == len(pre.prompt):
+                rows.append(len(tokens) - 1)
+        if not tokens:
+            return
+        self._step += 1
+        logits = self.model.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
+                                  np.array(pos, np.int32), np.array(rows, np.int32))
+        finished = []
+        for i, r in enumerate(decoding):
+            r.done_pos += 1
+            self._feed(r, logits[i], finished)
+        if pre is not None:
+            pre.done_pos = chunk_end
+            if chunk_end == len(pre.prompt):
+                pre.gen.prefilled(len(pre.prompt) - pre.n_reused, pre.t_prefill)
+                with self._cond:
+                    self._counts["prompt_eval_tokens"] += len(pre.prompt) - pre.n_reused
+                if pre.gen.max_tokens == 0:
+                    pre.stream._put(pre.gen.finish("length"))
+                    finished.append(pre)
+                else:
+                    self._feed(pre, logits[-1], finished)
+        if finished:
+            with self._cond:
+                for r in finished:
+                    self._running.remove(r)
+                    self._counts["completed"] += 1
+                    self._counts["generated_tokens"] += r.gen.n_gen
+        for r in self._running:
+            self._last_used[r.slot] = self._step
+
+    def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
+        if r.stream.cancelled:     # ended at the top of the next step
+            return
+        resp = r.gen.feed(logits)
+        if resp is not None:
+            r.stream._put(resp)
+        if r.gen.done:
+            finished.append(r)
 
 
 __all__ = ["Engine", "EngineClosedError", "GenerationResponse", "QueueFullError", "RequestStream"]

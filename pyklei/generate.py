@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from .sampler import MAX_TOKENS, SamplingParams, apply_repetition_penalty, make_sampler
 
 
@@ -32,7 +34,8 @@ from .sampler import MAX_TOKENS, SamplingParams, apply_repetition_penalty, make_
 class GenerationResponse:
     text: str                        # new text since the last response (streaming) or the whole reply
     token: int | None                # the last token sampled (None: none was)
-    finish_reason: str | None        # None while running; "stop" (EOS or stop string) or "length"
+    finish_reason: str | None        # None while running; "stop" (EOS or stop string), "length",
+                                     # or "cancelled" (pyklei.engine: RequestStream.cancel)
     prompt_tokens: int               # tokens in the prompt
     prompt_eval_tokens: int          # of those, tokens that ran (the rest came from the cache)
     generation_tokens: int
@@ -114,65 +117,111 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
                     trim: bool = False) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim."""
+    prompt, budget, params = check_request(model.n_ctx, prompt, max_tokens, params, trim)
+    return _stream(model, tokenizer, prompt, budget, params, stop, eos_ids)
+
+
+def check_request(n_ctx: int, prompt: Sequence[int], max_tokens, params: SamplingParams | None,
+                  trim: bool = False) -> tuple[list[int], int, SamplingParams]:
+    """(prompt as ints, token budget, params) of a generation request, or the error it gets at
+    the call: shared by stream_generate and pyklei.engine."""
     params = params or SamplingParams()
     prompt = [int(t) for t in prompt]
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token")
-    budget = token_budget(model.n_ctx, len(prompt), max_tokens, trim=trim)
-    return _stream(model, tokenizer, prompt, budget, params, stop, eos_ids)
+    budget = token_budget(n_ctx, len(prompt), max_tokens, trim=trim)
+    return prompt, budget, params
 
 
 def _stream(model, tokenizer, prompt, max_tokens, params, stop, eos_ids):
-    eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
-    sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p, params.seed)
-    detok = tokenizer.detokenizer()
-    matcher = StopMatcher(stop)
-
+    gen = Generation(tokenizer, prompt, max_tokens, params, stop, eos_ids)
     owner = object()   # this generation's claim on the KV cache (model.step checks it)
-    t0 = time.perf_counter()
     logits = model.eval(prompt, owner=owner)
-    t_prefill = time.perf_counter() - t0
-    n_eval = model.last_eval_tokens
-    history = list(prompt)
-    n_gen, ttft, t_first = 0, 0.0, t0
-
-    rss = [peak_rss_mb(), t0]   # VmHWM read at most every 0.25 s: /proc costs ~0.1 ms per read
-
-    def response(text, token, reason):
-        now = time.perf_counter()
-        if reason is not None or now - rss[1] > 0.25:
-            rss[:] = [peak_rss_mb(), now]
-        return GenerationResponse(
-            text=text, token=token, finish_reason=reason, prompt_tokens=len(prompt),
-            prompt_eval_tokens=n_eval, generation_tokens=n_gen, time_to_first_token=ttft,
-            prompt_tps=n_eval / t_prefill if t_prefill > 0 else 0.0,
-            generation_tps=(n_gen - 1) / (now - t_first) if n_gen > 1 and now > t_first else 0.0,
-            peak_rss_mb=rss[0], max_tokens=max_tokens)
-
+    gen.prefilled(model.last_eval_tokens)
     if max_tokens == 0:
-        yield response("", None, "length")
+        yield gen.finish("length")
         return
     while True:
-        logits = apply_repetition_penalty(logits, history, params.repetition_penalty,
-                                          params.repetition_window)
-        token = sample(logits)
-        n_gen += 1
-        if n_gen == 1:
-            t_first = time.perf_counter()
-            ttft = t_first - t0
-        if token in eos:
-            yield response(matcher.flush() + detok.finalize(), token, "stop")
+        r = gen.feed(logits)
+        if r is not None:
+            yield r
+        if gen.done:
             return
-        history.append(token)
-        text, stopped = matcher.feed(detok.add_token(token))
+        logits = model.step(gen.token, owner=owner)
+
+
+class Generation:
+    """One request's decoding state, token by token: sampler, repetition history, streaming
+    detokenizer, stop strings, and the statistics of its responses. stream_generate drives one
+    over model.eval/step; pyklei.engine drives many over batched steps. The clock starts at
+    construction (t0): time_to_first_token counts from there."""
+
+    def __init__(self, tokenizer, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
+                 stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None):
+        self.eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
+        self.params = params
+        self.sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p,
+                                   params.seed)
+        self.detok = tokenizer.detokenizer()
+        self.matcher = StopMatcher(stop)
+        self.prompt_tokens = len(prompt)
+        self.max_tokens = max_tokens
+        self.history = list(prompt)
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self.t_prefill = 0.0
+        self.n_eval = 0
+        self.n_gen, self.ttft, self.t_first = 0, 0.0, self.t0
+        self.token: int | None = None      # the last token sampled: the next one to run
+        self.done = False
+        self._rss = [peak_rss_mb(), self.t0]   # VmHWM read at most every 0.25 s: /proc costs ~0.1 ms per read
+
+    def prefilled(self, n_eval: int, t_start: float | None = None) -> None:
+        """The prompt has run (n_eval of its tokens; the rest came from a cache), from t_start
+        (default: t0) until now."""
+        self.n_eval = n_eval
+        self.t_prefill = time.perf_counter() - (self.t0 if t_start is None else t_start)
+
+    def response(self, text: str, token: int | None, reason: str | None) -> GenerationResponse:
+        now = time.perf_counter()
+        if reason is not None or now - self._rss[1] > 0.25:
+            self._rss[:] = [peak_rss_mb(), now]
+        n_gen, t_prefill = self.n_gen, self.t_prefill
+        return GenerationResponse(
+            text=text, token=token, finish_reason=reason, prompt_tokens=self.prompt_tokens,
+            prompt_eval_tokens=self.n_eval, generation_tokens=n_gen, time_to_first_token=self.ttft,
+            prompt_tps=self.n_eval / t_prefill if t_prefill > 0 else 0.0,
+            generation_tps=(n_gen - 1) / (now - self.t_first) if n_gen > 1 and now > self.t_first else 0.0,
+            peak_rss_mb=self._rss[0], max_tokens=self.max_tokens)
+
+    def finish(self, reason: str) -> GenerationResponse:
+        """Ends the generation without sampling (max_tokens 0: "length"; "cancelled"); text held
+        back for a possible stop string is dropped."""
+        self.done = True
+        return self.response("", self.token, reason)
+
+    def feed(self, logits: np.ndarray) -> GenerationResponse | None:
+        """Samples the next token from `logits`; returns the response to yield (None when this
+        token adds no text yet). Sets `done` on the last one, else `token` is the next to run."""
+        p = self.params
+        logits = apply_repetition_penalty(logits, self.history, p.repetition_penalty,
+                                          p.repetition_window)
+        token = self.sample(logits)
+        self.token = token
+        self.n_gen += 1
+        if self.n_gen == 1:
+            self.t_first = time.perf_counter()
+            self.ttft = self.t_first - self.t0
+        if token in self.eos:
+            self.done = True
+            return self.response(self.matcher.flush() + self.detok.finalize(), token, "stop")
+        self.history.append(token)
+        text, stopped = self.matcher.feed(self.detok.add_token(token))
         if stopped:
-            yield response(text, token, "stop")
-            return
-        if n_gen >= max_tokens:
-            tail, stopped = matcher.feed(detok.finalize())
-            yield response(text + tail + ("" if stopped else matcher.flush()), token,
-                           "stop" if stopped else "length")
-            return
-        if text:
-            yield response(text, token, None)
-        logits = model.step(token, owner=owner)
+            self.done = True
+            return self.response(text, token, "stop")
+        if self.n_gen >= self.max_tokens:
+            tail, stopped = self.matcher.feed(self.detok.finalize())
+            self.done = True
+            return self.response(text + tail + ("" if stopped else self.matcher.flush()), token,
+                                 "stop" if stopped else "length")
+        return self.response(text, token, None) if text else None

@@ -6,10 +6,17 @@
         print(r.text, end="", flush=True)
     reply = llm.chat([{"role": "user", "content": "Name three colours."}])
     logits = llm.logits(token_ids)          # numpy, one row per position
+    rs = llm.generate_batch(["Once upon", "The sky is"], max_tokens=32)   # decoded together
     llm.close()                             # or: with pyklei.load(...) as llm:
 
 Arguments are checked as the CLI checks its flags, with the same messages: a bad value is a
 ValueError, a value of the wrong type a TypeError, before any work is done.
+
+generate and chat run on KV cache slot 0 with the single-sequence path (pyklei.generate): a
+chat turn reuses the conversation cached there, Ctrl-C stops a prefill, and a generation that
+another call overtook raises SequenceLostError. generate_batch runs its prompts on a
+pyklei.engine.Engine over the model's n_seq slots (slot 0 included: a generation paused
+meanwhile then raises SequenceLostError), each prompt's text the same as generate's.
 """
 from __future__ import annotations
 
@@ -18,7 +25,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .generate import GenerationResponse, stream_generate
+from .engine import Engine
+from .generate import GenerationResponse, check_request, stream_generate
 from .model import Model
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer, token_ids
@@ -28,9 +36,10 @@ _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
 class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2"):
+                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2",
+                 n_seq: int = 4):
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
-                           kv_cache=kv_cache, activations=activations)
+                           kv_cache=kv_cache, activations=activations, n_seq=n_seq)
         self.tokenizer = Tokenizer.from_gguf(path)
         if self.tokenizer.vocab_size != self.model.vocab_size:
             raise ValueError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, the model "
@@ -86,7 +95,29 @@ class LLM:
         repetition_penalty, repetition_window, seed."""
         return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling)
 
-    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling):
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None = 256,
+                       stop: str | Sequence[str] = (), add_bos: bool | None = None,
+                       **sampling) -> list[GenerationResponse]:
+        """generate() for many prompts, decoded together (n_seq at a time, in one batch per
+        step: the weights stream once for all): one whole response per prompt, in order. The
+        options apply to each prompt (the same seed gives each the text generate() gives it).
+        Every prompt is checked before any runs."""
+        if isinstance(prompts, str):
+            raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
+        reqs = [self._request(p, max_tokens, stop, add_bos, False, sampling) for p in prompts]
+        if not reqs:
+            return []
+        engine = Engine(self.model, self.tokenizer, n_parallel=min(len(reqs), self.model.n_seq),
+                        max_queue=len(reqs))
+        try:
+            streams = [engine.submit(ids, max_tokens=max_tokens, params=params, stop=stops,
+                                     eos_ids=self.eos_ids) for ids, stops, params in reqs]
+            return [_collect(iter(s)) for s in streams]
+        finally:
+            engine.shutdown(cancel=True)
+
+    def _request(self, prompt, max_tokens, stop, add_bos, trim, sampling):
+        """(token ids, stop strings, SamplingParams) of one generation, checked."""
         self.model.check_open()
         params = _sampling_params(sampling)
         if isinstance(prompt, str):
@@ -101,6 +132,11 @@ class LLM:
             stops = list(stop)
             if not all(isinstance(x, str) for x in stops):
                 raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+        check_request(self.model.n_ctx, ids, max_tokens, params, trim)
+        return ids, stops, params
+
+    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling):
+        ids, stops, params = self._request(prompt, max_tokens, stop, add_bos, trim, sampling)
         it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,
                              self.eos_ids, trim=trim)
         if stream:

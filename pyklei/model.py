@@ -32,6 +32,13 @@ main thread waits; on KeyboardInterrupt the pass is asked to stop at its next la
 (`LlamaRuntime.request_interrupt`), and KeyboardInterrupt is raised once the helper thread
 has left the C pass. The cache keeps the tokens before that call, so the model stays usable.
 
+Sequences: `n_seq` KV cache slots (default 1). eval/step/logits use slot 0; `batch` runs rows
+of several slots in one pass (every weight streamed once for all of them: the engine of
+pyklei.engine decodes many requests so), and each row gets the same logits, bit for bit, as
+it would alone. `copy_seq` copies a slot's cached prefix into another. A slot costs memory
+only for the positions it has held: 2 * n_layer * n_head_kv * head_dim * 4 bytes per token
+(2 with kv_cache="f16"); SmolLM2: 45 KiB per token.
+
 `close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
 """
 from __future__ import annotations
@@ -108,8 +115,12 @@ def _check_int(name: str, v, allow_none: bool = False) -> None:
 
 class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2"):
+                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2",
+                 n_seq: int = 1):
         t0 = time.perf_counter()
+        _check_int("n_seq", n_seq)
+        if n_seq < 1:
+            raise ValueError(f"n_seq must be >= 1, got {n_seq}")
         if n_threads is not None and n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
         _check_int("n_threads", n_threads, allow_none=True)
@@ -170,13 +181,15 @@ class Model:
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
                      n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
-                     n_batch=n_batch, kv_f16=kv_cache == "f16")
+                     n_batch=n_batch, kv_f16=kv_cache == "f16", n_seq=n_seq)
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
                                          self.file.tensor("output_norm.weight").data, rope_freqs,
                                          layers, {k: (r.signs, r.mix) for k, r in
                                                   self.file.rotations.items()})
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
-        self._cached: list[int] = []          # tokens whose K/V are in the cache, in order
+        self.n_seq = n_seq
+        self._seqs: list[list[int]] = [[] for _ in range(n_seq)]   # per slot: tokens whose K/V
+                                              # are in the cache, in order (slot 0: _cached)
         self._owner = None                    # who last wrote the cache (see "Owners" above)
         self.last_eval_tokens = 0             # tokens the last eval() actually ran
         self.load_seconds = time.perf_counter() - t0
@@ -217,6 +230,26 @@ class Model:
     def cached_tokens(self) -> list[int]:
         return list(self._cached)
 
+    @property
+    def _cached(self) -> list[int]:
+        return self._seqs[0]
+
+    @_cached.setter
+    def _cached(self, tokens: list[int]) -> None:
+        self._seqs[0] = tokens
+
+    def seq_tokens(self, seq: int) -> list[int]:
+        """The tokens whose K/V slot `seq` holds, in position order."""
+        self._check_seq(seq)
+        return list(self._seqs[seq])
+
+    def _check_seq(self, seq) -> int:
+        _check_int("sequence id", seq)
+        if not 0 <= seq < self.n_seq:
+            raise ValueError(f"sequence id {seq} is outside the model's {self.n_seq} slots "
+                             f"[0, {self.n_seq}) (load with a larger n_seq)")
+        return int(seq)
+
     # ---- lifetime ----------------------------------------------------------------------
     @property
     def closed(self) -> bool:
@@ -231,7 +264,7 @@ class Model:
             self.runtime = None
             self._layers = []
             self.lm_head = None
-            self._cached = []
+            self._seqs = [[] for _ in range(self.n_seq)]
             mm, self.file._mmap = self.file._mmap, None
             self.file.tensors.clear()
             if mm is not None:
@@ -249,9 +282,9 @@ class Model:
 
     # ---- evaluation --------------------------------------------------------------------
     def reset(self) -> None:
-        """Forgets the KV cache contents."""
+        """Forgets the KV cache contents (every slot)."""
         with self._busy():
-            self._cached = []
+            self._seqs = [[] for _ in range(self.n_seq)]
             self._owner = None
 
     def _busy(self):
@@ -268,7 +301,7 @@ class Model:
         if self.runtime is None:
             raise RuntimeError("the model is closed (close() or the end of its `with` block)")
 
-    def _check(self, tokens) -> np.ndarray:
+    def _check(self, tokens, one_sequence: bool = True) -> np.ndarray:
         try:
             toks = np.asarray(tokens).reshape(-1)
         except (TypeError, ValueError) as e:
@@ -278,7 +311,7 @@ class Model:
                              f"{toks.dtype} values")
         if toks.size == 0:
             raise ValueError("no tokens to evaluate")
-        if toks.size > self.n_ctx:
+        if one_sequence and toks.size > self.n_ctx:
             raise ValueError(f"{toks.size} tokens do not fit the context of {self.n_ctx} tokens "
                              f"(load with a larger n_ctx, up to {self.hparams.context_length})")
         bad = (toks < 0) | (toks >= self.vocab_size)
@@ -288,9 +321,12 @@ class Model:
         return toks.astype(np.int32)
 
     def _run(self, toks: np.ndarray, pos0: int, all_logits: bool):
-        """runtime.forward, interruptible by Ctrl-C when called on the main thread."""
-        if len(toks) < _THREADED_MIN_TOKENS or threading.current_thread() is not threading.main_thread():
-            return self.runtime.forward(toks, pos0, all_logits)
+        return self._run_c(len(toks), lambda: self.runtime.forward(toks, pos0, all_logits))
+
+    def _run_c(self, n_rows: int, call):
+        """call() (a C pass), interruptible by Ctrl-C when called on the main thread."""
+        if n_rows < _THREADED_MIN_TOKENS or threading.current_thread() is not threading.main_thread():
+            return call()
         box: dict = {}
         # Set by the helper thread once it has left the C pass, whatever happened there. The wait
         # is on this event, never on Thread.join/is_alive: a join interrupted by Ctrl-C can mark
@@ -301,7 +337,7 @@ class Model:
 
         def work():
             try:
-                box["out"] = self.runtime.forward(toks, pos0, all_logits)
+                box["out"] = call()
             except BaseException as e:  # handed to the caller below
                 box["err"] = e
             finally:
@@ -398,3 +434,77 @@ class Model:
         out = self._forward(toks, 0, True)
         self._cached = [int(t) for t in toks]
         return out
+
+    # ---- several sequences ---------------------------------------------------------------
+    def batch(self, tokens, seq_ids, positions, logit_rows) -> np.ndarray:
+        """Runs row i = token tokens[i] of slot seq_ids[i] at position positions[i], all rows in
+        one pass, and returns float32 logits [len(logit_rows), n_vocab] for the rows logit_rows
+        (ascending). The rows of a slot are consecutive with consecutive positions starting at
+        most at the slot's cached length (starting before it drops the cached tokens from
+        there: they are rewritten). A bad id, slot or position is a ValueError, before any work."""
+        with self._busy():
+            return self._batch(tokens, seq_ids, positions, logit_rows)
+
+    def _batch(self, tokens, seq_ids, positions, logit_rows) -> np.ndarray:
+        toks = self._check(tokens, one_sequence=False)
+        arrays = []
+        for name, v in (("seq_ids", seq_ids), ("positions", positions), ("logit_rows", logit_rows)):
+            a = np.asarray(v).reshape(-1)
+            if a.size and a.dtype.kind not in "iu":
+                raise ValueError(f"{name} must be integers, got {a.dtype} values")
+            if name != "logit_rows" and a.size != toks.size:
+                raise ValueError(f"{toks.size} tokens but {a.size} {name}")
+            arrays.append(a.astype(np.int64))
+        seq, pos, rows = arrays
+        if rows.size and (rows.min() < 0 or rows.max() >= toks.size or (np.diff(rows) <= 0).any()):
+            raise ValueError(f"logit_rows must be ascending row indices in [0, {toks.size}), got "
+                             f"{rows.tolist()}")
+        starts = [0] + [i for i in range(1, toks.size) if seq[i] != seq[i - 1]]
+        runs = []   # (slot, first row, end row, first position)
+        for k, a in enumerate(starts):
+            b = starts[k + 1] if k + 1 < len(starts) else toks.size
+            s = self._check_seq(int(seq[a]))
+            if any(r[0] == s for r in runs):
+                raise ValueError(f"the rows of sequence {s} are not consecutive (rows of one "
+                                 f"sequence must follow each other)")
+            p0 = int(pos[a])
+            if not 0 <= p0 <= len(self._seqs[s]):
+                raise ValueError(f"sequence {s} starts at position {p0}, but its slot holds "
+                                 f"{len(self._seqs[s])} tokens (positions continue from at most there)")
+            if (pos[a:b] != np.arange(p0, p0 + b - a)).any():
+                raise ValueError(f"the positions of sequence {s} are not consecutive: "
+                                 f"{pos[a:b].tolist()}")
+            if p0 + (b - a) > self.n_ctx:
+                raise ValueError(f"sequence {s} would reach position {p0 + b - a - 1}, beyond the "
+                                 f"context of {self.n_ctx} tokens")
+            runs.append((s, a, b, p0))
+        if any(r[0] == 0 for r in runs):
+            self._owner = None
+        call = lambda: self.runtime.forward_batch(toks, seq.astype(np.int32), pos.astype(np.int32),
+                                                  rows.astype(np.int32))
+        try:
+            out = self._run_c(toks.size, call)
+        except BaseException:
+            for s, a, b, p0 in runs:   # positions >= p0 may be half written
+                self._seqs[s] = self._seqs[s][:p0]
+            raise
+        for s, a, b, p0 in runs:
+            self._seqs[s] = self._seqs[s][:p0] + (toks[a:b].tolist() if out is not None else [])
+        if out is None:
+            raise KeyboardInterrupt
+        return out
+
+    def copy_seq(self, src: int, dst: int, n: int | None = None) -> None:
+        """Makes slot dst hold the first n (default: all) cached tokens of slot src, by copying
+        their K/V (a shared prefix then runs once)."""
+        with self._busy():
+            src, dst = self._check_seq(src), self._check_seq(dst)
+            have = len(self._seqs[src])
+            n = have if n is None else n
+            _check_int("n", n)
+            if not 0 <= n <= have:
+                raise ValueError(f"cannot copy {n} positions: slot {src} holds {have} tokens")
+            if dst == 0:
+                self._owner = None
+            self.runtime.kv_copy(src, dst, n)
+            self._seqs[dst] = self._seqs[src][:n]

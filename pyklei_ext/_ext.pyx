@@ -368,7 +368,7 @@ cdef extern from "model/pk_llama.h":
     ctypedef struct pk_llama_hparams:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff
         float rms_eps, rope_theta
-        int n_ctx, n_batch, kv_f16
+        int n_ctx, n_batch, kv_f16, n_seq
     ctypedef struct pk_llama_layer:
         const float *attn_norm
         const float *ffn_norm
@@ -398,6 +398,10 @@ cdef extern from "model/pk_llama.h":
     size_t pk_llama_state_bytes(const pk_llama *model)
     int pk_llama_forward(pk_llama *model, const int32_t *tokens, int n, int pos0, float *logits,
                          int all_logits, volatile int *interrupt) nogil
+    int pk_llama_forward_batch(pk_llama *model, int n, const int32_t *tokens, const int32_t *seq,
+                               const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
+                               volatile int *interrupt) nogil
+    int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n) nogil
     int pk_llama_stats_enable(pk_llama *model, int on)
     const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows)
     void pk_llama_profile_enable(pk_llama *model, int on)
@@ -421,7 +425,7 @@ cdef class LlamaRuntime:
     cdef pk_llama_layer *layers
     cdef list _keep
     cdef readonly Ops ops
-    cdef readonly int n_vocab, n_ctx, n_batch
+    cdef readonly int n_vocab, n_ctx, n_batch, n_seq
     cdef volatile int interrupt
 
     def __cinit__(self, Ops ops, dict hp, tuple tok_embd, QWeight lm_head, output_norm,
@@ -437,6 +441,7 @@ cdef class LlamaRuntime:
         h.n_head, h.n_head_kv, h.head_dim, h.n_ff = hp["n_head"], hp["n_head_kv"], hp["head_dim"], hp["n_ff"]
         h.rms_eps, h.rope_theta = hp["rms_eps"], hp["rope_theta"]
         h.n_ctx, h.n_batch, h.kv_f16 = hp["n_ctx"], hp["n_batch"], 1 if hp.get("kv_f16") else 0
+        h.n_seq = hp.get("n_seq", 1)
         if len(layers) != h.n_layer:
             raise ValueError(f"{len(layers)} layers given, hparams say {h.n_layer}")
         # token embedding table: (dtype name, data array, scales array or None, block size)
@@ -492,7 +497,7 @@ cdef class LlamaRuntime:
         self.model = pk_llama_create(&h, &w, ops.ctx)
         if self.model == NULL:
             raise ValueError(_last_error())
-        self.n_vocab, self.n_ctx, self.n_batch = h.n_vocab, h.n_ctx, h.n_batch
+        self.n_vocab, self.n_ctx, self.n_batch, self.n_seq = h.n_vocab, h.n_ctx, h.n_batch, h.n_seq
 
     def __dealloc__(self):
         if self.model != NULL:
@@ -557,6 +562,38 @@ cdef class LlamaRuntime:
             raise ValueError(_last_error())
         return out
 
+    def forward_batch(self, tokens, seq, pos, out_rows):
+        """Runs row i = (tokens[i], slot seq[i], position pos[i]) for all rows in one pass (the
+        rules: pk_llama.h) and returns float32 logits [len(out_rows), n_vocab] for the rows
+        out_rows (ascending). Returns None if interrupted."""
+        cdef const int32_t[::1] tv = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        cdef const int32_t[::1] sv = np.ascontiguousarray(seq, dtype=np.int32).reshape(-1)
+        cdef const int32_t[::1] pv = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
+        cdef const int32_t[::1] rv = np.ascontiguousarray(out_rows, dtype=np.int32).reshape(-1)
+        cdef int n = tv.shape[0], n_out = rv.shape[0]
+        if n == 0:
+            raise ValueError("no rows to evaluate")
+        if sv.shape[0] != n or pv.shape[0] != n:
+            raise ValueError(f"{n} tokens but {sv.shape[0]} sequence ids and {pv.shape[0]} positions")
+        out = np.empty((n_out, self.n_vocab), np.float32)
+        cdef float[:, ::1] ov = out
+        cdef float *optr = &ov[0, 0] if n_out else NULL
+        cdef const int32_t *rptr = &rv[0] if n_out else NULL
+        cdef int rc
+        self.interrupt = 0
+        with nogil:
+            rc = pk_llama_forward_batch(self.model, n, &tv[0], &sv[0], &pv[0], n_out, rptr, optr,
+                                        &self.interrupt)
+        if rc == 1:
+            return None
+        if rc != 0:
+            raise ValueError(_last_error())
+        return out
+
+    def kv_copy(self, int src, int dst, int n):
+        """Copies the K/V of positions [0, n) of slot src into slot dst."""
+        if pk_llama_kv_copy(self.model, src, dst, n) != 0:
+            raise ValueError(_last_error())
 
 def rotate_rows(signs, mix, x, bint transpose=False):
     """x [rows, n] float32 -> x @ Q (or x @ Q^T) by the C rotation (pk_rotate.h); tests."""

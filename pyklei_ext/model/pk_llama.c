@@ -22,9 +22,14 @@ struct pk_llama {
     pk_ctx *ctx;
     float *inv_freq;     /* [head_dim/2] */
     int ctx_pad;         /* n_ctx rounded up to PK_KV_BLOCK */
-    void *k_cache;       /* [n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32 or f16 (pk_nn.h) */
-    void *v_cache;       /* [n_layer][n_head_kv][ctx_pad][head_dim] f32 or f16 */
+    /* Slot-major, so a slot's pages are touched only once it holds tokens (see pk_llama.h) */
+    void *k_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32 or f16 (pk_nn.h) */
+    void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32 or f16 */
+    int *seq_seen;       /* [n_seq] scratch of pk_llama_forward_batch's checks */
     /* scratch, n_batch rows each */
+    int32_t *row_seq;    /* [B] slot of each row of a chunk */
+    int32_t *row_pos;    /* [B] position of each row of a chunk */
+    int32_t *row_out;    /* [B] rows of a chunk whose logits are wanted, ascending */
     float *x;            /* [B][n_embd] residual stream */
     float *xn;           /* [B][n_embd] normalised */
     float *q;            /* [B][n_head*hd] */
@@ -50,6 +55,11 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* First element of (slot, layer, K/V head) in k_cache / v_cache */
+static size_t kv_head(const pk_llama *m, int seq, int layer, int h) {
+    return ((((size_t)seq * m->hp.n_layer + layer) * m->hp.n_head_kv + h) * m->ctx_pad) * m->hp.head_dim;
 }
 
 /* Per-operation wall time: PROF(op) closes the interval that the previous PROF opened. */
@@ -106,19 +116,20 @@ static void *alloc(pk_llama *m, size_t bytes) {
 pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx) {
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 512 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
-        hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0) {
+        hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_seq < 0) {
         err("invalid hyperparameters");
         return NULL;
     }
     pk_llama *m = calloc(1, sizeof *m);
     if (!m) { err("out of memory"); return NULL; }
     m->hp = *hp;
+    if (m->hp.n_seq == 0) m->hp.n_seq = 1;
     m->w = *w;
     m->ctx = ctx;
     m->layers = malloc(sizeof(pk_llama_layer) * hp->n_layer);
     const int hd = hp->head_dim, B = hp->n_batch, nt = pk_ctx_threads(ctx);
     m->ctx_pad = (hp->n_ctx + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
-    const size_t kv_elems = (size_t)hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
+    const size_t kv_elems = (size_t)m->hp.n_seq * hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
     const size_t es = hp->kv_f16 ? 2 : 4;
     m->inv_freq = alloc(m, sizeof(float) * (hd / 2));
     m->k_cache = alloc(m, kv_elems * es);
@@ -133,6 +144,10 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->up = alloc(m, sizeof(float) * B * hp->n_ff);
     m->scores = alloc(m, sizeof(float) * nt * (hp->n_head / hp->n_head_kv) * hp->n_ctx);
     m->rope_cs = alloc(m, sizeof(float) * B * hd);
+    m->row_seq = alloc(m, sizeof(int32_t) * B);
+    m->row_pos = alloc(m, sizeof(int32_t) * B);
+    m->row_out = alloc(m, sizeof(int32_t) * B);
+    m->seq_seen = alloc(m, sizeof(int) * m->hp.n_seq);
     const int rot_len = hp->n_ff > hp->n_embd ? hp->n_ff : hp->n_embd;
     m->rot_scratch = alloc(m, sizeof(float) * nt * rot_len);
     m->ones = alloc(m, sizeof(float) * hp->n_embd);
@@ -143,7 +158,8 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
             w->rot_output.n, hp->n_ff, hp->n_embd);
         return NULL;
     }
-    if (!m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache ||
+    if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen ||
+        !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache ||
         !m->v_cache || !m->x || !m->xn || !m->q ||
         !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores) {
         pk_llama_destroy(m);
@@ -179,6 +195,10 @@ void pk_llama_destroy(pk_llama *m) {
     free(m->up);
     free(m->scores);
     free(m->rope_cs);
+    free(m->row_seq);
+    free(m->row_pos);
+    free(m->row_out);
+    free(m->seq_seen);
     free(m->rot_scratch);
     free(m->ones);
     free(m->stats);
@@ -191,8 +211,9 @@ size_t pk_llama_state_bytes(const pk_llama *m) { return m->state_bytes; }
 
 typedef struct {
     pk_llama *m;
-    int n, pos0, layer;
-    const float *norm_w;   /* rmsnorm */
+    int n, layer;
+    const int32_t *seq, *pos;  /* [n] each row's slot and position */
+    const float *norm_w;       /* rmsnorm */
 } row_job;
 
 static void job_rmsnorm(void *arg, int ith, int nth) {
@@ -202,20 +223,20 @@ static void job_rmsnorm(void *arg, int ith, int nth) {
         pk_rmsnorm(d, j->m->x + (size_t)t * d, j->norm_w, j->m->hp.rms_eps, j->m->xn + (size_t)t * d);
 }
 
-/* RoPE on q and k, then K/V rows into the cache. */
+/* RoPE on q and k, then K/V rows into their slot of the cache. */
 static void job_rope_store(void *arg, int ith, int nth) {
     row_job *j = arg;
     pk_llama *m = j->m;
     const pk_llama_hparams *hp = &m->hp;
     const int hd = hp->head_dim, nkv = hp->n_head_kv;
     for (int t = ith; t < j->n; t += nth) {
-        const int pos = j->pos0 + t;
+        const int pos = j->pos[t];
         float *q = m->q + (size_t)t * hp->n_head * hd, *k = m->k + (size_t)t * nkv * hd;
         const float *v = m->v + (size_t)t * nkv * hd;
         pk_rope_cs(hp->n_head, hd, m->rope_cs + (size_t)t * hd, q);
         pk_rope_cs(nkv, hd, m->rope_cs + (size_t)t * hd, k);
         for (int h = 0; h < nkv; h++) {
-            const size_t head = ((size_t)j->layer * nkv + h) * m->ctx_pad * hd;   /* first element */
+            const size_t head = kv_head(m, j->seq[t], j->layer, h);                /* first element */
             const size_t voff = head + (size_t)pos * hd;                            /* V row */
             const size_t kbase = head + (size_t)(pos / PK_KV_BLOCK) * PK_KV_BLOCK * hd + pos % PK_KV_BLOCK;
             const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
@@ -232,7 +253,7 @@ static void job_rope_store(void *arg, int ith, int nth) {
     }
 }
 
-/* Causal attention: query row t (position pos0+t) sees cache positions [0, pos0+t]. One work
+/* Causal attention: query row t sees the positions [0, pos[t]] of its own slot. One work
  * item = the query heads of one row that share a K/V head, so K and V are read once per item.
  * (Splitting a group between threads to balance decode's few items was measured slower:
  * SmolLM2, 2 threads, 3 K/V heads: 0.3 ms per token as is, 0.7-1.1 ms split per head.) */
@@ -246,9 +267,9 @@ static void job_attention(void *arg, int ith, int nth) {
     float *scores = m->scores + (size_t)ith * group * hp->n_ctx;
     for (int idx = ith; idx < j->n * nkv; idx += nth) {
         const int t = idx / nkv, kvh = idx % nkv;
-        const size_t base = (((size_t)j->layer * nkv + kvh) * m->ctx_pad) * hd * es;
+        const size_t base = kv_head(m, j->seq[t], j->layer, kvh) * es;
         const size_t qoff = ((size_t)t * nh + (size_t)kvh * group) * hd;
-        pk_attend_group(group, hd, j->pos0 + t + 1, m->q + qoff, (const char *)m->k_cache + base,
+        pk_attend_group(group, hd, j->pos[t] + 1, m->q + qoff, (const char *)m->k_cache + base,
                         (const char *)m->v_cache + base, hp->kv_f16, scale, scores, hp->n_ctx, m->att + qoff);
     }
 }
@@ -299,16 +320,18 @@ static int mm_multi(pk_llama *m, int count, const pk_rhs *const *w, int n, const
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
-static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, float *logits,
-                         int all_logits, volatile int *interrupt) {
+/* n <= n_batch rows, each with its slot and position (m->row_seq, m->row_pos); logits for
+ * the n_out rows m->row_out (none: only the cache is filled). */
+static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, float *logits,
+                         volatile int *interrupt) {
     const pk_llama_hparams *hp = &m->hp;
     const int d = hp->n_embd;
     double t_prof = m->profile ? now_s() : 0.0;
     for (int t = 0; t < n; t++) pk_tensor_row_f32(&m->w.tok_embd, tokens[t], m->x + (size_t)t * d);
-    for (int t = 0; t < n; t++) pk_rope_angles(hp->head_dim, pos0 + t, m->inv_freq, m->rope_cs + (size_t)t * hp->head_dim);
+    for (int t = 0; t < n; t++) pk_rope_angles(hp->head_dim, m->row_pos[t], m->inv_freq, m->rope_cs + (size_t)t * hp->head_dim);
     PROF(OP_EMBED);
 
-    row_job job = {m, n, pos0, 0, NULL};
+    row_job job = {m, n, 0, m->row_seq, m->row_pos, NULL};
     const int qd = hp->n_head * hp->head_dim;
     for (int l = 0; l < hp->n_layer; l++) {
         if (interrupt && *interrupt) return 1;
@@ -351,11 +374,11 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int pos0, fl
         PROF(OP_RESIDUAL);
     }
     if (m->stats) m->stats_rows += n;
-    if (!logits) return 0;
-    /* final norm and lm_head: all rows, or only the last */
-    const int first = all_logits ? 0 : n - 1, rows = n - first;
-    for (int t = first; t < n; t++)
-        output_norm_row(m, m->x + (size_t)t * d, m->xn + (size_t)(t - first) * d);
+    if (!n_out) return 0;
+    /* final norm and lm_head: the rows asked for only, packed */
+    const int rows = n_out;
+    for (int i = 0; i < rows; i++)
+        output_norm_row(m, m->x + (size_t)m->row_out[i] * d, m->xn + (size_t)i * d);
     if (m->stats) {
         add_squares(m->stats + stats_layer_len(hp) * hp->n_layer, m->xn, rows, d);
         m->stats_lm_rows += rows;
@@ -384,9 +407,87 @@ int pk_llama_forward(pk_llama *m, const int32_t *tokens, int n, int pos0, float 
         const int last = c + len == n;
         /* an intermediate chunk without all_logits only fills the cache */
         float *out = all_logits ? logits + (size_t)c * hp->n_vocab : (last ? logits : NULL);
-        const int rc = forward_chunk(m, tokens + c, len, pos0 + c, out, all_logits, interrupt);
+        int n_out = 0;
+        for (int t = 0; t < len; t++) {
+            m->row_seq[t] = 0;
+            m->row_pos[t] = pos0 + c + t;
+            if (all_logits || (last && t == len - 1)) m->row_out[n_out++] = t;
+        }
+        const int rc = forward_chunk(m, tokens + c, len, n_out, out, interrupt);
         if (rc) return rc;
     }
     if (m->profile) m->prof_calls++;
+    return 0;
+}
+
+/* The batch's rules (pk_llama.h), all checked before anything runs. */
+static int check_batch(pk_llama *m, int n, const int32_t *tokens, const int32_t *seq,
+                       const int32_t *pos, int n_out, const int32_t *out_rows) {
+    const pk_llama_hparams *hp = &m->hp;
+    if (n <= 0) return err("no rows to evaluate");
+    if (n_out < 0 || n_out > n) return err("%d logit rows asked for a batch of %d rows", n_out, n);
+    memset(m->seq_seen, 0, sizeof(int) * hp->n_seq);
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return err("token id %d at row %d is outside the vocabulary [0, %d)", (int)tokens[i], i, hp->n_vocab);
+        if (seq[i] < 0 || seq[i] >= hp->n_seq)
+            return err("row %d: sequence %d is outside the %d slots", i, (int)seq[i], hp->n_seq);
+        if (pos[i] < 0 || pos[i] >= hp->n_ctx)
+            return err("row %d: position %d is outside the context of %d tokens", i, (int)pos[i], hp->n_ctx);
+        if (i > 0 && seq[i] == seq[i - 1]) {
+            if (pos[i] != pos[i - 1] + 1)
+                return err("row %d: sequence %d jumps from position %d to %d (rows of a sequence "
+                           "take consecutive positions)", i, (int)seq[i], (int)pos[i - 1], (int)pos[i]);
+        } else if (m->seq_seen[seq[i]]++) {
+            return err("row %d: the rows of sequence %d are not consecutive", i, (int)seq[i]);
+        }
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out_rows[i] < 0 || out_rows[i] >= n || (i > 0 && out_rows[i] <= out_rows[i - 1]))
+            return err("logit rows must be ascending rows of the batch [0, %d); got %d at index %d",
+                       n, (int)out_rows[i], i);
+    return 0;
+}
+
+int pk_llama_forward_batch(pk_llama *m, int n, const int32_t *tokens, const int32_t *seq,
+                           const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
+                           volatile int *interrupt) {
+    const pk_llama_hparams *hp = &m->hp;
+    if (check_batch(m, n, tokens, seq, pos, n_out, out_rows)) return -1;
+    int o = 0;   /* next entry of out_rows */
+    for (int c = 0; c < n; c += hp->n_batch) {
+        const int len = n - c < hp->n_batch ? n - c : hp->n_batch;
+        memcpy(m->row_seq, seq + c, sizeof(int32_t) * len);
+        memcpy(m->row_pos, pos + c, sizeof(int32_t) * len);
+        int k = 0;
+        while (o + k < n_out && out_rows[o + k] < c + len) {
+            m->row_out[k] = out_rows[o + k] - c;
+            k++;
+        }
+        const int rc = forward_chunk(m, tokens + c, len, k, k ? logits + (size_t)o * hp->n_vocab : NULL,
+                                     interrupt);
+        if (rc) return rc;
+        o += k;
+    }
+    if (m->profile) m->prof_calls++;
+    return 0;
+}
+
+int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
+    const pk_llama_hparams *hp = &m->hp;
+    if (src < 0 || src >= hp->n_seq || dst < 0 || dst >= hp->n_seq)
+        return err("kv copy: slots %d -> %d outside [0, %d)", src, dst, hp->n_seq);
+    if (n < 0 || n > hp->n_ctx) return err("kv copy: %d positions outside [0, %d]", n, hp->n_ctx);
+    if (src == dst || n == 0) return 0;
+    const size_t es = hp->kv_f16 ? 2 : 4, hd = (size_t)hp->head_dim;
+    /* K is stored in blocks of PK_KV_BLOCK positions: copy whole blocks (the tail of the
+     * last one is beyond n in both slots, and is rewritten before it is read) */
+    const size_t k_pos = (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
+    for (int l = 0; l < hp->n_layer; l++)
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            const size_t s = kv_head(m, src, l, h) * es, d = kv_head(m, dst, l, h) * es;
+            memcpy((char *)m->k_cache + d, (const char *)m->k_cache + s, k_pos * hd * es);
+            memcpy((char *)m->v_cache + d, (const char *)m->v_cache + s, (size_t)n * hd * es);
+        }
     return 0;
 }

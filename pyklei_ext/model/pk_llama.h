@@ -1,6 +1,14 @@
 /* The Llama forward pass: embeddings -> n_layer x (RMSNorm, GQA attention with RoPE over a
  * KV cache, RMSNorm, SwiGLU MLP) -> RMSNorm -> lm_head. Prefill runs all rows of a chunk
- * through the kernel layer as GEMMs; decode is the same code with one row (GEMVs). */
+ * through the kernel layer as GEMMs; decode is the same code with one row (GEMVs).
+ *
+ * Sequences: the model holds n_seq KV cache slots. pk_llama_forward_batch runs rows of several
+ * sequences in one pass: every linear sees all rows at once (one activation quantization, the
+ * weights streamed once), while RoPE, the K/V store and attention use each row's own slot and
+ * position. The kernels give a row the same bits whatever the row count, so a row computes
+ * the same logits batched as alone. KV memory: 2 * n_layer * n_head_kv * head_dim * (4, or 2
+ * with kv_f16) bytes per token per slot (SmolLM2, f32: 46080), allocated for n_seq * n_ctx
+ * tokens at create but only made resident as positions are written. */
 #ifndef PK_LLAMA_H
 #define PK_LLAMA_H
 
@@ -16,6 +24,7 @@ typedef struct {
     int n_ctx;        /* KV cache length */
     int n_batch;      /* rows per prefill chunk (scratch is sized for it) */
     int kv_f16;       /* KV cache in f16 instead of f32 */
+    int n_seq;        /* KV cache slots, each of n_ctx positions (0 means 1) */
 } pk_llama_hparams;
 
 typedef struct {
@@ -44,12 +53,26 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
 void pk_llama_destroy(pk_llama *model);
 size_t pk_llama_state_bytes(const pk_llama *model);   /* KV cache + scratch */
 
-/* Runs tokens[0..n) at positions pos0.. (the cache must hold positions < pos0 already),
+/* Runs tokens[0..n) of slot 0 at positions pos0.. (the cache must hold positions < pos0 already),
  * writing K/V for them. logits: [n][n_vocab] if all_logits, else [n_vocab] for the last token.
  * Returns 0, or -1 (pk_last_error()) for bad token ids or positions beyond n_ctx.
  * *interrupt (may be NULL) is polled between chunks and layers; if set, returns 1. */
 int pk_llama_forward(pk_llama *model, const int32_t *tokens, int n, int pos0, float *logits,
                      int all_logits, volatile int *interrupt);
+
+/* Runs n rows of several sequences: row i is token tokens[i] of slot seq[i] at position pos[i].
+ * The rows of one slot are consecutive with consecutive positions (p, p+1, ...), and slot s
+ * must already hold positions < p (the caller tracks that: this layer cannot tell written K/V
+ * from stale). logits: [n_out][n_vocab] for rows out_rows[0..n_out), strictly ascending.
+ * Rows beyond n_batch run in chunks. Returns 0, 1 (interrupted) or -1 (pk_last_error()) for a
+ * bad token, slot, position or row list; a refused call writes nothing. */
+int pk_llama_forward_batch(pk_llama *model, int n, const int32_t *tokens, const int32_t *seq,
+                           const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
+                           volatile int *interrupt);
+
+/* Copies the K/V of positions [0, n) of slot src into slot dst (a shared prompt prefix runs
+ * once). Returns 0 or -1 for a bad slot or n. */
+int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n);
 
 /* Activation statistics for importance-weighted quantization ("imatrix"): when enabled, every
  * forward adds the squares of each linear layer's input rows, per input channel, into a double

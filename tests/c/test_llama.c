@@ -19,6 +19,11 @@
  *  - bad calls return -1 with a message and write nothing: n = 0, pos0 < 0, pos0 + n > n_ctx,
  *    token ids -1 / n_vocab / INT32_MIN / INT32_MAX, int overflow in pos0 + n;
  *  - an interrupt flag that is set makes the pass return 1;
+ *  - pk_llama_forward_batch: rows of 3 sequences at different positions (prefill chunks of
+ *    different lengths in one call, split over n_batch, then one decode row each) give the
+ *    same logits, bit for bit, as each sequence alone; pk_llama_kv_copy continues a copied
+ *    prefix like the source; bad slots, positions, row orders and logit rows return -1 and
+ *    write nothing;
  *  - invalid hyperparameters make pk_llama_create return NULL (no leak);
  *  - everything is freed (LeakSanitizer checks at exit). */
 #include <math.h>
@@ -181,15 +186,17 @@ static void teardown(fixture *f) {
     pk_ctx_destroy(f->ctx);
 }
 
-static pk_llama *make_model(fixture *f, int n_batch) {
+static pk_llama *make_model_seq(fixture *f, int n_batch, int n_seq) {
     pk_llama_hparams hp = {
         .n_vocab = f->c.n_vocab, .n_embd = f->c.n_embd, .n_layer = f->c.n_layer,
         .n_head = f->c.n_head, .n_head_kv = f->c.n_head_kv, .head_dim = f->c.head_dim,
         .n_ff = f->c.n_ff, .rms_eps = 1e-5f, .rope_theta = 10000.0f, .n_ctx = f->c.n_ctx,
-        .n_batch = n_batch, .kv_f16 = f->c.kv_f16,
+        .n_batch = n_batch, .kv_f16 = f->c.kv_f16, .n_seq = n_seq,
     };
     return pk_llama_create(&hp, &f->w, f->ctx);
 }
+
+static pk_llama *make_model(fixture *f, int n_batch) { return make_model_seq(f, n_batch, 0); }
 
 /* max |a - b| / (1 + max |a|) over n values; +inf if any is not finite */
 static double rel_diff(const float *a, const float *b, size_t n) {
@@ -279,6 +286,85 @@ done:
     teardown(&f);
 }
 
+/* Several sequences in one pass equal each alone, bit for bit. */
+static void test_batch(const config *c) {
+    fixture f;
+    if (setup(&f, c)) {
+        CHECK(0, "%s: setup failed: %s", c->name, pk_last_error());
+        teardown(&f);
+        return;
+    }
+    enum { S = 3 };
+    const int V = c->n_vocab, n = c->n_ctx;
+    int32_t *toks = malloc(sizeof(int32_t) * S * n), *bt = malloc(sizeof(int32_t) * S * n);
+    int32_t *bs = malloc(sizeof(int32_t) * S * n), *bp = malloc(sizeof(int32_t) * S * n);
+    int32_t *rows = malloc(sizeof(int32_t) * S * n);
+    float *solo = malloc(sizeof(float) * S * n * V), *out = malloc(sizeof(float) * S * n * V);
+    for (int i = 0; i < S * n; i++) toks[i] = (int32_t)(rnd() % (uint64_t)V);
+    pk_llama *m1 = make_model(&f, n), *mb = make_model_seq(&f, 4, S);
+    CHECK(m1 && mb, "%s: batch create failed: %s", c->name, pk_last_error());
+    if (!m1 || !mb) goto done;
+    for (int s = 0; s < S; s++)
+        CHECK(pk_llama_forward(m1, toks + s * n, n, 0, solo + (size_t)s * n * V, 1, NULL) == 0, "%s: solo", c->name);
+    /* prefill: sequence s runs positions [0, cut[s]) (5 + 3 + 1 rows over chunks of 4) */
+    const int cut[S] = {n / 2 + 1, n / 3 + 1, 1};
+    int nr = 0;
+    for (int s = 0; s < S; s++)
+        for (int p = 0; p < cut[s]; p++, nr++) {
+            bt[nr] = toks[s * n + p], bs[nr] = s, bp[nr] = p, rows[nr] = nr;
+        }
+    CHECK(pk_llama_forward_batch(mb, nr, bt, bs, bp, nr, rows, out, NULL) == 0, "%s: batch prefill: %s", c->name, pk_last_error());
+    int same = 1;
+    for (int r = 0; r < nr; r++)
+        same &= !memcmp(out + (size_t)r * V, solo + ((size_t)bs[r] * n + bp[r]) * V, sizeof(float) * V);
+    CHECK(same, "%s: batched prefill rows differ from solo rows", c->name);
+    /* decode: one row per sequence at its own position, logits of rows 0 and 2 only */
+    for (int k = 0; k < n - cut[0]; k++) {
+        for (int s = 0; s < S; s++) bt[s] = toks[s * n + cut[s] + k], bs[s] = s, bp[s] = cut[s] + k;
+        const int32_t want[2] = {0, 2};
+        CHECK(pk_llama_forward_batch(mb, S, bt, bs, bp, 2, want, out, NULL) == 0, "%s: batch decode", c->name);
+        same = 1;
+        for (int i = 0; i < 2; i++)
+            same &= !memcmp(out + (size_t)i * V, solo + ((size_t)want[i] * n + bp[want[i]]) * V, sizeof(float) * V);
+        CHECK(same, "%s: batched decode step %d differs from solo", c->name, k);
+    }
+    /* slot 0 -> 2 for positions [0, n/2 + 1), then the next token on slot 2 */
+    const int np = cut[0];
+    CHECK(pk_llama_kv_copy(mb, 0, 2, np) == 0, "%s: kv copy: %s", c->name, pk_last_error());
+    bt[0] = toks[np], bs[0] = 2, bp[0] = np, rows[0] = 0;
+    CHECK(pk_llama_forward_batch(mb, 1, bt, bs, bp, 1, rows, out, NULL) == 0 &&
+          !memcmp(out, solo + (size_t)np * V, sizeof(float) * V), "%s: copied prefix continues differently", c->name);
+    CHECK(pk_llama_kv_copy(mb, 0, S, 1) == -1 && pk_llama_kv_copy(mb, 0, 1, n + 1) == -1, "%s: bad kv copy accepted", c->name);
+    /* bad batches: -1, a message, nothing written */
+    for (int i = 0; i < V; i++) out[i] = 12345.0f;
+    const struct { int32_t s[2], p[2], r[2]; int n_out; const char *what; } bad[] = {
+        {{0, S}, {0, 0}, {0, 1}, 2, "outside the 3 slots"},
+        {{0, -1}, {0, 0}, {0, 1}, 2, "outside the 3 slots"},
+        {{0, 0}, {0, 2}, {0, 1}, 2, "jumps from position"},
+        {{0, 1}, {0, n}, {0, 1}, 2, "outside the context"},
+        {{1, 1}, {-1, 0}, {0, 1}, 2, "outside the context"},
+        {{0, 1}, {0, 0}, {1, 0}, 2, "logit rows"},
+        {{0, 1}, {0, 0}, {0, 2}, 2, "logit rows"},
+        {{0, 1}, {0, 0}, {0, 1}, 3, "logit rows"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int32_t t2[2] = {1, 2};
+        CHECK(pk_llama_forward_batch(mb, 2, t2, bad[i].s, bad[i].p, bad[i].n_out, bad[i].r, out, NULL) == -1 &&
+              strstr(pk_last_error(), bad[i].what), "%s: bad batch %zu accepted (%s)", c->name, i, pk_last_error());
+    }
+    const int32_t t3[3] = {1, 2, 3}, s3[3] = {0, 1, 0}, p3[3] = {0, 0, 1}, r3[1] = {2};
+    CHECK(pk_llama_forward_batch(mb, 3, t3, s3, p3, 1, r3, out, NULL) == -1 && strstr(pk_last_error(), "not consecutive"),
+          "%s: split sequence accepted", c->name);
+    same = 1;
+    for (int i = 0; i < V; i++) same &= out[i] == 12345.0f;
+    CHECK(same, "%s: a refused batch wrote logits", c->name);
+done:
+    pk_llama_destroy(m1);
+    pk_llama_destroy(mb);
+    free(toks), free(bt), free(bs), free(bp), free(rows), free(solo), free(out);
+    teardown(&f);
+}
+
 static void test_bad_hparams(void) {
     config c = {"hp", 33, 64, 1, 4, 2, 16, 96, 8, PK_FMT_F32, 0, 0, 0, 0, 1, 1, 32};
     fixture f;
@@ -287,7 +373,7 @@ static void test_bad_hparams(void) {
         teardown(&f);
         return;
     }
-    const pk_llama_hparams good = {33, 64, 1, 4, 2, 16, 96, 1e-5f, 1e4f, 8, 4, 0};
+    const pk_llama_hparams good = {33, 64, 1, 4, 2, 16, 96, 1e-5f, 1e4f, 8, 4, 0, 1};
     pk_llama_hparams hp;
 #define BAD(field, value)                                                                   \
     do {                                                                                    \
@@ -306,6 +392,7 @@ static void test_bad_hparams(void) {
     BAD(n_batch, 0);
     BAD(n_ff, -5);
     BAD(n_vocab, 0);
+    BAD(n_seq, -1);
 #undef BAD
     hp = good;
     pk_llama *m = pk_llama_create(&hp, &f.w, f.ctx);
@@ -342,6 +429,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const int before = n_fail;
         test_config(&configs[i]);
+        test_batch(&configs[i]);
         printf("config %s: %s\n", configs[i].name, n_fail == before ? "ok" : "FAILED");
     }
     test_bad_hparams();
