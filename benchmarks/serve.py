@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -194,13 +195,28 @@ def percentile(sorted_values, p) -> float:
 
 # ---- report ----------------------------------------------------------------------------------
 
+def shown_argv(argv) -> str:
+    """The command line for the report, without --note's text."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--note":
+            skip = True
+        elif not a.startswith("--note="):
+            out.append(" " + a)
+    return "".join(out)
+
+
 def render(report: dict) -> str:
     a = report["args"]
     lines = [f"`pyklei serve` under concurrent users, {report['date']}, `python benchmarks/serve.py"
              f"{report['argv']}`", "",
              f"Machine: {report['cpu']}, {a['threads']} threads per server. Each level: N clients "
              f"x {a['rounds']} streamed completions of {a['max_tokens']} tokens (greedy), a fresh "
-             f"server with N parallel sequences. Cost at ${a['price_per_hour']:.2f}/hour.", ""]
+             f"server with N parallel sequences. Cost at ${a['price_per_hour']:.2f}/hour. Load "
+             f"average of the machine ({report['cpus']} CPUs): {report['loadavg_before']:.1f} "
+             f"before, {report['loadavg_after']:.1f} after.", ""]
     for name, rows in report["servers"].items():
         lines += [f"**{name}**", "",
                   "| concurrency | aggregate tok/s | decode tok/s per request (median) | "
@@ -289,7 +305,8 @@ def main(argv=None):
             lambda n: start_llama_server(args.llama_server, lmodel, n, args))
 
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "argv": "".join(" " + a for a in (argv if argv is not None else sys.argv[1:])),
+              "argv": shown_argv(argv if argv is not None else sys.argv[1:]),
+              "loadavg_before": os.getloadavg()[0], "cpus": os.cpu_count(),
               "cpu": platform.processor() or platform.machine(), "model": str(model),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "servers": {name: [] for name in servers}, "note": args.note}
@@ -309,6 +326,7 @@ def main(argv=None):
             print(f"{name:>30} N={n:<3} {row['aggregate_tps']:7.1f} tok/s aggregate, "
                   f"{row['decode_tps_median']:6.1f} per request, TTFT p50 "
                   f"{row['ttft_p50'] * 1000:.0f} ms p95 {row['ttft_p95'] * 1000:.0f} ms", flush=True)
+    report["loadavg_after"] = os.getloadavg()[0]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
