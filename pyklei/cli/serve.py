@@ -15,16 +15,6 @@ def _port(s: str) -> int:
     return v
 
 
-def _slots(n_parallel: int) -> dict:
-    """The load keyword giving the model a KV cache slot per parallel sequence (n_seq), where
-    this version of LLM has slots; without them the engine runs one sequence at a time."""
-    import inspect
-
-    from ..llm import LLM
-
-    return {"n_seq": n_parallel} if "n_seq" in inspect.signature(LLM.__init__).parameters else {}
-
-
 def add_parser(sub):
     p = _add_command(
         sub, "serve", "OpenAI-compatible HTTP server with a chat page",
@@ -69,7 +59,7 @@ def run(args) -> int:
     except ImportError as e:
         raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
-    llm = _load(args, **_slots(args.parallel))
+    llm = _load(args, n_seq=args.parallel)     # a KV cache slot per parallel sequence
     model_id = args.model_id or Path(args.model).stem
     return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=args.api_key,
