@@ -185,6 +185,8 @@ class LayerCalibrator:
 
     def _read(self, t: SourceTensor) -> np.ndarray:
         a = np.asarray(t.read(0, t.shape[0]), dtype=np.float32)
+        if not (a.flags.writeable and a.flags.c_contiguous):   # GPTQ works in place
+            a = np.array(a, dtype=np.float32, order="C")
         if not np.isfinite(a).all():
             raise ConversionError(f"{t.name} ({t.src_name or 'source'}) has NaN or Inf values")
         if self.src.after_tensor:
@@ -214,16 +216,19 @@ class LayerCalibrator:
             raise ConversionError(f"GPTQ: {name} was asked for twice or out of order")
         return self.done.pop(name)
 
-    def _gptq(self, i: int, part: str, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-        """GPTQ of blk.i.part; keeps the stored arrays, returns the weight the stream uses."""
+    def _gptq(self, i: int, part: str, h: np.ndarray) -> np.ndarray:
+        """GPTQ of blk.i.part (its float weight read now, h [K, K] consumed); keeps the stored
+        arrays, returns the weight [N, K] the stream goes on through."""
+        w = self._read(self.by_name[K.blk(i, part)])            # [N, K] float32
         if not self.quantize:
             return w
-        q, bits = gptq.gptq_quantize(w.copy(), h, self.bl, self.opts.damp,
+        keep = w.copy() if self.opts.propagate == "float" else None
+        q, bits = gptq.gptq_quantize(w, h, self.bl, self.opts.damp,
                                      act_order=self.opts.act_order,
                                      weighted_scales=self.opts.weighted_scales)
         if K.blk(i, part) not in self.unused:
             self.done[K.blk(i, part)] = gptq.pack(q, bits)
-        return w if self.opts.propagate == "float" else gptq.dequantize(q, bits)
+        return keep if keep is not None else gptq.dequantize(q, bits)
 
     def _run_layer(self, i: int) -> None:
         t0 = time.perf_counter()
@@ -231,13 +236,13 @@ class LayerCalibrator:
         if self.x is None:
             self.x = self._embed()
         x = self.x
-        w = {p: self._read(self.by_name[K.blk(i, p)]) for p in K.BLOCK_LINEARS + K.BLOCK_NORMS}
+        norm = {p: self._read(self.by_name[K.blk(i, p)]) for p in K.BLOCK_NORMS}   # gains [d]
         # attention
-        xn = rmsnorm(x, w["attn_norm"], hp.rms_eps)
+        xn = rmsnorm(x, norm["attn_norm"], hp.rms_eps)
         h = gptq.accumulate_gram(None, xn)
-        wq = self._gptq(i, "attn_q", w["attn_q"], h.copy())
-        wk = self._gptq(i, "attn_k", w["attn_k"], h.copy())
-        wv = self._gptq(i, "attn_v", w["attn_v"], h)
+        wq = self._gptq(i, "attn_q", h.copy())
+        wk = self._gptq(i, "attn_k", h.copy())
+        wv = self._gptq(i, "attn_v", h)
         del h
         shape = (n_seq, seq_len, -1, hp.head_dim)
         q = apply_rope((xn @ wq.T).reshape(shape), self.cos, self.sin)
@@ -246,14 +251,14 @@ class LayerCalibrator:
         del xn, wq, wk, wv
         a = attention(q, k, v).reshape(n_seq * seq_len, -1)        # [T, nh * hd]
         del q, k, v
-        wo = self._gptq(i, "attn_output", w["attn_output"], gptq.accumulate_gram(None, a))
+        wo = self._gptq(i, "attn_output", gptq.accumulate_gram(None, a))
         x += a @ wo.T
         del a, wo
         # feed-forward
-        xn = rmsnorm(x, w["ffn_norm"], hp.rms_eps)
+        xn = rmsnorm(x, norm["ffn_norm"], hp.rms_eps)
         h = gptq.accumulate_gram(None, xn)
-        wg = self._gptq(i, "ffn_gate", w["ffn_gate"], h.copy())
-        wu = self._gptq(i, "ffn_up", w["ffn_up"], h)
+        wg = self._gptq(i, "ffn_gate", h.copy())
+        wu = self._gptq(i, "ffn_up", h)
         del h
         act = np.empty((x.shape[0], hp.n_ff), np.float32)         # [T, n_ff]
         for r0 in range(0, x.shape[0], seq_len):
@@ -261,8 +266,7 @@ class LayerCalibrator:
             y = swiglu(xn[r0:r1] @ wg.T, xn[r0:r1] @ wu.T)
             act[r0:r1] = y if self.down_input is None else self.down_input(y)
         del xn, wg, wu
-        wd = self._gptq(i, "ffn_down", w["ffn_down"], gptq.accumulate_gram(None, act))
-        del w
+        wd = self._gptq(i, "ffn_down", gptq.accumulate_gram(None, act))
         x += act @ wd.T
         del act, wd
         self.next_layer = i + 1

@@ -68,15 +68,36 @@ def _invert_lower_inplace(a: np.ndarray) -> None:
 
 
 def inverse_cholesky_upper(h: np.ndarray) -> np.ndarray:
-    """H [K, K] symmetric positive definite -> U [K, K] upper triangular with H^-1 = U^T U.
+    """H [K, K] symmetric positive definite -> U [K, K] upper triangular with H^-1 = U^T U,
+    computed in H's memory (H is destroyed; the result is H's array).
 
     With J the reversal permutation and J H J = M M^T (Cholesky, M lower):
     H^-1 = (J M^-1 J)^T (J M^-1 J), and J M^-1 J is upper triangular. Raises
     np.linalg.LinAlgError if H is not positive definite."""
-    m = np.linalg.cholesky(h[::-1, ::-1])     # [K, K] lower, a new array
-    _invert_lower_inplace(m)
-    _reverse_inplace(m)                        # J M^-1 J, contiguous (BLAS wants it so)
-    return m
+    _reverse_inplace(h)                        # J H J
+    _cholesky_lower_inplace(h)                 # M
+    _invert_lower_inplace(h)                   # M^-1
+    _reverse_inplace(h)                        # J M^-1 J
+    return h
+
+
+def _cholesky_lower_inplace(a: np.ndarray, b: int = 512) -> None:
+    """a [n, n] symmetric positive definite (lower triangle read) -> its Cholesky factor L
+    (lower; the upper triangle zeroed), blocked and in place in float32. numpy's own
+    cholesky computes in float64 on a copy: 4x the memory of an 8192-wide H."""
+    n = a.shape[0]
+    for j in range(0, n, b):
+        e = min(n, j + b)
+        l11 = np.linalg.cholesky(a[j:e, j:e]).astype(np.float32)     # [b, b], raises if not PD
+        a[j:e, j:e] = l11
+        a[j:e, e:] = 0.0
+        if e == n:
+            break
+        a[e:, j:e] = a[e:, j:e] @ np.linalg.inv(l11).T.astype(np.float32)   # L21 = A21 L11^-T
+        l21 = a[e:, j:e]
+        for k in range(e, n, b):               # trailing update, lower blocks only
+            k2 = min(n, k + b)
+            a[k:, k:k2] -= l21[k - e:] @ l21[k - e:k2 - e].T
 
 
 def _reverse_inplace(a: np.ndarray) -> None:
@@ -103,24 +124,29 @@ def _round(w: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 
 def _damped_factor(h: np.ndarray, damp: float) -> np.ndarray:
-    """U of inverse_cholesky_upper(H + lambda I); lambda = damp * mean(diag H), raised 10x
-    at a time (up to 3 times) if H + lambda I is not numerically positive definite. H is
-    modified (its diagonal)."""
+    """U of inverse_cholesky_upper(H + lambda I), in H's memory; lambda = damp * mean(diag H).
+    If H + lambda I is not numerically positive definite, lambda grows 10x at a time (up to 3
+    times) on a fresh copy of H, kept only for that case when H is small."""
     base = float(np.mean(np.diag(h)))
-    idx = np.arange(h.shape[0])
-    added = 0.0
+    k = h.shape[0]
+    backup = h.copy() if k <= 4096 else None   # an 8192-wide H: 268 MB more; recompute instead
+    idx = np.arange(k)
     for attempt in range(4):
         lam = damp * (10 ** attempt) * base
-        h[idx, idx] += np.float32(lam - added)
-        added = lam
+        if attempt and backup is None:
+            break
+        if attempt:
+            h[...] = backup
+        h[idx, idx] += np.float32(lam)
         try:
             u = inverse_cholesky_upper(h)
         except np.linalg.LinAlgError:
             continue
         if np.isfinite(np.diag(u)).all():
             return u
-    raise ConversionError(f"GPTQ: the Hessian stays singular with dampening {lam / base:g} x "
-                          f"mean(diag H); use more calibration tokens")
+    raise ConversionError(f"GPTQ: the inputs' Hessian ({k} wide) is not positive definite with "
+                          f"dampening {lam / base:g} x mean(diag H); use more calibration tokens "
+                          f"or a larger damp")
 
 
 def gptq_quantize(w: np.ndarray, h: np.ndarray, bl: int = 32, damp: float = DEFAULT_DAMP,

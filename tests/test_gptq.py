@@ -138,9 +138,9 @@ def test_gptq_beats_rounding_on_a_tiny_models_activations(tiny64):
     seen = {}
     real = cal._gptq
 
-    def record(i, part, w, h):
-        seen[part] = (w.copy(), h.copy())
-        return real(i, part, w, h)
+    def record(i, part, h):
+        seen[part] = (cal._read(cal.by_name[K.blk(i, part)]), h.copy())
+        return real(i, part, h)
     cal._gptq = record
     cal._run_layer(0)
     cal._run_layer(1)          # layer 1's inputs come through layer 0's GPTQ weights
@@ -163,8 +163,8 @@ def test_written_file_holds_what_gptq_chose(tiny64, tmp_path):
     chosen = {}
     real = cal._gptq
 
-    def record(i, part, w, h):
-        out = real(i, part, w, h)
+    def record(i, part, h):
+        out = real(i, part, h)
         chosen[K.blk(i, part)] = cal.done[K.blk(i, part)]
         return out
     cal._gptq = record
