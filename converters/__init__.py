@@ -29,7 +29,7 @@ def convert(hf_dir, out_path, group_size: int = 32,
             embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
             force: bool = False, progress: bool = False, imatrix=None,
             norm_weighting: bool = False, rotate: bool = False,
-            gptq=None) -> ConversionResult:
+            gptq=None, recipe: str | None = None, bits: float | None = None) -> ConversionResult:
     """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
     model, into a pyklei GGUF at out_path (written atomically).
 
@@ -49,6 +49,10 @@ def convert(hf_dir, out_path, group_size: int = 32,
     gptq: a calibration_forward.GPTQOptions (its calibration tokens, ...): the block linears'
         qsi4c32 weights are chosen by GPTQ over those tokens (converters/gptq.py) instead of
         plain rounding; None (default): plain rounding.
+    recipe: a named size/quality recipe (converters/recipes.py: q4, q4m, q6): which block
+        linears are stored at 6 bits. bits: instead, a target for the block linears' average
+        bits per weight; the most sensitive kinds go to 6 bits while it fits. The user's keep
+        rules come first either way.
     Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
     """
     src_path = Path(hf_dir)
@@ -59,7 +63,10 @@ def convert(hf_dir, out_path, group_size: int = 32,
         raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
     if out_path.exists() and src_path.resolve() == out_path.resolve():
         raise ConversionError("the output path is the input file")
+    if recipe is not None and bits is not None:
+        raise ConversionError("give either a recipe or a bits target, not both")
     src = open_source(src_path, name)
+    keep = _ladder_keep(src, keep, recipe, bits, group_size)
     if rotate:
         from .rotation import rotate_source
         src = rotate_source(src)
@@ -73,3 +80,15 @@ def convert(hf_dir, out_path, group_size: int = 32,
     finally:
         if src.close:
             src.close()
+
+
+def _ladder_keep(src, keep, recipe, bits, group_size):
+    """The user's --keep rules, then the ones of a recipe or a --bits target."""
+    from .core import parse_keep
+    from .recipes import bits_keep, recipe_keep
+    if recipe is None and bits is None:
+        return keep
+    extra = recipe_keep(recipe) if recipe is not None else bits_keep(
+        float(bits), {t.name: t.shape for t in src.tensors
+                      if t.kind == "linear" and t.name.startswith("blk.")}, group_size)
+    return parse_keep(keep) + extra

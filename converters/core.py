@@ -120,11 +120,13 @@ class ConversionResult:
 
 
 def parse_keep(keep) -> list[tuple[str, str]]:
-    """["PATTERN=FMT", ...] or {PATTERN: FMT} -> [(pattern, format name)] (first match wins);
-    FMT is any spelling pyklei.formats.registry.weight_format takes (q8, qsi8cx, 8, ...)."""
+    """["PATTERN=FMT", ...], [(PATTERN, FMT), ...] or {PATTERN: FMT} -> [(pattern, format
+    name)] (first match wins); FMT is any spelling pyklei.formats.registry.weight_format takes
+    (q8, qsi8cx, 8, ...)."""
     if not keep:
         return []
-    items = keep.items() if isinstance(keep, dict) else [_split_keep(k) for k in keep]
+    items = keep.items() if isinstance(keep, dict) else [
+        k if isinstance(k, tuple) else _split_keep(k) for k in keep]
     out = []
     for pat, fmt in items:
         try:

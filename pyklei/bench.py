@@ -117,7 +117,7 @@ def _loadavg():
 def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int = 128,
               threads: Sequence[int] | None = None, repeats: int = 3, seed: int = 0,
               price_per_hour: float | None = None, n_ctx: int | None = None, n_batch: int = 256,
-              kv_cache: str = "f32", activations: str = "qai8dx2",
+              kv_cache: str = "f32", activations: str = "auto",
               progress: Callable[[int, int, str], None] | None = None) -> dict:
     """Loads the model once per thread count (default: the physical cores) and measures it
     with measure_speed on random ordinary tokens (the same for every thread count: `seed`).
@@ -125,7 +125,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     counts. -> the report `pyklei bench --json` prints."""
     import gc
 
-    from .formats.model_file import check_model_path
+    from .formats.model_file import check_model_path, read_model
     from .generate import peak_rss_mb
     from .kernels import cpu_features, selected_kernel
     from .llm import LLM
@@ -145,6 +145,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
               "ctx_size": n_ctx, "repeats": repeats, "price_per_hour_usd": price_per_hour,
               "cpu_features": cpu_features(), "kernels": {}, "cpu_count": os.cpu_count(),
               "loadavg": _loadavg(), "results": []}
+    activations = report["activations"] = read_model(path).activations(activations)
     planes = 2 if activations == "qai8dx2" else 1
     for k, th in enumerate(thread_counts):
         base = k * runs_per_thread

@@ -23,7 +23,7 @@ def _tensor_bytes(t) -> int:
     return sum(a.nbytes for a in (t.data, t.qs, t.scales) if a is not None)
 
 
-def model_info(path, activations: str = "qai8dx2", batch_size: int = 256) -> dict:
+def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     """The model's metadata, its tensors by format, the CPU's kernels and the kernel of each
     weight shape for decode and prefill, as a dict. Raises ValueError (ModelFileError) for a
     path that is not a pyklei model file."""
@@ -45,6 +45,7 @@ def model_info(path, activations: str = "qai8dx2", batch_size: int = 256) -> dic
     n_params = sum(f["params"] for f in fmts.values())
     n_bytes = sum(f["bytes"] for f in fmts.values())
 
+    activations = mf.activations(activations)
     planes = 2 if activations == "qai8dx2" else 1
     m_dec, m_pre = planes, planes * batch_size
     shapes: dict[tuple, dict] = {}

@@ -36,7 +36,7 @@ _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
 class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2",
+                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
                  n_seq: int = 4):
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
                            kv_cache=kv_cache, activations=activations, n_seq=n_seq)

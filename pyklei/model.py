@@ -4,9 +4,10 @@
     logits = model.eval(tokens)             # last position; reuses the cached prefix
     all_logits = model.logits(tokens)       # every position, from an empty cache
 
-Activations are quantized per row at run time: `activations="qai8dx2"` (default) adds a
-residual int8 plane to KleidiAI's qai8dx, which SmolLM2's outlier channels need to agree with
-float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme.
+Activations are quantized per row at run time: `activations="qai8dx2"` adds a residual int8
+plane to KleidiAI's qai8dx, which an unrotated SmolLM2's outlier channels need to agree with
+float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme; `"auto"` (default)
+picks one plane for a rotated file and two otherwise (ModelFile.activations; docs/QUALITY.md).
 
 Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 and AMX
 kernels read qsi4c32/qsi6c32 as "p16", panels of 16 rows with offset nibbles, and qsi8cx as
@@ -115,7 +116,7 @@ def _check_int(name: str, v, allow_none: bool = False) -> None:
 
 class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "qai8dx2",
+                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
                  n_seq: int = 1):
         t0 = time.perf_counter()
         _check_int("n_seq", n_seq)
@@ -140,8 +141,9 @@ class Model:
                              f"{hp.context_length} tokens")
         self.n_threads = n_threads or physical_cores()
         self.n_ctx = n_ctx or min(hp.context_length, 4096)
-        # qai8dx2 (default): two int8 planes per activation row, ~16-bit precision; qai8dx:
-        # one plane (KleidiAI's scheme), faster prefill, loses accuracy on outlier channels.
+        # qai8dx2: two int8 planes per activation row, ~16-bit precision; qai8dx: one plane
+        # (KleidiAI's scheme), twice the prefill speed, enough once the file is rotated.
+        activations = self.file.activations(activations)
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations
 

@@ -129,9 +129,11 @@ def _add_model_options(p, ctx_help="context size in tokens (default: the model's
     g.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
                    help="prompt tokens per forward pass (prefill chunk; default %(default)s)")
     g.add_argument("--kv-cache", choices=("f32", "f16"), default="f32", help="KV cache precision (default %(default)s)")
-    g.add_argument("--activations", choices=("qai8dx2", "qai8dx"), default="qai8dx2",
-                   help="activation quantization: qai8dx2 (two int8 planes, accurate) or qai8dx "
-                        "(one plane, KleidiAI's scheme: faster prefill, less accurate); default %(default)s")
+    g.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
+                   help="activation quantization: qai8dx2 (two int8 planes, accurate on any "
+                        "file) or qai8dx (one plane, KleidiAI's scheme: twice the prefill speed, "
+                        "as accurate on a rotated file); default %(default)s: one plane for a "
+                        "rotated file, two otherwise")
     return g
 
 

@@ -55,6 +55,15 @@ def _configure(p) -> None:
                    help="rotate the model before quantizing (residual stream, value heads, "
                         "down_proj input: QuaRot-style, exact in real arithmetic; the runtime "
                         "applies the online part), so 4-bit weights and int8 activations lose less")
+    ladder = p.add_mutually_exclusive_group()
+    ladder.add_argument("--recipe", choices=_recipes(), default=None,
+                        help="size/quality recipe: which block linears are stored at 6 bits "
+                             "(qsi6c32): " + "; ".join(f"{n}: {r.about}" for n, r in
+                                                        _recipes().items()))
+    ladder.add_argument("--bits", type=float, default=None, metavar="B",
+                        help="target bits per weight of the block linears (4.5 to 6.5 at "
+                             "group 32): the tensor kinds measured most sensitive go to 6 "
+                             "bits while the average stays within B (docs/QUALITY.md)")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -63,6 +72,11 @@ def _configure(p) -> None:
 def _default_embedding_bits() -> int:
     from ..converters import DEFAULT_EMBEDDING_BITS
     return DEFAULT_EMBEDDING_BITS
+
+
+def _recipes():
+    from ..converters.recipes import RECIPES
+    return RECIPES
 
 
 def _weight_formats():
@@ -102,7 +116,8 @@ def _run_gptq(args) -> int:
     return _guarded(lambda: convert_gptq(
         args.input, args.output, text, n_tokens=args.calib_tokens, progress=not args.no_progress,
         group_size=args.group_size, embedding_bits=args.embedding_bits, keep=args.keep,
-        name=args.name, force=args.force, rotate=getattr(args, "rotate", False)))
+        name=args.name, force=args.force, rotate=getattr(args, "rotate", False),
+        recipe=getattr(args, "recipe", None), bits=getattr(args, "bits", None)))
 
 
 def _run_convert(args) -> int:
@@ -113,7 +128,8 @@ def _run_convert(args) -> int:
         keep=args.keep, name=args.name, force=args.force, progress=not args.no_progress,
         imatrix=getattr(args, "imatrix", None),
         norm_weighting=getattr(args, "norm_weighting", False),
-        rotate=getattr(args, "rotate", False)))
+        rotate=getattr(args, "rotate", False), recipe=getattr(args, "recipe", None),
+        bits=getattr(args, "bits", None)))
 
 
 def _guarded(job) -> int:

@@ -11,9 +11,9 @@ def add_parser(sub):
         "the CPU's features, and which kernel each weight shape runs on this CPU for decode "
         "and prefill.")
     i.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
-    i.add_argument("--activations", choices=("qai8dx2", "qai8dx"), default="qai8dx2",
+    i.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
                    help="activation scheme the kernel table assumes (qai8dx2: 2 rows per token; "
-                        "default %(default)s)")
+                        "default %(default)s: the file's, one plane if rotated)")
     i.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
                    help="prefill chunk (tokens) the kernel table assumes (default %(default)s)")
     i.add_argument("--json", action="store_true", help="print the information as JSON")

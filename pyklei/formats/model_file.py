@@ -26,6 +26,7 @@ from .registry import GGML_I8, GGML_TYPE_NAMES, PLAIN_BY_GGML, WEIGHT_FORMATS
 from .rotation import Rotation, check_rotation, split_size
 
 ROTATION_PARTS = ("residual", "value_heads", "ffn_down")   # the values KEY_ROTATION may list
+ACTIVATIONS = ("auto", "qai8dx2", "qai8dx")                 # ModelFile.activations
 
 
 class ModelFileError(GGUFError):
@@ -86,6 +87,16 @@ class ModelFile:
     # only, "output" [n_embd]; empty for an unrotated file.
     rotations: dict[str, Rotation] = field(default_factory=dict)
     _mmap: Any = None
+
+    def activations(self, requested: str = "auto") -> str:
+        """The activation scheme to run with: `requested`, or for "auto" one int8 plane
+        (qai8dx) on a rotated file, whose activations have no outlier channels, and two
+        (qai8dx2) otherwise (docs/QUALITY.md: the measured cost of each)."""
+        if requested not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {requested!r}")
+        if requested != "auto":
+            return requested
+        return "qai8dx" if K.KEY_ROTATION in self.metadata else "qai8dx2"
 
     def tensor(self, name: str) -> Tensor:
         try:
