@@ -25,7 +25,9 @@ so a re-run quantizes nothing.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -162,25 +164,43 @@ def dequantized_model(gguf_path: Path, hf_dir: Path):
     return model.eval()
 
 
+def _score_key(path: Path, hf_dir: Path, tname: str, ids: list[int]) -> str:
+    """What a score depends on: the file, the reference weights, the token ids."""
+    stamp = lambda p: f"{p.stat().st_size}:{p.stat().st_mtime_ns}"  # noqa: E731
+    ref = ":".join(stamp(p) for p in sorted(hf_dir.glob("*.safetensors")))
+    digest = hashlib.sha1(np.asarray(ids, np.int64).tobytes()).hexdigest()[:16]
+    return f"{path.name}|{stamp(path)}|{ref}|{tname}|{digest}"
+
+
 def llamacpp_rows(bed: str, hf_dir: Path, ids_by_text: dict[str, list[int]], kinds,
                   work: Path, threads: int = 2) -> list[dict]:
     """quality.py's rows for llama.cpp's files of one test bed: each file dequantized once and
-    run on every text."""
+    run on every text. Scores are kept in work/scores.json (keyed by _score_key), so a re-run
+    of quality.py adds these rows in seconds; delete that file to score again."""
     import torch
 
     from quality import reference, score
 
     log = lambda m: print(f"{bed} {m}", file=sys.stderr)  # noqa: E731
     files = make_files(hf_dir, work, kinds, threads, log)
-    refs = {t: reference(hf_dir, ids) for t, ids in ids_by_text.items()}
+    cache_path = work / "scores.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
+    refs = {}
     rows = []
     for kind, path in files.items():
-        model = dequantized_model(path, hf_dir)
+        keys = {t: _score_key(path, hf_dir, t, ids) for t, ids in ids_by_text.items()}
+        todo = [t for t in ids_by_text if keys[t] not in cache]
+        model = dequantized_model(path, hf_dir) if todo else None
         for tname, ids in ids_by_text.items():
-            with torch.no_grad():
-                logits = model(torch.tensor([ids])).logits[0].numpy()
+            if tname in todo:
+                if tname not in refs:
+                    refs[tname] = reference(hf_dir, ids)
+                with torch.no_grad():
+                    logits = model(torch.tensor([ids])).logits[0].numpy()
+                cache[keys[tname]] = score(refs[tname], logits, ids)
+                cache_path.write_text(json.dumps(cache, indent=1))
             rows.append({"bed": bed, "text": tname, "variant": variant_name(kind),
-                         "bytes": path.stat().st_size, **score(refs[tname], logits, ids)})
+                         "bytes": path.stat().st_size, **cache[keys[tname]]})
             log(str(rows[-1]))
         del model
     return rows
