@@ -18,6 +18,8 @@ __all__ = ["ConversionError", "ConversionResult", "convert", "open_source", "DEF
 def open_source(path, name: str | None = None):
     """A core.ModelSource of a llama.cpp GGUF file or a Hugging Face checkpoint directory."""
     path = Path(path)
+    if not path.exists():
+        raise ConversionError(f"missing input: {path} does not exist")
     if path.is_file():
         from .llamacpp_gguf import gguf_source
         return gguf_source(path, name)

