@@ -4,10 +4,10 @@ instead of 4 (qsi4c32), by name or by a target size.
 A recipe is a list of --keep rules placed after the user's own (the user's win). Named
 recipes are fixed rule lists; `--bits B` promotes tensors to 6 bits in PROMOTION_ORDER, one
 layer at a time, for as long as the block linears' average stays within B bits per weight.
-PROMOTION_ORDER is the order in which promoting a tensor kind lowered the KL divergence most
-per byte when measured (docs/QUALITY.md, "The ladder"): the sensitivity is measured once, on
-SmolLM2-135M and its off-grid twin, and written here, so that a conversion needs no extra
-passes to apply it.
+The measured result of each rung is in docs/QUALITY.md ("The ladder"). PROMOTION_ORDER is not
+measured per kind yet: it starts with the two kinds llama.cpp's Q4_K_M keeps at 6 bits
+(ffn_down, attn_v), then the attention output and keys/queries, then the wide gate/up.
+6-bit tensors are rounded per block (GPTQ chooses the 4-bit ones).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def bits_4(group_size: int) -> float:
     return 4.0 + 16.0 / group_size
 
 
-# Tensor kinds in the order 6 bits buys the most for them (measured; see the module doc).
+# Tensor kinds in the order they go to 6 bits (see the module doc: not yet measured per kind).
 PROMOTION_ORDER = ("ffn_down", "attn_v", "attn_output", "attn_k", "attn_q", "ffn_up", "ffn_gate")
 
 

@@ -1,0 +1,71 @@
+"""The size/quality ladder (converters/recipes.py) and the activation default that follows
+rotation (ModelFile.activations)."""
+import math
+
+import pytest
+
+from pyklei.converters import ConversionError, convert
+from pyklei.converters.recipes import BITS_6, PROMOTION_ORDER, bits_4, bits_keep, recipe_keep
+from pyklei.formats.model_file import read_model
+
+SHAPES = {f"blk.{i}.{p}.weight": s for i in range(4) for p, s in (
+    ("attn_q", (64, 64)), ("attn_k", (32, 64)), ("attn_v", (32, 64)), ("attn_output", (64, 64)),
+    ("ffn_gate", (128, 64)), ("ffn_up", (128, 64)), ("ffn_down", (64, 128)))}
+
+
+def _avg_bits(rules, group_size=32):
+    six = {n for n, f in rules if f == "qsi6c32"}
+    total = sum(math.prod(s) for s in SHAPES.values())
+    return sum(math.prod(s) * (BITS_6 if n in six else bits_4(group_size))
+               for n, s in SHAPES.items()) / total
+
+
+@pytest.mark.parametrize("target", [4.5, 4.8, 5.2, 5.9, 6.5])
+def test_bits_target_is_met_and_filled_in_order(target):
+    rules = bits_keep(target, SHAPES, 32)
+    assert _avg_bits(rules) <= target + 1e-9
+    names = [n for n, _ in rules]
+    kinds = [n.split(".")[2] for n in names]
+    # kinds come in PROMOTION_ORDER, and a kind is complete before the next one starts
+    order = [PROMOTION_ORDER.index(k) for k in kinds]
+    assert order == sorted(order)
+    for k in set(kinds[:-1]) - set(kinds[-1:]):
+        assert kinds.count(k) == 4
+    # one more tensor would break the budget
+    rest = [n for k in PROMOTION_ORDER for n in sorted(SHAPES) if n.split(".")[2] == k
+            and n not in names]
+    if rest:
+        assert _avg_bits(rules + [(rest[0], "qsi6c32")]) > target
+    assert (target >= 6.5) == (len(rules) == len(SHAPES))
+
+
+def test_bits_below_the_4bit_floor_and_unknown_recipe_are_errors():
+    with pytest.raises(ConversionError, match="below qsi4c32's 4.5"):
+        bits_keep(4.4, SHAPES, 32)
+    with pytest.raises(ConversionError, match="unknown recipe 'q5'"):
+        recipe_keep("q5")
+
+
+def test_recipe_q4m_and_user_keep_first(tiny64, tmp_path):
+    hf, _ = tiny64
+    out = convert(hf, tmp_path / "m.gguf", recipe="q4m", keep=["blk.0.ffn_down.weight=q8"])
+    mf = read_model(out.path)
+    for i in range(mf.hparams.n_layer):
+        assert mf.layer(i, "attn_v").format == "qsi6c32"
+        assert mf.layer(i, "attn_q").format == "qsi4c32"
+        assert mf.layer(i, "ffn_down").format == ("qsi8cx" if i == 0 else "qsi6c32")
+    with pytest.raises(ConversionError, match="not both"):
+        convert(hf, tmp_path / "x.gguf", recipe="q4m", bits=5.0)
+
+
+def test_activation_default_follows_rotation(tiny64, tmp_path):
+    import pyklei
+    hf, plain = tiny64
+    rot = convert(hf, tmp_path / "r.gguf", rotate=True).path
+    assert read_model(rot).activations() == "qai8dx"
+    assert read_model(plain).activations() == "qai8dx2"
+    assert read_model(plain).activations("qai8dx") == "qai8dx"
+    with pyklei.load(rot, n_threads=1, n_ctx=32) as llm:
+        assert llm.model.activations == "qai8dx"
+    with pytest.raises(ValueError, match="activations must be one of auto, qai8dx2, qai8dx"):
+        pyklei.load(plain, activations="int4")
