@@ -33,13 +33,17 @@ sys.path.insert(0, str(ROOT / "tests"))          # tests/models.py: the test bed
 RESULTS = ROOT / "benchmarks" / "results"
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 
-VARIANTS = {                                      # name -> how to convert
-    "default": {},
-    "calibrated": {"calibrate": True},
+VARIANTS = {      # name -> how to convert (and "same": score another variant's file; "activations")
+    "default": {"rotate": True, "gptq": True},    # `pyklei convert`'s default, run as loaded
+    "default-qai8dx": {"same": "default", "activations": "qai8dx"},   # one activation plane
+    "b4.9": {"rotate": True, "gptq": True, "bits": 4.9},      # the ladder, < llama.cpp Q4_0's size
+    "q4m": {"rotate": True, "gptq": True, "recipe": "q4m"},
+    "b6.0": {"rotate": True, "gptq": True, "bits": 6.0},      # the ladder, < llama.cpp Q4_K_M's size
+    "rtn": {},                                    # --no-calibrate: plain rounding (the old default)
+    "calibrated": {"calibrate": True},            # --calibrate: the importance matrix
     "g64": {"group_size": 64},
-    "gptq": {"gptq": True},                       # pipeline.convert_gptq (8192 tokens)
-    "rotate": {"rotate": True},
-    "rotate-gptq": {"rotate": True, "gptq": True},
+    "gptq": {"gptq": True, "rotate": False},      # --no-rotate
+    "rotate": {"rotate": True},                   # --no-calibrate --rotate
 }
 
 
@@ -81,7 +85,7 @@ def convert_variant(hf_dir: Path, out: Path, spec: dict) -> float:
     from pyklei.pipeline import convert_calibrated
     t0 = time.perf_counter()
     if not out.exists():
-        kw = {k: v for k, v in spec.items() if k not in ("calibrate", "gptq")}
+        kw = {k: v for k, v in spec.items() if k not in ("calibrate", "gptq", "activations")}
         if spec.get("gptq"):
             from pyklei.pipeline import convert_gptq
             convert_gptq(hf_dir, out, progress=False, **kw)
@@ -124,6 +128,9 @@ def main(argv=None) -> int:
         hf = beds[bed]()
         files = {}
         for v in args.variants.split(","):
+            if "same" in VARIANTS[v]:
+                files[v] = work / f"{bed}-{VARIANTS[v]['same']}.gguf"
+                continue
             out = work / f"{bed}-{v}.gguf"
             secs = convert_variant(hf, out, VARIANTS[v])
             files[v] = out
@@ -135,7 +142,8 @@ def main(argv=None) -> int:
             rows.append({"bed": bed, "text": tname, "variant": "transformers fp32", "bytes": None,
                          **score(ref, ref, ids)})
             for v, path in files.items():
-                with LLM(path, n_threads=args.threads, n_ctx=len(ids)) as llm:
+                act = VARIANTS[v].get("activations", "auto")
+                with LLM(path, n_threads=args.threads, n_ctx=len(ids), activations=act) as llm:
                     logits = llm.logits(ids)
                 rows.append({"bed": bed, "text": tname, "variant": f"pyklei {v}",
                              "bytes": path.stat().st_size, **score(ref, logits, ids)})
