@@ -437,3 +437,19 @@ def test_chat_ctrl_c_during_a_long_prefill_keeps_the_model_right(smollm2_q4, ter
     assert "Paris" in t.expect(PROMPT).split("France?", 1)[1]
     t.type("/exit\r")
     assert t.proc.wait(20) == 0
+
+
+@pytest.mark.parametrize("flags,expect", [
+    (["--no-calibrate", "--gptq"], "--gptq belongs to the default GPTQ method"),
+    (["--calibrate", "--no-rotate"], "--no-rotate belongs to the default GPTQ method"),
+    (["--rotate"], "the default method rotates already"),
+    (["--calibrate", "--rotate"], "cannot go with --rotate"),
+    (["--recipe", "q4m", "--bits", "5"], "not allowed with argument"),
+    (["--no-calibrate", "--bits", "4.2"], "below qsi4c32's 4.5"),
+])
+def test_convert_method_flags_that_do_not_mix_are_one_line_errors(tiny64, tmp_path, flags, expect):
+    hf, _ = tiny64
+    out = tmp_path / "x.gguf"
+    err = assert_user_error(pyklei("convert", hf, "-o", out, "--no-progress", *flags), "convert")
+    assert expect in err, err
+    assert not out.exists()
