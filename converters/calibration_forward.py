@@ -32,39 +32,17 @@ import numpy as np
 from gguf import GGUFValueType as T
 
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import qsi6c32
+from pyklei.formats.model_file import HParams
 
 from . import gptq
-from .core import ModelSource, SourceTensor
+from .core import ModelSource, SourceTensor, source_hparams
 from .errors import ConversionError
 
 MIN_CALIBRATION_TOKENS = 256     # fewer: the Hessians are too poor to be worth it
 DEFAULT_CALIBRATION_TOKENS = 8192
 DEFAULT_SEQ_LEN = 512
 METHOD_GPTQ = "gptq"
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    n_embd: int
-    n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    rms_eps: float
-    rope_theta: float
-    vocab_size: int
-
-    @classmethod
-    def from_source(cls, src: ModelSource) -> "LlamaShape":
-        kv = {k: v for k, v, *_ in src.kv}
-        try:
-            return cls(int(kv[K.EMBEDDING_LENGTH]), int(kv[K.BLOCK_COUNT]),
-                       int(kv[K.FEED_FORWARD_LENGTH]), int(kv[K.HEAD_COUNT]),
-                       int(kv[K.HEAD_COUNT_KV]), int(kv[K.KEY_LENGTH]), float(kv[K.RMS_EPS]),
-                       float(kv[K.ROPE_FREQ_BASE]), int(kv[K.VOCAB_SIZE]))
-        except KeyError as e:
-            raise ConversionError(f"GPTQ: the source has no {e.args[0]}") from None
 
 
 # ---- the operations of the forward pass (x: [T, d] float32) ----------------------------------
@@ -76,7 +54,7 @@ def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
     return (x * inv[:, None]) * gain.astype(np.float32)
 
 
-def rope_tables(hp: LlamaShape, n_pos: int, rope_freqs: np.ndarray | None):
+def rope_tables(hp: HParams, n_pos: int, rope_freqs: np.ndarray | None):
     """(cos, sin), each float32 [n_pos, head_dim/2]: pair i at position p turns by
     p * theta^(-2i/hd) / rope_freqs[i] (inv_freq in float32, as pk_llama_create)."""
     i = np.arange(hp.head_dim // 2, dtype=np.float64)
@@ -165,14 +143,14 @@ class LayerCalibrator:
         if opts.propagate not in ("quantized", "float"):
             raise ConversionError(f"GPTQ propagate must be 'quantized' or 'float', got {opts.propagate!r}")
         self.src, self.opts, self.bl = src, opts, group_size
-        self.hp = LlamaShape.from_source(src)
+        self.hp = source_hparams(src, group_size)
         self.by_name = {t.name: t for t in src.tensors}
         self.batch = calibration_batch(opts.tokens, opts.seq_len, self.hp.vocab_size)
         self.down_input = getattr(src, "ffn_down_input", None)
         self.x: np.ndarray | None = None      # [T, d] the residual stream before layer next_layer
         self.next_layer = 0
         self.done: dict[str, tuple[np.ndarray, np.ndarray]] = {}   # stored arrays not yet taken
-        self.unused: set[str] = set()         # linears the writer stores otherwise (--keep)
+        self.formats: dict[str, str] = {}     # the writer's plan (set_formats); else qsi4c32
         self.seconds = 0.0
         self.quantize = True                  # False: the float model (float_forward)
         rf = self.by_name.get(K.ROPE_FREQS)
@@ -208,6 +186,18 @@ class LayerCalibrator:
             self.src.after_tensor()
         return x
 
+    def set_formats(self, formats: dict[str, str]) -> None:
+        self.formats = dict(formats)
+
+    def grid(self, name: str, bl: int | None = None) -> gptq.Grid | None:
+        """The GPTQ grid of a linear stored as the plan says (None: a format GPTQ does not
+        choose, such as qsi8cx or f16, which the writer rounds as usual). bl: the group size
+        the writer asks for, checked against the calibrator's."""
+        fmt = self.formats.get(name, "qsi4c32")
+        if fmt == "qsi4c32" and (bl or self.bl) != self.bl:
+            return None
+        return gptq.GRIDS.get(fmt)
+
     def quantized(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         layer = int(name.split(".")[1])
         while name not in self.done and self.next_layer <= layer:
@@ -217,17 +207,19 @@ class LayerCalibrator:
         return self.done.pop(name)
 
     def _gptq(self, i: int, part: str, h: np.ndarray) -> np.ndarray:
-        """GPTQ of blk.i.part (its float weight read now, h [K, K] consumed); keeps the stored
-        arrays, returns the weight [N, K] the stream goes on through."""
-        w = self._read(self.by_name[K.blk(i, part)])            # [N, K] float32
-        if not self.quantize:
+        """GPTQ of blk.i.part on its format's grid (its float weight read now, h [K, K]
+        consumed); keeps the stored arrays, returns the weight [N, K] the stream goes on
+        through (the float weight for a format GPTQ does not choose: 8 bits and more)."""
+        name = K.blk(i, part)
+        w = self._read(self.by_name[name])                       # [N, K] float32
+        grid = self.grid(name)
+        if not self.quantize or grid is None:
             return w
         keep = w.copy() if self.opts.propagate == "float" else None
-        q, bits = gptq.gptq_quantize(w, h, self.bl, self.opts.damp,
-                                     act_order=self.opts.act_order,
-                                     weighted_scales=self.opts.weighted_scales)
-        if K.blk(i, part) not in self.unused:
-            self.done[K.blk(i, part)] = gptq.pack(q, bits)
+        bl = self.bl if grid.fmt == "qsi4c32" else qsi6c32.BLOCK
+        q, bits = gptq.gptq_quantize(w, h, bl, self.opts.damp, act_order=self.opts.act_order,
+                                     weighted_scales=self.opts.weighted_scales, grid=grid)
+        self.done[name] = gptq.pack(q, bits, grid)
         return keep if keep is not None else gptq.dequantize(q, bits)
 
     def _run_layer(self, i: int) -> None:
@@ -290,20 +282,19 @@ def float_forward(src: ModelSource, tokens, seq_len: int = DEFAULT_SEQ_LEN) -> n
 
 
 def gptq_source(src: ModelSource, opts: GPTQOptions, group_size: int = 32) -> ModelSource:
-    """src with GPTQ as the `quantized` rule of every block linear (qsi4c32 at group_size;
-    a linear kept in another format by --keep is rounded as usual, while the calibration
-    stream still runs through its 4-bit GPTQ weights). The file records the method
-    (K.KEY_WEIGHT_METHOD)."""
+    """src with GPTQ as the `quantized` rule of every block linear: on the grid of the format
+    the writer plans for it (qsi4c32 at group_size, or qsi6c32: the ladder's and --keep's 6-bit
+    tensors); a linear kept at 8 bits or more is rounded as usual and the calibration stream
+    runs through its float weights. The file records the method (K.KEY_WEIGHT_METHOD)."""
     cal = LayerCalibrator(src, opts, group_size)
     blk_linears = {K.blk(i, p) for i in range(cal.hp.n_layer) for p in K.BLOCK_LINEARS}
 
     def rule(name: str):
         def quantized(fmt: str, bl: int):
-            if fmt != "qsi4c32" or bl != group_size:
-                cal.unused.add(name)
-                cal.done.pop(name, None)
-                return None
-            return cal.quantized(name)
+            if cal.formats.get(name, "qsi4c32") != fmt:
+                raise ConversionError(f"GPTQ: {name} is written as {fmt}, planned as "
+                                      f"{cal.formats.get(name, 'qsi4c32')}")
+            return cal.quantized(name) if cal.grid(name, bl) is not None else None
         return quantized
 
     tensors = [dataclasses.replace(t, quantized=rule(t.name)) if t.name in blk_linears else t
@@ -315,7 +306,8 @@ def gptq_source(src: ModelSource, opts: GPTQOptions, group_size: int = 32) -> Mo
         src, tensors=tensors,
         kv=[e for e in src.kv if e[0] != K.KEY_WEIGHT_METHOD]
         + [(K.KEY_WEIGHT_METHOD, METHOD_GPTQ, T.STRING, None)],
-        notes=list(src.notes) + [f"weights: {opts.describe(cal.n_tokens)}"])
+        notes=list(src.notes) + [f"weights: {opts.describe(cal.n_tokens)}"],
+        before_write=cal.set_formats)
     out.calibrator = cal
     return out
 

@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from pyklei.formats import QSI4C32_BLOCK_SIZES
 from pyklei.formats import gguf_keys as K
+from pyklei.formats.model_file import HParams, ModelFileError, read_hparams
 from pyklei.formats.registry import WEIGHT_FORMATS, WeightFormat, weight_format
 
 from .errors import ConversionError
@@ -63,6 +64,19 @@ class ModelSource:
     # A rotated source (converters/rotation.py): x -> x @ Q_f, the transform the forward pass
     # applies to the SwiGLU output before down_proj; None when unrotated.
     ffn_down_input: Callable[[np.ndarray], np.ndarray] | None = None
+    # Told {GGUF name: format} of every tensor before any is read: a source whose `quantized`
+    # rules depend on other tensors' formats (GPTQ runs a whole layer at once) learns them here.
+    before_write: Callable[[dict[str, str]], None] | None = None
+
+
+def source_hparams(src: ModelSource, group_size: int = 32) -> HParams:
+    """The source's hyperparameters, checked as the loader will check the written file."""
+    kv = {k: v for k, v, *_ in src.kv}
+    types = {k: t for k, _, t, _ in src.kv}
+    try:
+        return read_hparams(kv, types.get, {t.name for t in src.tensors}, "the source", group_size)
+    except ModelFileError as e:
+        raise ConversionError(str(e)) from None
 
 
 @dataclass
@@ -310,6 +324,8 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
             raise ConversionError(
                 f"--keep {pat}={fmt} matches no weight matrix (patterns are globs over GGUF "
                 f"names like 'blk.*.ffn_down.weight' or HF names; norms are always f32)")
+    if src.before_write:
+        src.before_write({t.name: fmt for t, fmt in plan})
 
     w = GGUFWriter(None, K.ARCH)
     w.add_custom_alignment(K.ALIGNMENT)

@@ -1,4 +1,4 @@
-"""GPTQ for qsi4c32: error-compensating rounding of one linear weight, given the Hessian of
+"""GPTQ for qsi4c32 (and qsi6c32): error-compensating rounding of one linear weight, given the Hessian of
 its inputs (issue 15, item 2; Frantar et al., "GPTQ", 2022).
 
 For a weight W [N out, K in] and its inputs X [T tokens, K], the layer's output error
@@ -25,6 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from dataclasses import dataclass
+from typing import Callable
+
+from pyklei.formats import qsi6c32
 from pyklei.formats.bf16 import bf16_to_f32
 from pyklei.formats.qsi4c32 import QMAX, QMIN, choose_block_scales, pack_nibbles
 
@@ -38,6 +42,25 @@ SUB_BLOCK = 32             # columns updated column by column inside a block (a 
 # 0.125 (SmolLM2 layer 3, output error: attn_q 0.0285 both, attn_v 0.0634 vs 0.0635, ffn_gate
 # 0.0451 vs 0.0450; the error feedback makes up for a coarser scale), at a quarter of the cost.
 SCALE_DIVISORS = np.arange(6.0, 8.5001, 0.5, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What GPTQ rounds a format's weights onto: the integer range, the candidate scales
+    absmax / t searched for each group, and how the integers are stored."""
+    fmt: str
+    qmin: int
+    qmax: int
+    divisors: np.ndarray
+    pack: Callable[[np.ndarray], np.ndarray]
+
+
+GRIDS = {g.fmt: g for g in (
+    Grid("qsi4c32", QMIN, QMAX, SCALE_DIVISORS, pack_nibbles),
+    # qsi6c32's own search steps t by 0.25 over 28..34; whole steps here, as for 4 bits.
+    Grid("qsi6c32", qsi6c32.QMIN, qsi6c32.QMAX, np.arange(28.0, 34.0001, 1.0, dtype=np.float32),
+         qsi6c32.pack_q6),
+)}
 
 
 def accumulate_gram(h: np.ndarray | None, x: np.ndarray, col_block: int = 1024) -> np.ndarray:
@@ -151,10 +174,11 @@ def _damped_factor(h: np.ndarray, damp: float) -> np.ndarray:
 
 def gptq_quantize(w: np.ndarray, h: np.ndarray, bl: int = 32, damp: float = DEFAULT_DAMP,
                   block: int = DEFAULT_BLOCK, act_order: bool = False,
-                  weighted_scales: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  weighted_scales: bool = True,
+                  grid: Grid = GRIDS["qsi4c32"]) -> tuple[np.ndarray, np.ndarray]:
     """GPTQ of one weight. w: float32 [N, K]; h: float32 [K, K], X^T X of its inputs (both
-    are overwritten). -> (q int8 [N, K] in [-8, 7], scale bits uint16 [N, K/bl]), so that
-    w ~= bf16_to_f32(bits)[:, k // bl] * q[:, k].
+    are overwritten). -> (q int8 [N, K] in [grid.qmin, grid.qmax], scale bits uint16
+    [N, K/bl]), so that w ~= bf16_to_f32(bits)[:, k // bl] * q[:, k].
 
     act_order: quantize columns by descending diag(H) ("static groups": every group's scale
     is chosen first, from the original weights, since a group's columns are then no longer
@@ -174,7 +198,8 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bl: int = 32, damp: float = DEFA
     if act_order:
         for g in range(k // bl):
             c = slice(g * bl, (g + 1) * bl)
-            bits[:, g] = choose_block_scales(w[:, c], None if imp is None else imp[c])
+            bits[:, g] = choose_block_scales(w[:, c], None if imp is None else imp[c],
+                                             grid.divisors, grid.qmin, grid.qmax)
         perm = np.argsort(-diag, kind="stable")
         w = w[:, perm]
         h = h[perm][:, perm]
@@ -194,14 +219,15 @@ def gptq_quantize(w: np.ndarray, h: np.ndarray, bl: int = 32, damp: float = DEFA
             if perm is None and j0 % bl == 0:                # a group starts: its scale
                 g = j0 // bl
                 bits[:, g] = choose_block_scales(
-                    w1[:, g1:g1 + bl], None if imp is None else imp[j0:j0 + bl], SCALE_DIVISORS)
+                    w1[:, g1:g1 + bl], None if imp is None else imp[j0:j0 + bl],
+                    grid.divisors, grid.qmin, grid.qmax)
                 scale[:, g] = bf16_to_f32(bits[:, g])
                 inv_s[:, g] = _inverse(scale[:, g])
             for i in range(g1, g2):
                 j = i1 + i
                 grp = j // bl if perm is None else perm[j] // bl
                 col = w1[:, i]
-                qi = np.clip(np.rint(col * inv_s[:, grp]), QMIN, QMAX)
+                qi = np.clip(np.rint(col * inv_s[:, grp]), grid.qmin, grid.qmax)
                 q[:, j] = qi
                 e = (col - qi * scale[:, grp]) / u1[i, i]
                 if i + 1 < g2:                               # the rest of this sub-block
@@ -237,6 +263,7 @@ def dequantize(q: np.ndarray, bits: np.ndarray) -> np.ndarray:
     return (q.reshape(n, s.shape[1], -1).astype(np.float32) * s[:, :, None]).reshape(n, k)
 
 
-def pack(q: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """-> the stored qsi4c32 arrays (qs uint8 [N, K/2], scales uint16 [N, K/bl])."""
-    return pack_nibbles(q), np.ascontiguousarray(bits)
+def pack(q: np.ndarray, bits: np.ndarray, grid: Grid = GRIDS["qsi4c32"]) -> tuple[np.ndarray, np.ndarray]:
+    """-> the stored arrays of grid's format (qsi4c32: qs uint8 [N, K/2]; qsi6c32: [N, 3K/4];
+    scales uint16 [N, K/bl])."""
+    return grid.pack(q), np.ascontiguousarray(bits)

@@ -30,17 +30,10 @@ from gguf import GGUFValueType as T
 from pyklei.formats import gguf_keys as K
 from pyklei.formats.rotation import Rotation, make_rotation
 
-from .core import ModelSource, SourceTensor
+from .core import ModelSource, SourceTensor, source_hparams
 from .errors import ConversionError
 
 ROTATION_KINDS = "residual,value_heads,ffn_down"   # KEY_ROTATION's value: what was rotated
-
-
-def _kv(src: ModelSource, key: str):
-    for k, v, _, _ in src.kv:
-        if k == key:
-            return v
-    raise ConversionError(f"cannot rotate: the source has no {key}")
 
 
 def _columns(x: np.ndarray, rot: Rotation, transpose: bool) -> np.ndarray:
@@ -53,8 +46,8 @@ def rotate_source(src: ModelSource, seed: int = 0) -> ModelSource:
     online transform the forward pass applies before down_proj (x -> x @ Q_f)."""
     if getattr(src, "ffn_down_input", None) is not None:
         raise ConversionError("the source is rotated already")
-    n_embd, n_ff = int(_kv(src, K.EMBEDDING_LENGTH)), int(_kv(src, K.FEED_FORWARD_LENGTH))
-    head_dim = int(_kv(src, K.KEY_LENGTH))
+    hp = source_hparams(src)
+    n_embd, n_ff, head_dim = hp.n_embd, hp.n_ff, hp.head_dim
     by_name = {t.name: t for t in src.tensors}
     tied = K.OUTPUT not in by_name
     rng = np.random.default_rng(seed)

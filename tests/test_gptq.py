@@ -15,9 +15,9 @@ import pytest
 
 from pyklei.converters import ConversionError, convert
 from pyklei.converters import gptq as G
-from pyklei.converters.calibration_forward import (GPTQOptions, LayerCalibrator, LlamaShape,
-                                                   float_forward, gptq_source, rmsnorm)
-from pyklei.converters.core import write_model
+from pyklei.converters.calibration_forward import (GPTQOptions, LayerCalibrator, float_forward,
+                                                   gptq_source, rmsnorm)
+from pyklei.converters.core import source_hparams, write_model
 from pyklei.converters.hf_llama import hf_source
 from pyklei.formats import bf16_to_f32, dequantize_qsi8cx, f32_to_bf16, quantize_qsi8cx
 from pyklei.formats import gguf_keys as K
@@ -71,6 +71,24 @@ def test_gptq_beats_rounding_on_correlated_inputs(act_order):
     assert np.array_equal(dequantize_qsi4c32(qs, sc), wq)
 
 
+def test_gptq_on_the_6bit_grid_beats_its_rounding():
+    """qsi6c32's grid: values in [-32, 31], stored arrays the format decodes, and a lower
+    output error than the format's own rounding (the ladder's 6-bit tensors)."""
+    from pyklei.formats.qsi6c32 import dequantize_qsi6c32, quantize_qsi6c32
+    rng = np.random.default_rng(5)
+    k, n = 256, 64
+    x = _correlated(rng, 1024, k)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    grid = G.GRIDS["qsi6c32"]
+    q, bits = G.gptq_quantize(w.copy(), G.accumulate_gram(None, x), 32, grid=grid)
+    assert q.min() >= -32 and q.max() <= 31 and q.min() < -8    # the whole 6-bit range is used
+    wq = G.dequantize(q, bits)
+    qs, sc = G.pack(q, bits, grid)
+    assert np.array_equal(dequantize_qsi6c32(qs, sc), wq)
+    e_rtn = _output_error(w, dequantize_qsi6c32(*quantize_qsi6c32(w)), x)
+    assert _output_error(w, wq, x) < 0.8 * e_rtn
+
+
 def test_rtn_quantize_is_the_converters_rounding():
     from pyklei.formats import quantize_qsi4c32, unpack_nibbles
     w = np.random.default_rng(2).standard_normal((16, 128)).astype(np.float32)
@@ -97,7 +115,7 @@ def _numpy_logits(src, toks, lm_head):
     x = float_forward(src, toks, seq_len=len(toks))
     by = {t.name: t for t in src.tensors}
     g = by[K.OUTPUT_NORM].read(0, by[K.OUTPUT_NORM].shape[0])
-    return rmsnorm(x, g, LlamaShape.from_source(src).rms_eps) @ lm_head.T
+    return rmsnorm(x, g, source_hparams(src).rms_eps) @ lm_head.T
 
 
 def test_calibration_forward_matches_transformers(tiny64):
@@ -165,21 +183,22 @@ def test_written_file_holds_what_gptq_chose(tiny64, tmp_path):
 
     def record(i, part, h):
         out = real(i, part, h)
-        chosen[K.blk(i, part)] = cal.done[K.blk(i, part)]
+        if K.blk(i, part) in cal.done:
+            chosen[K.blk(i, part)] = cal.done[K.blk(i, part)]
         return out
     cal._gptq = record
     path = tmp_path / "gptq.gguf"
-    res = write_model(gsrc, path, progress=False, keep=["blk.1.ffn_down.weight=q8"])
+    res = write_model(gsrc, path, progress=False,
+                      keep=["blk.1.ffn_down.weight=q8", "blk.0.attn_v.weight=q6"])
     assert any("GPTQ on 600 calibration tokens" in n for n in res.notes)
     assert "GPTQ" in res.summary()
     mf = read_model(path)
-    assert len(chosen) == 14
+    # 8 bits: rounded by the writer (GPTQ chooses the 4- and 6-bit grids only)
+    assert mf.tensor("blk.1.ffn_down.weight").format == "qsi8cx"
+    assert len(chosen) == 13 and "blk.1.ffn_down.weight" not in chosen
     for name, (qs, sc) in chosen.items():
         t = mf.tensor(name)
-        if name == "blk.1.ffn_down.weight":                # --keep wins over GPTQ
-            assert t.format == "qsi8cx"
-            continue
-        assert t.format == "qsi4c32"
+        assert t.format == ("qsi6c32" if name == "blk.0.attn_v.weight" else "qsi4c32")
         assert np.array_equal(np.asarray(t.qs).view(np.uint8), qs)
         assert np.array_equal(np.asarray(t.scales).view(np.uint16), sc)
     # the method is recorded; a default conversion has no such key

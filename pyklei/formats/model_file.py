@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -163,58 +163,7 @@ def read_model(path) -> ModelFile:
     if align % K.ALIGNMENT:
         raise ModelFileError(f"{path}: general.alignment {align} is not a multiple of {K.ALIGNMENT}")
 
-    def need(key, typ=int, default=None, lo=1, hi=_I32_MAX):
-        """A numeric hyperparameter: the right GGUF type, finite, within [lo, hi]."""
-        if key not in md:
-            if default is None:
-                raise ModelFileError(f"{path} lacks metadata key {key!r}")
-            return default
-        v, t = md[key], vtype(key)
-        if t not in (_INT_TYPES if typ is int else _NUM_TYPES):
-            raise ModelFileError(f"{path}: metadata {key!r} = {v!r} has GGUF type "
-                                 f"{VALUE_TYPE_NAMES.get(t, t)}, expected "
-                                 f"{'an integer' if typ is int else 'a number'}")
-        v = typ(v)
-        if not lo <= v <= hi:   # NaN fails this too
-            raise ModelFileError(f"{path}: metadata {key!r} = {v!r} is out of range [{lo}, {hi}]")
-        return v
-
-    n_embd, n_head = need(K.EMBEDDING_LENGTH), need(K.HEAD_COUNT)
-    head_dim = need(K.KEY_LENGTH, default=max(n_embd // n_head, 1))
-    hp = HParams(
-        vocab_size=need(K.VOCAB_SIZE),
-        context_length=need(K.CONTEXT_LENGTH),
-        n_embd=n_embd,
-        n_layer=need(K.BLOCK_COUNT, hi=1 << 16),
-        n_ff=need(K.FEED_FORWARD_LENGTH),
-        n_head=n_head,
-        n_head_kv=need(K.HEAD_COUNT_KV, default=n_head),
-        head_dim=head_dim,
-        rms_eps=need(K.RMS_EPS, float, lo=1e-30, hi=1.0),
-        rope_theta=need(K.ROPE_FREQ_BASE, float, default=10000.0, lo=1.0, hi=1e30),
-        rope_dim=need(K.ROPE_DIM, default=head_dim),
-        tied=K.OUTPUT not in raw,
-        has_rope_freqs=K.ROPE_FREQS in raw,
-        block_size=need(K.KEY_BLOCK_SIZE),
-    )
-    if hp.n_head % hp.n_head_kv:
-        raise ModelFileError(f"{path}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
-    if need(K.VALUE_LENGTH, default=hp.head_dim) != hp.head_dim:
-        raise ModelFileError(f"{path}: attention.value_length {md[K.VALUE_LENGTH]} differs from "
-                             f"key_length {hp.head_dim}; pyklei needs equal K and V head sizes")
-    if hp.head_dim % 2:
-        raise ModelFileError(f"{path}: head dimension {hp.head_dim} is odd (RoPE rotates pairs)")
-    if hp.rope_dim != hp.head_dim:
-        raise ModelFileError(f"{path}: partial RoPE (rope.dimension_count {hp.rope_dim} != head_dim "
-                             f"{hp.head_dim}) is not supported")
-    if hp.block_size not in QSI4C32_BLOCK_SIZES:
-        raise ModelFileError(f"{path}: {K.KEY_BLOCK_SIZE} = {hp.block_size} is not one of {QSI4C32_BLOCK_SIZES}")
-    # the C runtime indexes with int: every row length must fit one
-    for what, n in (("n_head * head_dim", hp.n_head * hp.head_dim),
-                    ("n_head_kv * head_dim", hp.n_head_kv * hp.head_dim)):
-        if n > _I32_MAX:
-            raise ModelFileError(f"{path}: {what} = {n} is too large")
-
+    hp = read_hparams(md, vtype, raw, str(path))
     h, v, f, hd = hp.n_embd, hp.vocab_size, hp.n_ff, hp.head_dim
     expect = {K.TOKEN_EMBD: (v, h), K.OUTPUT_NORM: (h,)}
     for i in range(hp.n_layer):
@@ -323,6 +272,66 @@ def read_model(path) -> ModelFile:
             eos_ids.append(md[key])
     return ModelFile(path=path, hparams=hp, metadata=md, tensors=tensors, eos_token_ids=eos_ids,
                      metadata_types=types, rotations=rotations, _mmap=mm)
+
+
+def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, where: str,
+                 block_size: int | None = None) -> HParams:
+    """The llama hyperparameters of GGUF metadata md, checked: GGUF types, ranges, and what the
+    runtime needs (ModelFileError naming `where`). vtype(key): the GGUF value type of md[key].
+    tensor_names: the tensors there are (tied = no output.weight). block_size: None reads
+    K.KEY_BLOCK_SIZE (a pyklei file); a converter's source, which has none yet, passes its own."""
+    def need(key, typ=int, default=None, lo=1, hi=_I32_MAX):
+        """A numeric hyperparameter: the right GGUF type, finite, within [lo, hi]."""
+        if key not in md:
+            if default is None:
+                raise ModelFileError(f"{where} lacks metadata key {key!r}")
+            return default
+        v, t = md[key], vtype(key)
+        if t not in (_INT_TYPES if typ is int else _NUM_TYPES):
+            raise ModelFileError(f"{where}: metadata {key!r} = {v!r} has GGUF type "
+                                 f"{VALUE_TYPE_NAMES.get(t, t)}, expected "
+                                 f"{'an integer' if typ is int else 'a number'}")
+        v = typ(v)
+        if not lo <= v <= hi:   # NaN fails this too
+            raise ModelFileError(f"{where}: metadata {key!r} = {v!r} is out of range [{lo}, {hi}]")
+        return v
+
+    n_embd, n_head = need(K.EMBEDDING_LENGTH), need(K.HEAD_COUNT)
+    head_dim = need(K.KEY_LENGTH, default=max(n_embd // n_head, 1))
+    hp = HParams(
+        vocab_size=need(K.VOCAB_SIZE),
+        context_length=need(K.CONTEXT_LENGTH),
+        n_embd=n_embd,
+        n_layer=need(K.BLOCK_COUNT, hi=1 << 16),
+        n_ff=need(K.FEED_FORWARD_LENGTH),
+        n_head=n_head,
+        n_head_kv=need(K.HEAD_COUNT_KV, default=n_head),
+        head_dim=head_dim,
+        rms_eps=need(K.RMS_EPS, float, lo=1e-30, hi=1.0),
+        rope_theta=need(K.ROPE_FREQ_BASE, float, default=10000.0, lo=1.0, hi=1e30),
+        rope_dim=need(K.ROPE_DIM, default=head_dim),
+        tied=K.OUTPUT not in tensor_names,
+        has_rope_freqs=K.ROPE_FREQS in tensor_names,
+        block_size=need(K.KEY_BLOCK_SIZE) if block_size is None else block_size,
+    )
+    if hp.n_head % hp.n_head_kv:
+        raise ModelFileError(f"{where}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
+    if need(K.VALUE_LENGTH, default=hp.head_dim) != hp.head_dim:
+        raise ModelFileError(f"{where}: attention.value_length {md[K.VALUE_LENGTH]} differs from "
+                             f"key_length {hp.head_dim}; pyklei needs equal K and V head sizes")
+    if hp.head_dim % 2:
+        raise ModelFileError(f"{where}: head dimension {hp.head_dim} is odd (RoPE rotates pairs)")
+    if hp.rope_dim != hp.head_dim:
+        raise ModelFileError(f"{where}: partial RoPE (rope.dimension_count {hp.rope_dim} != head_dim "
+                             f"{hp.head_dim}) is not supported")
+    if hp.block_size not in QSI4C32_BLOCK_SIZES:
+        raise ModelFileError(f"{where}: {K.KEY_BLOCK_SIZE} = {hp.block_size} is not one of {QSI4C32_BLOCK_SIZES}")
+    # the C runtime indexes with int: every row length must fit one
+    for what, n in (("n_head * head_dim", hp.n_head * hp.head_dim),
+                    ("n_head_kv * head_dim", hp.n_head_kv * hp.head_dim)):
+        if n > _I32_MAX:
+            raise ModelFileError(f"{where}: {what} = {n} is too large")
+    return hp
 
 
 def _rotation_tensors(path, md, vtype, hp: HParams) -> dict[str, tuple[str, int]]:

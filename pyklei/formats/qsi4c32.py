@@ -96,20 +96,22 @@ def _quantize_blocks(xb: np.ndarray, search: bool, wb: np.ndarray | None = None,
     return _round_to_int4(xb, s, qmin, qmax), best_bits
 
 
-def choose_block_scales(xb, importance=None, divisors=SEARCH_DIVISORS) -> np.ndarray:
+def choose_block_scales(xb, importance=None, divisors=SEARCH_DIVISORS, qmin: int = QMIN,
+                        qmax: int = QMAX) -> np.ndarray:
     """The scale search of quantize_qsi4c32 on its own: float32 blocks [B, bl] -> bf16 scale
     bits uint16 [B]. importance: None or float [bl] / [B, bl] >= 0 weighting each element's
     squared error (normalised as in quantize_rows). Rounding with these scales
     (round half to even, clamp to [-8, 7]) gives what quantize_qsi4c32 would store; GPTQ
     (converters/gptq.py) calls it for each group as its quantization reaches the group.
-    divisors: the candidates absmax / t searched (default SEARCH_DIVISORS)."""
+    divisors: the candidates absmax / t searched (default SEARCH_DIVISORS). qmin, qmax: the
+    integer range (qsi6c32 shares this search with [-32, 31] and its own divisors)."""
     xb = np.asarray(xb, dtype=np.float32)
     wb = None
     if importance is not None:
         imp = np.asarray(importance, dtype=np.float32)
         mean = imp.mean(axis=-1, keepdims=True)
         wb = np.where(mean > 0, imp / np.where(mean > 0, mean, 1), 1).astype(np.float32) + np.float32(1e-3)
-    return _quantize_blocks(xb, True, wb, divisors=np.asarray(divisors, np.float32))[1]
+    return _quantize_blocks(xb, True, wb, qmin, qmax, np.asarray(divisors, np.float32))[1]
 
 
 def _round_to_int4(xb, s, qmin: int = QMIN, qmax: int = QMAX):
