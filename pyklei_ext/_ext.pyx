@@ -381,7 +381,9 @@ cdef extern from "model/pk_llama.h":
         const pk_rhs *w_down
     ctypedef struct pk_rotation:
         int n, m, p
+        const char *fwht_isa
     int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix)
+    int pk_rotation_use(pk_rotation *r, const char *isa)
     void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch) nogil
     ctypedef struct pk_llama_weights:
         pk_tensor tok_embd
@@ -595,8 +597,10 @@ cdef class LlamaRuntime:
         if pk_llama_kv_copy(self.model, src, dst, n) != 0:
             raise ValueError(_last_error())
 
-def rotate_rows(signs, mix, x, bint transpose=False):
-    """x [rows, n] float32 -> x @ Q (or x @ Q^T) by the C rotation (pk_rotate.h); tests."""
+def rotate_rows(signs, mix, x, bint transpose=False, impl=None):
+    """x [rows, n] float32 -> x @ Q (or x @ Q^T) by the C rotation (pk_rotate.h); tests.
+    impl: the FWHT's ISA tag ("scalar", "avx2", "avx512vnni", "neon"); None: the one the
+    forward pass picks (KernelError if this CPU cannot run impl)."""
     cdef pk_rotation r
     cdef list keep = []
     s = np.ascontiguousarray(signs, np.float32).reshape(-1)
@@ -604,6 +608,8 @@ def rotate_rows(signs, mix, x, bint transpose=False):
     cdef int n = s.shape[0]
     if pk_rotation_init(&r, n, _f32_ptr(s, keep, n, "signs"), _f32_ptr(mx, keep, mx.size, "mix")):
         raise ValueError(_last_error())
+    if impl is not None and pk_rotation_use(&r, impl.encode()):
+        raise KernelError(_last_error())
     if mx.shape != (r.m, r.m):
         raise ValueError(f"mix has shape {list(mx.shape)}, size {n} needs [{r.m}, {r.m}]")
     cdef float[:, ::1] out = np.array(x, dtype=np.float32, order="C", ndmin=2)
@@ -615,3 +621,14 @@ def rotate_rows(signs, mix, x, bint transpose=False):
         for i in range(out.shape[0]):
             pk_rotate_row(&r, transpose, &out[i, 0], &scratch[0])
     return np.asarray(out)
+
+
+def rotation_fwht_isa():
+    """The ISA tag of the FWHT the rotations run on this CPU (PYKLEI_KERNEL heeded)."""
+    cdef int n = 64
+    cdef pk_rotation r
+    cdef float[::1] ones = np.ones(n, np.float32)
+    cdef float[::1] one = np.ones(1, np.float32)
+    if pk_rotation_init(&r, n, &ones[0], &one[0]):
+        raise ValueError(_last_error())
+    return r.fwht_isa.decode()

@@ -13,6 +13,8 @@
 """
 import dataclasses
 
+import os
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,47 @@ def test_c_rotation_matches_numpy(n):
     x = rng.standard_normal((4, n)).astype(np.float32)
     assert np.abs(_ext.rotate_rows(r.signs, r.mix, x) - r.apply(x)).max() < 2e-6
     assert np.abs(_ext.rotate_rows(r.signs, r.mix, x, True) - r.apply_t(x)).max() < 2e-6
+
+
+FWHT_ISAS = ("scalar", "avx2", "avx512vnni", "neon")
+
+
+@pytest.mark.parametrize("n", [8, 16, 576, 1536, 8192, 14336])
+def test_every_fwht_this_cpu_runs_is_bit_exact_with_scalar(n):
+    from pyklei import _ext
+    from pyklei._ext import KernelError
+    rng = np.random.default_rng(200 + n)
+    r = make_rotation(n, rng)
+    x = rng.standard_normal((3, n)).astype(np.float32)
+    ran = []
+    for tr in (False, True):
+        want = _ext.rotate_rows(r.signs, r.mix, x, tr, impl="scalar")
+        for isa in FWHT_ISAS[1:]:
+            try:
+                got = _ext.rotate_rows(r.signs, r.mix, x, tr, impl=isa)
+            except KernelError:
+                continue                                 # not this CPU
+            assert np.array_equal(got, want), (isa, tr)
+            ran.append(isa)
+    assert _ext.rotation_fwht_isa() in ran + ["scalar"]  # the default is one of them
+
+
+def test_pyklei_kernel_forces_the_fwht_and_the_log_says_which():
+    import subprocess
+    import sys
+    from pyklei import _ext
+    code = "from pyklei import _ext; print(_ext.rotation_fwht_isa())"
+    best = _ext.rotation_fwht_isa()
+    for force, want in (("scalar", "scalar"), ("qai8dx_qsi4c32_1x1_scalar", "scalar"), (None, best)):
+        env = {k: v for k, v in os.environ.items() if k != "PYKLEI_KERNEL"}
+        env["PYKLEI_LOG"] = "kernels"
+        if force:
+            env["PYKLEI_KERNEL"] = force
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == want
+        assert f"rotation of 64 (1 x 64): fwht_{want}" in out.stderr
 
 
 def test_unsupported_and_bad_rotations_are_errors():

@@ -564,6 +564,33 @@ PK_I8MM static void qai8dx_qsi8cx_4x4_i8mm(int m, int n0, int n1, const pk_lhs *
 #define DOT (PK_CPU_NEON | PK_CPU_DOTPROD)
 #define I8MM (PK_CPU_NEON | PK_CPU_DOTPROD | PK_CPU_I8MM)
 
+/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
+ * pk_fwht_scalar: the stages with pairs inside one vector swap lanes and add x * (+1 / -1)
+ * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
+ * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
+ * of x before the next, as in the scalar loop. */
+void pk_fwht_neon(int p, float *x) {
+    if (p < 4) {
+        pk_fwht_scalar(p, x);
+        return;
+    }
+    static const float s1v[4] = {1, -1, 1, -1}, s2v[4] = {1, 1, -1, -1};
+    const float32x4_t s1 = vld1q_f32(s1v), s2 = vld1q_f32(s2v);
+    for (int j = 0; j < p; j += 4) {   /* h = 1, 2 */
+        float32x4_t v = vld1q_f32(x + j);
+        v = vaddq_f32(vrev64q_f32(v), vmulq_f32(v, s1));
+        v = vaddq_f32(vextq_f32(v, v, 2), vmulq_f32(v, s2));
+        vst1q_f32(x + j, v);
+    }
+    for (int h = 4; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j += 4) {
+                const float32x4_t a = vld1q_f32(x + j), b = vld1q_f32(x + j + h);
+                vst1q_f32(x + j, vaddq_f32(a, b));
+                vst1q_f32(x + j + h, vsubq_f32(a, b));
+            }
+}
+
 const pk_kernel pk_kernels_arm_neon[] = {
     {.name = "qai8dx_qsi4c32_1x4_neon", .isa = "neon", .fmt = PK_FMT_QSI4C32, .features = NEON,
      .priority = 10, .m_min = 1, .n_step = 4,

@@ -124,6 +124,35 @@ Y_TARGET static void qai8dx_qsi6c32_1x4_avx2(int m, int n0, int n1, const pk_lhs
     }
 }
 
+/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
+ * pk_fwht_scalar: the stages with pairs inside one vector swap lanes and add x * (+1 / -1)
+ * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
+ * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
+ * of x before the next, as in the scalar loop. */
+Y_TARGET void pk_fwht_avx2(int p, float *x) {
+    if (p < 8) {
+        pk_fwht_scalar(p, x);
+        return;
+    }
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+    for (int j = 0; j < p; j += 8) {   /* h = 1, 2, 4 */
+        __m256 v = _mm256_loadu_ps(x + j);
+        v = _mm256_add_ps(_mm256_permute_ps(v, 0xB1), _mm256_mul_ps(v, s1));
+        v = _mm256_add_ps(_mm256_permute_ps(v, 0x4E), _mm256_mul_ps(v, s2));
+        v = _mm256_add_ps(_mm256_permute2f128_ps(v, v, 0x01), _mm256_mul_ps(v, s4));
+        _mm256_storeu_ps(x + j, v);
+    }
+    for (int h = 8; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j += 8) {
+                const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+            }
+}
+
 /* qai8dx row quantizer, AVX2: byte-exact with pk_quantize_qai8dx_row_scalar (same min/max
  * semantics, vcvtps2dq = rint under round-to-nearest-even, no FMA, packs = the clamp). */
 Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {

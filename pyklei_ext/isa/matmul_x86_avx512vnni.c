@@ -336,6 +336,37 @@ Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, cons
     }
 }
 
+/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
+ * pk_fwht_scalar: the stages with pairs inside one vector swap lanes and add x * (+1 / -1)
+ * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
+ * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
+ * of x before the next, as in the scalar loop. */
+Z_TARGET void pk_fwht_avx512(int p, float *x) {
+    if (p < 16) {
+        pk_fwht_scalar(p, x);
+        return;
+    }
+    const __m512 s1 = _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    const __m512 s2 = _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1);
+    const __m512 s4 = _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1);
+    const __m512 s8 = _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int j = 0; j < p; j += 16) {   /* h = 1, 2 (inside 128-bit lanes), 4, 8 (lanes swapped) */
+        __m512 v = _mm512_loadu_ps(x + j);
+        v = _mm512_add_ps(_mm512_permute_ps(v, 0xB1), _mm512_mul_ps(v, s1));
+        v = _mm512_add_ps(_mm512_permute_ps(v, 0x4E), _mm512_mul_ps(v, s2));
+        v = _mm512_add_ps(_mm512_shuffle_f32x4(v, v, 0xB1), _mm512_mul_ps(v, s4));
+        v = _mm512_add_ps(_mm512_shuffle_f32x4(v, v, 0x4E), _mm512_mul_ps(v, s8));
+        _mm512_storeu_ps(x + j, v);
+    }
+    for (int h = 16; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j += 16) {
+                const __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + h);
+                _mm512_storeu_ps(x + j, _mm512_add_ps(a, b));
+                _mm512_storeu_ps(x + j + h, _mm512_sub_ps(a, b));
+            }
+}
+
 /* ====================================================================================
  * qai8dx row quantizer, AVX-512 (F + BW): byte-exact with pk_quantize_qai8dx_row_scalar.
  * min/max in the scalar loop's semantics (min_ps(x, m) = x < m ? x : m); rint(x * inv) by

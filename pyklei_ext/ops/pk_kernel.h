@@ -120,6 +120,16 @@ void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale,
 void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
 #endif
 
+/* ---- per-ISA fast Walsh-Hadamard transforms, bit-exact with pk_fwht_scalar -------------- */
+/* x[p] <- x @ H_p unnormalised, p a power of two (ops/pk_rotate.c picks one per rotation). */
+void pk_fwht_scalar(int p, float *x);                 /* ops/pk_rotate.c */
+#if defined(__x86_64__)
+void pk_fwht_avx2(int p, float *x);                   /* isa/matmul_x86_avx2.c */
+void pk_fwht_avx512(int p, float *x);                 /* isa/matmul_x86_avx512vnni.c */
+#elif defined(__aarch64__)
+void pk_fwht_neon(int p, float *x);                   /* isa/matmul_arm_neon.c */
+#endif
+
 #include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */
 
 #endif

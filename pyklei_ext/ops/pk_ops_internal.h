@@ -1,5 +1,5 @@
 /* Shared between the files of the kernel layer (pk_registry.c, pk_dispatch.c, pk_weights.c,
- * pk_quantize.c, pk_matmul.c); not for the ISA files (they see ops/pk_kernel.h) nor for the
+ * pk_quantize.c, pk_matmul.c, pk_rotate.c); not for the ISA files (they see ops/pk_kernel.h) nor for the
  * layers above (ops/pk_matmul.h). */
 #ifndef PK_OPS_INTERNAL_H
 #define PK_OPS_INTERNAL_H

@@ -1,9 +1,63 @@
 #include "pk_rotate.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "pk_matmul.h"   /* pk_set_error */
+#include "pk_kernel.h"         /* the per-ISA FWHTs, pk_cpu_features */
+#include "pk_ops_internal.h"   /* pk_set_error, pk_log_kernels */
+
+/* x[p] <- x @ H_p, unnormalised: butterflies on pairs (i, i + h) in blocks of 2h, stage by
+ * stage. The SIMD versions do the same additions in the same order, so they are bit-exact. */
+void pk_fwht_scalar(int p, float *x) {
+    for (int h = 1; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* The FWHTs, widest first: ISA tag, the CPU features it needs, the function. */
+static const struct {
+    const char *isa;
+    uint32_t features;
+    pk_fwht_fn fn;
+} fwhts[] = {
+#if defined(__x86_64__)
+    {"avx512vnni", PK_CPU_AVX512VNNI, pk_fwht_avx512},
+    {"avx2", PK_CPU_AVX2, pk_fwht_avx2},
+#elif defined(__aarch64__)
+    {"neon", PK_CPU_NEON, pk_fwht_neon},
+#endif
+    {"scalar", 0, pk_fwht_scalar},
+};
+#define N_FWHTS ((int)(sizeof fwhts / sizeof fwhts[0]))
+
+/* Whether PYKLEI_KERNEL's list names ISA tag `isa`, as a tag or as a kernel name's suffix
+ * (qai8dx_qsi4c32_1x4_avx2 names avx2; the Arm dotprod and i8mm kernels name neon). */
+static int names_isa(const char *list, const char *isa) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        const char *tag = strrchr(tok, '_') ? strrchr(tok, '_') + 1 : tok;
+        if (!strcmp(tag, isa)) return 1;
+        if (!strcmp(isa, "neon") && (!strcmp(tag, "dotprod") || !strcmp(tag, "i8mm"))) return 1;
+    }
+    return 0;
+}
+
+int pk_rotation_use(pk_rotation *r, const char *isa) {
+    for (int i = 0; i < N_FWHTS; i++)
+        if (!strcmp(fwhts[i].isa, isa) && (pk_cpu_features() & fwhts[i].features) == fwhts[i].features) {
+            r->fwht = fwhts[i].fn;
+            r->fwht_isa = fwhts[i].isa;
+            return 0;
+        }
+    return pk_set_error("rotation: no FWHT for ISA '%s' on this CPU", isa);
+}
 
 int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix) {
     memset(r, 0, sizeof *r);
@@ -15,18 +69,15 @@ int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix
     r->p = p;
     r->signs = signs;
     r->mix = mix;
+    const char *force = getenv("PYKLEI_KERNEL");
+    int named = 0;
+    for (int i = 0; force && *force && i < N_FWHTS; i++) named |= names_isa(force, fwhts[i].isa);
+    for (int i = 0; i < N_FWHTS && !r->fwht; i++)
+        if (!named || names_isa(force, fwhts[i].isa)) pk_rotation_use(r, fwhts[i].isa);
+    if (!r->fwht) pk_rotation_use(r, "scalar");   /* the forced ISAs cannot run here */
+    if (pk_dispatch_init() == 0 && pk_log_kernels > 0)
+        fprintf(stderr, "pyklei: rotation of %d (%d x %d): fwht_%s\n", n, m, p, r->fwht_isa);
     return 0;
-}
-
-/* x[p] <- x @ H_p, unnormalised: butterflies on pairs (i, i + h) in blocks of 2h. */
-static void fwht(int p, float *x) {
-    for (int h = 1; h < p; h *= 2)
-        for (int i = 0; i < p; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                const float a = x[j], b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
 }
 
 /* y[c][:] = sum_a x[a][:] * (transpose ? mix[c][a] : mix[a][c]) for m groups of p. */
@@ -48,7 +99,7 @@ void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch
     const float scale = 1.0f / sqrtf((float)p);
     if (!transpose) {   /* signs, then H within each group, then mix across groups */
         for (int i = 0; i < n; i++) x[i] *= r->signs[i];
-        for (int a = 0; a < m; a++) fwht(p, x + (size_t)a * p);
+        for (int a = 0; a < m; a++) r->fwht(p, x + (size_t)a * p);
         if (m > 1) {
             mix_groups(r, 0, x, scratch);
             for (int i = 0; i < n; i++) x[i] = scratch[i] * scale;
@@ -61,7 +112,7 @@ void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch
             mix_groups(r, 1, x, scratch);
             memcpy(x, scratch, sizeof(float) * n);
         }
-        for (int a = 0; a < m; a++) fwht(p, x + (size_t)a * p);
+        for (int a = 0; a < m; a++) r->fwht(p, x + (size_t)a * p);
         const float s = m > 1 ? scale : scale * r->mix[0];
         for (int i = 0; i < n; i++) x[i] *= s * r->signs[i];
     }

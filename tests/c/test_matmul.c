@@ -41,7 +41,10 @@
 
 #include "ops/pk_cpu.h"
 #include "ops/pk_matmul.h"
+#include "ops/pk_rotate.h"
 #include "pk_test.h"
+
+#define COUNT(a) ((int)(sizeof a / sizeof a[0]))
 
 static const char *only;   /* --only SUBSTR: test only kernels whose name contains it */
 
@@ -106,6 +109,44 @@ static void test_quantize(void) {
         free(q);
     }
     printf("quantize_qai8dx_row: %d cases passed%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* ---- rotations: every FWHT this CPU runs is bit-exact with the scalar one -------------- */
+
+static void test_rotate(void) {
+    static const char *isas[] = {"avx512vnni", "avx2", "neon"};
+    static const int sizes[] = {1, 2, 4, 8, 16, 32, 64, 128, 576, 1536, 2048, 8192, 14336};
+    const int p0 = n_pass, f0 = n_fail;
+    int runs = 0;
+    for (int is = 0; is < COUNT(sizes); is++) {
+        const int n = sizes[is], m = n / (n & -n);
+        float *signs = malloc(sizeof(float) * (size_t)n), *mix = malloc(sizeof(float) * (size_t)(m * m));
+        float *x = malloc(sizeof(float) * (size_t)n), *want = malloc(sizeof(float) * (size_t)n);
+        float *got = malloc(sizeof(float) * (size_t)n), *scratch = malloc(sizeof(float) * (size_t)n);
+        for (int i = 0; i < n; i++) signs[i] = (rnd() & 1) ? 1.0f : -1.0f;
+        for (int i = 0; i < m * m; i++) mix[i] = rndf();    /* any matrix: exactness is the point */
+        for (int i = 0; i < n; i++) x[i] = rndf() * powf(2.0f, (float)rnd_int(-8, 8));
+        pk_rotation r;
+        CHECK(pk_rotation_init(&r, n, signs, mix) == 0, "pk_rotation_init(%d): %s", n, pk_last_error());
+        for (int tr = 0; tr < 2; tr++) {
+            CHECK(pk_rotation_use(&r, "scalar") == 0, "scalar FWHT");
+            memcpy(want, x, sizeof(float) * (size_t)n);
+            pk_rotate_row(&r, tr, want, scratch);
+            for (int ii = 0; ii < COUNT(isas); ii++) {
+                if (pk_rotation_use(&r, isas[ii])) continue;   /* not this CPU */
+                memcpy(got, x, sizeof(float) * (size_t)n);
+                pk_rotate_row(&r, tr, got, scratch);
+                CHECK(!memcmp(got, want, sizeof(float) * (size_t)n), "fwht_%s, n=%d, transpose %d differs from scalar",
+                      isas[ii], n, tr);
+                runs++;
+            }
+        }
+        free(signs); free(mix); free(x); free(want); free(got); free(scratch);
+    }
+    pk_rotation r;
+    CHECK(pk_rotation_init(&r, 65 * 4, (const float[1]){1}, (const float[1]){1}) != 0, "odd factor 65 refused");
+    printf("rotate: %d SIMD FWHT runs bit-exact with scalar, %d checks%s\n", runs, n_pass - p0,
+           n_fail > f0 ? " (FAILURES)" : "");
 }
 
 /* ---- dispatch / PYKLEI_KERNEL (each check in a forked child) ---------------------------- */
@@ -307,7 +348,6 @@ static const int Ks[] = {32, 64, 96, 256, 576, 1536, 4096, 8192};
 static const int K8_extra[] = {1, 7, 100};   /* qsi8cx allows any K */
 static const int Ms[] = {1, 2, 3, 4, 5, 8, 16, 33, 67};
 static const int BLs[] = {32, 64, 128, 256};
-#define COUNT(a) ((int)(sizeof a / sizeof a[0]))
 
 enum { V_EXACT_ZP0, V_EXACT_ZP, V_EXACT_EXTREME, V_RANDOM, V_RANDOM_F32, V_COUNT };
 static const char *variant_name[V_COUNT] = {"exact zp=0", "exact zp", "exact extreme", "random", "random f32"};
@@ -578,6 +618,7 @@ int main(int argc, char **argv) {
     }
 
     test_quantize();
+    test_rotate();
 
     const pk_kernel *ref[PK_FMT_QUANT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
