@@ -49,8 +49,8 @@ def convert(hf_dir, out_path, group_size: int = 32,
     rotate: rotate the model first (converters/rotation.py: residual stream, value heads and
         down_proj's input, QuaRot-style), so that 4-bit weights and int8 activations lose less.
     gptq: a calibration_forward.GPTQOptions (its calibration tokens, ...): the block linears'
-        qsi4c32 weights are chosen by GPTQ over those tokens (converters/gptq.py) instead of
-        plain rounding; None (default): plain rounding.
+        qsi4c32 (and qsi6c32) weights are chosen by GPTQ over those tokens (converters/gptq.py)
+        instead of plain rounding; None (default): plain rounding.
     recipe: a named size/quality recipe (converters/recipes.py: q4, q4m, q6): which block
         linears are stored at 6 bits. bits: instead, a target for the block linears' average
         bits per weight; the most sensitive kinds go to 6 bits while it fits. The user's keep
