@@ -45,6 +45,13 @@ VARIANTS = {      # name -> how to convert (and "same": score another variant's 
     "gptq": {"gptq": True, "rotate": False},      # --no-rotate
     "rotate": {"rotate": True},                   # --no-calibrate --rotate
 }
+# The ladder's sensitivity study (--variants sensitivity --out sensitivity): the default with one
+# kind of block linear at qsi6c32 in every layer; converters/recipes.py's PROMOTION_ORDER ranks
+# the kinds by the KLD this buys per byte.
+SENSITIVITY = {f"6bit-{part}": {"rotate": True, "gptq": True, "keep": [f"blk.*.{part}.weight=q6"]}
+               for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+VARIANTS.update(SENSITIVITY)
+MAIN_VARIANTS = [v for v in VARIANTS if v not in SENSITIVITY]
 
 
 def texts() -> dict[str, str]:
@@ -96,10 +103,41 @@ def convert_variant(hf_dir: Path, out: Path, spec: dict) -> float:
     return time.perf_counter() - t0
 
 
+def sensitivity_ranking(rows: list[dict]) -> list[str]:
+    """The study's ranking: per 6bit-<kind> variant, its KLD over the default's in each (bed,
+    text), their geometric mean, and its log per MB added (most negative: most KLD bought per
+    byte). Empty without the study's rows."""
+    kld = {(r["bed"], r["text"], r["variant"]): (r["kld"], r["bytes"]) for r in rows}
+    cells = sorted({(b, t) for b, t, v in kld if v == "pyklei default"})
+    out = []
+    for v in SENSITIVITY:
+        if not cells or not all((b, t, f"pyklei {v}") in kld for b, t in cells):
+            continue
+        ratios = [kld[(b, t, f"pyklei {v}")][0] / kld[(b, t, "pyklei default")][0] for b, t in cells]
+        b, t = cells[0]
+        mb = (kld[(b, t, f"pyklei {v}")][1] - kld[(b, t, "pyklei default")][1]) / 1e6
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        out.append((np.log(geo) / mb, v, mb, ratios, geo))
+    if not out:
+        return []
+    lines = ["", "Sensitivity (KLD of the variant / the default's, per test bed and text; "
+             "geometric mean; its log per MB added):", "",
+             "| variant | + MB | " + " | ".join(f"{b} {t}" for b, t in cells) + " | geo. mean | log / MB |",
+             "|---|---|" + "---|" * len(cells) + "---|---|"]
+    for per_mb, v, mb, ratios, geo in sorted(out):
+        lines.append(f"| {v} | {mb:.2f} | " + " | ".join(f"{x:.3f}" for x in ratios)
+                     + f" | {geo:.3f} | {per_mb:+.4f} |")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--beds", default="smollm2,offgrid", help="smollm2, offgrid (comma list)")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(MAIN_VARIANTS),
+                    help="comma list of " + ", ".join(MAIN_VARIANTS) + ", 6bit-<kind> or 'sensitivity' "
+                    "(default with the study's 6bit-* variants; the default: all but those)")
+    ap.add_argument("--out", default="quality", help="results name (default quality: "
+                    "benchmarks/results/quality.{md,json,png})")
     ap.add_argument("--tokens", type=int, default=1024, help="tokens of each text (default 1024)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", type=Path, default=None, help="where converted files are cached")
@@ -114,6 +152,8 @@ def main(argv=None) -> int:
     from pyklei.tokenizer import Tokenizer
 
     beds = {"smollm2": smollm2_hf_dir, "offgrid": lambda: smollm2_offgrid_dir(0.5)}
+    variants = [x for v in args.variants.split(",")
+                for x in (["default", *SENSITIVITY] if v == "sensitivity" else [v])]
     work = args.work or cache_dir() / "quality"
     work.mkdir(parents=True, exist_ok=True)
     import llamacpp_quality as lcpp
@@ -127,7 +167,7 @@ def main(argv=None) -> int:
     for bed in args.beds.split(","):
         hf = beds[bed]()
         files = {}
-        for v in args.variants.split(","):
+        for v in variants:
             if "same" in VARIANTS[v]:
                 files[v] = work / f"{bed}-{VARIANTS[v]['same']}.gguf"
                 continue
@@ -155,7 +195,7 @@ def main(argv=None) -> int:
     groups = list(dict.fromkeys((r["bed"], r["text"]) for r in rows))
     rows.sort(key=lambda r: groups.index((r["bed"], r["text"])))  # stable: a text's rows together
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "quality.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
     lines = [f"`python benchmarks/quality.py` ({args.tokens} tokens per text; KLD = KL(fp32 || "
              f"variant), mean over positions):", "",
              "| test bed | text | variant | file | KLD | KLD p99 | top-1 | perplexity |",
@@ -164,10 +204,11 @@ def main(argv=None) -> int:
         size = f"{r['bytes'] / 1e6:.1f} MB" if r["bytes"] else "—"
         lines.append(f"| {r['bed']} | {r['text']} | {r['variant']} | {size} | {r['kld']:.4f} | "
                      f"{r['kld_p99']:.3f} | {100 * r['top1']:.1f}% | {r['ppl']:.3f} |")
-    (RESULTS / "quality.md").write_text("\n".join(lines) + "\n")
+    lines += sensitivity_ranking(rows)
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     from quality_chart import draw
-    draw(rows, list(texts()), args.tokens, RESULTS / "quality.png")
+    draw(rows, list(texts()), args.tokens, RESULTS / f"{args.out}.png")
     return 0
 
 

@@ -4,10 +4,8 @@ instead of 4 (qsi4c32), by name or by a target size.
 A recipe is a list of --keep rules placed after the user's own (the user's win). Named
 recipes are fixed rule lists; `--bits B` promotes tensors to 6 bits in PROMOTION_ORDER, one
 layer at a time, for as long as the block linears' average stays within B bits per weight.
-The measured result of each rung is in docs/QUALITY.md ("The ladder"). PROMOTION_ORDER is not
-measured per kind yet: it starts with the two kinds llama.cpp's Q4_K_M keeps at 6 bits
-(ffn_down, attn_v), then the attention output and keys/queries, then the wide gate/up.
-6-bit tensors are rounded per block (GPTQ chooses the 4-bit ones).
+The measured result of each rung is in docs/QUALITY.md ("The ladder"). With GPTQ (the CLI's
+default) the 6-bit tensors are chosen by GPTQ on the 6-bit grid too.
 """
 from __future__ import annotations
 
@@ -26,8 +24,14 @@ def bits_4(group_size: int) -> float:
     return 4.0 + 16.0 / group_size
 
 
-# Tensor kinds in the order they go to 6 bits (see the module doc: not yet measured per kind).
-PROMOTION_ORDER = ("ffn_down", "attn_v", "attn_output", "attn_k", "attn_q", "ffn_up", "ffn_gate")
+# Tensor kinds in the order they go to 6 bits: the most KL divergence bought per byte first,
+# measured on SmolLM2 and its off-grid twin, both texts, rotation + GPTQ, each kind alone at
+# 6 bits in every layer (`python benchmarks/quality.py --variants sensitivity --out sensitivity`,
+# benchmarks/results/sensitivity.md; geometric mean of the KLD ratios, per MB added): attn_v
+# 0.82 for 0.8 MB, ffn_down 0.79 for 6.6 MB, ffn_gate 0.91, attn_output 0.97, attn_q 0.99,
+# ffn_up 0.98, attn_k 1.06 (single cells move by up to +-50%: the order is coarse). The first
+# two are the kinds llama.cpp's Q4_K_M keeps at 6 bits.
+PROMOTION_ORDER = ("attn_v", "ffn_down", "ffn_gate", "attn_output", "attn_q", "ffn_up", "attn_k")
 
 
 @dataclass(frozen=True)
@@ -39,9 +43,9 @@ class Recipe:
 
 RECIPES = {r.name: r for r in (
     Recipe("q4", (), "every block linear qsi4c32 (4.5 bits per weight at group 32)"),
-    Recipe("q4m", PROMOTION_ORDER[:2],
-           "ffn_down and attn_v at qsi6c32, the rest qsi4c32 (as llama.cpp's Q4_K_M keeps "
-           "attn_v / ffn_down at 6 bits)"),
+    Recipe("q4m", ("attn_v", "ffn_down"),
+           "attn_v and ffn_down at qsi6c32, the rest qsi4c32 (as llama.cpp's Q4_K_M keeps "
+           "attn_v / ffn_down at 6 bits; also the two kinds that measured best per byte)"),
     Recipe("q6", PROMOTION_ORDER, "every block linear qsi6c32 (6.5 bits per weight)"),
 )}
 
