@@ -34,6 +34,25 @@ def bits_4(group_size: int) -> float:
 PROMOTION_ORDER = ("attn_v", "ffn_down", "ffn_gate", "attn_output", "attn_q", "ffn_up", "attn_k")
 
 
+# What the ladder's rungs measured with the default method (rotation + GPTQ): bits per weight
+# of the block linears -> KL divergence against float32, lowest and highest over SmolLM2-135M
+# and its off-grid twin on both texts (benchmarks/quality.py; docs/QUALITY.md "The ladder").
+# A conversion's summary quotes the rung at or below its own bits as its expected quality, as
+# llama.cpp's quantizer quotes each type's measured perplexity on one model.
+MEASURED_RUNGS = ((4.5, "default", 0.053, 0.218), (4.9, "--bits 4.9", 0.038, 0.120),
+                  (5.06, "--recipe q4m", 0.036, 0.101), (6.0, "--bits 6.0", 0.022, 0.055))
+
+
+def expected_quality(block_bits: float) -> str:
+    """The summary's line for a rotation + GPTQ conversion whose block linears average
+    block_bits bits per weight."""
+    bits, name, lo, hi = max((r for r in MEASURED_RUNGS if r[0] <= block_bits + 1e-3),
+                             default=MEASURED_RUNGS[0])
+    return (f"expected quality: block linears at {block_bits:.2f} bits per weight; {name} "
+            f"({bits:g} bits) measured KL divergence {lo:.3f}-{hi:.3f} against float32 on "
+            f"SmolLM2-135M and its off-grid twin (docs/QUALITY.md)")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str

@@ -77,4 +77,8 @@ def convert_gptq(src, out, calibration_text: str | None = None, n_tokens: int = 
     text = calibration_text if calibration_text is not None else default_calibration_text()
     ids = calibration_tokens(src, text, n_tokens, seq_len)
     opts = GPTQOptions(ids, seq_len=seq_len, log=log if progress else None, **(gptq_options or {}))
-    return convert(src, out, gptq=opts, progress=progress, **convert_kw)
+    result = convert(src, out, gptq=opts, progress=progress, **convert_kw)
+    if convert_kw.get("rotate"):          # the method the ladder's measurements are of
+        from .converters.recipes import expected_quality
+        result.notes.append(expected_quality(result.block_linear_bits()))
+    return result

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from pyklei.converters import ConversionError, convert
-from pyklei.converters.recipes import BITS_6, PROMOTION_ORDER, bits_4, bits_keep, recipe_keep
+from pyklei.converters.recipes import (BITS_6, PROMOTION_ORDER, bits_4, bits_keep, expected_quality,
+                                      recipe_keep)
 from pyklei.formats.model_file import read_model
 
 SHAPES = {f"blk.{i}.{p}.weight": s for i in range(4) for p, s in (
@@ -70,3 +71,21 @@ def test_activation_default_is_two_planes_and_checked(tiny64, tmp_path):
         assert llm.model.activations == "qai8dx"
     with pytest.raises(ValueError, match="activations must be one of auto, qai8dx2, qai8dx"):
         pyklei.load(plain, activations="int4")
+
+
+def test_expected_quality_quotes_the_measured_rung_at_or_below():
+    assert "default (4.5 bits) measured KL divergence 0.053-0.218" in expected_quality(4.5)
+    assert "--bits 4.9 (4.9 bits)" in expected_quality(5.0)
+    assert "--recipe q4m" in expected_quality(5.06)
+    assert "--bits 6.0 (6 bits)" in expected_quality(6.5)
+    assert "at 4.25 bits" in expected_quality(4.25) and "default" in expected_quality(4.25)
+
+
+def test_a_rotated_gptq_conversion_says_its_expected_quality(tiny64, tmp_path):
+    from pyklei.pipeline import convert_gptq
+    hf, _ = tiny64
+    text = " ".join(f"word{i % 97} the of and" for i in range(800))
+    res = convert_gptq(hf, tmp_path / "m.gguf", text, n_tokens=512, seq_len=256, progress=False,
+                       rotate=True, recipe="q6")
+    assert abs(res.block_linear_bits() - BITS_6) < 1e-9
+    assert "expected quality: block linears at 6.50 bits per weight; --bits 6.0" in res.summary()
