@@ -220,13 +220,18 @@ def test_too_few_calibration_tokens_is_a_clear_error(tiny64, tmp_path):
     assert not (tmp_path / "x.gguf").exists()
 
 
+def _cli_gptq(hf, tmp_path, out, n_words: int, n_tokens: int) -> list[str]:
+    """`pyklei convert HF -o OUT --gptq TEXT --calib-tokens N` over a text of n_words words."""
+    text = tmp_path / "calib.txt"
+    text.write_text(" ".join(f"word{i % 97} the of and" for i in range(n_words)))
+    return [sys.executable, "-m", "pyklei", "convert", str(hf), "-o", str(out), "--gptq", str(text),
+            "--calib-tokens", str(n_tokens)]
+
+
 def test_cli_convert_gptq(tiny64, tmp_path):
     hf, _ = tiny64
-    text = tmp_path / "calib.txt"
-    text.write_text(" ".join(f"word{i % 97} the of and" for i in range(2000)))
     out = tmp_path / "cli.gguf"
-    r = subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "-o", str(out),
-                        "--gptq", str(text), "--calib-tokens", "512", "--no-progress"],
+    r = subprocess.run(_cli_gptq(hf, tmp_path, out, 2000, 512) + ["--no-progress"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "weights: GPTQ on 512 calibration tokens" in r.stdout
@@ -255,11 +260,7 @@ def test_calibration_forward_of_a_rotated_source(tiny64):
 def test_cli_gptq_sigterm_leaves_no_file(tiny64, tmp_path):
     import signal
     hf, _ = tiny64
-    text = tmp_path / "calib.txt"
-    text.write_text(" ".join(f"word{i % 97} the of and" for i in range(60000)))
-    out = tmp_path / "killed.gguf"
-    p = subprocess.Popen([sys.executable, "-m", "pyklei", "convert", str(hf), "-o", str(out),
-                          "--gptq", str(text), "--calib-tokens", "100000"],
+    p = subprocess.Popen(_cli_gptq(hf, tmp_path, tmp_path / "killed.gguf", 60000, 100000),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stderr:                      # the first layer is done: the writer is open
         if "GPTQ layer 1/" in line:
