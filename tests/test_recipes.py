@@ -5,8 +5,8 @@ import math
 import pytest
 
 from pyklei.converters import ConversionError, convert
-from pyklei.converters.recipes import (BITS_6, PROMOTION_ORDER, bits_4, bits_keep, expected_quality,
-                                      recipe_keep)
+from pyklei.converters.recipes import (BITS_6, PROMOTION_ORDER, bits_4, bits_keep, ends_first,
+                                      expected_quality, recipe_keep)
 from pyklei.formats.model_file import read_model
 
 SHAPES = {f"blk.{i}.{p}.weight": s for i in range(4) for p, s in (
@@ -32,12 +32,23 @@ def test_bits_target_is_met_and_filled_in_order(target):
     assert order == sorted(order)
     for k in set(kinds[:-1]) - set(kinds[-1:]):
         assert kinds.count(k) == 4
+    # inside a kind, layers from both ends inwards: 0, 3, 1, 2
+    for k in set(kinds):
+        assert [int(n.split(".")[1]) for n in names if n.split(".")[2] == k] == \
+            [0, 3, 1, 2][:kinds.count(k)]
     # one more tensor would break the budget
-    rest = [n for k in PROMOTION_ORDER for n in sorted(SHAPES) if n.split(".")[2] == k
-            and n not in names]
+    rest = [f"blk.{i}.{k}.weight" for k in PROMOTION_ORDER for i in (0, 3, 1, 2)
+            if f"blk.{i}.{k}.weight" not in names]
     if rest:
         assert _avg_bits(rules + [(rest[0], "qsi6c32")]) > target
     assert (target >= 6.5) == (len(rules) == len(SHAPES))
+
+
+def test_ends_first_is_a_permutation_from_both_ends_inwards():
+    assert ends_first([0, 1, 2, 3, 4, 5]) == [0, 5, 1, 4, 2, 3]
+    assert ends_first([0, 1, 2, 3, 4]) == [0, 4, 1, 3, 2]
+    assert ends_first([7]) == [7] and ends_first([]) == []
+    assert sorted(ends_first(list(range(30)))) == list(range(30))
 
 
 def test_bits_below_the_4bit_floor_and_unknown_recipe_are_errors():
