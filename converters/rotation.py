@@ -23,15 +23,12 @@ tensors are read whole (their size: n_embd x n_embd and n_embd x n_ff floats).
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from gguf import GGUFValueType as T
 
-from pyklei import _ext
 from pyklei.formats import gguf_keys as K
 from pyklei.formats.rotation import Rotation, make_rotation
-from pyklei.model import physical_cores
 
 from .core import ModelSource, SourceTensor, source_hparams
 from .errors import ConversionError
@@ -39,29 +36,9 @@ from .errors import ConversionError
 ROTATION_KINDS = "residual,value_heads,ffn_down"   # KEY_ROTATION's value: what was rotated
 
 
-MIN_ROWS_PER_THREAD = 64   # below this a thread's start costs more than its rows
-
-
-def rotate_rows(rot: Rotation, x: np.ndarray, transpose: bool = False) -> np.ndarray:
-    """x @ Q (x @ Q^T when transpose) on x's last axis, float32, a new array: the C transform
-    the forward pass runs online (pk_rotate.c, SIMD FWHT, the GIL released), rows split over
-    the physical cores. The numpy reference, Rotation.apply, runs its FWHT one stage at a time
-    through temporaries at ~10 M values/s; a 1B model's weights and calibration stream hold
-    ~3 G values to rotate, minutes of a conversion. Tests hold the two to 1e-6."""
-    x = np.asarray(x, np.float32)
-    rows = x.reshape(-1, rot.n)
-    n_par = max(1, min(physical_cores(), rows.shape[0] // MIN_ROWS_PER_THREAD))
-    if n_par == 1:
-        return _ext.rotate_rows(rot.signs, rot.mix, rows, transpose).reshape(x.shape)
-    with ThreadPoolExecutor(n_par) as pool:
-        parts = pool.map(lambda part: _ext.rotate_rows(rot.signs, rot.mix, part, transpose),
-                         np.array_split(rows, n_par))
-        return np.concatenate(list(parts)).reshape(x.shape)
-
-
 def _columns(x: np.ndarray, rot: Rotation, transpose: bool) -> np.ndarray:
     """Q^T x (transpose=True) on the rows of x, i.e. (x^T Q)^T."""
-    return rotate_rows(rot, x.T, transpose=not transpose).T
+    return rot.apply(x.T).T if transpose else rot.apply_t(x.T).T
 
 
 def rotate_source(src: ModelSource, seed: int = 0) -> ModelSource:
@@ -98,27 +75,27 @@ def rotate_source(src: ModelSource, seed: int = 0) -> ModelSource:
                 return t.read, False                     # kept: the runtime applies it
             return (lambda r0, r1: np.ones(r1 - r0, np.float32)), False
         if t.kind == "embedding":
-            return (lambda r0, r1: rotate_rows(q_r, t.read(r0, r1))), t.whole
+            return (lambda r0, r1: q_r.apply(t.read(r0, r1))), t.whole
         if t.kind == "output" or part in ("attn_q", "attn_k", "ffn_gate", "ffn_up"):
             g = gain_of(t)
-            return (lambda r0, r1: rotate_rows(q_r, t.read(r0, r1) * g)), t.whole
+            return (lambda r0, r1: q_r.apply(t.read(r0, r1) * g)), t.whole
         if part == "attn_v":   # rows per head: Q_h^T W_v,h
             g = gain_of(t)
 
             def read_v(r0, r1):
-                w = rotate_rows(q_r, t.read(0, t.shape[0]) * g)
+                w = q_r.apply(t.read(0, t.shape[0]) * g)
                 heads = w.reshape(-1, head_dim, n_embd)
                 return np.stack([_columns(h, q_h, True) for h in heads]).reshape(w.shape)[r0:r1]
             return read_v, True
         if part == "attn_output":   # Q_r^T W_o, columns per head W_o,h Q_h
             def read_o(r0, r1):
                 w = t.read(0, t.shape[0])
-                w = rotate_rows(q_h, w.reshape(n_embd, -1, head_dim)).reshape(w.shape)
+                w = q_h.apply(w.reshape(n_embd, -1, head_dim)).reshape(w.shape)
                 return _columns(w, q_r, True)[r0:r1]
             return read_o, True
         if part == "ffn_down":      # Q_r^T W_d Q_f
             def read_down(r0, r1):
-                return _columns(rotate_rows(q_f, t.read(0, t.shape[0])), q_r, True)[r0:r1]
+                return _columns(q_f.apply(t.read(0, t.shape[0])), q_r, True)[r0:r1]
             return read_down, True
         if t.kind == "rope_freqs":
             return t.read, t.whole
@@ -136,6 +113,6 @@ def rotate_source(src: ModelSource, seed: int = 0) -> ModelSource:
     kv = src.kv + [(K.KEY_ROTATION, ROTATION_KINDS, T.STRING, None),
                    (K.KEY_ROTATION_SEED, int(seed), T.UINT32, None)]
     return ModelSource(kv=kv, tensors=tensors, description=src.description, close=src.close,
-                       after_tensor=src.after_tensor, ffn_down_input=lambda x: rotate_rows(q_f, x),
+                       after_tensor=src.after_tensor, ffn_down_input=q_f.apply,
                        notes=src.notes + ["weights rotated (residual stream, value heads, "
                                           "down_proj input) before quantization"])
