@@ -4,8 +4,9 @@ instead of 4 (qsi4c32), by name or by a target size.
 A recipe is a list of --keep rules placed after the user's own (the user's win). Named
 recipes are fixed rule lists; `--bits B` promotes tensors to 6 bits in PROMOTION_ORDER, one
 layer at a time from both ends of the stack inwards (ends_first), for as long as the block
-linears' average stays within B bits per weight. The measured result of each rung is in docs/QUALITY.md ("The ladder"). With GPTQ (the CLI's
-default) the 6-bit tensors are chosen by GPTQ on the 6-bit grid too.
+linears' average stays within B bits per weight. The measured result of each rung is in
+docs/QUALITY.md ("The ladder"). With GPTQ (the CLI's default) the 6-bit tensors are chosen by
+GPTQ on the 6-bit grid too.
 """
 from __future__ import annotations
 
@@ -79,11 +80,9 @@ def recipe_keep(name: str) -> list[tuple[str, str]]:
 
 def ends_first(layers: list[int]) -> list[int]:
     """The order in which --bits promotes the layers of a kind: from both ends inwards (0,
-    n-1, 1, n-2, ...). Measured for ffn_down, a third of SmolLM2's 30 layers at 6 bits at a
-    time (geometric mean of the four KLD ratios): layers 0-9 0.873, 10-19 0.951, 20-29 0.899;
-    `--bits 4.9` (attn_v and 20 layers of ffn_down) ends-first against index order: 0.037 /
-    0.092 / 0.047 / 0.125 against 0.038 / 0.099 / 0.049 / 0.120 (docs/QUALITY.md). llama.cpp's
-    Q4_K_M likewise favours the first and last layers of ffn_down and attn_v."""
+    n-1, 1, n-2, ...), as llama.cpp's Q4_K_M favours the first and last layers. Measured:
+    a third of ffn_down's layers at a time buys most at the ends, and --bits 4.9 gains a little
+    over index order (docs/QUALITY.md, "Inside a kind, the ends first")."""
     return [layers[j // 2] if j % 2 == 0 else layers[-1 - j // 2] for j in range(len(layers))]
 
 

@@ -46,7 +46,7 @@ def fwht(x: np.ndarray) -> np.ndarray:
     """x @ H_p / sqrt(p) on the last axis (p a power of two), in x's float type (float32 for
     the converter's large tensors: ~1e-7 relative error); a new array.
 
-    H_p = H_a kron H_b (p = a b, both at most 128), so each row, read as an a x b matrix X,
+    H_p = H_a kron H_b (p = a b, a <= b <= 2a), so each row, read as an a x b matrix X,
     becomes H_a X H_b: two BLAS products of a + b multiply-adds per value, on every core. A
     stage-by-stage butterfly in numpy (log2 p passes through temporaries) rotated ~10 M values
     a second, minutes of a 1B model's conversion."""
