@@ -13,6 +13,9 @@ weights stream once for all of them, a newcomer's prompt neither stalls the runn
 (it goes in chunks) nor waits for them to end. A request that finishes or is cancelled frees its
 slot at once. Requests beyond n_parallel wait in a queue of at most max_queue (QueueFullError).
 
+Failure: a model step that fails fails the requests of that step; a request whose own sampling
+or decoding fails (RequestFailedError) ends alone, and the others in its batch go on.
+
 Determinism: a row of a batch gets the same logits, bit for bit, as alone (Model.batch), and each
 request samples with its own sampler (its own seed), so a request's text does not depend on
 what else runs.
@@ -51,6 +54,12 @@ class QueueFullError(RuntimeError):
 
 class EngineClosedError(RuntimeError):
     """submit() after shutdown()."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed while its token was sampled or its text decoded (non-finite logits,
+    a sampler or detokenizer error): raised from that request's stream only; the requests
+    beside it in the batch go on. The original exception is its __cause__."""
 
 
 _ids = itertools.count(1)
@@ -98,7 +107,7 @@ class RequestStream:
 
 
 class _Request:
-    __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill")
+    __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed")
 
     def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation):
         self.stream, self.prompt, self.gen = stream, prompt, gen
@@ -106,6 +115,7 @@ class _Request:
         self.done_pos = 0          # positions of the slot written for this request so far
         self.n_reused = 0          # prompt tokens that came from a cache
         self.t_prefill = None      # when its first prefill chunk ran
+        self.failed = False        # ended by RequestFailedError
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -137,7 +147,7 @@ class Engine:
         self._last_used = [0] * n_parallel        # step of each slot's last use (LRU on ties)
         self._step = 0
         self._closing = False
-        self._counts = dict(completed=0, cancelled=0, generated_tokens=0, prompt_tokens=0,
+        self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
                             prompt_eval_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
         self._thread.start()
@@ -297,19 +307,31 @@ class Engine:
             with self._cond:
                 for r in finished:
                     self._running.remove(r)
-                    self._counts["completed"] += 1
+                    self._counts["failed" if r.failed else "completed"] += 1
                     self._counts["generated_tokens"] += r.gen.n_gen
         for r in self._running:
             self._last_used[r.slot] = self._step
 
     def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
+        """Samples r's next token. A failure here is r's alone (the model's step succeeded):
+        r ends with RequestFailedError and the batch runs on without it."""
         if r.stream.cancelled:     # ended at the top of the next step
             return
-        resp = r.gen.feed(logits)
+        try:
+            resp = r.gen.feed(logits)
+        except Exception as e:
+            err = RequestFailedError(f"request {r.stream.id} failed while sampling: "
+                                     f"{type(e).__name__}: {e}")
+            err.__cause__ = e
+            r.failed = True
+            r.stream._put(err)
+            finished.append(r)
+            return
         if resp is not None:
             r.stream._put(resp)
         if r.gen.done:
             finished.append(r)
 
 
-__all__ = ["Engine", "EngineClosedError", "GenerationResponse", "QueueFullError", "RequestStream"]
+__all__ = ["Engine", "EngineClosedError", "GenerationResponse", "QueueFullError",
+           "RequestFailedError", "RequestStream"]

@@ -55,7 +55,11 @@ class SamplingOption:
     def check_range(self, v) -> None:
         if v is None:
             return
-        bad = self.kind is float and not math.isfinite(v)
+        try:
+            bad = self.kind is float and not math.isfinite(v)
+        except OverflowError:           # an int too large for a float (JSON allows 10**400)
+            raise ValueError(f"{self.name} must be a finite number, got an integer of "
+                             f"{len(str(abs(v)))} digits") from None
         if self.lo is not None:
             bad |= v <= self.lo if self.lo_open else v < self.lo
         if self.hi is not None:
@@ -71,11 +75,13 @@ class SamplingOption:
 
     def range_text(self) -> str:
         """'>= 0', '> 0' or 'in (0, 1]' ('' when any value goes)."""
+        def num(x):
+            return str(x) if self.kind is int else f"{x:g}"
         lo, hi = self.lo, self.hi
         if hi is None:
-            return "" if lo is None else f"{'>' if self.lo_open else '>='} {lo:g}"
-        return (f"in {'(' if self.lo_open else '['}{'-inf' if lo is None else f'{lo:g}'}, "
-                f"{hi:g}{')' if self.hi_open else ']'}")
+            return "" if lo is None else f"{'>' if self.lo_open else '>='} {num(lo)}"
+        return (f"in {'(' if self.lo_open else '['}{'-inf' if lo is None else num(lo)}, "
+                f"{num(hi)}{')' if self.hi_open else ']'}")
 
 
 SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
@@ -96,12 +102,17 @@ SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
     SamplingOption("min_p", float, 0.05, ("--min-p",), "P", "min-p",
                    "drop tokens less likely than P x the most likely one; 0 disables it",
                    lo=0, hi=1, hi_open=True),
+    # Bounded so that a penalised logit stays finite: |logit| x 100 cannot overflow float32 for
+    # any logit a model produces (a penalty of 1e-39 made +inf, then NaN probabilities).
     SamplingOption("repetition_penalty", float, 1.0, ("--repeat-penalty",), "X", "repeat penalty",
-                   "penalty on recently seen tokens; 1 disables it", lo=0, lo_open=True),
+                   "penalty on recently seen tokens, in [0.01, 100]; 1 disables it",
+                   lo=0.01, hi=100),
     SamplingOption("repetition_window", int, 64, ("--repeat-last-n",), "N", "window",
                    "tokens the repeat penalty looks back over", lo=0),
+    # -1 is "random", as in llama.cpp and llama-cpp-python; numpy takes seeds below 2**64.
     SamplingOption("seed", int, None, ("--seed",), "N", "seed",
-                   "random seed, for repeatable sampling", "default: random", optional=True),
+                   "random seed, for repeatable sampling; -1: random", "default: random",
+                   lo=-1, hi=2**64 - 1, optional=True, note=" (None or -1: random)"),
 )
 OPTION = {o.name: o for o in SAMPLING_OPTIONS}
 MAX_TOKENS = OPTION["max_tokens"]
@@ -144,16 +155,38 @@ def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty
     return out
 
 
+class NonFiniteLogitsError(ValueError):
+    """The logits to sample from hold NaN or +inf, or nothing above -inf: there is no
+    distribution to draw from. Raised for the one request whose logits they are."""
+
+
+def check_logits(logits: np.ndarray) -> None:
+    """NonFiniteLogitsError unless the largest logit is finite. One reduction: max() is NaN when
+    any logit is NaN, +inf when one is +inf, -inf when every token is banned (-inf is a ban,
+    as a logit bias or a grammar mask writes it)."""
+    top = float(np.max(logits))
+    if not math.isfinite(top):
+        what = ("NaN" if math.isnan(top) else "+inf" if top > 0
+                else "no token that is not banned (every logit is -inf)")
+        raise NonFiniteLogitsError(f"the logits hold {what}: cannot sample a token")
+
+
 def make_sampler(temperature: float = _default("temperature"), top_k: int = _default("top_k"),
                  top_p: float = _default("top_p"), min_p: float = _default("min_p"),
                  seed: int | None = None) -> Callable[[np.ndarray], int]:
     p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     if p.temperature == 0:
-        return lambda logits: int(np.argmax(logits))
-    rng = np.random.default_rng(p.seed)
+        def greedy(logits: np.ndarray) -> int:
+            token = int(np.argmax(logits))
+            if not math.isfinite(logits[token]):    # NaN is its own argmax; +inf, all -inf
+                check_logits(logits)
+            return token
+        return greedy
+    rng = np.random.default_rng(None if p.seed == -1 else p.seed)
 
     def sample(logits: np.ndarray) -> int:
         logits = np.asarray(logits, dtype=np.float32)
+        check_logits(logits)
         # candidates: the top_k logits (all when 0), sorted descending
         if 0 < p.top_k < logits.shape[0]:
             idx = np.argpartition(-logits, p.top_k - 1)[:p.top_k]

@@ -215,6 +215,7 @@ class Tokenizer:
     _split_re: Any = field(default=None, repr=False)
     _sp_byte: np.ndarray | None = field(default=None, repr=False)  # SPM: byte value of <0xXX> tokens, else -1
     _token_to_id: dict[str, int] | None = field(default=None, repr=False)
+    _max_token_chars: int | None = field(default=None, repr=False)
 
     # ---- construction -----------------------------------------------------------------------
     @classmethod
@@ -546,6 +547,17 @@ class Tokenizer:
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokens[token_id]
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for: its stored text (a special
+        token's, matched in the text as written) or the bytes it decodes to. A text of C
+        characters is thus at least C / max_token_chars tokens (the normalizer is the
+        identity), which lets a server refuse a text too long for its context without
+        tokenizing it."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(max(map(len, self.tokens)), max(map(len, self._pieces)), 1)
+        return self._max_token_chars
 
 
 def _chars_with_bytes(missing: Sequence[int]):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from pyklei.engine import Engine, EngineClosedError, QueueFullError
+from pyklei.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
 from pyklei.generate import stream_generate
 from pyklei.model import Model
 from pyklei.sampler import SamplingParams
@@ -191,7 +191,7 @@ def test_shutdown_drains_running_and_queued(gguf, tok):
     eng.shutdown(timeout=60)
     assert not eng._thread.is_alive()
     assert [list(s)[-1].finish_reason for s in streams] == ["length"] * 5
-    assert eng.stats() == dict(queued=0, running=0, n_parallel=2, completed=5, cancelled=0,
+    assert eng.stats() == dict(queued=0, running=0, n_parallel=2, completed=5, cancelled=0, failed=0,
                                generated_tokens=50, prompt_tokens=sum(s.prompt_tokens for s in streams),
                                prompt_eval_tokens=eng.stats()["prompt_eval_tokens"])
 
@@ -302,6 +302,51 @@ def test_a_failed_step_reaches_the_streams_and_the_engine_goes_on(gguf, tok):
             list(eng.submit([1, 2, 3], max_tokens=4))
         m.batch = real
         assert _collect(eng.submit([1, 2, 3], max_tokens=4, params=GREEDY, eos_ids=[]))[1].generation_tokens == 4
+
+
+def test_a_request_that_fails_to_sample_fails_alone(gguf, tok, monkeypatch):
+    """Logits that turn NaN for one request (its sampler raises) end that request with
+    RequestFailedError at that step; the three beside it in the same batches finish with the
+    tokens they get alone, and the engine serves the next request."""
+    import pyklei.engine as engine_mod
+    from pyklei.sampler import NonFiniteLogitsError
+
+    prompts = _prompts(4, seed=7)
+    solo = [_solo(gguf, tok, p, 20, GREEDY) for p in prompts]
+    poisoned = prompts[2]
+
+    class Poisoned(engine_mod.Generation):
+        def feed(self, logits):
+            if self.history[:len(poisoned)] == poisoned and self.n_gen == 5:
+                logits = np.full_like(logits, np.nan)   # as a NaN from a penalty would
+            return super().feed(logits)
+
+    monkeypatch.setattr(engine_mod, "Generation", Poisoned)
+    m = Model(gguf, n_threads=2, n_ctx=128, n_seq=4)
+    with Engine(m, tok, n_parallel=4, prefill_chunk=8) as eng:
+        streams = [eng.submit(p, max_tokens=20, params=GREEDY, eos_ids=[]) for p in prompts]
+        results = [None] * 4
+
+        def consume(i):
+            try:
+                results[i] = _collect(streams[i])
+            except RequestFailedError as e:
+                results[i] = e
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        err = results[2]
+        assert isinstance(err, RequestFailedError) and "NaN" in str(err)
+        assert isinstance(err.__cause__, NonFiniteLogitsError)
+        for i in (0, 1, 3):
+            assert results[i][0] == solo[i][0] and results[i][1].generation_tokens == 20
+        assert _collect(eng.submit(prompts[0], max_tokens=20, params=GREEDY,
+                                   eos_ids=[]))[0] == solo[0][0]
+    st = eng.stats()
+    assert st["failed"] == 1 and st["completed"] == 4 and st["running"] == 0
 
 
 def test_profiler_and_statistics_count_batches(gguf):

@@ -120,7 +120,7 @@ def test_a_client_hanging_up_cancels_its_sequence(server):
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 600, "temperature": 0,
                        "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while b"data: {" not in got:

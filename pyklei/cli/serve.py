@@ -39,7 +39,7 @@ def add_parser(sub):
                    help="requests that may wait for a sequence; more get 429 (default %(default)s)")
     g.add_argument("--api-key", metavar="KEY", default=os.environ.get("PYKLEI_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $PYKLEI_API_KEY, "
-                        "or no key)")
+                        "or no key); prefer the variable: a flag is visible to every user in ps")
     g.add_argument("--cors", metavar="ORIGINS", action="append", default=[],
                    help="allow browser requests from these origins (comma-separated, or '*'); "
                         "repeatable (default: none)")
@@ -47,6 +47,22 @@ def add_parser(sub):
     g.add_argument("--drain-timeout", type=_float_in(0, None, what="drain timeout"), default=30.0,
                    metavar="S", help="on SIGTERM, seconds to let replies finish before cancelling "
                                      "them (default %(default)s)")
+    g.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="answer requests whose Host header is NAME, besides 127.0.0.1, localhost "
+                        "and ::1 (repeatable; for a reverse proxy or a local DNS name). On a "
+                        "loopback address other names get 403, which stops DNS rebinding")
+    g.add_argument("--max-connections", type=_int_at_least(1, "connection count"), default=2048,
+                   metavar="N", help="open connections at most; more get 503 at once "
+                                     "(default %(default)s, lowered to fit the open-file limit)")
+    g.add_argument("--timeout-header", type=_float_in(0, None, lo_open=True, what="header timeout"),
+                   default=10.0, metavar="S", help="seconds a request's headers may take to "
+                   "arrive; slower connections are closed (default %(default)s)")
+    g.add_argument("--timeout-body", type=_float_in(0, None, lo_open=True, what="body timeout"),
+                   default=60.0, metavar="S", help="seconds a request's body may take to arrive; "
+                   "slower uploads get 408 (default %(default)s)")
+    g.add_argument("--timeout-idle", type=_float_in(0, None, lo_open=True, what="idle timeout"),
+                   default=5.0, metavar="S", help="seconds a kept-alive connection may wait for "
+                   "its next request (default %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no request log")
     _add_model_options(p)
     p.set_defaults(func=run)
@@ -63,4 +79,7 @@ def run(args) -> int:
     model_id = args.model_id or Path(args.model).stem
     return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=args.api_key,
-                 cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet)
+                 cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet,
+                 timeout_header=args.timeout_header, timeout_body=args.timeout_body,
+                 timeout_idle=args.timeout_idle, max_connections=args.max_connections,
+                 allow_hosts=args.allow_host)

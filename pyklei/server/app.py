@@ -12,14 +12,17 @@ blocking iterator, so each request gets a thread that pumps it into an asyncio q
 (`_Generation`) and the event loop never blocks on the model. A client that hangs up is
 noticed by a task that listens for http.disconnect, which cancels its sequence at once (the
 engine frees the slot), streamed or not. Errors have OpenAI's shape: 400 with the field's name
-in `param`, 401 without the API key, 429 when the engine's queue is full, 503 while shutting
-down.
+in `param`, 401 without the API key, 403 for a Host header that is not this server's (DNS
+rebinding), 408/413/415 for a body too slow, too large or not JSON, 429 when the engine's queue
+is full, 500 for a request that failed alone while it was sampled, 503 while shutting down.
+Connection-level guards (timeouts, the connection cap, TCP_NODELAY) are in transport.py.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
+import logging
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -30,16 +33,23 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request as HTTPRequest
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..engine import EngineClosedError, QueueFullError
+from ..engine import EngineClosedError, QueueFullError, RequestFailedError
 from . import openai_api as api
 from .metrics import Metrics
 
 MAX_BODY = 8 << 20
+MAX_DEPTH = 64                 # JSON nesting; deeper bodies are refused before any use of them
+MAX_INT_DIGITS = 40            # JSON integers (a seed is at most 20 digits)
 CLIENT_CLOSED = 499            # nginx's status for "the client closed the request"
+log = logging.getLogger("uvicorn.error")
+
+
+class _ClientGone(Exception):
+    """The client hung up before its request body arrived: nothing to answer (logged as 499)."""
 
 
 def error_response(e: api.APIError, headers=None) -> JSONResponse:
@@ -130,9 +140,14 @@ class _EventStream:
                     if r.text or r.finish_reason:
                         await event(api.chunk(req.kind, rid, created, s.model_id, r.text,
                                               r.finish_reason))
-            except Exception as e:         # a bug in the engine: say so in the stream
-                await event({"error": {"message": f"{type(e).__name__}: {e}",
-                                       "type": "server_error", "param": None, "code": None}})
+            except Exception as e:         # this request failed (or the engine): say so in the stream
+                if isinstance(e, RequestFailedError):
+                    log.warning("%s", e)
+                    message, code = str(e), "generation_failed"
+                else:
+                    message, code = f"{type(e).__name__}: {e}", None
+                await event({"error": {"message": message, "type": "server_error",
+                                       "param": None, "code": code}})
             else:
                 if last is not None:
                     s.metrics.generation(last, gen.ttft)
@@ -148,14 +163,15 @@ class _EventStream:
 
 
 class _State:
-    def __init__(self, engine, tokenizer, model_id, n_ctx, eos_ids, api_key):
+    def __init__(self, engine, tokenizer, model_id, n_ctx, eos_ids, api_key, body_timeout):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
         self.n_ctx, self.eos_ids, self.api_key = n_ctx, eos_ids, api_key
+        self.body_timeout = body_timeout
         self.created = int(time.time())
         self.metrics = Metrics(engine)
 
 
-async def _read_json(request: HTTPRequest):
+async def _read_body(request: HTTPRequest) -> bytes:
     size = request.headers.get("content-length")
     if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
         raise api.APIError(f"the body must be at most {MAX_BODY} bytes", status=413)
@@ -165,10 +181,61 @@ async def _read_json(request: HTTPRequest):
         if n > MAX_BODY:
             raise api.APIError(f"the body must be at most {MAX_BODY} bytes", status=413)
         chunks.append(c)
+    return b"".join(chunks)
+
+
+def _check_depth(obj, limit: int = MAX_DEPTH) -> None:
+    """400 when JSON nests deeper than `limit`: anything that walks the body later (the chat
+    template, a schema compiler, json.dumps) would recurse that deep. Iterative, so a deep
+    body cannot overflow the check itself."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            raise api.APIError(f"the body nests deeper than {limit} levels")
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values() if isinstance(v, (dict, list)))
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o if isinstance(v, (dict, list)))
+
+
+async def _read_json(request: HTTPRequest, timeout: float):
+    """The body as JSON, or the APIError that says what is wrong with it: 413 (too large),
+    408 (not sent within `timeout` s), 400 (not JSON: bad syntax, not UTF-8, an integer of more
+    than 4300 digits, nested too deeply). _ClientGone when the client hung up mid-upload."""
     try:
-        return json.loads(b"".join(chunks))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raw = await asyncio.wait_for(_read_body(request), timeout)
+    except asyncio.TimeoutError:
+        raise api.APIError(f"the request body did not arrive within {timeout:g} s",
+                           status=408, code="request_timeout") from None
+    except ClientDisconnect:
+        raise _ClientGone() from None
+    try:
+        body = json.loads(raw, parse_int=_parse_int)
+    except RecursionError:
+        raise api.APIError(f"the body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as e:      # JSONDecodeError, UnicodeDecodeError, int digit limit
         raise api.APIError(f"the body is not valid JSON: {e}") from None
+    _check_depth(body)
+    return body
+
+
+def _parse_int(digits: str) -> int:
+    """json's integer hook: refuses a long one before Python's own int parsing (quadratic, and
+    limited to 4300 digits with a message about sys.set_int_max_str_digits)."""
+    if len(digits) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _check_json_content_type(request: HTTPRequest) -> None:
+    """415 unless the body says it is JSON. A browser sends a cross-origin text/plain or form
+    POST without asking first (no CORS preflight); requiring application/json makes every such
+    request preflighted, so a web page cannot drive a local server."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise api.APIError(f"the body must be sent as 'Content-Type: application/json' (got "
+                           f"{media or 'none'!r})", status=415, code="unsupported_media_type")
 
 
 def _check_key(s: _State, request: HTTPRequest) -> None:
@@ -199,7 +266,11 @@ def _submit(s: _State, req: api.Request):
 async def _generate(request: HTTPRequest, kind: str) -> Response:
     s: _State = request.app.state.pyklei
     _check_key(s, request)
-    body = await _read_json(request)
+    _check_json_content_type(request)
+    try:
+        body = await _read_json(request, s.body_timeout)
+    except _ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
     # tokenizing and templating a long prompt takes milliseconds: not on the event loop
     req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx)
     t_submit = time.perf_counter()
@@ -212,6 +283,10 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
         while (r := await gen.next()) is not None:
             parts.append(r.text)
             last = r
+    except RequestFailedError as e:        # this request alone failed; say why, no traceback
+        log.warning("%s", e)
+        raise api.APIError(str(e), status=500, type="server_error",
+                           code="generation_failed") from None
     finally:
         watcher.cancel()
         gen.close()
@@ -302,16 +377,64 @@ class _CountRequests:
             raise
         finally:
             self.metrics.request(scope["path"], status[0])
+            if status[0] == CLIENT_CLOSED:
+                _log_abandoned(scope)
+
+
+def _log_abandoned(scope) -> None:
+    """An access-log line for a request whose client left before the answer: uvicorn logs only
+    responses it sent. Same logger and shape as uvicorn's lines."""
+    access = logging.getLogger("uvicorn.access")
+    if access.hasHandlers():
+        client = scope.get("client")
+        where = f"{client[0]}:{client[1]}" if client else "-"
+        access.info('%s - "%s %s HTTP/%s" %d', where, scope["method"], scope["path"],
+                    scope.get("http_version", "1.1"), CLIENT_CLOSED)
+
+
+class _AllowedHosts:
+    """ASGI middleware: 403 unless the Host header names this server. On a loopback bind the
+    names are 127.0.0.1, localhost, ::1 and --allow-host's: a web page that rebinds its own
+    domain to 127.0.0.1 (DNS rebinding) then sends its own name, and is refused."""
+
+    def __init__(self, app, hosts):
+        self.app = app
+        self.hosts = {h.strip("[]").rstrip(".").lower() for h in hosts}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            raw = dict(scope["headers"]).get(b"host")
+            name = _host_name(raw.decode("latin-1")) if raw is not None else None
+            if name is not None and name not in self.hosts:
+                e = api.APIError(f"the Host header {name!r} is not a name of this server "
+                                 f"(allowed: {', '.join(sorted(self.hosts))}; add names with "
+                                 f"--allow-host)", status=403, code="host_not_allowed")
+                return await error_response(e)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """'[::1]:8000' -> '::1', 'LocalHost.:80' -> 'localhost'."""
+    host = host.strip()
+    if host.startswith("["):
+        name = host[1:].split("]", 1)[0]
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name.rstrip(".").lower()
 
 
 def create_app(engine, tokenizer, model_id: str, n_ctx: int, eos_ids=None,
                api_key: str | None = None, cors: list[str] | tuple = (),
+               allowed_hosts: list[str] | None = None, body_timeout: float = 60.0,
                on_shutdown=None) -> Starlette:
     """The ASGI app. engine: a pyklei.engine.Engine; n_ctx: a sequence's context in tokens;
-    cors: allowed origins ("*" for any); on_shutdown: called when the server stops (after it
-    drained its connections)."""
-    state = _State(engine, tokenizer, model_id, n_ctx, eos_ids, api_key)
+    cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
+    any); body_timeout: seconds a request body may take to arrive; on_shutdown: called when
+    the server stops (after it drained its connections)."""
+    state = _State(engine, tokenizer, model_id, n_ctx, eos_ids, api_key, body_timeout)
     middleware = [Middleware(_CountRequests, metrics=state.metrics)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))
     if cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors),
                                      allow_methods=["GET", "POST", "OPTIONS"],

@@ -8,6 +8,8 @@ apps in one process (tests) do not share counters.
     pyklei_running_sequences                         sequences being decoded now (engine)
     pyklei_parallel_slots                            the engine's n_parallel
     pyklei_cancelled_total                           sequences the engine cancelled (disconnects)
+    pyklei_failed_total                              sequences that failed alone (a sampling or
+                                                     decoding error; the batch went on)
     pyklei_time_to_first_token_seconds               histogram, per request: submitted -> first
                                                      token, queue wait included
     pyklei_decode_tokens_per_second                  histogram, per request (after the first token)
@@ -39,6 +41,8 @@ class _EngineCollector:
             yield GaugeMetricFamily(name, text, value=s[key])
         yield CounterMetricFamily("pyklei_cancelled", "sequences cancelled (client disconnects, "
                                   "shutdown)", value=s["cancelled"])
+        yield CounterMetricFamily("pyklei_failed", "sequences that failed alone while sampling "
+                                  "or decoding", value=s["failed"])
 
 
 class Metrics:

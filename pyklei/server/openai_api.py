@@ -146,7 +146,7 @@ def chat_messages(body: dict) -> list[dict]:
             raise APIError(f"messages[{i}] must be an object with 'role' and 'content'",
                            f"messages[{i}]")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             hint = " (tool calling is not supported)" if role in ("tool", "function") else ""
             raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
                            f"{role!r}{hint}", f"messages[{i}].role")
@@ -156,9 +156,25 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def prompt_ids(kind: str, body: dict, tokenizer) -> list[int]:
+def check_length(kind: str, texts, n_texts: int, tokenizer, n_ctx: int) -> None:
+    """400 for a prompt that cannot fit the context, found without tokenizing or templating it:
+    every token stands for at most tokenizer.max_token_chars characters, and every message of a
+    chat template for at least one token. Tokenizing a text of megabytes holds the GIL for a
+    second, which every other stream would feel."""
+    param = "messages" if kind == "chat" else "prompt"
+    if n_texts > n_ctx:
+        raise APIError(f"{n_texts} messages cannot fit the context of {n_ctx} tokens", param)
+    chars = sum(map(len, texts))
+    if chars > tokenizer.max_token_chars * n_ctx:
+        raise APIError(f"the {param} has {chars} characters: more than the context of {n_ctx} "
+                       f"tokens can hold (at most {tokenizer.max_token_chars} characters a token)",
+                       param)
+
+
+def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int) -> list[int]:
     if kind == "chat":
         messages = chat_messages(body)
+        check_length(kind, (m["content"] for m in messages), len(messages), tokenizer, n_ctx)
         try:
             return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         except (ChatTemplateError, ValueError, TypeError) as e:
@@ -167,6 +183,7 @@ def prompt_ids(kind: str, body: dict, tokenizer) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]            # a batch of one prompt
     if isinstance(prompt, str) and prompt:
+        check_length(kind, (prompt,), 1, tokenizer, n_ctx)
         return tokenizer.encode(prompt, parse_special=True)
     if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
         try:
@@ -192,7 +209,7 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                        "stream_options")
     params = sampling_from(body)
     stop = stops_from(body)
-    ids = prompt_ids(kind, body, tokenizer)
+    ids = prompt_ids(kind, body, tokenizer, n_ctx)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     asked = body.get(key)
     try:   # a default is cut to the room left; a count asked for must fit

@@ -1,33 +1,29 @@
 """Runs the server: one model, one engine, one uvicorn server on a socket bound here.
 
 Stopping: SIGTERM or Ctrl-C makes uvicorn stop accepting connections and wait for the replies
-in flight, at most `drain_timeout` seconds, after which it cancels what is left; then the
-engine shuts down and serve() returns (exit code 0). uvicorn re-raises the signal it caught
-once it has stopped; the handlers installed here receive it, so the process ends by returning,
-not by being killed.
+in flight. At `drain_timeout` seconds the engine cancels what is left, so every reply still
+running ends properly (a last chunk with finish_reason "cancelled", then [DONE]) rather than
+being cut; uvicorn's own deadline, a few seconds later, is only a backstop. Then the engine
+shuts down and serve() returns (exit code 0). uvicorn re-raises the signal it caught once it
+has stopped; the handlers installed here receive it, so the process ends by returning, not by
+being killed.
+
+Connections: transport.py (TCP_NODELAY, the header deadline, the connection cap and the
+open-file limit); `timeout_idle` closes kept-alive connections with no request (uvicorn's
+timeout_keep_alive); `timeout_body` bounds a request body's upload (app.py).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
-import socket
 import sys
 from contextlib import contextmanager
 
+from .transport import bind, open_file_budget, protocol_class, quiet_accept_errors
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening TCP socket (port 0: a free one), so the address is known before serving."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
+DRAIN_BACKSTOP_S = 10.0    # uvicorn cancels tasks this long after our own drain deadline
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 @contextmanager
@@ -45,26 +41,58 @@ def _signals_end_quietly():
             signal.signal(s, h)
 
 
+def _draining_server(config, drain_timeout: float, on_deadline):
+    """A uvicorn.Server whose graceful shutdown calls on_deadline() after drain_timeout s, and
+    whose event loop logs running out of descriptors in one line (transport.py)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def startup(self, sockets=None):
+            quiet_accept_errors(asyncio.get_running_loop())
+            await super().startup(sockets)
+
+        async def shutdown(self, sockets=None):
+            deadline = asyncio.get_running_loop().call_later(drain_timeout, on_deadline)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                deadline.cancel()
+
+    return DrainingServer(config)
+
+
 def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, max_queue=64,
-          prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False, announce=print) -> int:
+          prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False,
+          timeout_header=10.0, timeout_body=60.0, timeout_idle=5.0, max_connections=2048,
+          allow_hosts=(), announce=print) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
-    once the socket listens."""
+    once the socket listens. allow_hosts: Host header names accepted besides the loopback
+    names (app.create_app)."""
     import uvicorn
 
     from ..engine import Engine
     from .app import create_app
 
+    budget = open_file_budget()
+    if budget < max_connections:
+        print(f"pyklei serve: warning: the open-file limit allows {max(budget, 0)} connections, "
+              f"fewer than --max-connections {max_connections}", file=sys.stderr, flush=True)
+        max_connections = max(budget, 1)
     engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
                     prefill_chunk=prefill_chunk)
     n_ctx = getattr(engine, "n_ctx", llm.n_ctx)     # a sequence's context
     app = create_app(engine, llm.tokenizer, model_id, n_ctx, eos_ids=llm.eos_ids,
-                     api_key=api_key, cors=cors,
+                     api_key=api_key, cors=cors, body_timeout=timeout_body,
+                     allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
+                                    if host in LOOPBACK or allow_hosts else None),
                      on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout))
     sock = bind(host, port)
     config = uvicorn.Config(app, log_level="warning" if quiet else "info", access_log=not quiet,
-                            timeout_graceful_shutdown=drain_timeout, lifespan="on",
-                            timeout_keep_alive=5)
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=drain_timeout + DRAIN_BACKSTOP_S,
+                            lifespan="on", timeout_keep_alive=timeout_idle,
+                            http=protocol_class(timeout_header, max_connections))
+    server = _draining_server(config, drain_timeout,
+                              lambda: engine.shutdown(cancel=True, timeout=0))
     h, p = sock.getsockname()[:2]
     shown = f"[{h}]" if ":" in h else h
     announce(f"serving {model_id} on http://{shown}:{p}/v1 (chat page: http://{shown}:{p}/; "

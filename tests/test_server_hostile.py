@@ -1,0 +1,359 @@
+"""`pyklei serve` under hostile and heavy traffic (issue 22): malformed and mutated requests
+get 4xx in OpenAI's shape, never a 500, while a stream beside them runs token-identical to its
+solo run; idle and half-sent connections are closed and do not lock clients out; a flood gets
+503s; kept-alive requests pay no Nagle delay; the drain deadline ends streams properly; the Host
+header and Content-Type are checked. Each server is a real subprocess on 127.0.0.1 over the
+real engine and SmolLM2."""
+import json
+import random
+import resource
+import socket
+import threading
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+from live_server import LiveServer  # noqa: E402  (tests/, on sys.path via conftest)
+
+CHAT = [{"role": "user", "content": "Name a colour."}]
+STATUSES_OK = {200, 400, 413, 415}
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_q4):
+    with LiveServer(smollm2_q4, "--parallel", "4", "--max-queue", "64", "--timeout-header", "2",
+                    "--timeout-body", "1", "--allow-host", "pyklei.test") as srv:
+        yield srv
+
+
+def post(srv, path, body=None, raw=None, headers=None, timeout=60):
+    data = raw if raw is not None else json.dumps(body).encode()
+    h = {"Content-Type": "application/json", **(headers or {})}
+    return httpx.post(srv.url + path, content=data, headers=h, timeout=timeout)
+
+
+def status_counts(srv) -> dict:
+    out = {}
+    for line in httpx.get(srv.url + "/metrics").text.splitlines():
+        if line.startswith("pyklei_requests_total{"):
+            labels, _, value = line.rpartition(" ")
+            status = labels.split('status="')[1].split('"')[0]
+            out[status] = out.get(status, 0) + float(value)
+    return out
+
+
+# ---- one request fails alone; malformed bodies are 4xx naming the field ----------------------
+
+DEEP = b"[" * 1000 + b"]" * 1000
+CASES = [
+    # (body or raw bytes, headers, status, param): the issue's requests first
+    ({"messages": CHAT, "temperature": 1.0, "repetition_penalty": 1e-39, "seed": 1}, None, 400,
+     "repetition_penalty"),
+    (b'{"messages": [{"role": "user", "content": "Hi"}], "seed": 1' + b"0" * 5000 + b"}", None,
+     400, None),
+    (b'{"messages": [{"role": "user", "content": "Hi"}], "metadata": ' + DEEP + b"}", None, 400,
+     None),
+    (b'{"messages": [{"role": "user", "content": "Hi"}], "metadata": ' + b"[" * 80
+     + b"]" * 80 + b"}", None, 400, None),
+    ({"messages": [{"role": ["user"], "content": "x"}]}, None, 400, "messages[0].role"),
+    ({"messages": [{"role": {"a": 1}, "content": "x"}]}, None, 400, "messages[0].role"),
+    ({"messages": CHAT, "seed": 2 ** 64}, None, 400, "seed"),
+    ({"messages": CHAT, "seed": -2}, None, 400, "seed"),
+    (b'{"messages": [{"role": "user", "content": "Hi"}], "temperature": 1e999}', None, 400,
+     "temperature"),
+    (b'{"messages": [{"role": "user", "content": "Hi"}], "top_p": NaN}', None, 400, "top_p"),
+    ({"messages": CHAT, "temperature": 10 ** 40}, None, 400, None),   # 41 digits: over the limit
+    (b'{"messages": [{"role": "user", "content": "Hi"}], "top_k": 1e400}', None, 400, "top_k"),
+    ({"messages": CHAT, "repetition_penalty": 101}, None, 400, "repetition_penalty"),
+    ({"messages": [{"role": "user", "content": "x"}] * 2000}, None, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "word " * 200_000}]}, None, 400, "messages"),
+    (b"\xff\xfe{}", None, 400, None),
+    ({"messages": CHAT}, {"Content-Type": "text/plain"}, 415, None),
+    ({"messages": CHAT}, {"Content-Type": "application/x-www-form-urlencoded"}, 415, None),
+    ({"messages": CHAT}, {"Host": "attacker.example:18700"}, 403, None),
+    ({"messages": CHAT}, {"Content-Length": "99999999999"}, 413, None),
+]
+
+
+@pytest.mark.parametrize("body, headers, status, param", CASES)
+def test_malformed_requests_get_4xx_in_openai_shape(server, body, headers, status, param):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if headers and "Content-Length" in headers:     # a lie about the size: raw socket
+        r = _raw_request(server, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 b"Content-Type: application/json\r\n"
+                                 b"Content-Length: 99999999999\r\n\r\n")
+        assert r.startswith(b"HTTP/1.1 413")
+        return
+    r = post(server, "/v1/chat/completions", raw=raw, headers=headers)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["param"] == param, err
+
+
+def test_seed_minus_one_samples_at_random(server):
+    r = post(server, "/v1/chat/completions", {"messages": CHAT, "seed": -1, "temperature": 1,
+                                              "max_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_prompt_of_megabytes_is_refused_before_tokenizing(server):
+    r = post(server, "/v1/completions", {"prompt": "x" * 7_900_000})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert "characters" in r.json()["error"]["message"]
+
+
+def _raw_request(srv, data: bytes, wait=5.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=wait) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except socket.timeout:
+            pass
+        return got
+
+
+def test_hosts_answered(server):
+    for host in ("127.0.0.1", f"127.0.0.1:{server.port}", f"localhost:{server.port}",
+                 f"[::1]:{server.port}", "pyklei.test", "PyKlei.Test."):
+        r = httpx.get(server.url + "/health", headers={"Host": host})
+        assert r.status_code == 200, host
+    r = httpx.get(server.url + "/v1/models", headers={"Host": "evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "host_not_allowed"
+
+
+def test_a_body_that_never_arrives_gets_408(server):
+    got = _raw_request(server, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                               b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                               b'{"prompt": ', wait=10)
+    assert got.startswith(b"HTTP/1.1 408"), got[:200]
+    assert b"request_timeout" in got
+
+
+def test_an_aborted_upload_is_a_499_not_a_500(server):
+    before = status_counts(server)
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while status_counts(server).get("499", 0) <= before.get("499", 0):
+        assert time.monotonic() < deadline, "the abandoned upload was never counted"
+        time.sleep(0.05)
+    assert status_counts(server).get("500", 0) == before.get("500", 0)
+
+
+# ---- fuzzing: mutations of valid requests --------------------------------------------------
+
+GARBAGE = [None, True, False, 0, -1, 1, 2 ** 63, -2 ** 63, 0.5, -0.0, 1e308, -1e308, "", "x",
+           "\u0000", "\ud7ff\uffff", [], {}, [[]], [{}], {"a": {"b": []}}, [1, "a", None],
+           {"type": "text"}, ["user"], {"role": "user"}, "A" * 5000]
+SAFE_BUDGET = [None, 0, 1, 2, 3, -5, 1.5, "2", 10 ** 9, [], {}]   # never a long generation
+
+
+def _valid(rng: random.Random):
+    if rng.random() < 0.5:
+        return "/v1/chat/completions", {
+            "model": "m", "messages": [{"role": rng.choice(["system", "user", "developer"]),
+                                        "content": "Say a word."},
+                                       {"role": "user", "content": [{"type": "text",
+                                                                     "text": "Hi"}]}],
+            "max_tokens": 2, "temperature": rng.choice([0, 0.7]), "top_p": 0.9, "seed": 3,
+            "stop": ["\n"], "stream": rng.random() < 0.3}
+    return "/v1/completions", {"model": "m", "prompt": rng.choice(["Hello", [1, 2, 3]]),
+                               "max_tokens": 2, "top_k": 5, "min_p": 0.1,
+                               "repetition_penalty": 1.1, "stream": rng.random() < 0.3}
+
+
+def _mutate(rng: random.Random, body: dict):
+    """One random change: a field's value replaced, a field removed or added, a message or a
+    content part broken, or the JSON text itself damaged (returns bytes then)."""
+    op = rng.randrange(7)
+    keys = list(body)
+    if op == 0:
+        k = rng.choice(keys)
+        body[k] = rng.choice(SAFE_BUDGET if k == "max_tokens" else GARBAGE)
+    elif op == 1:
+        k = rng.choice([k for k in keys if k != "max_tokens"])
+        del body[k]
+    elif op == 2:
+        body[rng.choice(["n", "logprobs", "tools", "user", "metadata", "response_format",
+                         "stream_options", "max_completion_tokens", "stop", "seed",
+                         "temperature", "x" * 50])] = rng.choice(GARBAGE)
+        body.pop("max_completion_tokens", None) if rng.random() < 0.5 else None
+        if "max_completion_tokens" in body:
+            body["max_completion_tokens"] = rng.choice(SAFE_BUDGET[1:])
+    elif op == 3 and "messages" in body:
+        m = body["messages"]
+        i = rng.randrange(len(m))
+        m[i] = rng.choice(GARBAGE) if rng.random() < 0.3 else {
+            **m[i], rng.choice(["role", "content", "name", "tool_calls"]): rng.choice(GARBAGE)}
+    elif op == 4 and "messages" in body:
+        body["messages"][-1]["content"] = [rng.choice(GARBAGE), {"type": "text",
+                                                                 "text": rng.choice(GARBAGE)}]
+    elif op == 5:
+        raw = bytearray(json.dumps(body).encode())
+        for _ in range(rng.randint(1, 4)):
+            pos = rng.randrange(len(raw))
+            raw[pos:pos + rng.randint(0, 3)] = bytes(rng.randrange(256)
+                                                     for _ in range(rng.randint(0, 3)))
+        return bytes(raw)
+    else:
+        raw = json.dumps(body).encode()
+        return raw[:rng.randrange(len(raw))]
+    return body
+
+
+def test_fuzzed_requests_never_500_and_a_stream_beside_them_is_unchanged(server):
+    """400 mutated requests, sent while greedy streams run: no 500 (by the reply and by
+    /metrics), the server healthy after each, and every stream's text equal to its solo run."""
+    prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
+    body = lambda p: {"prompt": p, "max_tokens": 48, "temperature": 0}   # noqa: E731
+    solo = [post(server, "/v1/completions", body(p)).json()["choices"][0]["text"]
+            for p in prompts]
+    before_500 = status_counts(server).get("500", 0)
+    beside, stop = [], threading.Event()
+
+    def streams():
+        while not stop.is_set():
+            for p in prompts:
+                with httpx.stream("POST", server.url + "/v1/completions", timeout=120,
+                                  json={**body(p), "stream": True}) as r:
+                    text = "".join(json.loads(ln[6:])["choices"][0]["text"]
+                                   for ln in r.iter_lines()
+                                   if ln.startswith("data: {") and '"choices": []' not in ln)
+                beside.append((p, text))
+
+    t = threading.Thread(target=streams)
+    t.start()
+    rng = random.Random(22)
+    seen = {}
+    try:
+        for i in range(400):
+            path, valid = _valid(rng)
+            mutated = _mutate(rng, valid)
+            raw = mutated if isinstance(mutated, bytes) else json.dumps(mutated).encode()
+            r = post(server, path, raw=raw, timeout=120)
+            seen[r.status_code] = seen.get(r.status_code, 0) + 1
+            assert r.status_code in STATUSES_OK, (i, raw[:300], r.status_code, r.text[:300])
+            if r.status_code != 200:
+                err = r.json()["error"]
+                assert err["type"] == "invalid_request_error" and err["message"], err
+            if i % 50 == 0:
+                assert server.health()["status"] == "ok"
+    finally:
+        stop.set()
+        t.join(300)
+    assert seen.get(200, 0) > 20 and seen.get(400, 0) > 100, seen
+    assert status_counts(server).get("500", 0) == before_500
+    assert len(beside) >= 3
+    for p, text in beside:
+        assert text == solo[prompts.index(p)], p
+
+
+# ---- connections ----------------------------------------------------------------------------
+
+def _fd_room(n: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n:
+        if hard != resource.RLIM_INFINITY and hard < n:
+            pytest.skip(f"this process may open {hard} files, the test needs {n}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+
+
+def test_1000_idle_and_half_sent_connections_do_not_lock_clients_out(server):
+    _fd_room(1200)
+    held = []
+    try:
+        for i in range(1000):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            if i % 2:       # half of them start a request and never finish its headers
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            held.append(s)
+        t = time.perf_counter()
+        r = httpx.get(server.url + "/health", timeout=10)
+        assert r.status_code == 200 and time.perf_counter() - t < 1.0
+        r = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200
+        time.sleep(3.0)                 # the server's --timeout-header is 2 s
+        closed = 0
+        for s in held:
+            s.settimeout(1.0)
+            try:
+                closed += s.recv(1) == b""
+            except (ConnectionResetError, socket.timeout):
+                closed += 0
+        assert closed == len(held)
+    finally:
+        for s in held:
+            s.close()
+    assert server.health()["status"] == "ok"
+
+
+def test_kept_alive_requests_pay_no_nagle_delay(server):
+    """With TCP_NODELAY a small response written in two pieces is not held for the client's
+    delayed ACK (~40 ms on Linux): a kept-alive /health and a 2-token chat take a few ms."""
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        c.get("/health")
+        health, chat = [], []
+        for _ in range(5):
+            t = time.perf_counter()
+            c.get("/health")
+            health.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            c.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2,
+                                                 "temperature": 0})
+            chat.append(time.perf_counter() - t)
+    assert min(health) < 0.025, health
+    assert min(chat) < 0.035, chat
+
+
+def test_a_flood_beyond_max_connections_gets_503s(smollm2_q4):
+    with LiveServer(smollm2_q4, "--max-connections", "8", "--timeout-header", "5") as srv:
+        held, answers = [], []
+        try:
+            for _ in range(20):
+                held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+            time.sleep(0.3)
+            for s in held:
+                s.settimeout(0.5)
+                try:
+                    answers.append(s.recv(4096))
+                except socket.timeout:
+                    answers.append(None)
+        finally:
+            for s in held:
+                s.close()
+        refused = [a for a in answers if a]
+        assert len(refused) >= 12 and all(a.startswith(b"HTTP/1.1 503") for a in refused)
+        assert b"too_many_connections" in refused[0]
+        time.sleep(0.3)
+        assert srv.health()["status"] == "ok"
+
+
+def test_the_drain_deadline_ends_streams_with_a_finish_reason(smollm2_q4):
+    """SIGTERM with --drain-timeout 2 while a long greedy stream runs: at the deadline the stream
+    gets a last chunk with finish_reason "cancelled" and [DONE], and the server exits 0 without
+    a traceback (it used to cut the stream and log CancelledError)."""
+    srv = LiveServer(smollm2_q4, "--parallel", "2", "--drain-timeout", "2", ctx=2048).start()
+    try:
+        with httpx.stream("POST", srv.url + "/v1/completions", timeout=120,
+                          json={"prompt": "Once upon a time", "max_tokens": 2000,
+                                "temperature": 0, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            assert first.startswith("data: {")
+            t = time.monotonic()
+            srv.proc.send_signal(15)
+            events = [first] + [ln for ln in lines if ln]
+        assert 1.5 < time.monotonic() - t < 10
+        assert events[-1] == "data: [DONE]"
+        last = json.loads(events[-2][6:])
+        assert last["choices"][0]["finish_reason"] == "cancelled"
+        assert srv.proc.wait(60) == 0
+        err = srv.proc.stderr.read()
+        assert "Traceback" not in err and "CancelledError" not in err, err[-2000:]
+    finally:
+        srv.stop()
