@@ -160,6 +160,46 @@ def test_generate_seed_is_repeatable(smollm2_q4):
     assert a.stdout == b.stdout and a.stdout.strip()
 
 
+SEA = "Give me three emojis about the sea."    # SmolLM2 answers in emojis of 2 tokens each
+
+
+def test_a_reply_cut_inside_a_character_ends_before_it(smollm2_q4):
+    """max_tokens that ends inside an emoji: the API (streamed or not, single or batched as the
+    server runs it) and the CLI reply with the characters before it, no U+FFFD."""
+    import pyklei
+
+    llm = pyklei.load(smollm2_q4, n_threads=1, n_ctx=256)
+    messages = [{"role": "user", "content": SEA}]
+    # Where the greedy reply's tokens end inside a character: a streamed response that comes
+    # more than one token after the one before (the tokens between added no complete text),
+    # after some text (a cut in the first character would leave an empty reply).
+    cut, before, n = None, "", 0
+    for r in llm.chat(messages, max_tokens=40, temperature=0.0, stream=True):
+        if r.generation_tokens > n + 1 and before:
+            cut = n + 1
+            break
+        before, n = before + r.text, r.generation_tokens
+    assert cut is not None and before, "the reply has no character split over tokens"
+
+    llm.reset()
+    r = llm.chat(messages, max_tokens=cut, temperature=0.0)
+    assert (r.text, r.finish_reason, r.generation_tokens) == (before, "length", cut)
+    llm.reset()
+    parts = list(llm.chat(messages, max_tokens=cut, temperature=0.0, stream=True))
+    assert "".join(p.text for p in parts) == before and parts[-1].finish_reason == "length"
+    ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    (b,) = llm.generate_batch([ids], max_tokens=cut, temperature=0.0)
+    assert b.text == before
+    llm.close()
+
+    r = subprocess.run([sys.executable, "-m", "pyklei", "generate", str(smollm2_q4), "--chat",
+                        "-p", SEA, "-n", str(cut), "--temperature", "0", "-t", "1"],
+                       capture_output=True, encoding="utf-8", timeout=180, cwd=ROOT,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert r.returncode == 0, r.stderr
+    assert "\ufffd" not in r.stdout and r.stdout.strip() == before.strip()
+
+
 # ---- info / bench / perplexity ------------------------------------------------------------
 
 def test_info(smollm2_q4):
