@@ -200,6 +200,32 @@ def test_a_reply_cut_inside_a_character_ends_before_it(smollm2_q4):
     assert "\ufffd" not in r.stdout and r.stdout.strip() == before.strip()
 
 
+@pytest.mark.parametrize("module", ["uvicorn", "starlette", "prometheus_client"])
+def test_serve_without_its_extra_says_how_to_install_it_before_loading(module, tmp_path):
+    """The serve extra's modules hidden (as if not installed): one line naming the pip command,
+    exit 2, and the model is never loaded (loading raises here)."""
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
+            "import pyklei.cli.serve as s\n"
+            "def no_load(*a, **k): raise AssertionError('the model was loaded')\n"
+            "s._load = no_load\n"
+            "from pyklei.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    for model in (ROOT / "tests" / "fuzz_corpus" / "seed-tied-q4.gguf", tmp_path / "absent.gguf"):
+        r = subprocess.run([sys.executable, "-c", code, "serve", str(model), "--port", "0"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert_user_error(r, "serve")
+        assert "pip install 'pyklei[serve]'" in r.stderr and module in r.stderr, r.stderr
+
+
+def test_serve_checks_every_module_of_its_extra():
+    import tomllib
+
+    from pyklei.cli.serve import SERVE_EXTRA_MODULES
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    assert {re.split(r"[<>=!~\[ ;]", d)[0] for d in extra} == set(SERVE_EXTRA_MODULES)
+
+
 # ---- info / bench / perplexity ------------------------------------------------------------
 
 def test_info(smollm2_q4):

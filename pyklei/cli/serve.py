@@ -1,10 +1,17 @@
 """`pyklei serve`: the OpenAI-compatible HTTP server (pyklei.server; docs/SERVE.md)."""
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
 from ._common import CLIError, _add_command, _add_model_options, _float_in, _int_at_least, _load
+
+
+# What pyproject.toml's `serve` extra installs. pyklei.server imports them only when the server
+# starts, after the model has loaded; `run` imports them first so that a missing extra is one
+# line at once, not a traceback after the load.
+SERVE_EXTRA_MODULES = ("starlette", "uvicorn", "prometheus_client")
 
 
 def _port(s: str) -> int:
@@ -55,6 +62,8 @@ def add_parser(sub):
 
 def run(args) -> int:
     try:
+        for name in SERVE_EXTRA_MODULES:
+            importlib.import_module(name)
         from ..server.run import serve
     except ImportError as e:
         raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
