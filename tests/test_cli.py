@@ -251,6 +251,31 @@ def test_info(smollm2_q4):
         {selected_kernel("qsi4c32", 1)}
 
 
+def test_info_of_llamacpps_smollm2(not_models):
+    """`pyklei info` on llama.cpp's SmolLM2 GGUF: what it holds (checked against the gguf
+    package's reading of it) and the convert line, as text and --json."""
+    from collections import Counter
+
+    import gguf
+
+    src = not_models["llamacpp"]
+    r = pyklei("info", src)
+    assert r.returncode == 0, r.stderr
+    for line in ("architecture   llama", "llama.cpp file type Q4_1", "context        8192 tokens",
+                 "shape          30 layers, embedding 576, feed-forward 1536, heads 9 (kv 3), head dim 64",
+                 "vocab          49152 tokens, byte-level BPE (pre-tokenizer smollm)",
+                 "chat template  yes", f"pyklei convert {src} -o {src.stem}.pyklei.gguf"):
+        assert line in r.stdout, (line, r.stdout)
+    info = json.loads(pyklei("info", src, "--json").stdout)
+    ref = gguf.GGUFReader(src)
+    assert {k: v["tensors"] for k, v in info["tensor_types"].items()} == \
+        dict(Counter(t.tensor_type.name for t in ref.tensors))
+    assert info["tensor_bytes"] == sum(int(t.n_bytes) for t in ref.tensors)
+    assert info["params"] == sum(int(t.n_elements) for t in ref.tensors)
+    assert info["tokenizer"]["vocab_size"] == len(ref.fields["tokenizer.ggml.tokens"].data)
+    assert info["hparams"]["tied_embeddings"] == ("output.weight" not in {t.name for t in ref.tensors})
+
+
 def test_bench_json_and_table(smollm2_q4):
     r = pyklei("bench", smollm2_q4, "-p", "16", "-n", "8", "--repeats", "1", "-t", "1",
                "--price-per-hour", "0.1", "--json")
