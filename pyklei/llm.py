@@ -27,6 +27,7 @@ import numpy as np
 
 from .engine import Engine
 from .generate import GenerationResponse, check_request, stream_generate
+from .hub import model_file
 from .model import Model
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer, token_ids
@@ -38,6 +39,7 @@ class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
                  n_seq: int = 4):
+        path = model_file(path)      # org/name:file.gguf -> the hub cache's copy
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
                            kv_cache=kv_cache, activations=activations, n_seq=n_seq)
         self.tokenizer = Tokenizer.from_gguf(path)
@@ -171,5 +173,7 @@ def _collect(it: Iterator[GenerationResponse]) -> GenerationResponse:
 
 
 def load(path, n_threads: int | None = None, n_ctx: int | None = None, **kw) -> LLM:
-    """Load a pyklei GGUF model (convert Hugging Face or llama.cpp files with `pyklei convert`)."""
+    """Load a pyklei GGUF model (convert Hugging Face or llama.cpp files with `pyklei convert`):
+    a local path, or `org/name:file.gguf`, a file of a Hugging Face Hub repo (downloaded into
+    the hub's cache; pyklei.hub)."""
     return LLM(path, n_threads=n_threads, n_ctx=n_ctx, **kw)

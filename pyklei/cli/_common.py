@@ -171,8 +171,11 @@ def _sampling(args) -> dict:
 # ---- models, files, output ------------------------------------------------------------------
 
 def _model_path(path: str) -> Path:
+    """The model file a command runs: a local path, or `org/name:file.gguf` on the Hugging Face
+    Hub, fetched into its cache (pyklei.hub; a HubError is a one-line error)."""
     from ..formats.model_file import check_model_path
-    return check_model_path(path)
+    from ..hub import model_file
+    return check_model_path(model_file(path))
 
 
 def _load(args, n_ctx: int | None = None, n_threads: int | None = None, **kw):

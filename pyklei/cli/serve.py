@@ -68,8 +68,11 @@ def run(args) -> int:
     except ImportError as e:
         raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
+    from ..hub import split_file_ref
+
     llm = _load(args, n_seq=args.parallel)     # a KV cache slot per parallel sequence
-    model_id = args.model_id or Path(args.model).stem
+    ref = split_file_ref(args.model)          # org/name:file.gguf: the file names the model
+    model_id = args.model_id or Path(ref[1] if ref else args.model).stem
     return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=args.api_key,
                  cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet)
