@@ -27,7 +27,7 @@ import numpy as np
 
 from .engine import Engine
 from .generate import GenerationResponse, check_request, stream_generate
-from .hub import model_file
+from .hub import model_file, split_file_ref
 from .model import Model
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer, token_ids
@@ -39,7 +39,9 @@ class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
                  n_seq: int = 4):
-        path = model_file(path)      # org/name:file.gguf -> the hub cache's copy
+        ref = split_file_ref(path)
+        if ref is not None:          # org/name:file.gguf -> the hub cache's copy
+            path = _hub_model(path, *ref)
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
                            kv_cache=kv_cache, activations=activations, n_seq=n_seq)
         self.tokenizer = Tokenizer.from_gguf(path)
@@ -154,6 +156,20 @@ class LLM:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                  tokenize=True)
         return self._generate(ids, max_tokens, stream, stop, None, True, sampling)
+
+
+def _hub_model(arg: str, repo_id: str, filename: str):
+    """The local copy of a hub file, checked to be a pyklei file: a llama.cpp GGUF (what most
+    GGUF repos hold) gets the convert line that names the repo, not the cache's path."""
+    from .formats import gguf_keys as K
+    from .formats.gguf_reader import read_gguf_metadata
+    from .formats.model_file import ModelFileError
+
+    path = model_file(arg)
+    if K.KEY_FORMAT_VERSION not in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,)):
+        raise ModelFileError(f"{arg} is not a pyklei model file; convert it with `pyklei convert "
+                             f"{repo_id} --file {filename} -o OUT.gguf`")
+    return path
 
 
 def _sampling_params(sampling: dict) -> SamplingParams:

@@ -212,3 +212,29 @@ def test_load_generate_and_info_take_a_hub_file(tiny_repos, tmp_path):
     err = one_line_error(r, "generate")
     assert "could not reach the Hugging Face Hub for absent.gguf of testorg/tiny-pyklei" in err
     assert "a local copy of absent.gguf" in err
+
+
+def test_a_llamacpp_gguf_of_the_hub_gets_the_convert_line_of_the_repo(tmp_path):
+    """What most GGUF repos hold is llama.cpp's: load, generate and bench say how to convert
+    it from the repo; info describes it."""
+    import gguf
+    import numpy as np
+
+    src = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(src, "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    mirror(tmp_path / "hub-cache", "testorg/m-GGUF", {"m-Q4_0.gguf": src})
+    ref = "testorg/m-GGUF:m-Q4_0.gguf"
+    hint = "pyklei convert testorg/m-GGUF --file m-Q4_0.gguf -o OUT.gguf"
+    for args, command in ((["generate", ref, "-p", "hi"], "generate"),
+                          (["bench", ref, "-p", "8", "-n", "1"], "bench")):
+        err = one_line_error(pyklei(tmp_path, *args), command)
+        assert "pyklei convert" in err and "not a pyklei model file" in err, err
+        if command == "generate":
+            assert hint in err, err
+    r = pyklei(tmp_path, "info", ref)
+    assert r.returncode == 0 and "not a pyklei file" in r.stdout, r.stderr

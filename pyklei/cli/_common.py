@@ -180,9 +180,12 @@ def _model_path(path: str) -> Path:
 
 def _load(args, n_ctx: int | None = None, n_threads: int | None = None, **kw):
     """The model of args.model with the model options; kw: more pyklei.load keywords."""
+    from ..hub import split_file_ref
     from ..llm import load
 
-    return load(_model_path(args.model), n_threads=n_threads or args.threads,
+    # a hub file goes to load() as named: a llama.cpp GGUF there gets a convert line naming the repo
+    path = args.model if split_file_ref(args.model) else _model_path(args.model)
+    return load(path, n_threads=n_threads or args.threads,
                 n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
                 activations=args.activations, **kw)
 
