@@ -7,12 +7,40 @@ self-contained pyklei GGUF (qsi4c32 weights). See docs/FORMAT.md, section "Conve
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .core import DEFAULT_EMBEDDING_BITS, ConversionResult, write_model
 from .errors import ConversionError
 
-__all__ = ["ConversionError", "ConversionResult", "convert", "open_source", "DEFAULT_EMBEDDING_BITS"]
+__all__ = ["ConversionError", "ConversionResult", "convert", "open_source", "resolve_source",
+           "DEFAULT_EMBEDDING_BITS"]
+
+
+def resolve_source(src, revision: str | None = None, filename: str | None = None) -> Path:
+    """The local checkpoint directory or GGUF file that `src` names: the path itself when it
+    exists; a Hugging Face Hub id (`org/name`) is downloaded into the hub cache (pyklei.hub):
+    its safetensors checkpoint, or with filename one GGUF file of the repo. revision: a branch,
+    tag or commit of the repo."""
+    from pyklei.hub import HubError, checkpoint_dir, hub_file, is_repo_id
+
+    path = Path(src)
+    if path.exists():
+        if revision is not None or filename is not None:
+            raise ConversionError(f"{src} is a local path; a revision or file names part of a "
+                                  f"Hugging Face repository (org/name)")
+        return path
+    if not is_repo_id(src):
+        raise ConversionError(f"missing input: {path} does not exist")
+    if filename is not None and not filename.endswith(".gguf"):
+        raise ConversionError(f"the file of a hub repository to convert must be a .gguf file, "
+                              f"got {filename!r}")
+    try:
+        if filename is not None:
+            return hub_file(os.fspath(src), filename, revision)
+        return checkpoint_dir(os.fspath(src), revision)
+    except HubError as e:
+        raise ConversionError(str(e)) from None
 
 
 def open_source(path, name: str | None = None):
@@ -31,9 +59,12 @@ def convert(hf_dir, out_path, group_size: int = 32,
             embedding_bits: int = DEFAULT_EMBEDDING_BITS, keep=None, name: str | None = None,
             force: bool = False, progress: bool = False, imatrix=None,
             norm_weighting: bool = False, rotate: bool = False,
-            gptq=None, recipe: str | None = None, bits: float | None = None) -> ConversionResult:
+            gptq=None, recipe: str | None = None, bits: float | None = None,
+            revision: str | None = None, filename: str | None = None) -> ConversionResult:
     """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
-    model, into a pyklei GGUF at out_path (written atomically).
+    model, into a pyklei GGUF at out_path (written atomically). hf_dir may also be a Hugging
+    Face Hub id, `org/name` (resolve_source: downloaded into the hub cache; revision, and
+    filename for a GGUF repo's file).
 
     group_size: qsi4c32 block length (32, 64, 128, 256).
     embedding_bits: 4 (qsi4c32), 6 (qsi6c32, default), 8 (qsi8cx) or 16 (f16) for token_embd.weight and,
@@ -57,12 +88,10 @@ def convert(hf_dir, out_path, group_size: int = 32,
         rules come first either way.
     Raises ConversionError (a ValueError) for bad input; no output file is left behind then.
     """
-    src_path = Path(hf_dir)
     out_path = Path(out_path)
-    if not src_path.exists():
-        raise ConversionError(f"missing input: {src_path} does not exist")
-    if out_path.exists() and not force:
+    if out_path.exists() and not force:   # before any download
         raise ConversionError(f"{out_path} exists; pass force=True (--force) to overwrite it")
+    src_path = resolve_source(hf_dir, revision, filename)
     if out_path.exists() and src_path.resolve() == out_path.resolve():
         raise ConversionError("the output path is the input file")
     if recipe is not None and bits is not None:

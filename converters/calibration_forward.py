@@ -153,6 +153,7 @@ class LayerCalibrator:
         self.formats: dict[str, str] = {}     # the writer's plan (set_formats); else qsi4c32
         self.seconds = 0.0
         self.quantize = True                  # False: the float model (float_forward)
+        self.status: Callable[[str], None] | None = None   # the writer's bar postfix (set_status)
         rf = self.by_name.get(K.ROPE_FREQS)
         freqs = None if rf is None else self._read(rf).reshape(-1)
         self.cos, self.sin = rope_tables(self.hp, self.batch.shape[1], freqs)
@@ -222,9 +223,19 @@ class LayerCalibrator:
         self.done[name] = gptq.pack(q, bits, grid)
         return keep if keep is not None else gptq.dequantize(q, bits)
 
+    def set_status(self, status: Callable[[str], None] | None) -> None:
+        """Where to say what runs (the writer's progress bar), from now until the last layer;
+        None: per-layer lines to opts.log, as without a bar."""
+        self.status = status
+        if status:       # the first layer comes after token_embd is written: seconds of 0%
+            status(f"GPTQ set-up: {self.n_tokens} calibration tokens, {self.hp.n_layer} layers")
+
     def _run_layer(self, i: int) -> None:
         t0 = time.perf_counter()
         hp, (n_seq, seq_len) = self.hp, self.batch.shape
+        if self.status:
+            per = f", {self.seconds / i:.1f} s per layer" if i else ""
+            self.status(f"GPTQ layer {i + 1}/{hp.n_layer}{per}")
         if self.x is None:
             self.x = self._embed()
         x = self.x
@@ -263,7 +274,10 @@ class LayerCalibrator:
         del act, wd
         self.next_layer = i + 1
         self.seconds += time.perf_counter() - t0
-        if self.opts.log:
+        if self.status:
+            if self.next_layer == hp.n_layer:
+                self.status(f"GPTQ: {hp.n_layer} layers in {self.seconds:.1f} s")
+        elif self.opts.log:
             self.opts.log(f"GPTQ layer {i + 1}/{hp.n_layer}: {time.perf_counter() - t0:.1f} s")
         if self.next_layer == hp.n_layer:
             self.x = None                                           # the stream is done
@@ -307,7 +321,7 @@ def gptq_source(src: ModelSource, opts: GPTQOptions, group_size: int = 32) -> Mo
         kv=[e for e in src.kv if e[0] != K.KEY_WEIGHT_METHOD]
         + [(K.KEY_WEIGHT_METHOD, METHOD_GPTQ, T.STRING, None)],
         notes=list(src.notes) + [f"weights: {opts.describe(cal.n_tokens)}"],
-        before_write=cal.set_formats)
+        before_write=cal.set_formats, set_status=cal.set_status)
     out.calibrator = cal
     return out
 

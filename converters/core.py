@@ -67,6 +67,11 @@ class ModelSource:
     # Told {GGUF name: format} of every tensor before any is read: a source whose `quantized`
     # rules depend on other tensors' formats (GPTQ runs a whole layer at once) learns them here.
     before_write: Callable[[dict[str, str]], None] | None = None
+    # Given, before any tensor is read, a function that shows one line of status (the progress
+    # bar's postfix), or None when there is no bar: a source that works long between two
+    # tensors (GPTQ runs a whole layer) says there what it does, instead of printing under the
+    # bar and breaking it.
+    set_status: Callable[[Callable[[str], None] | None], None] | None = None
 
 
 def source_hparams(src: ModelSource, group_size: int = 32) -> HParams:
@@ -370,8 +375,9 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
         w.write_ti_data_to_file()
         stream = _DataStream(w.fout[0], K.ALIGNMENT)
         if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(plan), unit="tensor", desc="converting", dynamic_ncols=True)
+            bar = _ProgressBar(len(plan))
+        if src.set_status:
+            src.set_status(bar.status if bar is not None else None)
         for (t, fmt), o in zip(plan, outs):
             imp = importance.get(t.name)
             if imp is not None and fmt in ("qsi4c32", "qsi6c32") and imp.shape != (t.shape[-1],):
@@ -382,9 +388,7 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
             if src.after_tensor:
                 src.after_tensor()
             if bar is not None:
-                bar.set_postfix_str(f"{t.name} {fmt} rel.RMSE {rep.rel_rmse:.4f}",
-                                    refresh=False)
-                bar.update(1)
+                bar.tensor_done(f"{t.name} {fmt} rel.RMSE {rep.rel_rmse:.4f}")
         w.fout[0].flush()
         os.fsync(w.fout[0].fileno())
         w.close()
@@ -410,6 +414,32 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
     result.seconds = time.time() - t0
     result.peak_rss_mb = peak_rss_mb()
     return result
+
+
+class _ProgressBar:
+    """The one tqdm bar of a conversion: tensors written, and as its postfix the source's status
+    (GPTQ's layer) and the last tensor's error. Nothing else may print while it is open."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, unit="tensor", desc="converting", dynamic_ncols=True)
+        self.note = self.last = ""
+
+    def status(self, text: str) -> None:
+        """The source's status, shown at once (it comes before a long step)."""
+        self.note = text
+        self._postfix(refresh=True)
+
+    def tensor_done(self, text: str) -> None:
+        self.last = text
+        self._postfix(refresh=False)       # update() redraws, at most every 0.1 s
+        self.bar.update(1)
+
+    def _postfix(self, refresh: bool) -> None:
+        self.bar.set_postfix_str(" | ".join(s for s in (self.note, self.last) if s), refresh=refresh)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def peak_rss_mb() -> float:

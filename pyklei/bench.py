@@ -126,12 +126,13 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     import gc
 
     from .formats.model_file import check_model_path, read_model
+    from .hub import model_file
     from .generate import peak_rss_mb
     from .kernels import cpu_features, selected_kernel
     from .llm import LLM
     from .model import physical_cores
 
-    path = check_model_path(path)
+    path = check_model_path(model_file(path))     # org/name:file.gguf: the hub cache's copy
     lengths = list(prompt_lengths)
     n_ctx = n_ctx or max(max(lengths, default=1), DECODE_CONTEXT + n_gen, MIN_BENCH_CTX)
     _check_fits(n_ctx, lengths, n_gen)

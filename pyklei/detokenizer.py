@@ -14,7 +14,9 @@ class StreamingDetokenizer:
     ``add_token(id)`` returns the text that became final with this token (possibly ``""``):
     bytes of a UTF-8 sequence that is not complete yet are held back until the next tokens
     complete it (mlx-lm style). ``finalize()`` returns what is held back, invalid bytes as
-    U+FFFD. The concatenation of all returned strings equals ``tokenizer.decode(ids)`` for any
+    U+FFFD; ``finalize(drop_incomplete=True)`` drops instead the bytes of a character that the
+    last token left unfinished (a reply cut by max_tokens in the middle of an emoji ends before
+    it, not in U+FFFD). With the default, the concatenation of all returned strings equals ``tokenizer.decode(ids)`` for any
     ids of byte-level BPE vocabularies, and for SentencePiece ones whenever runs of byte tokens
     are valid UTF-8 (``decode`` then follows Hugging Face in turning a whole invalid run into
     U+FFFD, which a stream cannot know in advance). The leading space of a SentencePiece text
@@ -33,6 +35,7 @@ class StreamingDetokenizer:
         self._started = False
         self.tokens: list[int] = []
         self._chunks: list[str] = []
+        self.dropped = b""      # the unfinished character finalize(drop_incomplete=True) dropped
 
     @property
     def text(self) -> str:
@@ -48,7 +51,15 @@ class StreamingDetokenizer:
     def add_tokens(self, ids: Iterable[int]) -> str:
         return "".join(self.add_token(i) for i in ids)
 
-    def finalize(self) -> str:
+    def finalize(self, drop_incomplete: bool = False) -> str:
+        """The text still held back. The decoder only ever holds the prefix of a character that
+        further bytes could complete (an invalid byte is U+FFFD at once), so with
+        drop_incomplete these bytes (``dropped``, at most 3) are discarded: no more tokens
+        will come to complete them."""
+        if drop_incomplete:
+            self.dropped = self._dec.getstate()[0]
+            self._dec.reset()
+            return ""
         return self._emit(self._dec.decode(b"", final=True))
 
     def _emit(self, s: str) -> str:

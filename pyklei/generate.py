@@ -7,7 +7,8 @@ Every response carries the running statistics (mlx-lm style); a stop string is n
 not even its beginning while it is still undecided. A streamed response is yielded when it has
 text, and the last one always (it carries finish_reason): tokens that end inside a UTF-8
 character (an emoji spans several byte tokens) or inside a possible stop string only add to the
-next response's text.
+next response's text. A reply never ends in a partial character: when max_tokens (or EOS) comes
+inside one, its bytes are dropped.
 
 max_tokens: a count, or None or -1 for "until the context is full"; 0 runs the prompt only.
 `token_budget` is the rule, shared by chat(), the CLI, pyklei.chat and pyklei.server; its
@@ -213,14 +214,17 @@ class Generation:
             self.ttft = self.t_first - self.t0
         if token in self.eos:
             self.done = True
-            return self.response(self.matcher.flush() + self.detok.finalize(), token, "stop")
+            # The reply ends here: bytes of a character no token will complete are dropped, not
+            # shown as U+FFFD (the same below when max_tokens cuts inside an emoji).
+            return self.response(self.matcher.flush() + self.detok.finalize(drop_incomplete=True),
+                                 token, "stop")
         self.history.append(token)
         text, stopped = self.matcher.feed(self.detok.add_token(token))
         if stopped:
             self.done = True
             return self.response(text, token, "stop")
         if self.n_gen >= self.max_tokens:
-            tail, stopped = self.matcher.feed(self.detok.finalize())
+            tail, stopped = self.matcher.feed(self.detok.finalize(drop_incomplete=True))
             self.done = True
             return self.response(text + tail + ("" if stopped else self.matcher.flush()), token,
                                  "stop" if stopped else "length")

@@ -6,10 +6,15 @@
 Nothing is loaded into the runtime: the tensors are read from the file's header and the kernel
 table is asked which kernel a weight of each format gets for decode (m = activation planes)
 and for a full prefill chunk (m = planes x batch size).
+
+A GGUF that is not a pyklei file (llama.cpp's, say) gets gguf_info instead: its metadata,
+hyperparameters, tensor types and vocabulary, and the `pyklei convert` command that makes a
+pyklei file of it ("file_kind" tells the two dicts apart).
 """
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 
 from ._text import mb, table, wrap
@@ -25,13 +30,18 @@ def _tensor_bytes(t) -> int:
 
 def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     """The model's metadata, its tensors by format, the CPU's kernels and the kernel of each
-    weight shape for decode and prefill, as a dict. Raises ValueError (ModelFileError) for a
-    path that is not a pyklei model file."""
+    weight shape for decode and prefill, as a dict; for a GGUF file that is not a pyklei file,
+    gguf_info(path). Raises ValueError (ModelFileError, GGUFError) for a path that is not a
+    well-formed GGUF file, or a broken pyklei one."""
     from .formats import gguf_keys as K
-    from .formats.model_file import read_model
+    from .formats.gguf_reader import read_gguf_metadata
+    from .formats.model_file import check_model_path, read_model
     from .formats.registry import WEIGHT_FORMATS
     from .kernels import available_kernels, cpu_features, selected_kernel
 
+    path = check_model_path(path)
+    if K.KEY_FORMAT_VERSION not in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,)):
+        return gguf_info(path)
     mf = read_model(path)
     hp, md = mf.hparams, mf.metadata
     fmts: dict[str, dict] = {}
@@ -71,6 +81,7 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
 
     tmpl = md.get("tokenizer.chat_template")
     return {
+        "file_kind": "pyklei",
         "path": str(path),
         "file_bytes": Path(path).stat().st_size,
         "name": md.get(K.GENERAL_NAME),
@@ -102,8 +113,132 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     }
 
 
+# llama.cpp's llama_ftype (llama.h), the value of general.file_type: the type of most weights
+LLAMA_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS",
+    23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M",
+    30: "IQ4_XS", 31: "IQ1_M", 32: "BF16", 36: "TQ1_0", 37: "TQ2_0",
+}
+_PLAIN_TYPES = ("F32", "F16", "BF16")
+# what gguf_info shows of an architecture's hyperparameters: (dict key, GGUF key after "ARCH.")
+_GGUF_HPARAMS = (("context_length", "context_length"), ("n_layer", "block_count"),
+                 ("n_embd", "embedding_length"), ("n_ff", "feed_forward_length"),
+                 ("n_head", "attention.head_count"), ("n_head_kv", "attention.head_count_kv"),
+                 ("head_dim", "attention.key_length"), ("rope_theta", "rope.freq_base"),
+                 ("rms_eps", "attention.layer_norm_rms_epsilon"))
+
+
+def gguf_info(path) -> dict:
+    """What a GGUF file that is not a pyklei file holds (a llama.cpp model, typically): name,
+    architecture, llama.cpp file type, hyperparameters, tensors counted by GGML type, vocabulary,
+    and `convert_command`, the `pyklei convert` line for it (None where pyklei cannot convert
+    it: `convert_note` says why). Reads only the header; raises GGUFError for a broken file."""
+    from .formats import gguf_keys as K
+    from .formats.gguf_reader import read_gguf
+
+    path = Path(path)
+    g = read_gguf(path, tensors=True, arrays="list")
+    md = g.metadata
+    arch = md.get(K.GENERAL_ARCHITECTURE)
+    types: dict[str, dict] = {}
+    for t in g.tensors.values():
+        f = types.setdefault(t.type_name, {"tensors": 0, "params": 0, "bytes": 0})
+        f["tensors"] += 1
+        f["params"] += math.prod(t.shape)
+        f["bytes"] += t.nbytes
+    for f in types.values():
+        f["bits_per_weight"] = 8 * f["bytes"] / f["params"] if f["params"] else 0.0
+    n_params = sum(f["params"] for f in types.values())
+    n_bytes = sum(f["bytes"] for f in types.values())
+    hparams = {k: md.get(f"{arch}.{key}") for k, key in _GGUF_HPARAMS}
+    if hparams["head_dim"] is None and hparams["n_embd"] and hparams["n_head"]:
+        hparams["head_dim"] = hparams["n_embd"] // hparams["n_head"]
+    hparams["tied_embeddings"] = K.OUTPUT not in g.tensors if g.tensors else None
+    tokens = md.get("tokenizer.ggml.tokens")
+    eos = [md[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+           if isinstance(md.get(k), int)]
+    ftype = md.get("general.file_type")
+
+    out = f"{path.stem}.pyklei.gguf"
+    if arch != K.ARCH:
+        cmd, note = None, f"pyklei converts llama models only; this file's architecture is {arch!r}"
+    else:
+        cmd = f"pyklei convert {shlex.quote(str(path))} -o {shlex.quote(out)}"
+        quantized = sorted(set(types) - set(_PLAIN_TYPES))
+        note = (f"its {'/'.join(quantized)} weights are dequantized and quantized again, which "
+                f"adds pyklei's rounding error to theirs; the Hugging Face checkpoint, if there "
+                f"is one, makes a better file" if quantized else None)
+    return {
+        "file_kind": "gguf",
+        "path": str(path),
+        "file_bytes": path.stat().st_size,
+        "gguf_version": g.version,
+        "name": md.get(K.GENERAL_NAME),
+        "architecture": arch,
+        "file_type": LLAMA_FILE_TYPES.get(ftype, None if ftype is None else f"type {ftype}"),
+        "params": n_params,
+        "tensor_bytes": n_bytes,
+        "bits_per_weight": 8 * n_bytes / n_params if n_params else 0.0,
+        "hparams": hparams,
+        "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
+                      "vocab_size": len(tokens) if isinstance(tokens, list) else md.get(f"{arch}.vocab_size"),
+                      "bos_id": md.get("tokenizer.ggml.bos_token_id"), "eos_ids": eos},
+        "chat_template": bool(md.get("tokenizer.chat_template")),
+        "tensor_types": types,
+        "convert_command": cmd,
+        "convert_note": note,
+    }
+
+
+def _gguf_text(info: dict) -> str:
+    hp, tk = info["hparams"], info["tokenizer"]
+
+    def v(x, fmt="{}"):
+        return "-" if x is None else fmt.format(x)
+
+    tok_kind = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}.get(tk["model"], tk["model"])
+    tied = {True: "yes", False: "no", None: "-"}[hp["tied_embeddings"]]
+    L = [
+        f"file           {info['path']} ({mb(info['file_bytes'])})",
+        f"kind           GGUF v{info['gguf_version']}, not a pyklei file"
+        + (f" (llama.cpp file type {info['file_type']})" if info["file_type"] else ""),
+        f"name           {info['name'] or '-'}",
+        f"architecture   {info['architecture'] or '-'}",
+        f"parameters     {info['params'] / 1e6:.1f} M, {info['bits_per_weight']:.2f} bits per "
+        f"weight overall",
+        f"context        {v(hp['context_length'])} tokens",
+        f"shape          {v(hp['n_layer'])} layers, embedding {v(hp['n_embd'])}, feed-forward "
+        f"{v(hp['n_ff'])}, heads {v(hp['n_head'])} (kv {v(hp['n_head_kv'])}), head dim "
+        f"{v(hp['head_dim'])}",
+        f"rope           theta {v(hp['rope_theta'], '{:g}')}; tied embeddings: {tied}",
+        f"vocab          {v(tk['vocab_size'])} tokens, {tok_kind or '-'}"
+        + (f" (pre-tokenizer {tk['pre']})" if tk["pre"] else "")
+        + f"; BOS {v(tk['bos_id'])}, EOS {tk['eos_ids']}",
+        f"chat template  {'yes' if info['chat_template'] else 'no'}",
+        "",
+        "tensors by type",
+    ]
+    rows = [["type", "tensors", "params", "bytes", "bits/weight"]]
+    for f, t in sorted(info["tensor_types"].items(), key=lambda kv: -kv[1]["bytes"]):
+        rows.append([f, str(t["tensors"]), f"{t['params']:,}", mb(t["bytes"]),
+                     f"{t['bits_per_weight']:.2f}"])
+    rows.append(["total", str(sum(t["tensors"] for t in info["tensor_types"].values())),
+                 f"{info['params']:,}", mb(info["tensor_bytes"]), f"{info['bits_per_weight']:.2f}"])
+    L += table(rows, indent=2)
+    L.append("")
+    if info["convert_command"]:
+        L += ["to run it with pyklei, convert it:", f"  {info['convert_command']}"]
+    if info["convert_note"]:
+        L += wrap("  " if info["convert_command"] else "", f"({info['convert_note']})")
+    return "\n".join(L)
+
+
 def info_text(info: dict) -> str:
     """model_info's dict as the text `pyklei info` prints."""
+    if info.get("file_kind") == "gguf":
+        return _gguf_text(info)
     hp, tk = info["hparams"], info["tokenizer"]
     tok_kind = {"gpt2": "byte-level BPE", "llama": "SentencePiece"}.get(tk["model"], tk["model"])
     src = f", converted from {info['converted_from']}" if info["converted_from"] else ""

@@ -27,6 +27,7 @@ import numpy as np
 
 from .engine import Engine
 from .generate import GenerationResponse, check_request, stream_generate
+from .hub import model_file, split_file_ref
 from .model import Model
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer, token_ids
@@ -38,6 +39,9 @@ class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
                  n_seq: int = 4):
+        ref = split_file_ref(path)
+        if ref is not None:          # org/name:file.gguf -> the hub cache's copy
+            path = _hub_model(path, *ref)
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
                            kv_cache=kv_cache, activations=activations, n_seq=n_seq)
         self.tokenizer = Tokenizer.from_gguf(path)
@@ -154,6 +158,20 @@ class LLM:
         return self._generate(ids, max_tokens, stream, stop, None, True, sampling)
 
 
+def _hub_model(arg: str, repo_id: str, filename: str):
+    """The local copy of a hub file, checked to be a pyklei file: a llama.cpp GGUF (what most
+    GGUF repos hold) gets the convert line that names the repo, not the cache's path."""
+    from .formats import gguf_keys as K
+    from .formats.gguf_reader import read_gguf_metadata
+    from .formats.model_file import ModelFileError
+
+    path = model_file(arg)
+    if K.KEY_FORMAT_VERSION not in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,)):
+        raise ModelFileError(f"{arg} is not a pyklei model file; convert it with `pyklei convert "
+                             f"{repo_id} --file {filename} -o OUT.gguf`")
+    return path
+
+
 def _sampling_params(sampling: dict) -> SamplingParams:
     unknown = set(sampling) - _SAMPLING
     if unknown:
@@ -171,5 +189,7 @@ def _collect(it: Iterator[GenerationResponse]) -> GenerationResponse:
 
 
 def load(path, n_threads: int | None = None, n_ctx: int | None = None, **kw) -> LLM:
-    """Load a pyklei GGUF model (convert Hugging Face or llama.cpp files with `pyklei convert`)."""
+    """Load a pyklei GGUF model (convert Hugging Face or llama.cpp files with `pyklei convert`):
+    a local path, or `org/name:file.gguf`, a file of a Hugging Face Hub repo (downloaded into
+    the hub's cache; pyklei.hub)."""
     return LLM(path, n_threads=n_threads, n_ctx=n_ctx, **kw)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .converters import convert
+from .converters import ConversionError, convert, resolve_source
 from .imatrix import collect_imatrix_from_text, default_calibration_text
 
 
@@ -32,8 +32,8 @@ def convert_calibrated(src, out, calibration_text: str | None = None, n_tokens: 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     out = Path(out)
     if out.exists() and not convert_kw.get("force"):
-        from .converters import ConversionError
         raise ConversionError(f"{out} exists; pass force=True (--force) to overwrite it")
+    src = resolve_source(src, convert_kw.pop("revision", None), convert_kw.pop("filename", None))
     text = calibration_text if calibration_text is not None else default_calibration_text()
     parent = out.parent if out.parent.exists() else None
     with tempfile.TemporaryDirectory(dir=parent, prefix=".pyklei-calibrate-") as tmp:
@@ -74,6 +74,10 @@ def convert_gptq(src, out, calibration_text: str | None = None, n_tokens: int = 
     from .converters.calibration_forward import GPTQOptions
 
     log = log or (lambda msg: print(msg, file=sys.stderr))
+    if Path(out).exists() and not convert_kw.get("force"):   # before a download, a tokenization
+        raise ConversionError(f"{out} exists; pass force=True (--force) to overwrite it")
+    # a hub id is resolved once here: the tokenizer and the converter read the same files
+    src = resolve_source(src, convert_kw.pop("revision", None), convert_kw.pop("filename", None))
     text = calibration_text if calibration_text is not None else default_calibration_text()
     ids = calibration_tokens(src, text, n_tokens, seq_len)
     opts = GPTQOptions(ids, seq_len=seq_len, log=log if progress else None, **(gptq_options or {}))

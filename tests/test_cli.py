@@ -160,6 +160,72 @@ def test_generate_seed_is_repeatable(smollm2_q4):
     assert a.stdout == b.stdout and a.stdout.strip()
 
 
+SEA = "Give me three emojis about the sea."    # SmolLM2 answers in emojis of 2 tokens each
+
+
+def test_a_reply_cut_inside_a_character_ends_before_it(smollm2_q4):
+    """max_tokens that ends inside an emoji: the API (streamed or not, single or batched as the
+    server runs it) and the CLI reply with the characters before it, no U+FFFD."""
+    import pyklei
+
+    llm = pyklei.load(smollm2_q4, n_threads=1, n_ctx=256)
+    messages = [{"role": "user", "content": SEA}]
+    # Where the greedy reply's tokens end inside a character: a streamed response that comes
+    # more than one token after the one before (the tokens between added no complete text),
+    # after some text (a cut in the first character would leave an empty reply).
+    cut, before, n = None, "", 0
+    for r in llm.chat(messages, max_tokens=40, temperature=0.0, stream=True):
+        if r.generation_tokens > n + 1 and before:
+            cut = n + 1
+            break
+        before, n = before + r.text, r.generation_tokens
+    assert cut is not None and before, "the reply has no character split over tokens"
+
+    llm.reset()
+    r = llm.chat(messages, max_tokens=cut, temperature=0.0)
+    assert (r.text, r.finish_reason, r.generation_tokens) == (before, "length", cut)
+    llm.reset()
+    parts = list(llm.chat(messages, max_tokens=cut, temperature=0.0, stream=True))
+    assert "".join(p.text for p in parts) == before and parts[-1].finish_reason == "length"
+    ids = llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    (b,) = llm.generate_batch([ids], max_tokens=cut, temperature=0.0)
+    assert b.text == before
+    llm.close()
+
+    r = subprocess.run([sys.executable, "-m", "pyklei", "generate", str(smollm2_q4), "--chat",
+                        "-p", SEA, "-n", str(cut), "--temperature", "0", "-t", "1"],
+                       capture_output=True, encoding="utf-8", timeout=180, cwd=ROOT,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    assert r.returncode == 0, r.stderr
+    assert "\ufffd" not in r.stdout and r.stdout.strip() == before.strip()
+
+
+@pytest.mark.parametrize("module", ["uvicorn", "starlette", "prometheus_client"])
+def test_serve_without_its_extra_says_how_to_install_it_before_loading(module, tmp_path):
+    """The serve extra's modules hidden (as if not installed): one line naming the pip command,
+    exit 2, and the model is never loaded (loading raises here)."""
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
+            "import pyklei.cli.serve as s\n"
+            "def no_load(*a, **k): raise AssertionError('the model was loaded')\n"
+            "s._load = no_load\n"
+            "from pyklei.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+    for model in (ROOT / "tests" / "fuzz_corpus" / "seed-tied-q4.gguf", tmp_path / "absent.gguf"):
+        r = subprocess.run([sys.executable, "-c", code, "serve", str(model), "--port", "0"],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert_user_error(r, "serve")
+        assert "pip install 'pyklei[serve]'" in r.stderr and module in r.stderr, r.stderr
+
+
+def test_serve_checks_every_module_of_its_extra():
+    import tomllib
+
+    from pyklei.cli.serve import SERVE_EXTRA_MODULES
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
+    assert {re.split(r"[<>=!~\[ ;]", d)[0] for d in extra} == set(SERVE_EXTRA_MODULES)
+
+
 # ---- info / bench / perplexity ------------------------------------------------------------
 
 def test_info(smollm2_q4):
@@ -183,6 +249,31 @@ def test_info(smollm2_q4):
     assert info["params"] == 134_515_008
     assert {r["decode_kernel"] for r in info["layers"] if r["format"] == "qsi4c32"} == \
         {selected_kernel("qsi4c32", 1)}
+
+
+def test_info_of_llamacpps_smollm2(not_models):
+    """`pyklei info` on llama.cpp's SmolLM2 GGUF: what it holds (checked against the gguf
+    package's reading of it) and the convert line, as text and --json."""
+    from collections import Counter
+
+    import gguf
+
+    src = not_models["llamacpp"]
+    r = pyklei("info", src)
+    assert r.returncode == 0, r.stderr
+    for line in ("architecture   llama", "llama.cpp file type Q4_1", "context        8192 tokens",
+                 "shape          30 layers, embedding 576, feed-forward 1536, heads 9 (kv 3), head dim 64",
+                 "vocab          49152 tokens, byte-level BPE (pre-tokenizer smollm)",
+                 "chat template  yes", f"pyklei convert {src} -o {src.stem}.pyklei.gguf"):
+        assert line in r.stdout, (line, r.stdout)
+    info = json.loads(pyklei("info", src, "--json").stdout)
+    ref = gguf.GGUFReader(src)
+    assert {k: v["tensors"] for k, v in info["tensor_types"].items()} == \
+        dict(Counter(t.tensor_type.name for t in ref.tensors))
+    assert info["tensor_bytes"] == sum(int(t.n_bytes) for t in ref.tensors)
+    assert info["params"] == sum(int(t.n_elements) for t in ref.tensors)
+    assert info["tokenizer"]["vocab_size"] == len(ref.fields["tokenizer.ggml.tokens"].data)
+    assert info["hparams"]["tied_embeddings"] == ("output.weight" not in {t.name for t in ref.tensors})
 
 
 def test_bench_json_and_table(smollm2_q4):

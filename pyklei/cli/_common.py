@@ -171,15 +171,21 @@ def _sampling(args) -> dict:
 # ---- models, files, output ------------------------------------------------------------------
 
 def _model_path(path: str) -> Path:
+    """The model file a command runs: a local path, or `org/name:file.gguf` on the Hugging Face
+    Hub, fetched into its cache (pyklei.hub; a HubError is a one-line error)."""
     from ..formats.model_file import check_model_path
-    return check_model_path(path)
+    from ..hub import model_file
+    return check_model_path(model_file(path))
 
 
 def _load(args, n_ctx: int | None = None, n_threads: int | None = None, **kw):
     """The model of args.model with the model options; kw: more pyklei.load keywords."""
+    from ..hub import split_file_ref
     from ..llm import load
 
-    return load(_model_path(args.model), n_threads=n_threads or args.threads,
+    # a hub file goes to load() as named: a llama.cpp GGUF there gets a convert line naming the repo
+    path = args.model if split_file_ref(args.model) else _model_path(args.model)
+    return load(path, n_threads=n_threads or args.threads,
                 n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
                 activations=args.activations, **kw)
 

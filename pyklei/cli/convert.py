@@ -41,8 +41,15 @@ def add_parser(sub):
 def _configure(p) -> None:
     p.add_argument("input", metavar="HF_DIR_OR_GGUF",
                    help="Hugging Face checkpoint directory (config.json, *.safetensors, "
-                        "tokenizer files) or a llama.cpp .gguf file of a llama model")
+                        "tokenizer files), a llama.cpp .gguf file of a llama model, or a Hugging "
+                        "Face Hub id org/name (downloaded into the hub's cache; HF_TOKEN for "
+                        "gated models, HF_HUB_OFFLINE=1 to use the cache only)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="output file")
+    p.add_argument("--revision", metavar="REV",
+                   help="with a hub id: the branch, tag or commit to download (default: main)")
+    p.add_argument("--file", dest="hub_file", metavar="NAME.gguf",
+                   help="with a hub id: convert this GGUF file of the repo instead of its "
+                        "safetensors checkpoint")
     p.add_argument("--group-size", type=int, default=32, choices=(32, 64, 128, 256),
                    help="qsi4c32 block length along K (default 32: 4.5 bits per weight)")
     p.add_argument("--embedding-bits", type=int, default=_default_embedding_bits(),
@@ -120,7 +127,8 @@ def run(args) -> int:
     try:
         result = convert_calibrated(args.input, args.output, text, progress=not args.no_progress,
                                     group_size=args.group_size, embedding_bits=args.embedding_bits,
-                                    keep=args.keep, name=args.name, force=args.force)
+                                    keep=args.keep, name=args.name, force=args.force,
+                                    revision=args.revision, filename=args.hub_file)
     except ConversionError as e:
         raise CLIError(str(e)) from None
     print(result.summary())
@@ -137,7 +145,8 @@ def _run_gptq(args) -> int:
         args.input, args.output, text, n_tokens=args.calib_tokens, progress=not args.no_progress,
         group_size=args.group_size, embedding_bits=args.embedding_bits, keep=args.keep,
         name=args.name, force=args.force, rotate=not args.no_rotate,
-        recipe=getattr(args, "recipe", None), bits=getattr(args, "bits", None)))
+        recipe=getattr(args, "recipe", None), bits=getattr(args, "bits", None),
+        revision=args.revision, filename=args.hub_file))
 
 
 def _run_convert(args) -> int:
@@ -149,7 +158,7 @@ def _run_convert(args) -> int:
         imatrix=getattr(args, "imatrix", None),
         norm_weighting=getattr(args, "norm_weighting", False),
         rotate=getattr(args, "rotate", False), recipe=getattr(args, "recipe", None),
-        bits=getattr(args, "bits", None)))
+        bits=getattr(args, "bits", None), revision=args.revision, filename=args.hub_file))
 
 
 def _guarded(job) -> int:

@@ -1,4 +1,4 @@
-"""`pyklei info`: pyklei.info.model_info, as text or --json."""
+"""`pyklei info`: pyklei.info.model_info (gguf_info for a llama.cpp GGUF), as text or --json."""
 from __future__ import annotations
 
 from ._common import _add_command, _int_at_least, _model_path, _print_json
@@ -9,8 +9,9 @@ def add_parser(sub):
         sub, "info", "show a model's metadata, tensor formats and kernels",
         "Show the model's metadata, its tensors by format (count, bytes, bits per weight), "
         "the CPU's features, and which kernel each weight shape runs on this CPU for decode "
-        "and prefill.")
-    i.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
+        "and prefill. A GGUF that is not a pyklei file (llama.cpp's) is described too: "
+        "metadata, tensor types, vocabulary, and the `pyklei convert` line that converts it.")
+    i.add_argument("model", metavar="MODEL", help="pyklei .gguf file, or another GGUF (llama.cpp's)")
     i.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
                    help="activation scheme the kernel table assumes (qai8dx2: 2 rows per token; "
                         "default %(default)s: two planes, see docs/QUALITY.md)")

@@ -1,10 +1,17 @@
 """`pyklei serve`: the OpenAI-compatible HTTP server (pyklei.server; docs/SERVE.md)."""
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
 from ._common import CLIError, _add_command, _add_model_options, _float_in, _int_at_least, _load
+
+
+# What pyproject.toml's `serve` extra installs. pyklei.server imports them only when the server
+# starts, after the model has loaded; `run` imports them first so that a missing extra is one
+# line at once, not a traceback after the load.
+SERVE_EXTRA_MODULES = ("starlette", "uvicorn", "prometheus_client")
 
 
 def _port(s: str) -> int:
@@ -71,12 +78,17 @@ def add_parser(sub):
 
 def run(args) -> int:
     try:
+        for name in SERVE_EXTRA_MODULES:
+            importlib.import_module(name)
         from ..server.run import serve
     except ImportError as e:
         raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
+    from ..hub import split_file_ref
+
     llm = _load(args, n_seq=args.parallel)     # a KV cache slot per parallel sequence
-    model_id = args.model_id or Path(args.model).stem
+    ref = split_file_ref(args.model)          # org/name:file.gguf: the file names the model
+    model_id = args.model_id or Path(ref[1] if ref else args.model).stem
     return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=args.api_key,
                  cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet,

@@ -1,0 +1,41 @@
+"""README.md's Python snippets run as written, in order (the second uses the first's `llm`), on
+the real SmolLM2 converted by pyklei: the smollm2_q4 fixture, put where the README loads it
+from (~/.cache/pyklei/smollm2-135m-instruct-q4.gguf, under a HOME of the test's own).
+
+The bash blocks are not run here: they are the whole set-up (examples/convert_and_generate.py),
+the test suite, a server and a hub download.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MARK = "=== README block"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+
+
+def test_readme_python_snippets_run_as_written(smollm2_q4, tmp_path):
+    blocks = python_blocks()
+    assert len(blocks) == 2
+    home = tmp_path / "home"
+    (home / ".cache" / "pyklei").mkdir(parents=True)
+    (home / ".cache" / "pyklei" / "smollm2-135m-instruct-q4.gguf").symlink_to(smollm2_q4)
+    script = "".join(f"print({MARK + ' ' + str(i)!r}, flush=True)\n{b}\n"
+                     for i, b in enumerate(blocks))
+    env = {k: v for k, v in os.environ.items() if k != "PYKLEI_CACHE"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path, env={**env, "HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    outs = re.split(rf"{MARK} \d+\n", r.stdout)[1:]
+    assert len(outs) == 2, r.stdout
+    quick, engine = outs
+    assert "Paris" in quick                       # greedy "The capital of France is ... Paris."
+    assert re.search(r"\nlength [\d.]+ [\d.]+ [\d.]+ [\d.]+\n", quick), quick   # the stats line
+    assert len(engine.split()) >= 5, engine       # the joke: an instruct model, in its template
