@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .generate import Generation, GenerationResponse, check_request
+from .generate import Generation, GenerationResponse, check_request, token_logprob
 from .model import Model
 from .sampler import SamplingParams
 
@@ -107,10 +107,14 @@ class RequestStream:
 
 
 class _Request:
-    __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed")
+    __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed",
+                 "after", "prefill_over")
 
-    def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation):
+    def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation,
+                 after: "_Request | None" = None):
         self.stream, self.prompt, self.gen = stream, prompt, gen
+        self.after = after         # the request whose prompt evaluation this one waits for
+        self.prefill_over = False  # its prompt is in its slot, or it ended: `after`s may start
         self.slot = -1
         self.done_pos = 0          # positions of the slot written for this request so far
         self.n_reused = 0          # prompt tokens that came from a cache
@@ -155,31 +159,55 @@ class Engine:
     # ---- the caller's side ---------------------------------------------------------------
     def submit(self, prompt: Sequence[int], *, max_tokens: int | None = 256,
                params: SamplingParams | None = None, stop: Sequence[str] = (),
-               eos_ids: Sequence[int] | None = None, trim: bool = False) -> RequestStream:
+               eos_ids: Sequence[int] | None = None, trim: bool = False,
+               logprobs: int | None = None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
-        shutdown()."""
+        shutdown(). logprobs: see Generation."""
+        return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
+                                   eos_ids=eos_ids, trim=trim, logprobs=logprobs)[0]
+
+    def submit_choices(self, prompt: Sequence[int], params: Sequence[SamplingParams | None], *,
+                       max_tokens: int | None = 256, stop: Sequence[str] = (),
+                       eos_ids: Sequence[int] | None = None, trim: bool = False,
+                       logprobs: int | None = None,
+                       prompt_logprobs: bool = False) -> list[RequestStream]:
+        """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
+        own seed): the prompt is evaluated once, by the first; the others wait until it is in the
+        first's KV cache slot, then start from a copy of it (Model.copy_seq) and run only its last
+        token. All are queued, or none (QueueFullError). prompt_logprobs: the first choice's
+        first response carries the log-probability of every prompt token (the whole prompt
+        runs: no cached prefix is reused), with `logprobs` alternatives each."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
-        prompt, budget, params = check_request(self.model.n_ctx, prompt, max_tokens, params, trim)
-        bad = [t for t in prompt if not 0 <= t < self.model.vocab_size]
-        if bad:   # refused here: in a batch it would fail the other requests' step too
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
+        if not params:
+            raise ValueError("submit_choices needs at least one SamplingParams")
         if isinstance(stop, str):
             stop = [stop]
         if not all(isinstance(s, str) for s in stop):
             raise TypeError(f"stop must be a list of strings, got {stop!r}")
-        stream = RequestStream(self, len(prompt))
-        gen = Generation(self.tokenizer, prompt, budget, params, list(stop), eos_ids)
+        reqs = []
+        for p in params:
+            ids, budget, p = check_request(self.model.n_ctx, prompt, max_tokens, p, trim)
+            bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
+            if bad:   # refused here: in a batch it would fail the other requests' step too
+                raise ValueError(f"token id {bad[0]} is outside the vocabulary "
+                                 f"[0, {self.model.vocab_size})")
+            gen = Generation(self.tokenizer, ids, budget, p, list(stop), eos_ids,
+                             logprobs=logprobs)
+            reqs.append(_Request(RequestStream(self, len(ids)), ids, gen,
+                                 after=reqs[0] if reqs else None))
+        if prompt_logprobs:
+            reqs[0].gen.prompt_logprobs = [None]
         with self._cond:
             if self._closing:
                 raise EngineClosedError("the engine is shut down")
-            if len(self._waiting) >= self.max_queue:
+            if len(self._waiting) + len(reqs) > self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
                                      f"(max_queue={self.max_queue})")
-            self._waiting.append(_Request(stream, prompt, gen))
+            self._waiting.extend(reqs)
             self._cond.notify_all()
-        return stream
+        return [r.stream for r in reqs]
 
     @property
     def n_ctx(self) -> int:
@@ -225,8 +253,13 @@ class Engine:
                 if self._closing and not self._waiting and not self._running:
                     return
                 admitted = []
-                while self._waiting and len(self._running) < self.n_parallel:
-                    r = self._waiting.popleft()
+                while len(self._running) < self.n_parallel:
+                    # FIFO, but a choice of n waits for the first choice's prompt evaluation
+                    r = next((r for r in self._waiting
+                              if r.after is None or r.after.prefill_over), None)
+                    if r is None:
+                        break
+                    self._waiting.remove(r)
                     self._running.append(r)
                     admitted.append(r)
                     self._counts["prompt_tokens"] += len(r.prompt)
@@ -238,6 +271,7 @@ class Engine:
                 with self._cond:
                     failed, self._running = self._running, []
                 for r in failed:
+                    r.prefill_over = True
                     r.stream._put(e)
 
     def _drop_cancelled(self) -> None:
@@ -245,6 +279,7 @@ class Engine:
         for q in (self._waiting, self._running):
             for r in [r for r in q if r.stream.cancelled]:
                 q.remove(r)
+                r.prefill_over = True
                 self._counts["cancelled"] += 1
                 self._counts["generated_tokens"] += r.gen.n_gen
                 r.stream._put(r.gen.finish("cancelled"))
@@ -261,6 +296,8 @@ class Engine:
         if share[src] > share[slot]:
             self.model.copy_seq(src, slot, share[src])
             share[slot] = share[src]
+        if r.gen.prompt_logprobs is not None:   # every prompt position's logits are wanted
+            share[slot] = 0
         r.slot, r.done_pos = slot, share[slot]
         r.n_reused = share[slot]
 
@@ -278,10 +315,13 @@ class Engine:
             chunk_end = min(len(pre.prompt), pre.done_pos + self.prefill_chunk)
             if pre.t_prefill is None:
                 pre.t_prefill = time.perf_counter()
+            first_row = len(tokens)
             tokens += pre.prompt[pre.done_pos:chunk_end]
             seqs += [pre.slot] * (chunk_end - pre.done_pos)
             pos += range(pre.done_pos, chunk_end)
-            if chunk_end == len(pre.prompt):
+            if pre.gen.prompt_logprobs is not None:     # every row of the chunk
+                rows += range(first_row, len(tokens))
+            elif chunk_end == len(pre.prompt):
                 rows.append(len(tokens) - 1)
         if not tokens:
             return
@@ -292,9 +332,16 @@ class Engine:
         for i, r in enumerate(decoding):
             r.done_pos += 1
             self._feed(r, logits[i], finished)
+        if pre is not None and pre.gen.prompt_logprobs is not None:
+            chunk_rows = logits[len(decoding):]
+            for j, p in enumerate(range(pre.done_pos, chunk_end)):
+                if p + 1 < len(pre.prompt):
+                    pre.gen.prompt_logprobs.append(token_logprob(
+                        chunk_rows[j], pre.prompt[p + 1], pre.gen.logprobs or 0))
         if pre is not None:
             pre.done_pos = chunk_end
             if chunk_end == len(pre.prompt):
+                pre.prefill_over = True
                 pre.gen.prefilled(len(pre.prompt) - pre.n_reused, pre.t_prefill)
                 with self._cond:
                     self._counts["prompt_eval_tokens"] += len(pre.prompt) - pre.n_reused
@@ -306,6 +353,7 @@ class Engine:
         if finished:
             with self._cond:
                 for r in finished:
+                    r.prefill_over = True
                     self._running.remove(r)
                     self._counts["failed" if r.failed else "completed"] += 1
                     self._counts["generated_tokens"] += r.gen.n_gen

@@ -28,7 +28,20 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .sampler import MAX_TOKENS, SamplingParams, apply_repetition_penalty, make_sampler
+from .sampler import (MAX_TOKENS, SamplingParams, apply_logit_bias, apply_presence_frequency,
+                      apply_repetition_penalty, make_sampler)
+
+MAX_TOP_LOGPROBS = 20          # alternatives per token at most (OpenAI's top_logprobs bound)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (log-softmax of its raw logits,
+    before penalties, bias and temperature, as llm.logits() gives them), and the `top` most
+    likely tokens at that position as (id, logprob), most likely first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -45,6 +58,10 @@ class GenerationResponse:
     generation_tps: float            # decode tokens/s (after the first token)
     peak_rss_mb: float
     max_tokens: int = 0              # the token budget it ran with (chat() trims it to the context)
+    logprobs: list[TokenLogprob] | None = None   # with logprobs asked for: the tokens sampled
+                                     # since the last response (an end-of-generation token is not)
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.engine's prompt_logprobs:
+                                     # on the first response, one per prompt token (the first None)
 
 
 def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
@@ -114,12 +131,13 @@ class StopMatcher:
 
 def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | None = 256,
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
-                    eos_ids: Sequence[int] | None = None,
-                    trim: bool = False) -> Iterator[GenerationResponse]:
+                    eos_ids: Sequence[int] | None = None, trim: bool = False,
+                    logprobs: int | None = None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim."""
     prompt, budget, params = check_request(model.n_ctx, prompt, max_tokens, params, trim)
-    return _stream(model, tokenizer, prompt, budget, params, stop, eos_ids)
+    gen = Generation(tokenizer, prompt, budget, params, stop, eos_ids, logprobs=logprobs)
+    return _stream(model, prompt, gen)
 
 
 def check_request(n_ctx: int, prompt: Sequence[int], max_tokens, params: SamplingParams | None,
@@ -134,12 +152,11 @@ def check_request(n_ctx: int, prompt: Sequence[int], max_tokens, params: Samplin
     return prompt, budget, params
 
 
-def _stream(model, tokenizer, prompt, max_tokens, params, stop, eos_ids):
-    gen = Generation(tokenizer, prompt, max_tokens, params, stop, eos_ids)
+def _stream(model, prompt, gen):
     owner = object()   # this generation's claim on the KV cache (model.step checks it)
     logits = model.eval(prompt, owner=owner)
     gen.prefilled(model.last_eval_tokens)
-    if max_tokens == 0:
+    if gen.max_tokens == 0:
         yield gen.finish("length")
         return
     while True:
@@ -158,9 +175,23 @@ class Generation:
     construction (t0): time_to_first_token counts from there."""
 
     def __init__(self, tokenizer, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
-                 stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None):
+                 stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None,
+                 logprobs: int | None = None):
+        """logprobs: None, or the number of most likely alternatives (0..MAX_TOP_LOGPROBS) to
+        report beside each generated token's own log-probability (GenerationResponse.logprobs)."""
         self.eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
         self.params = params
+        if params.logit_bias and params.logit_bias[-1][0] >= tokenizer.vocab_size:
+            raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is outside the "
+                             f"vocabulary [0, {tokenizer.vocab_size})")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] "
+                             f"(alternatives per token), got {logprobs!r}")
+        self.logprobs = logprobs
+        self._logprobs: list[TokenLogprob] = []     # since the last response
+        self.counts: dict[int, int] = {}            # generated tokens (presence/frequency)
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None   # set by the engine
         self.sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p,
                                    params.seed)
         self.detok = tokenizer.detokenizer()
@@ -192,7 +223,22 @@ class Generation:
             prompt_eval_tokens=self.n_eval, generation_tokens=n_gen, time_to_first_token=self.ttft,
             prompt_tps=self.n_eval / t_prefill if t_prefill > 0 else 0.0,
             generation_tps=(n_gen - 1) / (now - self.t_first) if n_gen > 1 and now > self.t_first else 0.0,
-            peak_rss_mb=self._rss[0], max_tokens=self.max_tokens)
+            peak_rss_mb=self._rss[0], max_tokens=self.max_tokens, logprobs=self._take_logprobs(),
+            prompt_logprobs=self._take_prompt_logprobs())
+
+    def _take_prompt_logprobs(self):
+        out, self.prompt_logprobs = self.prompt_logprobs, None
+        return out
+
+    def _take_logprobs(self) -> list[TokenLogprob] | None:
+        if self.logprobs is None:
+            return None
+        out, self._logprobs = self._logprobs, []
+        return out
+
+    def _note_logprob(self, logits: np.ndarray, token: int) -> None:
+        self._logprobs.append(token_logprob(logits, token, self.logprobs))
+
 
     def finish(self, reason: str) -> GenerationResponse:
         """Ends the generation without sampling (max_tokens 0: "length"; "cancelled"); text held
@@ -204,10 +250,17 @@ class Generation:
         """Samples the next token from `logits`; returns the response to yield (None when this
         token adds no text yet). Sets `done` on the last one, else `token` is the next to run."""
         p = self.params
+        raw = logits
         logits = apply_repetition_penalty(logits, self.history, p.repetition_penalty,
                                           p.repetition_window)
+        logits = apply_presence_frequency(logits, self.counts, p.presence_penalty,
+                                          p.frequency_penalty)
+        logits = apply_logit_bias(logits, p.logit_bias)
         token = self.sample(logits)
         self.token = token
+        self.counts[token] = self.counts.get(token, 0) + 1
+        if self.logprobs is not None and token not in self.eos:
+            self._note_logprob(raw, token)
         self.n_gen += 1
         if self.n_gen == 1:
             self.t_first = time.perf_counter()
@@ -229,3 +282,16 @@ class Generation:
             return self.response(text + tail + ("" if stopped else self.matcher.flush()), token,
                                  "stop" if stopped else "length")
         return self.response(text, token, None) if text else None
+
+
+def token_logprob(logits: np.ndarray, token: int, n_top: int) -> TokenLogprob:
+    """The token's log-softmax under the raw logits, and the n_top most likely tokens."""
+    x = np.asarray(logits, np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top = ()
+    if n_top:
+        idx = np.argpartition(-x, n_top - 1)[:n_top]
+        idx = idx[np.argsort(-x[idx], kind="stable")]
+        top = tuple((int(i), float(x[i] - lse)) for i in idx)
+    return TokenLogprob(token, float(x[token] - lse), top)

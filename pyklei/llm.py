@@ -90,18 +90,21 @@ class LLM:
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
                  stream: bool = False, stop: str | Sequence[str] = (),
-                 add_bos: bool | None = None,
+                 add_bos: bool | None = None, logprobs: int | None = None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
         """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
         arrives (each .text is the new text); else returns one response with the whole text.
         max_tokens None (or -1) generates until the context is full; a count that does not fit
-        is a ValueError. Sampling keywords: temperature, top_k, top_p, min_p,
-        repetition_penalty, repetition_window, seed."""
-        return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling)
+        is a ValueError. logprobs: None, or how many alternatives (0-20) to report beside each
+        generated token's log-probability (response.logprobs). Sampling keywords: temperature,
+        top_k, top_p, min_p, repetition_penalty, repetition_window, presence_penalty,
+        frequency_penalty, seed, logit_bias."""
+        return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling,
+                              logprobs)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None = 256,
                        stop: str | Sequence[str] = (), add_bos: bool | None = None,
-                       **sampling) -> list[GenerationResponse]:
+                       logprobs: int | None = None, **sampling) -> list[GenerationResponse]:
         """generate() for many prompts, decoded together (n_seq at a time, in one batch per
         step: the weights stream once for all): one whole response per prompt, in order. The
         options apply to each prompt (the same seed gives each the text generate() gives it).
@@ -115,7 +118,8 @@ class LLM:
                         max_queue=len(reqs))
         try:
             streams = [engine.submit(ids, max_tokens=max_tokens, params=params, stop=stops,
-                                     eos_ids=self.eos_ids) for ids, stops, params in reqs]
+                                     eos_ids=self.eos_ids, logprobs=logprobs)
+                       for ids, stops, params in reqs]
             return [_collect(iter(s)) for s in streams]
         finally:
             engine.shutdown(cancel=True)
@@ -139,23 +143,24 @@ class LLM:
         check_request(self.model.n_ctx, ids, max_tokens, params, trim)
         return ids, stops, params
 
-    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling):
+    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling,
+                  logprobs=None):
         ids, stops, params = self._request(prompt, max_tokens, stop, add_bos, trim, sampling)
         it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,
-                             self.eos_ids, trim=trim)
+                             self.eos_ids, trim=trim, logprobs=logprobs)
         if stream:
             return it
         return _collect(it)
 
     def chat(self, messages: Sequence[dict], max_tokens: int | None = 512, stream: bool = False,
-             stop: str | Sequence[str] = (), **sampling):
+             stop: str | Sequence[str] = (), logprobs: int | None = None, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
         conversation that leaves no room at all is a ValueError."""
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                  tokenize=True)
-        return self._generate(ids, max_tokens, stream, stop, None, True, sampling)
+        return self._generate(ids, max_tokens, stream, stop, None, True, sampling, logprobs)
 
 
 def _hub_model(arg: str, repo_id: str, filename: str):
@@ -181,11 +186,13 @@ def _sampling_params(sampling: dict) -> SamplingParams:
 
 
 def _collect(it: Iterator[GenerationResponse]) -> GenerationResponse:
-    parts, last = [], None
+    parts, last, lps = [], None, []
     for r in it:
         parts.append(r.text)
+        lps += r.logprobs or []
         last = r
-    return dataclasses.replace(last, text="".join(parts))
+    return dataclasses.replace(last, text="".join(parts),
+                               logprobs=lps if last.logprobs is not None else None)
 
 
 def load(path, n_threads: int | None = None, n_ctx: int | None = None, **kw) -> LLM:

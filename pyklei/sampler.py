@@ -109,6 +109,13 @@ SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
                    lo=0.01, hi=100),
     SamplingOption("repetition_window", int, 64, ("--repeat-last-n",), "N", "window",
                    "tokens the repeat penalty looks back over", lo=0),
+    # OpenAI's penalties and range; llama.cpp's --presence-penalty / --frequency-penalty.
+    SamplingOption("presence_penalty", float, 0.0, ("--presence-penalty",), "X", "presence penalty",
+                   "subtract X from the logit of every token already generated; 0 disables it",
+                   lo=-2, hi=2),
+    SamplingOption("frequency_penalty", float, 0.0, ("--frequency-penalty",), "X",
+                   "frequency penalty", "subtract X times its count so far from the logit of "
+                   "every token already generated; 0 disables it", lo=-2, hi=2),
     # -1 is "random", as in llama.cpp and llama-cpp-python; numpy takes seeds below 2**64.
     SamplingOption("seed", int, None, ("--seed",), "N", "seed",
                    "random seed, for repeatable sampling; -1: random", "default: random",
@@ -131,15 +138,81 @@ class SamplingParams:
     min_p: float = _default("min_p")
     repetition_penalty: float = _default("repetition_penalty")
     repetition_window: int = _default("repetition_window")
+    presence_penalty: float = _default("presence_penalty")
+    frequency_penalty: float = _default("frequency_penalty")
     seed: int | None = _default("seed")
+    # token id -> bias added to its logit, in [-100, 100]; -100 bans the token (OpenAI's
+    # logit_bias). A mapping is accepted and kept as sorted (id, bias) pairs.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
-        opts = [OPTION[f.name] for f in fields(self)]
+        opts = [OPTION[f.name] for f in fields(self) if f.name in OPTION]
         # Types first: a string or None would otherwise fail inside numpy, far from the call.
         for o in opts:
             o.check_type(getattr(self, o.name))
         for o in opts:
             o.check_range(getattr(self, o.name))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+
+
+LOGIT_BIAS_MAX = 100.0
+LOGIT_BIAS_TOKENS = 1024      # entries at most (OpenAI allows 300)
+
+
+def check_logit_bias(bias) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs, or the TypeError / ValueError naming what is
+    wrong. Keys may be ints or decimal strings (JSON object keys are strings)."""
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+    if len(items) > LOGIT_BIAS_TOKENS:
+        raise ValueError(f"logit_bias has {len(items)} entries; at most {LOGIT_BIAS_TOKENS}")
+    out = {}
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise TypeError(f"logit_bias must map token ids to numbers, got {item!r}")
+        k, v = item
+        if isinstance(k, str) and k.isdigit() and len(k) <= 10:
+            k = int(k)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise TypeError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"logit_bias[{k}] must be a number, got {v!r}")
+        try:
+            finite = math.isfinite(v)
+        except OverflowError:
+            finite = False
+        if not finite or abs(v) > LOGIT_BIAS_MAX:
+            raise ValueError(f"logit_bias[{k}] must be in [-100, 100], got {v}")
+        out[int(k)] = float(v)
+    return tuple(sorted(out.items()))
+
+
+def apply_logit_bias(logits: np.ndarray, bias: tuple[tuple[int, float], ...]) -> np.ndarray:
+    """Adds each bias to its token's logit; a bias of -100 bans the token (-inf), so that it can
+    never be sampled, as OpenAI documents. Ids beyond the vocabulary are the caller's to refuse."""
+    if not bias:
+        return logits
+    ids = np.fromiter((k for k, _ in bias), np.int64, len(bias))
+    add = np.fromiter((v for _, v in bias), np.float32, len(bias))
+    out = logits.copy()
+    out[ids] = np.where(add <= -LOGIT_BIAS_MAX, -np.inf, out[ids] + add)
+    return out
+
+
+def apply_presence_frequency(logits: np.ndarray, counts: dict[int, int], presence: float,
+                             frequency: float) -> np.ndarray:
+    """OpenAI's penalties: logit[j] -= counts[j] * frequency + (counts[j] > 0) * presence, where
+    counts are the tokens generated so far (the prompt is not counted)."""
+    if not counts or (presence == 0 and frequency == 0):
+        return logits
+    ids = np.fromiter(counts.keys(), np.int64, len(counts))
+    c = np.fromiter(counts.values(), np.float32, len(counts))
+    out = logits.copy()
+    out[ids] -= c * np.float32(frequency) + np.float32(presence)
+    return out
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty: float,

@@ -20,10 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class LiveServer:
-    def __init__(self, model, *args, threads=1, ctx=1024, start_timeout=120, env=None):
+    def __init__(self, model, *args, threads=1, ctx=1024, start_timeout=120, env=None, cwd=None):
         self.cmd = [sys.executable, "-m", "pyklei", "serve", str(model), "--port", "0",
                     "-t", str(threads), "-c", str(ctx), "--quiet", *map(str, args)]
         self.start_timeout, self.env = start_timeout, env
+        self.cwd = cwd or ROOT       # another checkout's directory runs that checkout's pyklei
         self.proc = None
         self.port = None
 
@@ -33,7 +34,7 @@ class LiveServer:
 
     def start(self) -> "LiveServer":
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, cwd=ROOT, env=self.env)
+                                     text=True, cwd=self.cwd, env=self.env)
         ready, _, _ = select.select([self.proc.stdout], [], [], self.start_timeout)
         line = self.proc.stdout.readline() if ready else ""
         if "http://127.0.0.1:" not in line:

@@ -85,7 +85,8 @@ def test_sampling_flags_follow_the_schema():
     assert SamplingParams(**_sampling(args)) == SamplingParams()
     assert args.max_tokens == 128
     bad = {"max_tokens": "-2", "temperature": "-1", "top_k": "-1", "top_p": "0", "min_p": "1",
-           "repetition_penalty": "0", "repetition_window": "-1", "seed": "x"}
+           "repetition_penalty": "0", "repetition_window": "-1", "seed": "x",
+           "presence_penalty": "3", "frequency_penalty": "-2.5"}
     for o in SAMPLING_OPTIONS:
         r = pyklei("generate", "m.gguf", "-p", "hi", o.flags[-1], bad[o.name])
         assert o.flags[-1] in assert_user_error(r, "generate")

@@ -57,19 +57,22 @@ def error_response(e: api.APIError, headers=None) -> JSONResponse:
 
 
 class _Generation:
-    """One engine stream seen from the event loop: a thread iterates the blocking stream and
-    hands each GenerationResponse over; `next()` awaits it (None at the end)."""
+    """A request's engine streams (one per choice) seen from the event loop: a thread per
+    stream iterates it and hands each GenerationResponse over as (choice index, response);
+    `next()` awaits the next one, None once every choice has ended."""
 
-    def __init__(self, stream, t_submit: float):
-        self.stream = stream
+    def __init__(self, streams, t_submit: float):
+        self.streams = streams
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.running = len(streams)
         self.finished = False
         self.client_gone = False
         self.t_submit = t_submit
         self.ttft = None          # submission -> first token, queue wait included (seconds)
-        threading.Thread(target=self._pump, daemon=True,
-                         name=f"pyklei-stream-{getattr(stream, 'id', '?')}").start()
+        for i, stream in enumerate(streams):
+            threading.Thread(target=self._pump, args=(i, stream), daemon=True,
+                             name=f"pyklei-stream-{getattr(stream, 'id', '?')}").start()
 
     def _put(self, item) -> None:
         try:
@@ -77,37 +80,45 @@ class _Generation:
         except RuntimeError:       # the loop is closed: the server is gone
             pass
 
-    def _pump(self) -> None:
+    def _pump(self, index: int, stream) -> None:
         try:
-            for r in self.stream:
+            for r in stream:
                 if self.ttft is None and r.generation_tokens:
                     self.ttft = time.perf_counter() - self.t_submit
-                self._put(r)
-            self._put(None)
+                self._put((index, r))
+            self._put((index, None))
         except BaseException as e:     # handed to the loop, raised there
-            self._put(e)
+            self._put((index, e))
 
     async def next(self):
-        item = await self.queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        if item is None:
-            self.finished = True
-        return item
+        """(choice index, GenerationResponse) or None when all choices have ended; an error of
+        any choice is raised (the others are cancelled by close())."""
+        while self.running:
+            index, item = await self.queue.get()
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+            if item is None:
+                self.running -= 1
+                continue
+            return index, item
+        self.finished = True
+        return None
 
     async def watch_disconnect(self, receive) -> None:
-        """Cancels the sequence when the client hangs up (run as a task beside the reply)."""
+        """Cancels the sequences when the client hangs up (run as a task beside the reply)."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.client_gone = True
-                self.stream.cancel()
+                for stream in self.streams:
+                    stream.cancel()
                 return
 
     def close(self) -> None:
         if not self.finished:
-            self.stream.cancel()
+            for stream in self.streams:
+                stream.cancel()
 
 
 class _EventStream:
@@ -120,26 +131,48 @@ class _EventStream:
         s, req, gen = self.state, self.req, self.gen
         rid, created = api.new_id(req.kind), int(time.time())
         watcher = asyncio.ensure_future(gen.watch_disconnect(receive))
+        shape = api.Logprobs(s.tokenizer)
+        n = len(gen.streams)
+        offsets = [len(req.prompt_text)] * n       # text_offset of completions' logprobs
 
         async def event(obj) -> None:
             data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
             await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n",
                         "more_body": True})
 
+        def piece(i: int, r) -> dict:
+            lps = None
+            if r.logprobs is not None:
+                lps = shape.chat(r.logprobs) if req.kind == "chat" else shape.text(
+                    r.logprobs, offsets[i])
+                if req.kind == "text":
+                    offsets[i] = (lps["text_offset"][-1] + len(lps["tokens"][-1])
+                                  if lps["tokens"] else offsets[i])
+            return api.chunk(req.kind, rid, created, s.model_id, r.text, r.finish_reason,
+                             index=i, logprobs=lps)
+
         try:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]})     # nginx: pass each event on at once
-            if req.kind == "chat":
-                await event(api.chunk("chat", rid, created, s.model_id, first=True))
-            last = None
+            for i in range(n):
+                if req.kind == "chat":
+                    await event(api.chunk("chat", rid, created, s.model_id, first=True, index=i))
+            lasts = [None] * n
+            prompt_lps = None
             try:
-                while (r := await gen.next()) is not None:
-                    last = r
-                    if r.text or r.finish_reason:
-                        await event(api.chunk(req.kind, rid, created, s.model_id, r.text,
-                                              r.finish_reason))
+                while (item := await gen.next()) is not None:
+                    i, r = item
+                    prompt_lps = prompt_lps or r.prompt_logprobs
+                    if req.echo and lasts[i] is None:   # the prompt first, once it has run
+                        echo_lps = None if req.logprobs is None else shape.text(
+                            api.prompt_logprobs(req, prompt_lps), 0)
+                        await event(api.chunk("text", rid, created, s.model_id, req.prompt_text,
+                                              index=i, logprobs=echo_lps))
+                    lasts[i] = r
+                    if r.text or r.finish_reason or r.logprobs:
+                        await event(piece(i, r))
             except Exception as e:         # this request failed (or the engine): say so in the stream
                 if isinstance(e, RequestFailedError):
                     log.warning("%s", e)
@@ -149,10 +182,10 @@ class _EventStream:
                 await event({"error": {"message": message, "type": "server_error",
                                        "param": None, "code": code}})
             else:
-                if last is not None:
-                    s.metrics.generation(last, gen.ttft)
+                if all(last is not None for last in lasts):
+                    s.metrics.generation(lasts, gen.ttft)
                     if req.include_usage:
-                        await event(api.chunk(req.kind, rid, created, s.model_id, last=last))
+                        await event(api.chunk(req.kind, rid, created, s.model_id, lasts=lasts))
             await event(b"[DONE]")
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:                    # the client went away while we wrote
@@ -251,8 +284,9 @@ def _check_key(s: _State, request: HTTPRequest) -> None:
 
 def _submit(s: _State, req: api.Request):
     try:
-        return s.engine.submit(req.ids, max_tokens=req.max_tokens, params=req.params,
-                               stop=req.stop, eos_ids=s.eos_ids)
+        return s.engine.submit_choices(req.ids, req.params, max_tokens=req.max_tokens,
+                                       stop=req.stop, eos_ids=s.eos_ids, logprobs=req.logprobs,
+                                       prompt_logprobs=req.echo and req.logprobs is not None)
     except QueueFullError as e:
         raise api.APIError(f"the server is busy (its queue is full): {e}; retry later",
                            status=429, type="rate_limit_error", code="queue_full") from None
@@ -278,11 +312,18 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
     if req.stream:
         return _EventStream(s, req, gen)
     watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
-    parts, last = [], None
+    n = len(gen.streams)
+    parts, lasts = [[] for _ in range(n)], [None] * n
+    lps = None if req.logprobs is None else [[] for _ in range(n)]
+    prompt_lps = None
     try:
-        while (r := await gen.next()) is not None:
-            parts.append(r.text)
-            last = r
+        while (item := await gen.next()) is not None:
+            i, r = item
+            parts[i].append(r.text)
+            lasts[i] = r
+            if lps is not None:
+                lps[i] += r.logprobs or []
+            prompt_lps = prompt_lps or r.prompt_logprobs
     except RequestFailedError as e:        # this request alone failed; say why, no traceback
         log.warning("%s", e)
         raise api.APIError(str(e), status=500, type="server_error",
@@ -292,8 +333,10 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
         gen.close()
     if gen.client_gone:
         return Response(status_code=CLIENT_CLOSED)
-    s.metrics.generation(last, gen.ttft)
-    return JSONResponse(api.completion(kind, api.new_id(kind), s.model_id, "".join(parts), last))
+    s.metrics.generation(lasts, gen.ttft)
+    return JSONResponse(api.completion(req, api.new_id(kind), s.model_id,
+                                       ["".join(p) for p in parts], lasts, lps,
+                                       api.Logprobs(s.tokenizer), prompt_lps))
 
 
 async def chat_completions(request):

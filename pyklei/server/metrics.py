@@ -67,15 +67,17 @@ class Metrics:
     def request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()
 
-    def generation(self, last, ttft: float | None) -> None:
-        """A finished generation's figures: its last GenerationResponse, and the time from its
-        submission to its first token as the server saw it (queue wait included)."""
-        self.prompt_tokens.inc(last.prompt_tokens)
-        self.generated_tokens.inc(last.generation_tokens)
+    def generation(self, lasts, ttft: float | None) -> None:
+        """A finished request's figures: the last GenerationResponse of each of its choices
+        (the prompt counted once), and the time from its submission to its first token as the
+        server saw it (queue wait included)."""
+        self.prompt_tokens.inc(lasts[0].prompt_tokens)
+        for last in lasts:
+            self.generated_tokens.inc(last.generation_tokens)
+            if last.generation_tokens > 1:
+                self.decode_tps.observe(last.generation_tps)
         if ttft is not None:
             self.ttft.observe(ttft)
-        if last.generation_tokens > 1:
-            self.decode_tps.observe(last.generation_tps)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

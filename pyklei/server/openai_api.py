@@ -22,12 +22,15 @@ import uuid
 from dataclasses import dataclass
 
 from ..chat_template import ChatTemplateError
-from ..generate import GenerationResponse, token_budget
-from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams
+from dataclasses import replace
+
+from ..generate import MAX_TOP_LOGPROBS, GenerationResponse, TokenLogprob, token_budget
+from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
 MAX_STOPS = 16
+MAX_N = 16                    # choices per request
 ROLES = {"system": "system", "user": "user", "assistant": "assistant",
          "developer": "system"}   # OpenAI: developer messages take the place of system messages
 
@@ -58,18 +61,9 @@ UNSUPPORTED = {
     "parallel_tool_calls": (lambda v: isinstance(v, bool), "tool calling is not supported"),
     "response_format": (lambda v: v == {"type": "text"}, "JSON mode and structured outputs "
                         "are not supported (only {\"type\": \"text\"})"),
-    "logprobs": (_falsy, "logprobs are not supported"),
-    "top_logprobs": (_falsy, "logprobs are not supported"),
-    "logit_bias": (_falsy, "logit_bias is not supported"),
-    "n": (lambda v: v == 1 and not isinstance(v, bool),
-          "several choices are not supported (only n=1)"),
-    "best_of": (lambda v: v == 1 and not isinstance(v, bool), "best_of is not supported"),
-    "echo": (lambda v: v is False, "echo is not supported"),
+    "best_of": (lambda v: v == 1 and not isinstance(v, bool),
+                "best_of is not supported (n is)"),
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
-    "presence_penalty": (_falsy, "presence_penalty is not supported (pyklei's "
-                                 "repetition_penalty is)"),
-    "frequency_penalty": (_falsy, "frequency_penalty is not supported (pyklei's "
-                                  "repetition_penalty is)"),
     "audio": (lambda v: False, "audio output is not supported"),
     "modalities": (lambda v: v == ["text"], "modalities other than text are not supported"),
     "prediction": (lambda v: False, "predicted outputs are not supported"),
@@ -82,9 +76,12 @@ class Request:
     ids: list[int]               # the prompt's token ids
     max_tokens: int              # the budget, already fitted to the context
     stop: list[str]
-    params: SamplingParams
+    params: list[SamplingParams]   # one per choice (n); seeds differ
     stream: bool
     include_usage: bool
+    logprobs: int | None = None  # alternatives per token, None: no logprobs
+    echo: bool = False           # completions: the prompt's text before each choice's
+    prompt_text: str = ""
 
 
 def check_unsupported(body: dict) -> None:
@@ -94,8 +91,9 @@ def check_unsupported(body: dict) -> None:
             raise APIError(f"'{name}': {why}; leave it out", name)
 
 
-def sampling_from(body: dict) -> SamplingParams:
-    """The request's sampling fields, each checked by pyklei's schema (its default if absent)."""
+def sampling_from(body: dict, vocab_size: int) -> SamplingParams:
+    """The request's sampling fields, each checked by pyklei's schema (its default if absent),
+    and logit_bias (token ids of this vocabulary)."""
     kw = {}
     for o in SAMPLING_OPTIONS:
         v = body.get(o.name)
@@ -105,7 +103,51 @@ def sampling_from(body: dict) -> SamplingParams:
             kw[o.name] = o.check(v)
         except (TypeError, ValueError) as e:
             raise APIError(str(e), o.name) from None
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise APIError("'logit_bias' must be an object mapping token ids to numbers in "
+                           "[-100, 100]", "logit_bias")
+        try:
+            kw["logit_bias"] = check_logit_bias(bias)
+        except (TypeError, ValueError) as e:
+            raise APIError(str(e), "logit_bias") from None
+        if kw["logit_bias"] and kw["logit_bias"][-1][0] >= vocab_size:
+            raise APIError(f"logit_bias: token id {kw['logit_bias'][-1][0]} is outside the "
+                           f"vocabulary [0, {vocab_size})", "logit_bias")
     return SamplingParams(**kw)
+
+
+def _int_field(body: dict, name: str, lo: int, hi: int, default):
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise APIError(f"'{name}' must be an integer in [{lo}, {hi}], got {v!r}", name)
+    return v
+
+
+def choices_from(body: dict, params: SamplingParams) -> list[SamplingParams]:
+    """n SamplingParams: choice i samples with seed + i (each its own stream of random numbers,
+    reproducible), or at random when no seed is given."""
+    n = _int_field(body, "n", 1, MAX_N, 1)
+    if params.seed is None or params.seed == -1:
+        return [params] * n
+    return [replace(params, seed=(params.seed + i) % 2 ** 64) for i in range(n)]
+
+
+def logprobs_from(kind: str, body: dict) -> int | None:
+    """Alternatives per token to report, or None. Chat: logprobs true/false and top_logprobs
+    (0-20); completions: logprobs an integer (0-20, OpenAI's legacy field)."""
+    if kind == "chat":
+        on = body.get("logprobs")
+        if on is not None and not isinstance(on, bool):
+            raise APIError("'logprobs' must be true or false", "logprobs")
+        top = _int_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+        if top is not None and not on:
+            raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return (top or 0) if on else None
+    return _int_field(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
 
 
 def stops_from(body: dict) -> list[str]:
@@ -207,20 +249,28 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                                  and isinstance(opts.get("include_usage", False), bool)):
         raise APIError("'stream_options' must be an object like {\"include_usage\": true}",
                        "stream_options")
-    params = sampling_from(body)
+    params = choices_from(body, sampling_from(body, tokenizer.vocab_size))
+    logprobs = logprobs_from(kind, body)
+    echo = body.get("echo", False) if kind == "text" else False
+    if not isinstance(echo, bool):
+        raise APIError("'echo' must be true or false", "echo")
     stop = stops_from(body)
     ids = prompt_ids(kind, body, tokenizer, n_ctx)
+    where = "messages" if kind == "chat" else "prompt"
+    if len(ids) >= n_ctx:
+        raise APIError(f"the {where} is {len(ids)} tokens: it leaves no room to generate in the "
+                       f"context of {n_ctx} tokens a sequence has here", where)
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     asked = body.get(key)
-    try:   # a default is cut to the room left; a count asked for must fit
+    try:   # cut to the room left (finish_reason "length" says so), as llama-cpp-python does
         budget = token_budget(n_ctx, len(ids), DEFAULT_MAX_TOKENS[kind] if asked is None else asked,
-                              trim=asked is None)
+                              trim=True)
     except (TypeError, ValueError) as e:
-        fits = isinstance(e, TypeError) or len(ids) < n_ctx
-        raise APIError(str(e).replace("max_tokens", key), key if fits else
-                       "messages" if kind == "chat" else "prompt") from None
+        raise APIError(str(e).replace("max_tokens", key), key) from None
+    prompt_text = "" if not echo else (body["prompt"] if isinstance(body.get("prompt"), str)
+                                       else tokenizer.decode(ids))
     return Request(kind, ids, budget, stop, params, bool(stream),
-                   bool((opts or {}).get("include_usage")))
+                   bool((opts or {}).get("include_usage")), logprobs, echo, prompt_text)
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -229,43 +279,108 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def usage(r: GenerationResponse) -> dict:
-    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.generation_tokens,
-            "total_tokens": r.prompt_tokens + r.generation_tokens}
+def usage(lasts: list[GenerationResponse]) -> dict:
+    """One request's usage: the prompt once, the tokens of every choice."""
+    prompt = lasts[0].prompt_tokens
+    completion = sum(r.generation_tokens for r in lasts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 def timings(r: GenerationResponse) -> dict:
-    """pyklei's extension beside usage: the speeds of this request, as the server saw them."""
+    """pyklei's extension beside usage: the speeds of this request (its first choice), as the
+    server saw them."""
     return {"time_to_first_token_s": r.time_to_first_token, "prompt_tok_s": r.prompt_tps,
             "generation_tok_s": r.generation_tps, "prompt_cached_tokens":
             r.prompt_tokens - r.prompt_eval_tokens}
 
 
-def completion(kind: str, rid: str, model: str, text: str, last: GenerationResponse) -> dict:
+class Logprobs:
+    """GenerationResponse.logprobs in OpenAI's two shapes. Chat: {"content": [{"token",
+    "logprob", "bytes", "top_logprobs": [...]}]}. Completions (legacy): {"tokens",
+    "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}, offsets counted in
+    characters from the start of the choice's text (after an echoed prompt)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def _piece(self, token: int) -> tuple[str, list[int]]:
+        b = self.tokenizer.token_to_piece(token)
+        return b.decode("utf-8", "replace"), list(b)
+
+    def chat(self, lps) -> dict:
+        out = []
+        for lp in lps:
+            text, raw = self._piece(lp.token)
+            top = []
+            for t, v in lp.top:
+                tt, tb = self._piece(t)
+                top.append({"token": tt, "logprob": v, "bytes": tb})
+            out.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
+        return {"content": out}
+
+    def text(self, lps, offset: int) -> dict:
+        tokens, values, tops, offsets = [], [], [], []
+        for lp in lps:
+            text, _ = self._piece(lp.token)
+            tokens.append(text)
+            values.append(lp.logprob)     # None for an echoed prompt's first token
+            tops.append({self._piece(t)[0]: v for t, v in lp.top} if lp.top else None)
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                "text_offset": offsets}
+
+
+def _choice(kind: str, index: int, text: str, finish: str | None, logprobs) -> dict:
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": last.finish_reason}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
-    return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
-            "created": int(time.time()), "model": model, "choices": [choice],
-            "usage": usage(last), "timings": timings(last)}
+        return {"index": index, "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+def prompt_logprobs(req: Request, lps) -> list:
+    """An echoed prompt's logprobs (GenerationResponse.prompt_logprobs), its first token, which
+    has none, included as logprob None (OpenAI's shape)."""
+    if not req.echo or not lps:
+        return []
+    return [TokenLogprob(req.ids[0], None, ())] + list(lps[1:])
+
+
+def completion(req: Request, rid: str, model: str, texts: list[str],
+               lasts: list[GenerationResponse], lps: list[list] | None, shape: Logprobs,
+               prompt_lps: list | None = None) -> dict:
+    """A whole (non-streamed) response: one choice per text, its last response and logprobs
+    (after the echoed prompt's, if any)."""
+    choices = []
+    for i, (text, last) in enumerate(zip(texts, lasts)):
+        logprobs = None
+        if lps is not None:
+            logprobs = shape.chat(lps[i]) if req.kind == "chat" else shape.text(
+                prompt_logprobs(req, prompt_lps) + lps[i], 0)
+        choices.append(_choice(req.kind, i, req.prompt_text + text, last.finish_reason,
+                               logprobs))
+    return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model, "choices": choices,
+            "usage": usage(lasts), "timings": timings(lasts[0])}
 
 
 def chunk(kind: str, rid: str, created: int, model: str, text: str | None = None,
-          finish: str | None = None, first: bool = False, last: GenerationResponse | None = None
-          ) -> dict:
-    """One streamed chunk: a piece of text (with finish_reason on the last piece), or with
-    `last` the closing usage chunk, whose choices are empty (OpenAI's include_usage)."""
+          finish: str | None = None, first: bool = False,
+          lasts: list[GenerationResponse] | None = None, index: int = 0, logprobs=None) -> dict:
+    """One streamed chunk of choice `index`: a piece of text (with finish_reason on the last
+    piece) and its tokens' logprobs, or with `lasts` the closing usage chunk, whose choices are
+    empty (OpenAI's include_usage)."""
     out = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
            "created": created, "model": model}
-    if last is not None:
-        out.update(choices=[], usage=usage(last), timings=timings(last))
+    if lasts is not None:
+        out.update(choices=[], usage=usage(lasts), timings=timings(lasts[0]))
     elif kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else (
             {"content": text} if text else {})
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        out["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
+                           "finish_reason": finish}]
     else:
-        out["choices"] = [{"index": 0, "text": text or "", "logprobs": None,
+        out["choices"] = [{"index": index, "text": text or "", "logprobs": logprobs,
                            "finish_reason": finish}]
     return out
