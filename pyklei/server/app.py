@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -38,6 +39,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..engine import EngineClosedError, QueueFullError, RequestFailedError
+from ..tools import may_start_a_call, parse_reply
 from . import openai_api as api
 from .metrics import Metrics
 
@@ -161,6 +163,8 @@ class _EventStream:
                     await event(api.chunk("chat", rid, created, s.model_id, first=True, index=i))
             lasts = [None] * n
             prompt_lps = None
+            held = [None] * n     # with tools: text held while it may be a tool call
+            held_lps = [None] * n
             try:
                 while (item := await gen.next()) is not None:
                     i, r = item
@@ -170,7 +174,26 @@ class _EventStream:
                             api.prompt_logprobs(req, prompt_lps), 0)
                         await event(api.chunk("text", rid, created, s.model_id, req.prompt_text,
                                               index=i, logprobs=echo_lps))
+                    if req.tools and lasts[i] is None:
+                        held[i], held_lps[i] = "", []
                     lasts[i] = r
+                    if held[i] is not None:
+                        held[i] += r.text
+                        if r.logprobs is not None:
+                            held_lps[i] += r.logprobs
+                            r = replace(r, logprobs=held_lps[i])
+                        if r.finish_reason is not None:
+                            content, calls = parse_reply(held[i])
+                            if calls:
+                                await event(api.tool_call_chunk(rid, created, s.model_id, i,
+                                                                content, calls))
+                                continue
+                            r = replace(r, text=held[i])
+                        elif may_start_a_call(held[i]):
+                            continue
+                        else:                     # plain content: stream it from here on
+                            r = replace(r, text=held[i])
+                        held[i] = None
                     if r.text or r.finish_reason or r.logprobs:
                         await event(piece(i, r))
             except Exception as e:         # this request failed (or the engine): say so in the stream

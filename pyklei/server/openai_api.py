@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..chat_template import ChatTemplateError
 from dataclasses import replace
@@ -27,11 +27,14 @@ from dataclasses import replace
 from ..generate import MAX_TOP_LOGPROBS, GenerationResponse, TokenLogprob, token_budget
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
+from ..tools import ToolError, check_tool_choice, check_tools
+from ..tools import parse_reply
+from ..tools import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
 MAX_STOPS = 16
 MAX_N = 16                    # choices per request
-ROLES = {"system": "system", "user": "user", "assistant": "assistant",
+ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "developer": "system"}   # OpenAI: developer messages take the place of system messages
 
 
@@ -54,11 +57,9 @@ def _falsy(v):
 
 
 UNSUPPORTED = {
-    "tools": (lambda v: v == [], "tool calling is not supported"),
-    "tool_choice": (lambda v: v == "none", "tool calling is not supported"),
-    "functions": (lambda v: v == [], "function calling is not supported"),
-    "function_call": (lambda v: v == "none", "function calling is not supported"),
-    "parallel_tool_calls": (lambda v: isinstance(v, bool), "tool calling is not supported"),
+    "functions": (lambda v: v == [], "the legacy 'functions' are not supported ('tools' are)"),
+    "function_call": (lambda v: v == "none",
+                      "the legacy 'function_call' is not supported ('tool_choice' is)"),
     "response_format": (lambda v: v == {"type": "text"}, "JSON mode and structured outputs "
                         "are not supported (only {\"type\": \"text\"})"),
     "best_of": (lambda v: v == 1 and not isinstance(v, bool),
@@ -82,6 +83,9 @@ class Request:
     logprobs: int | None = None  # alternatives per token, None: no logprobs
     echo: bool = False           # completions: the prompt's text before each choice's
     prompt_text: str = ""
+    tools: list = field(default_factory=list)   # offered (empty with tool_choice "none")
+    tool_choice: object = "none"
+    parallel_tool_calls: bool = True
 
 
 def check_unsupported(body: dict) -> None:
@@ -189,12 +193,47 @@ def chat_messages(body: dict) -> list[dict]:
                            f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            hint = " (tool calling is not supported)" if role in ("tool", "function") else ""
+            hint = " (the legacy 'function' role: use 'tool')" if role == "function" else ""
             raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
                            f"{role!r}{hint}", f"messages[{i}].role")
-        if m.get("tool_calls") or m.get("function_call"):
-            raise APIError(f"messages[{i}]: tool calls are not supported", f"messages[{i}]")
-        out.append({"role": ROLES[role], "content": _message_text(i, m)})
+        if m.get("function_call"):
+            raise APIError(f"messages[{i}]: the legacy 'function_call' is not supported "
+                           f"('tool_calls' is)", f"messages[{i}]")
+        calls = m.get("tool_calls")
+        msg = {"role": ROLES[role]}
+        if calls:
+            if role != "assistant":
+                raise APIError(f"messages[{i}]: only assistant messages carry tool_calls",
+                               f"messages[{i}].tool_calls")
+            msg["tool_calls"] = _tool_calls(i, calls)
+            msg["content"] = None if m.get("content") is None else _message_text(i, m)
+        else:
+            msg["content"] = _message_text(i, m)
+        if role == "tool":
+            tid = m.get("tool_call_id")
+            if not isinstance(tid, str):
+                raise APIError(f"messages[{i}].tool_call_id must be the id of the call it answers",
+                               f"messages[{i}].tool_call_id")
+            msg["tool_call_id"] = tid
+        out.append(msg)
+    return out
+
+
+def _tool_calls(i: int, calls) -> list[dict]:
+    """An assistant message's tool_calls: [{"id", "type": "function", "function": {"name",
+    "arguments": JSON text}}]."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise APIError(f"{where} must be a list", where)
+    out = []
+    for j, c in enumerate(calls):
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(
+                f.get("arguments", ""), str):
+            raise APIError(f"{where}[{j}] must be {{\"id\", \"type\": \"function\", "
+                           f"\"function\": {{\"name\", \"arguments\": JSON text}}}}", where)
+        out.append({"id": str(c.get("id", "")), "type": "function",
+                    "function": {"name": f["name"], "arguments": f.get("arguments", "{}")}})
     return out
 
 
@@ -213,11 +252,31 @@ def check_length(kind: str, texts, n_texts: int, tokenizer, n_ctx: int) -> None:
                        param)
 
 
-def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int) -> list[int]:
+def tools_from(body: dict) -> tuple[list[dict], object, bool]:
+    """(tools, tool_choice, parallel_tool_calls), checked; tools [] when none are offered or
+    tool_choice is "none"."""
+    try:
+        tools = check_tools(body.get("tools") or [])
+    except ToolError as e:
+        raise APIError(str(e), "tools") from None
+    try:
+        choice = check_tool_choice(body.get("tool_choice"), tools)
+    except ToolError as e:
+        raise APIError(str(e), "tool_choice") from None
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
+    return (tools if choice != "none" else []), choice, parallel
+
+
+def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=()) -> list[int]:
     if kind == "chat":
         messages = chat_messages(body)
-        check_length(kind, (m["content"] for m in messages), len(messages), tokenizer, n_ctx)
+        check_length(kind, (m["content"] or "" for m in messages), len(messages), tokenizer,
+                     n_ctx)
         try:
+            if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+                return render_with_tools(tokenizer, messages, list(tools) or None)
             return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         except (ChatTemplateError, ValueError, TypeError) as e:
             raise APIError(f"cannot render the model's chat template: {e}", "messages") from None
@@ -255,7 +314,8 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     if not isinstance(echo, bool):
         raise APIError("'echo' must be true or false", "echo")
     stop = stops_from(body)
-    ids = prompt_ids(kind, body, tokenizer, n_ctx)
+    tools, tool_choice, parallel = tools_from(body) if kind == "chat" else ([], "none", True)
+    ids = prompt_ids(kind, body, tokenizer, n_ctx, tools)
     where = "messages" if kind == "chat" else "prompt"
     if len(ids) >= n_ctx:
         raise APIError(f"the {where} is {len(ids)} tokens: it leaves no room to generate in the "
@@ -270,7 +330,8 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     prompt_text = "" if not echo else (body["prompt"] if isinstance(body.get("prompt"), str)
                                        else tokenizer.decode(ids))
     return Request(kind, ids, budget, stop, params, bool(stream),
-                   bool((opts or {}).get("include_usage")), logprobs, echo, prompt_text)
+                   bool((opts or {}).get("include_usage")), logprobs, echo, prompt_text,
+                   tools, tool_choice, parallel)
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -332,10 +393,17 @@ class Logprobs:
                 "text_offset": offsets}
 
 
-def _choice(kind: str, index: int, text: str, finish: str | None, logprobs) -> dict:
+def _choice(kind: str, index: int, text: str, finish: str | None, logprobs,
+            tools: bool = False) -> dict:
     if kind == "chat":
-        return {"index": index, "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs, "finish_reason": finish}
+        message = {"role": "assistant", "content": text}
+        if tools:
+            content, calls = parse_reply(text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = calls
+                finish = "tool_calls"
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
@@ -359,10 +427,22 @@ def completion(req: Request, rid: str, model: str, texts: list[str],
             logprobs = shape.chat(lps[i]) if req.kind == "chat" else shape.text(
                 prompt_logprobs(req, prompt_lps) + lps[i], 0)
         choices.append(_choice(req.kind, i, req.prompt_text + text, last.finish_reason,
-                               logprobs))
+                               logprobs, bool(req.tools)))
     return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": usage(lasts), "timings": timings(lasts[0])}
+
+
+def tool_call_chunk(rid: str, created: int, model: str, index: int, content: str | None,
+                    calls: list[dict]) -> dict:
+    """A streamed choice's tool calls, whole, in one chunk (each call's arguments complete:
+    clients concatenate argument deltas, so one delta is valid), finish_reason "tool_calls"."""
+    delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+    if content:
+        delta["content"] = content
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": index, "delta": delta, "logprobs": None,
+                         "finish_reason": "tool_calls"}]}
 
 
 def chunk(kind: str, rid: str, created: int, model: str, text: str | None = None,
