@@ -155,10 +155,11 @@ class Engine:
     # ---- the caller's side ---------------------------------------------------------------
     def submit(self, prompt: Sequence[int], *, max_tokens: int | None = 256,
                params: SamplingParams | None = None, stop: Sequence[str] = (),
-               eos_ids: Sequence[int] | None = None, trim: bool = False) -> RequestStream:
+               eos_ids: Sequence[int] | None = None, trim: bool = False,
+               constraint=None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
-        shutdown()."""
+        shutdown(). `constraint`: a fresh pyklei.grammar.Constraint the reply follows."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
         prompt, budget, params = check_request(self.model.n_ctx, prompt, max_tokens, params, trim)
@@ -170,13 +171,16 @@ class Engine:
         if not all(isinstance(s, str) for s in stop):
             raise TypeError(f"stop must be a list of strings, got {stop!r}")
         stream = RequestStream(self, len(prompt))
-        gen = Generation(self.tokenizer, prompt, budget, params, list(stop), eos_ids)
+        gen = Generation(self.tokenizer, prompt, budget, params, list(stop), eos_ids,
+                         constraint=constraint)
         with self._cond:
             if self._closing:
                 raise EngineClosedError("the engine is shut down")
             if len(self._waiting) >= self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
                                      f"(max_queue={self.max_queue})")
+            if constraint is not None:   # here: a refused request leaves its constraint unused
+                constraint.claim()
             self._waiting.append(_Request(stream, prompt, gen))
             self._cond.notify_all()
         return stream

@@ -35,7 +35,8 @@ from .sampler import MAX_TOKENS, SamplingParams, apply_repetition_penalty, make_
 class GenerationResponse:
     text: str                        # new text since the last response (streaming) or the whole reply
     token: int | None                # the last token sampled (None: none was)
-    finish_reason: str | None        # None while running; "stop" (EOS or stop string), "length",
+    finish_reason: str | None        # None while running; "stop" (EOS, stop string, or the
+                                     # grammar constraint complete), "length",
                                      # or "cancelled" (pyklei.engine: RequestStream.cancel)
     prompt_tokens: int               # tokens in the prompt
     prompt_eval_tokens: int          # of those, tokens that ran (the rest came from the cache)
@@ -115,11 +116,14 @@ class StopMatcher:
 def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | None = 256,
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
                     eos_ids: Sequence[int] | None = None,
-                    trim: bool = False) -> Iterator[GenerationResponse]:
+                    trim: bool = False, constraint=None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
-    first next()); see the module doc for max_tokens and trim."""
+    first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
+    pyklei.grammar.Constraint the reply must follow (it ends the reply when complete)."""
     prompt, budget, params = check_request(model.n_ctx, prompt, max_tokens, params, trim)
-    return _stream(model, tokenizer, prompt, budget, params, stop, eos_ids)
+    if constraint is not None:
+        constraint.claim()
+    return _stream(model, tokenizer, prompt, budget, params, stop, eos_ids, constraint)
 
 
 def check_request(n_ctx: int, prompt: Sequence[int], max_tokens, params: SamplingParams | None,
@@ -134,8 +138,8 @@ def check_request(n_ctx: int, prompt: Sequence[int], max_tokens, params: Samplin
     return prompt, budget, params
 
 
-def _stream(model, tokenizer, prompt, max_tokens, params, stop, eos_ids):
-    gen = Generation(tokenizer, prompt, max_tokens, params, stop, eos_ids)
+def _stream(model, tokenizer, prompt, max_tokens, params, stop, eos_ids, constraint=None):
+    gen = Generation(tokenizer, prompt, max_tokens, params, stop, eos_ids, constraint=constraint)
     owner = object()   # this generation's claim on the KV cache (model.step checks it)
     logits = model.eval(prompt, owner=owner)
     gen.prefilled(model.last_eval_tokens)
@@ -153,13 +157,17 @@ def _stream(model, tokenizer, prompt, max_tokens, params, stop, eos_ids):
 
 class Generation:
     """One request's decoding state, token by token: sampler, repetition history, streaming
-    detokenizer, stop strings, and the statistics of its responses. stream_generate drives one
+    detokenizer, stop strings, an optional grammar constraint, and the statistics of its
+    responses. stream_generate drives one
     over model.eval/step; pyklei.engine drives many over batched steps. The clock starts at
     construction (t0): time_to_first_token counts from there."""
 
     def __init__(self, tokenizer, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
-                 stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None):
+                 stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None,
+                 constraint=None):
         self.eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
+        self.constraint = constraint      # pyklei.grammar.Constraint: the tokens allowed next
+        self.next_mask = None             # its mask for the next feed, when computed ahead
         self.params = params
         self.sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p,
                                    params.seed)
@@ -206,6 +214,9 @@ class Generation:
         p = self.params
         logits = apply_repetition_penalty(logits, self.history, p.repetition_penalty,
                                           p.repetition_window)
+        if self.constraint is not None:   # forbidden tokens -> -inf; EOS only where it accepts
+            logits = self.constraint.apply(logits, self.eos, self.next_mask)
+            self.next_mask = None
         token = self.sample(logits)
         self.token = token
         self.n_gen += 1
@@ -219,13 +230,17 @@ class Generation:
             return self.response(self.matcher.flush() + self.detok.finalize(drop_incomplete=True),
                                  token, "stop")
         self.history.append(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         text, stopped = self.matcher.feed(self.detok.add_token(token))
         if stopped:
             self.done = True
             return self.response(text, token, "stop")
-        if self.n_gen >= self.max_tokens:
+        # a grammar that can take no more text ends the reply as EOS would
+        complete = self.constraint is not None and self.constraint.is_done()
+        if self.n_gen >= self.max_tokens or complete:
             tail, stopped = self.matcher.feed(self.detok.finalize(drop_incomplete=True))
             self.done = True
             return self.response(text + tail + ("" if stopped else self.matcher.flush()), token,
-                                 "stop" if stopped else "length")
+                                 "stop" if stopped or complete else "length")
         return self.response(text, token, None) if text else None
