@@ -25,7 +25,7 @@ class ChatSession:
     MIN_REPLY = 16   # tokens: below this room a message is refused as too long
 
     def __init__(self, llm, system: str | None = None, max_tokens: int = 512,
-                 sampling: dict | None = None, stop=()):
+                 sampling: dict | None = None, stop=(), constrain: dict | None = None):
         from .sampler import MAX_TOKENS, SamplingParams
 
         self.llm = llm
@@ -34,6 +34,8 @@ class ChatSession:
         self.sampling = dict(sampling or {})
         SamplingParams(**self.sampling)     # bad options fail here, not at the first reply
         self.stop = list(stop)
+        # every reply follows it: LLM.generate's json_schema / grammar / regex / response_format
+        self.constrain = dict(constrain or {})
         self.history: list[dict] = []
         self.last = None            # GenerationResponse of the last reply
         self.turns = 0
@@ -73,7 +75,7 @@ class ChatSession:
         ids, max_new, dropped = self.prepare(user_text)
         parts, interrupted = [], False
         it = self.llm.generate(ids, max_tokens=max_new, stream=True, stop=self.stop,
-                               **self.sampling)
+                               **self.constrain, **self.sampling)
         try:
             for r in it:
                 if r.text:

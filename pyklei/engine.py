@@ -160,24 +160,27 @@ class Engine:
     def submit(self, prompt: Sequence[int], *, max_tokens: int | None = 256,
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False,
-               logprobs: int | None = None) -> RequestStream:
+               logprobs: int | None = None, constraint=None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
-        shutdown(). logprobs: see Generation."""
+        shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
+        the reply follows."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
-                                   eos_ids=eos_ids, trim=trim, logprobs=logprobs)[0]
+                                   eos_ids=eos_ids, trim=trim, logprobs=logprobs,
+                                   constraint=constraint)[0]
 
     def submit_choices(self, prompt: Sequence[int], params: Sequence[SamplingParams | None], *,
                        max_tokens: int | None = 256, stop: Sequence[str] = (),
                        eos_ids: Sequence[int] | None = None, trim: bool = False,
-                       logprobs: int | None = None,
-                       prompt_logprobs: bool = False) -> list[RequestStream]:
+                       logprobs: int | None = None, prompt_logprobs: bool = False,
+                       constraint=None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
         own seed): the prompt is evaluated once, by the first; the others wait until it is in the
         first's KV cache slot, then start from a copy of it (Model.copy_seq) and run only its last
         token. All are queued, or none (QueueFullError). prompt_logprobs: the first choice's
         first response carries the log-probability of every prompt token (the whole prompt
-        runs: no cached prefix is reused), with `logprobs` alternatives each."""
+        runs: no cached prefix is reused), with `logprobs` alternatives each. constraint: the
+        first choice follows it, each other choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
         if not params:
@@ -187,14 +190,15 @@ class Engine:
         if not all(isinstance(s, str) for s in stop):
             raise TypeError(f"stop must be a list of strings, got {stop!r}")
         reqs = []
-        for p in params:
+        for i, p in enumerate(params):
             ids, budget, p = check_request(self.model.n_ctx, prompt, max_tokens, p, trim)
             bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
             if bad:   # refused here: in a batch it would fail the other requests' step too
                 raise ValueError(f"token id {bad[0]} is outside the vocabulary "
                                  f"[0, {self.model.vocab_size})")
+            c = constraint if constraint is None or i == 0 else constraint.fresh()
             gen = Generation(self.tokenizer, ids, budget, p, list(stop), eos_ids,
-                             logprobs=logprobs)
+                             logprobs=logprobs, constraint=c)
             reqs.append(_Request(RequestStream(self, len(ids)), ids, gen,
                                  after=reqs[0] if reqs else None))
         if prompt_logprobs:
@@ -205,6 +209,9 @@ class Engine:
             if len(self._waiting) + len(reqs) > self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
                                      f"(max_queue={self.max_queue})")
+            for r in reqs:   # here: a refused request leaves its constraint unused
+                if r.gen.constraint is not None:
+                    r.gen.constraint.claim()
             self._waiting.extend(reqs)
             self._cond.notify_all()
         return [r.stream for r in reqs]

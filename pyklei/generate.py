@@ -48,7 +48,8 @@ class TokenLogprob:
 class GenerationResponse:
     text: str                        # new text since the last response (streaming) or the whole reply
     token: int | None                # the last token sampled (None: none was)
-    finish_reason: str | None        # None while running; "stop" (EOS or stop string), "length",
+    finish_reason: str | None        # None while running; "stop" (EOS, stop string, or the
+                                     # grammar constraint complete), "length",
                                      # or "cancelled" (pyklei.engine: RequestStream.cancel)
     prompt_tokens: int               # tokens in the prompt
     prompt_eval_tokens: int          # of those, tokens that ran (the rest came from the cache)
@@ -132,11 +133,15 @@ class StopMatcher:
 def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | None = 256,
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
                     eos_ids: Sequence[int] | None = None, trim: bool = False,
-                    logprobs: int | None = None) -> Iterator[GenerationResponse]:
+                    logprobs: int | None = None, constraint=None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
-    first next()); see the module doc for max_tokens and trim."""
+    first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
+    pyklei.grammar.Constraint the reply must follow (it ends the reply when complete)."""
     prompt, budget, params = check_request(model.n_ctx, prompt, max_tokens, params, trim)
-    gen = Generation(tokenizer, prompt, budget, params, stop, eos_ids, logprobs=logprobs)
+    gen = Generation(tokenizer, prompt, budget, params, stop, eos_ids, logprobs=logprobs,
+                     constraint=constraint)
+    if constraint is not None:
+        constraint.claim()
     return _stream(model, prompt, gen)
 
 
@@ -170,16 +175,20 @@ def _stream(model, prompt, gen):
 
 class Generation:
     """One request's decoding state, token by token: sampler, repetition history, streaming
-    detokenizer, stop strings, and the statistics of its responses. stream_generate drives one
+    detokenizer, stop strings, an optional grammar constraint, and the statistics of its
+    responses. stream_generate drives one
     over model.eval/step; pyklei.engine drives many over batched steps. The clock starts at
     construction (t0): time_to_first_token counts from there."""
 
     def __init__(self, tokenizer, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
                  stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, constraint=None):
         """logprobs: None, or the number of most likely alternatives (0..MAX_TOP_LOGPROBS) to
-        report beside each generated token's own log-probability (GenerationResponse.logprobs)."""
+        report beside each generated token's own log-probability (GenerationResponse.logprobs).
+        constraint: a pyklei.grammar.Constraint the reply follows."""
         self.eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
+        self.constraint = constraint      # pyklei.grammar.Constraint: the tokens allowed next
+        self.next_mask = None             # its mask for the next feed, when computed ahead
         self.params = params
         if params.logit_bias and params.logit_bias[-1][0] >= tokenizer.vocab_size:
             raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is outside the "
@@ -256,6 +265,9 @@ class Generation:
         logits = apply_presence_frequency(logits, self.counts, p.presence_penalty,
                                           p.frequency_penalty)
         logits = apply_logit_bias(logits, p.logit_bias)
+        if self.constraint is not None:   # forbidden tokens -> -inf; EOS only where it accepts
+            logits = self.constraint.apply(logits, self.eos, self.next_mask)
+            self.next_mask = None
         token = self.sample(logits)
         self.token = token
         self.counts[token] = self.counts.get(token, 0) + 1
@@ -272,15 +284,19 @@ class Generation:
             return self.response(self.matcher.flush() + self.detok.finalize(drop_incomplete=True),
                                  token, "stop")
         self.history.append(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
         text, stopped = self.matcher.feed(self.detok.add_token(token))
         if stopped:
             self.done = True
             return self.response(text, token, "stop")
-        if self.n_gen >= self.max_tokens:
+        # a grammar that can take no more text ends the reply as EOS would
+        complete = self.constraint is not None and self.constraint.is_done()
+        if self.n_gen >= self.max_tokens or complete:
             tail, stopped = self.matcher.feed(self.detok.finalize(drop_incomplete=True))
             self.done = True
             return self.response(text + tail + ("" if stopped else self.matcher.flush()), token,
-                                 "stop" if stopped else "length")
+                                 "stop" if stopped or complete else "length")
         return self.response(text, token, None) if text else None
 
 

@@ -90,7 +90,9 @@ class LLM:
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
                  stream: bool = False, stop: str | Sequence[str] = (),
-                 add_bos: bool | None = None, logprobs: int | None = None,
+                 add_bos: bool | None = None, logprobs: int | None = None, *,
+                 response_format: dict | None = None, json_schema=None,
+                 grammar: str | None = None, regex: str | None = None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
         """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
         arrives (each .text is the new text); else returns one response with the whole text.
@@ -98,28 +100,45 @@ class LLM:
         is a ValueError. logprobs: None, or how many alternatives (0-20) to report beside each
         generated token's log-probability (response.logprobs). Sampling keywords: temperature,
         top_k, top_p, min_p, repetition_penalty, repetition_window, presence_penalty,
-        frequency_penalty, seed, logit_bias."""
+        frequency_penalty, seed, logit_bias.
+
+        Constrained decoding (at most one; pyklei.grammar, needs llguidance): json_schema (a
+        dict or its JSON text), grammar (Lark or GBNF text), regex, or response_format as
+        OpenAI's ({"type": "json_object"} / {"type": "json_schema", "json_schema": {"schema":
+        ...}}). The reply follows it and ends ("stop") when it is complete; a schema or grammar
+        that does not compile is a ValueError (pyklei.grammar.GrammarError) naming why."""
+        constrain = dict(response_format=response_format, json_schema=json_schema,
+                         grammar=grammar, regex=regex)
         return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling,
-                              logprobs)
+                              constrain, logprobs)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None = 256,
                        stop: str | Sequence[str] = (), add_bos: bool | None = None,
-                       logprobs: int | None = None, **sampling) -> list[GenerationResponse]:
+                       logprobs: int | None = None, *,
+                       response_format: dict | None = None, json_schema=None,
+                       grammar: str | None = None, regex: str | None = None,
+                       **sampling) -> list[GenerationResponse]:
         """generate() for many prompts, decoded together (n_seq at a time, in one batch per
         step: the weights stream once for all): one whole response per prompt, in order. The
-        options apply to each prompt (the same seed gives each the text generate() gives it).
+        options apply to each prompt (the same seed gives each the text generate() gives it;
+        a constraint is compiled once, and each prompt follows it on its own).
         Every prompt is checked before any runs."""
         if isinstance(prompts, str):
             raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
+        constrain = dict(response_format=response_format, json_schema=json_schema,
+                         grammar=grammar, regex=regex)
+        first = self._constraint(constrain)
         reqs = [self._request(p, max_tokens, stop, add_bos, False, sampling) for p in prompts]
         if not reqs:
             return []
+        constraints = [None if first is None else first if i == 0 else first.fresh()
+                       for i in range(len(reqs))]
         engine = Engine(self.model, self.tokenizer, n_parallel=min(len(reqs), self.model.n_seq),
                         max_queue=len(reqs))
         try:
             streams = [engine.submit(ids, max_tokens=max_tokens, params=params, stop=stops,
-                                     eos_ids=self.eos_ids, logprobs=logprobs)
-                       for ids, stops, params in reqs]
+                                     eos_ids=self.eos_ids, logprobs=logprobs, constraint=c)
+                       for (ids, stops, params), c in zip(reqs, constraints)]
             return [_collect(iter(s)) for s in streams]
         finally:
             engine.shutdown(cancel=True)
@@ -143,24 +162,40 @@ class LLM:
         check_request(self.model.n_ctx, ids, max_tokens, params, trim)
         return ids, stops, params
 
-    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling,
+    def _constraint(self, constrain: dict):
+        """The pyklei.grammar.Constraint of json_schema / grammar / regex / response_format
+        (None when none is given), compiled and checked at the call."""
+        if all(v is None for v in constrain.values()):
+            return None
+        from .grammar import constraint     # llguidance is optional: only a constraint needs it
+        return constraint(self.tokenizer, **constrain)
+
+    def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
                   logprobs=None):
+        c = self._constraint(constrain)
         ids, stops, params = self._request(prompt, max_tokens, stop, add_bos, trim, sampling)
         it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,
-                             self.eos_ids, trim=trim, logprobs=logprobs)
+                             self.eos_ids, trim=trim, logprobs=logprobs, constraint=c)
         if stream:
             return it
         return _collect(it)
 
     def chat(self, messages: Sequence[dict], max_tokens: int | None = 512, stream: bool = False,
-             stop: str | Sequence[str] = (), logprobs: int | None = None, **sampling):
+             stop: str | Sequence[str] = (), logprobs: int | None = None, *,
+             response_format: dict | None = None, json_schema=None, grammar: str | None = None,
+             regex: str | None = None, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
-        conversation that leaves no room at all is a ValueError."""
+        conversation that leaves no room at all is a ValueError. The reply's constraint, as in
+        generate(): response_format, json_schema, grammar or regex (the schema is not shown to
+        the model: say in the messages what to write)."""
+        constrain = dict(response_format=response_format, json_schema=json_schema,
+                         grammar=grammar, regex=regex)
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                  tokenize=True)
-        return self._generate(ids, max_tokens, stream, stop, None, True, sampling, logprobs)
+        return self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
+                              logprobs)
 
 
 def _hub_model(arg: str, repo_id: str, filename: str):

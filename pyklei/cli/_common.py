@@ -161,6 +161,51 @@ def _add_sampling_options(p, max_tokens=128, n_help=None):
     return g
 
 
+def _add_constraint_options(p):
+    """--json-schema, --grammar, --regex: the reply follows one of them (pyklei.grammar)."""
+    g = p.add_argument_group("constrained output (needs llguidance: pip install 'pyklei[grammar]')")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--json-schema", metavar="FILE|JSON",
+                   help="the reply is JSON valid under this JSON schema (a file, or the schema "
+                        "itself); '{}' or '{\"type\": \"object\"}' for any JSON object")
+    x.add_argument("--grammar", metavar="FILE",
+                   help="the reply follows this grammar file (Lark, or llama.cpp's GBNF)")
+    x.add_argument("--regex", metavar="RE", help="the reply matches this regular expression")
+    return g
+
+
+def _constraint(args) -> dict:
+    """The LLM.generate constraint keywords of --json-schema / --grammar / --regex (files read
+    here); {} when none is given."""
+    import json
+
+    if getattr(args, "json_schema", None) is not None:
+        v = args.json_schema
+        if not v.lstrip().startswith(("{", "[")) and not v.strip() in ("true", "false"):
+            v = _read_text(v, "JSON schema")
+        try:
+            return {"json_schema": json.loads(v)}
+        except json.JSONDecodeError as e:
+            raise CLIError(f"--json-schema: not JSON ({e})") from None
+    if getattr(args, "grammar", None) is not None:
+        return {"grammar": _read_text(args.grammar, "grammar")}
+    if getattr(args, "regex", None) is not None:
+        return {"regex": args.regex}
+    return {}
+
+
+def _check_constraint(llm, constrain: dict) -> None:
+    """Compiles the constraint once, so that a bad schema or a missing llguidance is a
+    one-line error before any text is written."""
+    if not constrain:
+        return
+    try:
+        from ..grammar import constraint
+        constraint(llm.tokenizer, **constrain)
+    except ImportError as e:
+        raise CLIError(str(e)) from None
+
+
 def _sampling(args) -> dict:
     """The SamplingParams keywords of parsed sampling options."""
     from ..sampler import SAMPLING_OPTIONS, MAX_TOKENS

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from .._text import plural
-from ._common import CLIError, _add_command, _add_model_options, _add_sampling_options, _load, _sampling
+from ._common import (CLIError, _add_command, _add_constraint_options, _add_model_options,
+                      _add_sampling_options, _check_constraint, _constraint, _load, _sampling)
 
 CHAT_HELP = """\
 commands:
@@ -31,6 +32,7 @@ def add_parser(sub):
     ch.add_argument("model", metavar="MODEL", help="pyklei .gguf file with a chat template")
     ch.add_argument("--system", metavar="TEXT", help="system prompt (default: the chat template's own, if any)")
     _add_sampling_options(ch, max_tokens=512, n_help="reply length at most, in tokens")
+    _add_constraint_options(ch)
     _add_model_options(ch)
     ch.set_defaults(func=run)
     return ch
@@ -81,11 +83,13 @@ def _command(session, cmd: str, out) -> bool:
 def run(args) -> int:
     from ..chat import ChatSession, MessageTooLongError
 
+    constrain = _constraint(args)
     llm = _load(args)
     if not llm.tokenizer.chat_template:
         raise CLIError(f"{args.model} has no chat template; use `pyklei generate` instead")
+    _check_constraint(llm, constrain)
     session = ChatSession(llm, system=args.system, max_tokens=args.max_tokens,
-                          sampling=_sampling(args), stop=args.stop)
+                          sampling=_sampling(args), stop=args.stop, constrain=constrain)
     session.prepare("hello")  # renders the template once: template errors show up now
     if sys.stdin.isatty():
         try:

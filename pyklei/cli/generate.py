@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_command, _add_model_options,
-                      _add_sampling_options, _load, _read_text, _sampling)
+from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_command, _add_constraint_options,
+                      _add_model_options, _add_sampling_options, _check_constraint, _constraint,
+                      _load, _read_text, _sampling)
 
 
 def add_parser(sub):
@@ -16,7 +17,8 @@ def add_parser(sub):
         "examples:\n"
         "  pyklei generate m.gguf -p 'Once upon a time' -n 64 --seed 1\n"
         "  pyklei generate m.gguf --chat -p 'What is 2+2?' --temperature 0 --stats\n"
-        "  pyklei generate m.gguf -p 'List: 1.' --stop '4.' --top-k 0 --min-p 0.1")
+        "  pyklei generate m.gguf -p 'List: 1.' --stop '4.' --top-k 0 --min-p 0.1\n"
+        "  pyklei generate m.gguf --chat -p 'A person as JSON' --json-schema person.json")
     g.add_argument("model", metavar="MODEL", help="pyklei .gguf file (see `pyklei convert`)")
     g.add_argument("-p", "--prompt", metavar="TEXT", help="the prompt")
     g.add_argument("-f", "--file", help="read the prompt from this UTF-8 file")
@@ -29,6 +31,7 @@ def add_parser(sub):
                    help="print time to first token, prefill/decode tok/s, tokens and peak RSS "
                         "to stderr")
     _add_sampling_options(g)
+    _add_constraint_options(g)
     _add_model_options(g)
     g.set_defaults(func=run)
     return g
@@ -60,7 +63,9 @@ def run(args) -> int:
     prompt = args.prompt if args.prompt is not None else _read_text(args.file, "prompt")
     if not prompt:
         raise CLIError("the prompt is empty")
+    constrain = _constraint(args)
     llm = _load(args)
+    _check_constraint(llm, constrain)
     tok = llm.tokenizer
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
@@ -71,7 +76,8 @@ def run(args) -> int:
     max_tokens = token_budget(llm.n_ctx, len(ids), args.max_tokens)
     out = sys.stdout
     last, wrote, interrupted = None, "", False
-    it = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=args.stop, **_sampling(args))
+    it = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=args.stop, **constrain,
+                      **_sampling(args))
     try:
         for r in it:
             if r.text:

@@ -1,0 +1,293 @@
+"""Constrained decoding: a JSON schema, a grammar or a regex decides which tokens may come next.
+
+    c = constraint(tokenizer, json_schema={"type": "object", "properties": {...}})
+    logits = c.apply(logits, eos_ids)     # forbidden tokens -> -inf (a copy)
+    c.advance(token)                      # the sampled token moves the grammar on
+    c.is_done()                           # the grammar admits no more text: stop
+
+llguidance (MIT; the engine behind llama.cpp's and vLLM's "guidance" backends) compiles the
+schema or grammar and computes, per step, the set of tokens whose bytes keep the text a prefix
+of some sentence of the grammar. It needs the vocabulary as bytes: pyklei's own
+``Tokenizer.token_to_piece`` (both vocabulary kinds), with CONTROL/UNKNOWN tokens marked special
+(llguidance's convention: their text behind the byte 0xFF, which UTF-8 never holds) so that a
+grammar never spells ``<|im_end|>`` out of ordinary text and only names them on purpose.
+Consequence of that convention: a byte-fallback token that stands for the lone byte 0xFF
+(Llama 3 and Llama 2 have one) looks special to llguidance and is never allowed, which costs
+nothing since 0xFF occurs in no UTF-8 text.
+
+End of generation: the end-of-sequence tokens are allowed exactly where the grammar accepts
+(the text so far is a whole sentence), and when it can take no more text (a closed JSON object)
+the generation ends there, without waiting for the model to choose EOS.
+
+SentencePiece vocabularies: a token's bytes are its text with "▁" as a space, so the first
+token of a reply is seen with its leading space, which the decoder strips. A JSON grammar
+does not allow leading whitespace, so the model starts with "{" rather than "▁{".
+
+llguidance is optional (``pip install 'pyklei[grammar]'``); importing this module works without
+it, building a constraint does not.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["Constraint", "GrammarError", "constraint", "llg_tokenizer", "JSON_OBJECT"]
+
+#: {"type": "json_object"}: any JSON object (OpenAI's JSON mode).
+JSON_OBJECT = {"type": "object"}
+
+# Whitespace the compiled schema allows between JSON tokens: none or one space, or a newline and
+# an indentation of at most 20 (llama.cpp's json-schema-to-grammar bounds it alike). Unbounded
+# (llguidance's default) lets a small model spend its budget on whitespace; none at all
+# (`{"a": 1}` only) forbids the pretty-printed layout instruct models write, and SmolLM2 then
+# wrote worse JSON (odd keys, runaway strings) in a trial. A schema's own "x-guidance" options
+# override these.
+_JSON_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": r"[ ]?|\n[ \t]{0,20}",
+                "item_separator": ",", "key_separator": ":"}
+
+_INSTALL = "constrained decoding needs llguidance: pip install 'pyklei[grammar]'"
+
+
+class GrammarError(ValueError):
+    """A JSON schema, grammar or regex that llguidance cannot compile; the message says why."""
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError:
+        raise ImportError(_INSTALL) from None
+    return llguidance
+
+
+# ---- the vocabulary, as llguidance sees it ------------------------------------------------------
+
+# One LLTokenizer per pyklei Tokenizer: building it (llguidance's token trie, its slices) takes
+# a noticeable time for a 128k vocabulary, and every request of a server needs it. Keyed by id()
+# because Tokenizer is an unhashable dataclass; the finalizer drops the entry with the tokenizer.
+_LLT_CACHE: dict[int, Any] = {}
+_LLT_LOCK = threading.Lock()
+
+
+class _Vocabulary:
+    """What llguidance.TokenizerWrapper reads: token bytes, EOS/BOS, and a tokenize function
+    (llguidance tokenizes grammar literals and forced text with it)."""
+
+    def __init__(self, tokenizer):
+        special = tokenizer.special_ids
+        self.tokens = [b"\xff" + tokenizer.tokens[i].encode("utf-8") if i in special
+                       else tokenizer.token_to_piece(i) for i in range(tokenizer.vocab_size)]
+        self.special_token_ids = sorted(special)
+        self.eos_token_id = tokenizer.eos_ids[0] if tokenizer.eos_ids else None
+        self.bos_token_id = tokenizer.bos_id
+        # weak: the cache entry holding this must not keep the tokenizer alive
+        self._tokenizer = weakref.ref(tokenizer)
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer().encode(text, add_bos=False, parse_special=False)
+
+
+def llg_tokenizer(tokenizer):
+    """The llguidance.LLTokenizer of a pyklei Tokenizer (built once per tokenizer, then cached)."""
+    llg = _llguidance()
+    key = id(tokenizer)
+    with _LLT_LOCK:
+        llt = _LLT_CACHE.get(key)
+        if llt is None:
+            if not tokenizer.eos_ids:
+                raise GrammarError("the tokenizer has no end-of-sequence token: a constrained "
+                                   "generation could not end")
+            llt = llg.LLTokenizer(llg.TokenizerWrapper(_Vocabulary(tokenizer)),
+                                  n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_ids))
+            _LLT_CACHE[key] = llt
+            weakref.finalize(tokenizer, _LLT_CACHE.pop, key, None)
+    return llt
+
+
+# ---- one request's constraint -------------------------------------------------------------------
+
+class Constraint:
+    """One generation's grammar state (an llguidance LLMatcher over the model's vocabulary).
+
+    Stateful: it follows one sequence of tokens. ``fresh()`` gives another at the start state
+    (for another request, or each of n choices), without compiling again. Not thread-safe:
+    the generation that owns it calls it."""
+
+    def __init__(self, tokenizer, grammar: str, what: str):
+        llg = _llguidance()
+        self.tokenizer = tokenizer
+        self.what = what                      # "JSON schema", "grammar", "regex": for messages
+        self._grammar = grammar               # llguidance's grammar (JSON text), validated
+        self._llt = llg_tokenizer(tokenizer)
+        self._matcher = llg.LLMatcher(self._llt, grammar, log_level=0)
+        if self._matcher.is_error():          # validated before, but a matcher may still refuse
+            raise GrammarError(f"invalid {what}: {_first_line(self._matcher.get_error())}")
+        self.n_vocab = tokenizer.vocab_size
+        # the mask, one bit per token, as llguidance writes it (int32 words, token i at bit i%32
+        # of word i//32); the bytes view unpacks it little-endian
+        self._bits = np.zeros((self.n_vocab + 31) // 32, np.int32)
+        self.n_tokens = 0                     # tokens advanced over
+        self._claimed = False
+
+    def claim(self) -> "Constraint":
+        """Marks it as one generation's (stream_generate and Engine.submit call this): a
+        constraint follows one sequence, so a second generation with it is a ValueError."""
+        if self._claimed:
+            raise ValueError("this constraint already belongs to a generation; give each "
+                             "generation its own (constraint.fresh())")
+        self._claimed = True
+        return self
+
+    def fresh(self) -> "Constraint":
+        """A new constraint with the same grammar at its start."""
+        return Constraint(self.tokenizer, self._grammar, self.what)
+
+    # ---- per step --------------------------------------------------------------------------
+    def fill_bitmask(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Computes the allowed tokens of the next step into `out` (int32 [(n_vocab+31)//32],
+        C-contiguous; default: this constraint's own buffer) and returns it. Releases the GIL
+        while llguidance works."""
+        out = self._bits if out is None else out
+        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        return out
+
+    def allowed(self, bits: np.ndarray | None = None) -> np.ndarray:
+        """bool [n_vocab]: the tokens the grammar allows next (computed now unless `bits`, a
+        mask from fill_bitmask, is given)."""
+        bits = self.fill_bitmask() if bits is None else bits
+        return np.unpackbits(bits.view(np.uint8), bitorder="little")[:self.n_vocab].astype(bool)
+
+    def apply(self, logits: np.ndarray, eos_ids: Sequence[int] = (),
+              bits: np.ndarray | None = None) -> np.ndarray:
+        """A copy of `logits` with every token the grammar forbids at -inf. `eos_ids` (the
+        generation's own end tokens, which may be more than the tokenizer's) are allowed
+        exactly where the grammar accepts."""
+        ok = self.allowed(bits)
+        eos = [t for t in eos_ids if 0 <= t < self.n_vocab]
+        if eos:
+            ok[eos] = self._matcher.is_accepting()
+        if not ok.any():
+            raise GrammarError(f"the {self.what} allows no token here: "
+                               f"{_first_line(self._matcher.get_error()) or 'dead end'}")
+        return np.where(ok, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
+
+    def advance(self, token: int) -> None:
+        """Moves the grammar past `token` (sampled from apply()'s logits). An end-of-sequence
+        token ends the generation and is not passed here."""
+        if not self._matcher.consume_token(int(token)):
+            raise GrammarError(f"token {token} does not fit the {self.what}: "
+                               f"{_first_line(self._matcher.get_error())}")
+        self.n_tokens += 1
+
+    def is_done(self) -> bool:
+        """The grammar can take no more text: the generation ends here."""
+        return self._matcher.is_stopped()
+
+    def is_accepting(self) -> bool:
+        """The text so far is a whole sentence of the grammar (EOS may come)."""
+        return self._matcher.is_accepting()
+
+    def __repr__(self) -> str:
+        return f"<pyklei.grammar.Constraint {self.what}, {self.n_tokens} tokens>"
+
+
+def _first_line(msg: str) -> str:
+    """llguidance's errors carry the parser state and the grammar after the first lines."""
+    return msg.strip().split("\n<state>")[0].strip()
+
+
+def _compile(tokenizer, grammar: str, what: str) -> Constraint:
+    llg = _llguidance()
+    is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, llg_tokenizer(tokenizer))
+    if is_error:
+        raise GrammarError(f"invalid {what}: {_first_line(msgs[0])}")
+    return Constraint(tokenizer, grammar, what)
+
+
+def _schema_text(schema) -> str:
+    if isinstance(schema, (bytes, bytearray)):
+        schema = schema.decode("utf-8")
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"invalid JSON schema: not JSON ({e})") from None
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise GrammarError(f"invalid JSON schema: it must be a JSON object, got "
+                           f"{type(schema).__name__}")
+    return json.dumps(schema)
+
+
+def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
+               regex: str | None = None, response_format: dict | None = None) -> Constraint | None:
+    """The constraint of one request, from at most one of:
+
+    json_schema      a JSON schema (dict, or its JSON text)
+    grammar          a Lark grammar (llguidance's dialect) or a GBNF grammar (llama.cpp's)
+    regex            a regular expression the whole reply matches (Rust regex syntax)
+    response_format  OpenAI's: {"type": "text"} (None: no constraint), {"type": "json_object"},
+                     {"type": "json_schema", "json_schema": {"schema": {...}, "name": ..,
+                     "strict": ..}}
+
+    None when none is given. GrammarError (a ValueError) names what does not compile; TypeError
+    for an argument of the wrong kind; ImportError when llguidance is not installed."""
+    given = {k: v for k, v in (("json_schema", json_schema), ("grammar", grammar),
+                                ("regex", regex), ("response_format", response_format))
+             if v is not None}
+    if len(given) > 1:
+        raise ValueError(f"give one of json_schema, grammar, regex and response_format, "
+                         f"got {', '.join(given)}")
+    if not given:
+        return None
+    if response_format is not None:
+        json_schema = _from_response_format(response_format)
+        if json_schema is None:
+            return None
+    llg = _llguidance()
+    if json_schema is not None:
+        text = _schema_text(json_schema)
+        try:
+            g = llg.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_LAYOUT)
+        except ValueError as e:
+            raise GrammarError(f"invalid JSON schema: {e}") from None
+        return _compile(tokenizer, g, "JSON schema")
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise TypeError(f"grammar must be the text of a Lark or GBNF grammar, got "
+                            f"{type(grammar).__name__}")
+        if not grammar.strip():
+            raise GrammarError("invalid grammar: it is empty")
+        try:
+            g = llg.grammar_from("grammar", grammar)   # GBNF is translated to Lark; Lark kept
+        except ValueError as e:
+            raise GrammarError(f"invalid grammar: {e}") from None
+        return _compile(tokenizer, g, "grammar")
+    if not isinstance(regex, str):
+        raise TypeError(f"regex must be a string, got {type(regex).__name__}")
+    return _compile(tokenizer, llg.LLMatcher.grammar_from_regex(regex), "regex")
+
+
+def _from_response_format(rf) -> Any:
+    """The JSON schema an OpenAI response_format asks for (None for plain text)."""
+    if not isinstance(rf, dict):
+        raise TypeError(f"response_format must be a dict such as {{'type': 'json_object'}}, "
+                        f"got {type(rf).__name__}")
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or "schema" not in js:
+            raise GrammarError("invalid response_format: type 'json_schema' needs "
+                               "json_schema.schema, the JSON schema of the reply")
+        return js["schema"]
+    raise GrammarError(f"invalid response_format: type must be 'text', 'json_object' or "
+                       f"'json_schema', got {kind!r}")
