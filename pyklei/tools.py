@@ -190,13 +190,28 @@ def may_start_a_call(text: str) -> bool:
     return not t or t[0] in "{[" or TAG_OPEN.startswith(t[:len(TAG_OPEN)])
 
 
-def call_schema(tools: list[dict], name: str | None = None, parallel: bool = False) -> dict:
+def call_schema(tools: list[dict], name: str | None = None, parallel: bool = False,
+                key: str = "arguments") -> dict:
     """The JSON schema of a call of one of `tools` (or of the one named): {"name": const,
-    "arguments": its parameters}; with parallel, a non-empty list of calls."""
+    key: its parameters}; with parallel, a non-empty list of calls."""
     one = [{"type": "object", "properties": {
         "name": {"const": t["function"]["name"]},
-        "arguments": t["function"].get("parameters") or {"type": "object"}},
-        "required": ["name", "arguments"], "additionalProperties": False}
+        key: t["function"].get("parameters") or {"type": "object"}},
+        "required": ["name", key], "additionalProperties": False}
         for t in tools if name is None or t["function"]["name"] == name]
     call = one[0] if len(one) == 1 else {"anyOf": one}
     return {"type": "array", "items": call, "minItems": 1} if parallel else call
+
+
+def call_grammar(tools: list[dict], choice, parallel: bool, template: str | None) -> str:
+    """A Lark grammar (llguidance's dialect) whose sentences are calls of `tools` as the model
+    is asked to write them: <tool_call> blocks with "arguments" (pyklei's fallback, and templates
+    that use the tags), else one JSON object with "parameters" (Llama 3.x), a list of them with
+    parallel. choice: "required" or {"type": "function", "function": {"name"}}."""
+    name = choice["function"]["name"] if isinstance(choice, dict) else None
+    if not knows_tools(template) or TAG_OPEN in (template or ""):
+        block = f'"{TAG_OPEN}" call "{TAG_CLOSE}"'
+        start = f'{block} ("\\n" {block})*' if parallel else block
+        return f"start: {start}\ncall: %json {json.dumps(call_schema(tools, name))}"
+    schema = call_schema(tools, name, parallel, key="parameters")
+    return f"start: call\ncall: %json {json.dumps(schema)}"

@@ -228,11 +228,11 @@ def test_bad_requests_get_400_naming_the_field(tight, path, body, param):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"modalities": ["text", "audio"]}, "modalities"),
-    ({"messages": [{"role": "tool", "content": "42", "tool_call_id": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0].role"),
 ])
 def test_unsupported_fields_get_400_not_a_silent_200(tight, extra, param):
     kw = {"model": "m", "messages": CHAT, "max_tokens": 4, **extra}

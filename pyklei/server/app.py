@@ -309,7 +309,8 @@ def _submit(s: _State, req: api.Request):
     try:
         return s.engine.submit_choices(req.ids, req.params, max_tokens=req.max_tokens,
                                        stop=req.stop, eos_ids=s.eos_ids, logprobs=req.logprobs,
-                                       prompt_logprobs=req.echo and req.logprobs is not None)
+                                       prompt_logprobs=req.echo and req.logprobs is not None,
+                                       constraint=req.constraint)
     except QueueFullError as e:
         raise api.APIError(f"the server is busy (its queue is full): {e}; retry later",
                            status=429, type="rate_limit_error", code="queue_full") from None

@@ -7,10 +7,13 @@ and the extensions top_k, min_p, repetition_penalty, repetition_window), max_tok
 pyklei.generate.token_budget, chat messages by the model's template through
 Tokenizer.apply_chat_template: the same rules and messages as the Python API and the CLI.
 
-Fields the server does not implement (tools, response_format, logprobs, n > 1, ...) are a 400
-unless they hold their no-op value (`"n": 1`, `"logprobs": false`, `"tools": []`): a client
-must never get a 200 that silently ignored what it asked for. Other unknown fields (`user`,
-`metadata`) are ignored, as OpenAI-compatible servers commonly do.
+Steering fields: logprobs/top_logprobs, n, logit_bias, presence/frequency penalties, echo;
+response_format and llama.cpp's json_schema / grammar fields become a pyklei.grammar constraint;
+tools / tool_choice / tool messages go through pyklei.tools (tool_choice "required" or a named
+function is a constraint too). Fields the server does not implement (the legacy functions,
+audio, prediction, ...) are a 400 unless they hold their no-op value: a client must never get
+a 200 that silently ignored what it asked for. Other unknown fields (`user`, `metadata`) are
+ignored, as OpenAI-compatible servers commonly do.
 
 Chat responses, chunks and usage are built here too (`completion`, `chunk`, `usage`), so the
 HTTP layer (app.py) only moves bytes.
@@ -28,7 +31,7 @@ from ..generate import MAX_TOP_LOGPROBS, GenerationResponse, TokenLogprob, token
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
 from ..tools import ToolError, check_tool_choice, check_tools
-from ..tools import parse_reply
+from ..tools import call_grammar, parse_reply
 from ..tools import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
@@ -60,8 +63,6 @@ UNSUPPORTED = {
     "functions": (lambda v: v == [], "the legacy 'functions' are not supported ('tools' are)"),
     "function_call": (lambda v: v == "none",
                       "the legacy 'function_call' is not supported ('tool_choice' is)"),
-    "response_format": (lambda v: v == {"type": "text"}, "JSON mode and structured outputs "
-                        "are not supported (only {\"type\": \"text\"})"),
     "best_of": (lambda v: v == 1 and not isinstance(v, bool),
                 "best_of is not supported (n is)"),
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
@@ -86,6 +87,7 @@ class Request:
     tools: list = field(default_factory=list)   # offered (empty with tool_choice "none")
     tool_choice: object = "none"
     parallel_tool_calls: bool = True
+    constraint: object = None    # pyklei.grammar.Constraint the reply follows (first choice)
 
 
 def check_unsupported(body: dict) -> None:
@@ -193,7 +195,8 @@ def chat_messages(body: dict) -> list[dict]:
                            f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            hint = " (the legacy 'function' role: use 'tool')" if role == "function" else ""
+            hint = (" (the legacy 'function' role is not supported: use 'tool')"
+                    if role == "function" else "")
             raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
                            f"{role!r}{hint}", f"messages[{i}].role")
         if m.get("function_call"):
@@ -269,6 +272,35 @@ def tools_from(body: dict) -> tuple[list[dict], object, bool]:
     return (tools if choice != "none" else []), choice, parallel
 
 
+CONSTRAINTS = ("response_format", "json_schema", "grammar")   # the last two: llama.cpp's
+
+
+def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: bool):
+    """The reply's constraint (pyklei.grammar): OpenAI's response_format, llama.cpp's
+    json_schema or grammar fields, or the calls that tool_choice "required" or a named function
+    demands. None when nothing constrains the reply."""
+    given = [k for k in CONSTRAINTS if body.get(k) is not None
+             and not (k == "response_format" and body[k] == {"type": "text"})]
+    forced = tools and (tool_choice == "required" or isinstance(tool_choice, dict))
+    if len(given) + bool(forced) > 1:
+        names = given + (["tool_choice"] if forced else [])
+        raise APIError(f"give at most one of {', '.join(names)}", names[-1])
+    if not given and not forced:
+        return None
+    param = given[0] if given else "tool_choice"
+    try:
+        from ..grammar import constraint
+        if forced:
+            return constraint(tokenizer, grammar=call_grammar(tools, tool_choice, parallel,
+                                                              tokenizer.chat_template))
+        return constraint(tokenizer, **{param: body[param]})
+    except ImportError as e:
+        raise APIError(f"'{param}' needs constrained decoding, which this server lacks: {e}",
+                       param) from None
+    except (TypeError, ValueError) as e:    # GrammarError is a ValueError
+        raise APIError(f"'{param}': {e}", param) from None
+
+
 def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=()) -> list[int]:
     if kind == "chat":
         messages = chat_messages(body)
@@ -327,11 +359,12 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                               trim=True)
     except (TypeError, ValueError) as e:
         raise APIError(str(e).replace("max_tokens", key), key) from None
+    constrained = constraint_from(body, tokenizer, tools, tool_choice, parallel)
     prompt_text = "" if not echo else (body["prompt"] if isinstance(body.get("prompt"), str)
                                        else tokenizer.decode(ids))
     return Request(kind, ids, budget, stop, params, bool(stream),
                    bool((opts or {}).get("include_usage")), logprobs, echo, prompt_text,
-                   tools, tool_choice, parallel)
+                   tools, tool_choice, parallel, constrained)
 
 
 # ---- responses ------------------------------------------------------------------------------
