@@ -63,6 +63,7 @@ class GenerationResponse:
                                      # since the last response (an end-of-generation token is not)
     prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.engine's prompt_logprobs:
                                      # on the first response, one per prompt token (the first None)
+    tool_calls: list[dict] | None = None   # LLM.chat with tools: the calls parsed from the reply
 
 
 def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:

@@ -183,19 +183,49 @@ class LLM:
     def chat(self, messages: Sequence[dict], max_tokens: int | None = 512, stream: bool = False,
              stop: str | Sequence[str] = (), logprobs: int | None = None, *,
              response_format: dict | None = None, json_schema=None, grammar: str | None = None,
-             regex: str | None = None, **sampling):
+             regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
+             parallel_tool_calls: bool = True, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
         conversation that leaves no room at all is a ValueError. The reply's constraint, as in
         generate(): response_format, json_schema, grammar or regex (the schema is not shown to
-        the model: say in the messages what to write)."""
+        the model: say in the messages what to write).
+
+        Tools, as OpenAI's chat API takes them (pyklei.tools): `tools` [{"type": "function",
+        "function": {"name", "description", "parameters"}}], `tool_choice` "auto" (default
+        with tools), "none", "required" or {"type": "function", "function": {"name"}} (those
+        two constrain the reply to valid calls), and messages with role "tool" and assistant
+        "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
+        and its text is what is left; a streamed reply is raw text (pyklei.tools.parse_reply
+        parses it)."""
+        from . import tools as tool_calls
+
+        offered = tool_calls.check_tools(list(tools or []))
+        choice = tool_calls.check_tool_choice(tool_choice, offered)
+        offered = offered if choice != "none" else []
+        if offered and (choice == "required" or isinstance(choice, dict)):
+            if any(v is not None for v in (response_format, json_schema, grammar, regex)):
+                raise ValueError("a forced tool_choice constrains the reply already; give no "
+                                 "response_format, json_schema, grammar or regex with it")
+            grammar = tool_calls.call_grammar(offered, choice, parallel_tool_calls,
+                                              self.tokenizer.chat_template)
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True)
-        return self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
-                              logprobs)
+        if offered or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            ids = tool_calls.render(self.tokenizer, messages, offered or None)
+        else:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                     tokenize=True)
+        out = self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
+                             logprobs)
+        if stream or not offered:
+            return out
+        content, calls = tool_calls.parse_reply(out.text)
+        if not calls:
+            return out
+        return dataclasses.replace(out, text=content or "", tool_calls=calls,
+                                   finish_reason="tool_calls")
 
 
 def _hub_model(arg: str, repo_id: str, filename: str):

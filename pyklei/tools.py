@@ -155,13 +155,16 @@ def parse_reply(text: str) -> tuple[str | None, list[dict]]:
     there is none); calls have OpenAI's shape, arguments a JSON string."""
     calls, rest, pos = [], [], 0
     if TAG_OPEN in text:
-        for m in re.finditer(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|$)",
+        for m in re.finditer(re.escape(TAG_OPEN) + r"(.*?)(" + re.escape(TAG_CLOSE) + r"|$)",
                              text, re.S):
             try:
                 call = _call(json.loads(m.group(1).strip()))
             except ValueError:
                 call = None
             if call is None:
+                if not m.group(2) and calls:   # a call cut by max_tokens after whole ones
+                    rest.append(text[pos:m.start()])
+                    pos = len(text)
                 continue
             calls.append(call)
             rest.append(text[pos:m.start()])
@@ -196,11 +199,20 @@ def call_schema(tools: list[dict], name: str | None = None, parallel: bool = Fal
     key: its parameters}; with parallel, a non-empty list of calls."""
     one = [{"type": "object", "properties": {
         "name": {"const": t["function"]["name"]},
-        key: t["function"].get("parameters") or {"type": "object"}},
+        key: _closed(t["function"].get("parameters") or {"type": "object"})},
         "required": ["name", key], "additionalProperties": False}
         for t in tools if name is None or t["function"]["name"] == name]
     call = one[0] if len(one) == 1 else {"anyOf": one}
     return {"type": "array", "items": call, "minItems": 1} if parallel else call
+
+
+def _closed(params: dict) -> dict:
+    """A function's parameters without keys it does not declare, unless the schema says
+    otherwise: a function takes its parameters (OpenAI's strict mode requires this too), and a
+    small model left free to add keys can spend its whole budget inventing them."""
+    if "properties" in params and "additionalProperties" not in params:
+        return {**params, "additionalProperties": False}
+    return params
 
 
 def call_grammar(tools: list[dict], choice, parallel: bool, template: str | None) -> str:
@@ -209,6 +221,7 @@ def call_grammar(tools: list[dict], choice, parallel: bool, template: str | None
     that use the tags), else one JSON object with "parameters" (Llama 3.x), a list of them with
     parallel. choice: "required" or {"type": "function", "function": {"name"}}."""
     name = choice["function"]["name"] if isinstance(choice, dict) else None
+    parallel = parallel and name is None     # a named function: one call of it (OpenAI's)
     if not knows_tools(template) or TAG_OPEN in (template or ""):
         block = f'"{TAG_OPEN}" call "{TAG_CLOSE}"'
         start = f'{block} ("\\n" {block})*' if parallel else block

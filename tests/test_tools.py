@@ -34,6 +34,8 @@ TURNS = [
     ('[{"name": "a", "parameters": {"q": 1}}, {"name": "b", "arguments": {}}]', None,
      [("a", {"q": 1}), ("b", {})]),
     ('{"answer": 42}', '{"answer": 42}', []),                          # JSON, but not a call
+    ('<tool_call>{"name": "a", "arguments": {}}</tool_call>\n<tool_call>{"name": "a", "ar',
+     None, [("a", {})]),                   # a second call cut by max_tokens: dropped
     ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
 ])
 def test_parse_reply(text, content, calls):
@@ -111,3 +113,29 @@ def test_a_template_that_knows_tools_gets_them_in_the_hugging_face_shape():
     out = render(Tok(), TURNS, [WEATHER])
     assert out.startswith("TOOL get_weather\n")
     assert 'CALL get_weather {"city": "Paris"}' in out and "tool: {\"temp\": 21}" in out
+
+
+def test_llm_chat_with_tools_round_trip(smollm2_q4):
+    """The Python API: a forced call parsed into response.tool_calls, then the result in a tool
+    message and a reply in text."""
+    pytest.importorskip("llguidance")
+    import jsonschema
+
+    import pyklei
+
+    llm = pyklei.load(smollm2_q4, n_threads=2, n_ctx=1024)
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    r = llm.chat(ask, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {
+        "name": "get_weather"}}, temperature=0, max_tokens=60)
+    assert r.finish_reason == "tool_calls" and r.text == "" and len(r.tool_calls) == 1
+    call = r.tool_calls[0]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]),
+                        WEATHER["function"]["parameters"])
+    r = llm.chat(ask + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": call["id"], "content": "12 C, rain"}],
+                 tools=[WEATHER, TIME], temperature=0, max_tokens=30)
+    assert r.tool_calls is None and r.text
+    with pytest.raises(ToolError, match="not one of the tools"):
+        llm.chat(ask, tools=[WEATHER], tool_choice={"type": "function",
+                                                    "function": {"name": "get_time"}})
