@@ -363,6 +363,16 @@ cdef extern from "ops/pk_nn.h":
         int n, k, bl
         const void *data
         const void *scales
+    ctypedef void (*pk_f16_to_f32_fn)(size_t n, const uint16_t *x, float *out) noexcept nogil
+    pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa)
+    pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa)
+    void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
+                         pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores,
+                         float *out) nogil
+    void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb,
+                                   const void *v, int kv_f16, float scale, float *scores,
+                                   size_t ld_scores, float *out) nogil
+    int PK_KV_BLOCK
 
 cdef extern from "model/pk_llama.h":
     ctypedef struct pk_llama_hparams:
@@ -632,3 +642,53 @@ def rotation_fwht_isa():
     if pk_rotation_init(&r, n, &ones[0], &one[0]):
         raise ValueError(_last_error())
     return r.fwht_isa.decode()
+
+
+def f16_reader_isa():
+    """The ISA tag of the conversion an f16 KV cache is read with on this CPU (PYKLEI_KERNEL
+    heeded; a PYKLEI_LOG=kernels line names it)."""
+    cdef const char *isa = NULL
+    pk_f16_to_f32_pick(&isa)
+    return isa.decode()
+
+
+def attend_group(q, k, v, impl=None):
+    """Causal attention of the query heads q [group, hd] that share one K/V head, over the
+    cache rows k, v [n_pos, hd] (float32: an f32 cache; float16: an f16 cache), by
+    pk_attend_group with scale 1/sqrt(hd) (tests). impl: "reference" runs
+    pk_attend_group_reference; else, for an f16 cache, the conversion's ISA tag ("scalar",
+    "avx2", "avx512vnni", "neon"; None: the one the forward pass picks; KernelError if this CPU
+    cannot run it). -> [group, hd] float32"""
+    cdef float[:, ::1] qv = np.ascontiguousarray(q, np.float32)
+    ka, va = np.asarray(k), np.asarray(v)
+    if ka.dtype not in (np.float32, np.float16) or va.dtype != ka.dtype:
+        raise ValueError(f"k and v must both be float32 or both float16, got {ka.dtype} and {va.dtype}")
+    cdef int group = qv.shape[0], hd = qv.shape[1], n_pos = ka.shape[0]
+    if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n_pos < 1 or group < 1:
+        raise ValueError(f"shapes: q {list(np.shape(q))}, k {list(ka.shape)}, v {list(va.shape)}")
+    cdef int kv_f16 = ka.dtype == np.float16
+    cdef pk_f16_to_f32_fn fn = NULL
+    cdef const char *tag = NULL
+    if kv_f16 and impl != "reference":
+        fn = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
+        if fn == NULL:
+            raise KernelError(f"no f16 conversion {impl!r} on this CPU")
+    # K position-blocked as the cache holds it (pk_nn.h): [ceil(n_pos/16)][hd][16], padded
+    nb = (n_pos + PK_KV_BLOCK - 1) // PK_KV_BLOCK
+    kpad = np.zeros((nb * PK_KV_BLOCK, hd), ka.dtype)
+    kpad[:n_pos] = ka
+    kb = np.ascontiguousarray(kpad.reshape(nb, PK_KV_BLOCK, hd).transpose(0, 2, 1))
+    vc = np.ascontiguousarray(va)
+    cdef float[:, ::1] scores = np.empty((group, n_pos), np.float32)
+    cdef float[:, ::1] out = np.empty((group, hd), np.float32)
+    cdef const void *kp = <const void *><size_t>kb.ctypes.data
+    cdef const void *vp = <const void *><size_t>vc.ctypes.data
+    cdef float scale = 1.0 / np.sqrt(np.float32(hd))
+    cdef bint ref = impl == "reference"
+    with nogil:
+        if ref:
+            pk_attend_group_reference(group, hd, n_pos, &qv[0, 0], kp, vp, kv_f16, scale, &scores[0, 0],
+                                      n_pos, &out[0, 0])
+        else:
+            pk_attend_group(group, hd, n_pos, &qv[0, 0], kp, vp, fn, scale, &scores[0, 0], n_pos, &out[0, 0])
+    return np.asarray(out)

@@ -25,6 +25,7 @@ struct pk_llama {
     /* Slot-major, so a slot's pages are touched only once it holds tokens (see pk_llama.h) */
     void *k_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32 or f16 (pk_nn.h) */
     void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32 or f16 */
+    pk_f16_to_f32_fn kv_read;   /* f16 cache: the conversion attention reads it with; f32: NULL */
     int *seq_seen;       /* [n_seq] scratch of pk_llama_forward_batch's checks */
     /* scratch, n_batch rows each */
     int32_t *row_seq;    /* [B] slot of each row of a chunk */
@@ -131,6 +132,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->ctx_pad = (hp->n_ctx + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
     const size_t kv_elems = (size_t)m->hp.n_seq * hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
     const size_t es = hp->kv_f16 ? 2 : 4;
+    m->kv_read = hp->kv_f16 ? pk_f16_to_f32_pick(NULL) : NULL;
     m->inv_freq = alloc(m, sizeof(float) * (hd / 2));
     m->k_cache = alloc(m, kv_elems * es);
     m->v_cache = alloc(m, kv_elems * es);
@@ -270,7 +272,7 @@ static void job_attention(void *arg, int ith, int nth) {
         const size_t base = kv_head(m, j->seq[t], j->layer, kvh) * es;
         const size_t qoff = ((size_t)t * nh + (size_t)kvh * group) * hd;
         pk_attend_group(group, hd, j->pos[t] + 1, m->q + qoff, (const char *)m->k_cache + base,
-                        (const char *)m->v_cache + base, hp->kv_f16, scale, scores, hp->n_ctx, m->att + qoff);
+                        (const char *)m->v_cache + base, m->kv_read, scale, scores, hp->n_ctx, m->att + qoff);
     }
 }
 
