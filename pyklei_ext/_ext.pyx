@@ -372,7 +372,11 @@ cdef extern from "ops/pk_nn.h":
     void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb,
                                    const void *v, int kv_f16, float scale, float *scores,
                                    size_t ld_scores, float *out) nogil
+    void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
+                        const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale,
+                        float *scores, size_t ld_scores, float *out, size_t ldo) nogil
     int PK_KV_BLOCK
+    int PK_ATTEND_ROWS
 
 cdef extern from "model/pk_llama.h":
     ctypedef struct pk_llama_hparams:
@@ -652,20 +656,26 @@ def f16_reader_isa():
     return isa.decode()
 
 
-def attend_group(q, k, v, impl=None):
+def attend_group(q, k, v, impl=None, n_pos=None):
     """Causal attention of the query heads q [group, hd] that share one K/V head, over the
-    cache rows k, v [n_pos, hd] (float32: an f32 cache; float16: an f16 cache), by
-    pk_attend_group with scale 1/sqrt(hd) (tests). impl: "reference" runs
-    pk_attend_group_reference; else, for an f16 cache, the conversion's ISA tag ("scalar",
-    "avx2", "avx512vnni", "neon"; None: the one the forward pass picks; KernelError if this CPU
-    cannot run it). -> [group, hd] float32"""
-    cdef float[:, ::1] qv = np.ascontiguousarray(q, np.float32)
+    cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache), by
+    pk_attend_group with scale 1/sqrt(hd) (tests). q [rows, group, hd] with n_pos (one count
+    per row, each <= n): rows of one sequence by pk_attend_rows, row r over positions
+    [0, n_pos[r]). impl: "reference" runs pk_attend_group_reference row by row; else, for an
+    f16 cache, the conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one
+    the forward pass picks; KernelError if this CPU cannot run it). -> float32, q's shape"""
+    qa = np.asarray(q, np.float32)
+    one = qa.ndim == 2
+    cdef float[:, :, ::1] qv = np.ascontiguousarray(qa[None] if one else qa)
     ka, va = np.asarray(k), np.asarray(v)
     if ka.dtype not in (np.float32, np.float16) or va.dtype != ka.dtype:
         raise ValueError(f"k and v must both be float32 or both float16, got {ka.dtype} and {va.dtype}")
-    cdef int group = qv.shape[0], hd = qv.shape[1], n_pos = ka.shape[0]
-    if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n_pos < 1 or group < 1:
-        raise ValueError(f"shapes: q {list(np.shape(q))}, k {list(ka.shape)}, v {list(va.shape)}")
+    cdef int rows = qv.shape[0], group = qv.shape[1], hd = qv.shape[2], n = ka.shape[0]
+    if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n < 1 or group < 1 or rows < 1:
+        raise ValueError(f"shapes: q {list(qa.shape)}, k {list(ka.shape)}, v {list(va.shape)}")
+    cdef int[::1] npos = np.full(rows, n, np.int32) if n_pos is None else np.ascontiguousarray(n_pos, np.int32)
+    if npos.shape[0] != rows or min(npos) < 1 or max(npos) > n:
+        raise ValueError(f"n_pos must hold {rows} counts in [1, {n}]")
     cdef int kv_f16 = ka.dtype == np.float16
     cdef pk_f16_to_f32_fn fn = NULL
     cdef const char *tag = NULL
@@ -673,22 +683,25 @@ def attend_group(q, k, v, impl=None):
         fn = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
         if fn == NULL:
             raise KernelError(f"no f16 conversion {impl!r} on this CPU")
-    # K position-blocked as the cache holds it (pk_nn.h): [ceil(n_pos/16)][hd][16], padded
-    nb = (n_pos + PK_KV_BLOCK - 1) // PK_KV_BLOCK
+    # K position-blocked as the cache holds it (pk_nn.h): [ceil(n/16)][hd][16], padded
+    nb = (n + PK_KV_BLOCK - 1) // PK_KV_BLOCK
     kpad = np.zeros((nb * PK_KV_BLOCK, hd), ka.dtype)
-    kpad[:n_pos] = ka
+    kpad[:n] = ka
     kb = np.ascontiguousarray(kpad.reshape(nb, PK_KV_BLOCK, hd).transpose(0, 2, 1))
     vc = np.ascontiguousarray(va)
-    cdef float[:, ::1] scores = np.empty((group, n_pos), np.float32)
-    cdef float[:, ::1] out = np.empty((group, hd), np.float32)
+    cdef float[:, ::1] scores = np.empty((PK_ATTEND_ROWS * group, n), np.float32)
+    cdef float[:, :, ::1] out = np.empty((rows, group, hd), np.float32)
     cdef const void *kp = <const void *><size_t>kb.ctypes.data
     cdef const void *vp = <const void *><size_t>vc.ctypes.data
     cdef float scale = 1.0 / np.sqrt(np.float32(hd))
     cdef bint ref = impl == "reference"
+    cdef int r
     with nogil:
         if ref:
-            pk_attend_group_reference(group, hd, n_pos, &qv[0, 0], kp, vp, kv_f16, scale, &scores[0, 0],
-                                      n_pos, &out[0, 0])
+            for r in range(rows):
+                pk_attend_group_reference(group, hd, npos[r], &qv[r, 0, 0], kp, vp, kv_f16, scale,
+                                          &scores[0, 0], n, &out[r, 0, 0])
         else:
-            pk_attend_group(group, hd, n_pos, &qv[0, 0], kp, vp, fn, scale, &scores[0, 0], n_pos, &out[0, 0])
-    return np.asarray(out)
+            pk_attend_rows(rows, &npos[0], group, hd, &qv[0, 0, 0], group * hd, kp, vp, fn, scale,
+                           &scores[0, 0], n, &out[0, 0, 0], group * hd)
+    return np.asarray(out)[0] if one else np.asarray(out)

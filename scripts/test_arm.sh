@@ -103,6 +103,8 @@ check_run() {
         || { say "  $name: f16_to_f32_neon did not run or differs"; bad=1; }
     grep -qE "^attention: f32 [1-9][0-9]* cases.*, f16_to_f32_neon [1-9][0-9]* cases bit-identical" "$log" \
         || { say "  $name: attention with f16_to_f32_neon did not run or differs"; bad=1; }
+    grep -qE "^attention rows: [1-9][0-9]* pk_attend_rows cases bit-identical" "$log" \
+        || { say "  $name: pk_attend_rows did not run or differs"; bad=1; }
     line=$(tail -n 1 "$log")
     [[ "$line" =~ ^[0-9]+\ passed,\ 0\ failed$ ]] || { say "  $name: last line '$line'"; bad=1; }
     [ "$rc" -eq 0 ] || { say "  $name: exit status $rc"; bad=1; }
@@ -111,7 +113,7 @@ check_run() {
         say "  $name: ok: $(grep '^cpu features' "$log"); $line"
         grep -E "^kernel .*(cases passed|skipped)" "$log" | sed -E 's/ \(random cases.*//; s/^/      /'
         grep -E "^PYKLEI_KERNEL=\(unset\)" "$log" | sed 's/^/      /'
-        grep -E "^(f16_to_f32_|attention:)" "$log" | sed 's/^/      /'
+        grep -E "^(f16_to_f32_|attention)" "$log" | sed 's/^/      /'
     else
         FAILED=1
         say "  $name: FAILED (log follows)"

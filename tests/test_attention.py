@@ -4,7 +4,9 @@
   (b) the fast paths (GQA groups of 1-4 and by fours, head sizes 64 and 128; others fall back
       to the reference) are bit-identical to the reference: the f32 cache, and the f16 cache
       read by every f16 -> f32 conversion this CPU runs (scalar, avx2, avx512vnni, neon);
-  (c) PYKLEI_KERNEL forces the conversion and the PYKLEI_LOG=kernels line names it.
+  (c) several rows of one sequence at once (pk_attend_rows, as a prefill chunk runs them; the
+      f16 cache then converted once for all the rows) equal each row alone, bit for bit;
+  (d) PYKLEI_KERNEL forces the conversion and the PYKLEI_LOG=kernels line names it.
 """
 from __future__ import annotations
 
@@ -65,6 +67,25 @@ def test_every_path_bit_identical_to_reference(group, hd, n_pos):
         ran.append(isa)
     assert "scalar" in ran and _ext.f16_reader_isa() in ran
     assert np.array_equal(_ext.attend_group(q, k, v), want)   # the default conversion
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 7])
+@pytest.mark.parametrize("group,hd", [(3, 64), (4, 128), (8, 64), (5, 96)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_rows_equal_each_row_alone(rows, group, hd, dtype):
+    rng = np.random.default_rng(rows * 100 + group + hd)
+    n = 300                                               # more than one span of the f16 path
+    _, k, v = _case(group, hd, n, dtype, seed=rows + hd)
+    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
+    for n_pos in (np.arange(n - rows + 1, n + 1), rng.integers(1, n + 1, rows)):   # prefill; any
+        want = np.stack([_ext.attend_group(q[r], k[:n_pos[r]], v[:n_pos[r]], impl="reference")
+                         for r in range(rows)])
+        for isa in F16_ISAS if dtype == np.float16 else (None,):
+            try:
+                got = _ext.attend_group(q, k, v, impl=isa, n_pos=n_pos)
+            except KernelError:
+                continue                                  # not this CPU
+            assert np.array_equal(got, want), (isa, list(n_pos))
 
 
 def test_pyklei_kernel_forces_the_f16_reader_and_the_log_says_which():

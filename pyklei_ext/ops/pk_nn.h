@@ -59,6 +59,15 @@ pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa);
  * group and conversion (the fast paths keep its order of operations). */
 void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
                      pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores, float *out);
+/* The same for `rows` query rows of one sequence over the same K/V head (a prefill chunk):
+ * row r's heads q + r * ldq ([group][hd]) see positions [0, n_pos[r]) and write out + r * ldo.
+ * An f16 cache is converted once per block for up to PK_ATTEND_ROWS rows. scores:
+ * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= max n_pos] scratch. Each row bit-identical
+ * to pk_attend_group on it alone. */
+#define PK_ATTEND_ROWS 4
+void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
+                    const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale, float *scores,
+                    size_t ld_scores, float *out, size_t ldo);
 /* The reference: one head at a time, one position at a time, f16 converted in plain C. */
 void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
                                int kv_f16, float scale, float *scores, size_t ld_scores, float *out);

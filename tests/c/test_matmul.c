@@ -11,8 +11,9 @@
  * Checks:
  *  - the f16 KV cache: every f16 -> f32 conversion this CPU runs equals the scalar one on all
  *    65536 values and on every tail length; attention (pk_attend_group: each group and head
- *    size, f32 cache and f16 read by each conversion) is bit-identical to the reference
- *    (pk_attend_group_reference), and the reference is within 1e-5 of a double evaluation;
+ *    size, f32 cache and f16 read by each conversion; pk_attend_rows on several rows of one
+ *    sequence) is bit-identical to the reference (pk_attend_group_reference) row by row, and
+ *    the reference is within 1e-5 of a double evaluation;
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
  *    and on random rows (range and round-trip invariants);
  *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
@@ -279,6 +280,48 @@ static void test_attention(int quick) {
                 free(q); free(kf); free(vf); free(kb); free(kl); free(vl); free(kb16); free(v16);
                 free(scores); free(want); free(got); free(exact);
             }
+    /* pk_attend_rows: rows of one sequence (a prefill window: consecutive positions, or any),
+     * up to past PK_ATTEND_ROWS, each row bit-identical to the reference on it alone */
+    int row_runs = 0;
+    for (int t = 0; t < (quick ? 40 : 120); t++) {
+        const int G = groups[t % COUNT(groups)], hd = hds[(t / COUNT(groups)) % COUNT(hds)];
+        const int rows = rnd_int(1, PK_ATTEND_ROWS + 3), n_max = rnd_int(1, quick ? 200 : 700);
+        int n_pos[PK_ATTEND_ROWS + 3];
+        for (int r = 0; r < rows; r++)
+            n_pos[r] = (t & 1) ? rnd_int(1, n_max) : (n_max - rows + 1 + r > 0 ? n_max - rows + 1 + r : 1);
+        const int ld = n_max + 3;
+        const size_t ne = (size_t)((n_max + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK) * hd;
+        const size_t ldq = (size_t)G * hd + (size_t)rnd_int(0, 9);
+        float *q = malloc(sizeof(float) * ldq * rows), *kf = malloc(sizeof(float) * ne), *vf = malloc(sizeof(float) * ne);
+        uint16_t *k16 = malloc(sizeof(uint16_t) * ne), *v16 = malloc(sizeof(uint16_t) * ne);
+        float *scores = malloc(sizeof(float) * (size_t)PK_ATTEND_ROWS * G * ld);
+        float *want = malloc(sizeof(float) * ldq * rows), *got = malloc(sizeof(float) * ldq * rows);
+        for (size_t i = 0; i < ldq * rows; i++) q[i] = rndf() * 3.0f;
+        for (size_t i = 0; i < ne; i++) kf[i] = rndf() * 3.0f, vf[i] = rndf();
+        pk_f32_to_f16_row((int)ne, kf, k16);
+        pk_f32_to_f16_row((int)ne, vf, v16);
+        for (int c16 = 0; c16 < 2; c16++) {
+            const void *K = c16 ? (const void *)k16 : kf, *V = c16 ? (const void *)v16 : vf;
+            for (int r = 0; r < rows; r++)
+                pk_attend_group_reference(G, hd, n_pos[r], q + r * ldq, K, V, c16, 0.125f, scores, ld,
+                                          want + r * ldq);
+            for (int ii = 0; ii < (c16 ? COUNT(f16_isas) : 1); ii++) {
+                pk_f16_to_f32_fn fn = c16 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                if (c16 && !fn) continue;
+                for (size_t i = 0; i < ldq * rows; i++) got[i] = NAN;
+                pk_attend_rows(rows, n_pos, G, hd, q, ldq, K, V, fn, 0.125f, scores, ld, got, ldq);
+                int same = 1;
+                for (int r = 0; r < rows; r++)
+                    same &= !memcmp(got + r * ldq, want + r * ldq, sizeof(float) * (size_t)G * hd);
+                CHECK(same, "pk_attend_rows rows=%d G=%d hd=%d n_max=%d %s%s differs from the reference", rows, G, hd,
+                      n_max, c16 ? "f16 read by f16_to_f32_" : "f32", c16 ? f16_isas[ii] : "");
+                row_runs++;
+            }
+        }
+        free(q); free(kf); free(vf); free(k16); free(v16); free(scores); free(want); free(got);
+    }
+    printf("attention rows: %d pk_attend_rows cases bit-identical with the reference row by row%s\n", row_runs,
+           n_fail > f0 ? " (FAILURES)" : "");
     printf("attention: f32 %d cases", runs[0]);
     for (int ii = 0; ii < COUNT(f16_isas); ii++)
         if (runs[1 + ii]) printf(", f16_to_f32_%s %d cases", f16_isas[ii], runs[1 + ii]);
