@@ -69,7 +69,7 @@ def test_every_path_bit_identical_to_reference(group, hd, n_pos):
     assert np.array_equal(_ext.attend_group(q, k, v), want)   # the default conversion
 
 
-@pytest.mark.parametrize("rows", [1, 2, 4, 7])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 11])
 @pytest.mark.parametrize("group,hd", [(3, 64), (4, 128), (8, 64), (5, 96)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_rows_equal_each_row_alone(rows, group, hd, dtype):
