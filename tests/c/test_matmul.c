@@ -14,6 +14,8 @@
  *    size, f32 cache and f16 read by each conversion; pk_attend_rows on several rows of one
  *    sequence) is bit-identical to the reference (pk_attend_group_reference) row by row, and
  *    the reference is within 1e-5 of a double evaluation;
+ *  - the thread pool (1-4 threads, 3000 jobs, slow shares now and then): each share of each
+ *    job runs exactly once, never twice at once, and before pk_pool_run returns;
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
  *    and on random rows (range and round-trip invariants);
  *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
@@ -47,6 +49,7 @@
 #include "ops/pk_cpu.h"
 #include "ops/pk_matmul.h"
 #include "ops/pk_nn.h"
+#include "ops/pk_pool.h"
 #include "ops/pk_rotate.h"
 #include "pk_test.h"
 
@@ -327,6 +330,43 @@ static void test_attention(int quick) {
         if (runs[1 + ii]) printf(", f16_to_f32_%s %d cases", f16_isas[ii], runs[1 + ii]);
     printf(" bit-identical with the reference (max %.2g from double); %d checks%s\n", worst, n_pass - p0,
            n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* ---- the thread pool: every share of every job runs once, never twice at once ------------ */
+
+typedef struct {
+    int runs[8];       /* per ith: times run (atomic) */
+    int busy[8];       /* per ith: running now (atomic) */
+    int overlap;       /* a share started while the same ith ran (atomic) */
+    int job;
+} pool_probe;
+
+static void pool_share(void *arg, int ith, int nth) {
+    pool_probe *p = arg;
+    if (nth > 8 || ith < 0 || ith >= nth) { __atomic_store_n(&p->overlap, 1, __ATOMIC_RELAXED); return; }
+    if (__atomic_fetch_add(&p->busy[ith], 1, __ATOMIC_ACQ_REL)) __atomic_store_n(&p->overlap, 1, __ATOMIC_RELAXED);
+    if ((p->job + ith) % 97 == 0) usleep(200);   /* a slow share now and then */
+    __atomic_fetch_add(&p->runs[ith], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&p->busy[ith], 1, __ATOMIC_ACQ_REL);
+}
+
+static void test_pool(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    for (int n = 1; n <= 4; n++) {
+        pk_pool *pool = pk_pool_create(n);
+        CHECK(pool && pk_pool_size(pool) == n, "pk_pool_create(%d)", n);
+        if (!pool) continue;
+        pool_probe p = {{0}, {0}, 0, 0};
+        const int jobs = 3000;
+        int ok = 1;
+        for (p.job = 0; p.job < jobs; p.job++) {
+            pk_pool_run(pool, pool_share, &p);
+            for (int i = 0; i < n; i++) ok &= __atomic_load_n(&p.runs[i], __ATOMIC_ACQUIRE) == p.job + 1;
+        }
+        CHECK(ok && !p.overlap, "pool of %d: a share ran twice, not at all, or after pk_pool_run returned", n);
+        pk_pool_destroy(pool);
+    }
+    printf("pool: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
 }
 
 /* ---- dispatch / PYKLEI_KERNEL (each check in a forked child) ---------------------------- */
@@ -801,6 +841,7 @@ int main(int argc, char **argv) {
     test_rotate();
     test_f16_convert();
     test_attention(quick);
+    test_pool();
 
     const pk_kernel *ref[PK_FMT_QUANT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
