@@ -234,7 +234,8 @@ PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) 
  * block's K (and then its V rows) converted by the ISA's f16 -> f32 instruction into a tile
  * that stays in L1, and the same float code runs on the tile. The conversion is exact, and per
  * head the arithmetic and its order are those of the reference (pk_attend_group_reference),
- * so every path and both cache types agree with it bit for bit. */
+ * so every path and both cache types agree with it bit for bit. Decode runs one row here; a
+ * prefill window of an f16 cache goes through attend_rows_f16 below. */
 static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, int n_pos,
                                                               const float *restrict q, const void *kb,
                                                               const void *v, pk_f16_to_f32_fn f16,
@@ -304,9 +305,10 @@ ATTEND(1, 128) ATTEND(2, 128) ATTEND(4, 128)
  * sees positions [0, n_pos[r])) with G heads each, all over one K/V head. The cache is
  * converted once for all R rows, a span of KV_SPAN positions at a time (K, then V, into a
  * tile that stays in L2), and for each row the loops of attend_fast run on the span: the
- * conversion per row cost about as much as the 2G multiply-adds it feeds (11% of a SmolLM2
- * prefill at 2048 positions). A row's V sums go back to memory only between spans. Per row
- * and head the arithmetic and its order are attend_fast's (and the reference's). */
+ * conversion per row cost about as much as the 2G multiply-adds it feeds. A row's V sums go
+ * back to memory only between spans. Per row and head the arithmetic and its order are
+ * attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row, which
+ * measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV cache"). */
 #define KV_SPAN 128
 static inline __attribute__((always_inline)) void attend_rows_f16(const int G, const int HD, int R,
                                                                   const int *n_pos, const float *restrict q,

@@ -64,8 +64,8 @@ void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *k
  * An f16 cache is converted once per block for up to PK_ATTEND_ROWS rows. scores:
  * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= max n_pos] scratch. Each row bit-identical
  * to pk_attend_group on it alone. */
-/* 8: at 4 rows an f16 prefill at depth 4096 was still 7% slower than f32, at 8 rows 4.6%
- * (SmolLM2, 1 thread); the forward pass holds [threads][8][group][n_ctx] floats of scores. */
+/* 8 rather than 4: the f16 cache's conversion shared by more rows (docs/KERNELS.md); the
+ * forward pass holds [threads][8][group][n_ctx] floats of scores. */
 #define PK_ATTEND_ROWS 8
 void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
                     const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale, float *scores,
