@@ -35,7 +35,8 @@ GPL3 = Path("/usr/share/common-licenses/GPL-3")
 
 VARIANTS = {      # name -> how to convert (and "same": score another variant's file; "activations")
     "default": {"rotate": True, "gptq": True},    # `pyklei convert`'s default, run as loaded
-    "default-qai8dx": {"same": "default", "activations": "qai8dx"},   # one activation plane
+                                                  # (one activation plane: rotated, "auto")
+    "default-qai8dx2": {"same": "default", "activations": "qai8dx2"},   # two activation planes
     "b4.9": {"rotate": True, "gptq": True, "bits": 4.9},      # the ladder, < llama.cpp Q4_0's size
     "q4m": {"rotate": True, "gptq": True, "recipe": "q4m"},
     "b6.0": {"rotate": True, "gptq": True, "bits": 6.0},      # the ladder, < llama.cpp Q4_K_M's size

@@ -363,6 +363,20 @@ cdef extern from "ops/pk_nn.h":
         int n, k, bl
         const void *data
         const void *scales
+    ctypedef void (*pk_f16_to_f32_fn)(size_t n, const uint16_t *x, float *out) noexcept nogil
+    pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa)
+    pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa)
+    void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
+                         pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores,
+                         float *out) nogil
+    void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb,
+                                   const void *v, int kv_f16, float scale, float *scores,
+                                   size_t ld_scores, float *out) nogil
+    void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
+                        const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale,
+                        float *scores, size_t ld_scores, float *out, size_t ldo) nogil
+    int PK_KV_BLOCK
+    int PK_ATTEND_ROWS
 
 cdef extern from "model/pk_llama.h":
     ctypedef struct pk_llama_hparams:
@@ -632,3 +646,62 @@ def rotation_fwht_isa():
     if pk_rotation_init(&r, n, &ones[0], &one[0]):
         raise ValueError(_last_error())
     return r.fwht_isa.decode()
+
+
+def f16_reader_isa():
+    """The ISA tag of the conversion an f16 KV cache is read with on this CPU (PYKLEI_KERNEL
+    heeded; a PYKLEI_LOG=kernels line names it)."""
+    cdef const char *isa = NULL
+    pk_f16_to_f32_pick(&isa)
+    return isa.decode()
+
+
+def attend_group(q, k, v, impl=None, n_pos=None):
+    """Causal attention of the query heads q [group, hd] that share one K/V head, over the
+    cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache), by
+    pk_attend_group with scale 1/sqrt(hd) (tests). q [rows, group, hd] with n_pos (one count
+    per row, each <= n): rows of one sequence by pk_attend_rows, row r over positions
+    [0, n_pos[r]). impl: "reference" runs pk_attend_group_reference row by row; else, for an
+    f16 cache, the conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one
+    the forward pass picks; KernelError if this CPU cannot run it). -> float32, q's shape"""
+    qa = np.asarray(q, np.float32)
+    one = qa.ndim == 2
+    cdef float[:, :, ::1] qv = np.ascontiguousarray(qa[None] if one else qa)
+    ka, va = np.asarray(k), np.asarray(v)
+    if ka.dtype not in (np.float32, np.float16) or va.dtype != ka.dtype:
+        raise ValueError(f"k and v must both be float32 or both float16, got {ka.dtype} and {va.dtype}")
+    cdef int rows = qv.shape[0], group = qv.shape[1], hd = qv.shape[2], n = ka.shape[0]
+    if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n < 1 or group < 1 or rows < 1:
+        raise ValueError(f"shapes: q {list(qa.shape)}, k {list(ka.shape)}, v {list(va.shape)}")
+    cdef int[::1] npos = np.full(rows, n, np.int32) if n_pos is None else np.ascontiguousarray(n_pos, np.int32)
+    if npos.shape[0] != rows or min(npos) < 1 or max(npos) > n:
+        raise ValueError(f"n_pos must hold {rows} counts in [1, {n}]")
+    cdef int kv_f16 = ka.dtype == np.float16
+    cdef pk_f16_to_f32_fn fn = NULL
+    cdef const char *tag = NULL
+    if kv_f16 and impl != "reference":
+        fn = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
+        if fn == NULL:
+            raise KernelError(f"no f16 conversion {impl!r} on this CPU")
+    # K position-blocked as the cache holds it (pk_nn.h): [ceil(n/16)][hd][16], padded
+    nb = (n + PK_KV_BLOCK - 1) // PK_KV_BLOCK
+    kpad = np.zeros((nb * PK_KV_BLOCK, hd), ka.dtype)
+    kpad[:n] = ka
+    kb = np.ascontiguousarray(kpad.reshape(nb, PK_KV_BLOCK, hd).transpose(0, 2, 1))
+    vc = np.ascontiguousarray(va)
+    cdef float[:, ::1] scores = np.empty((PK_ATTEND_ROWS * group, n), np.float32)
+    cdef float[:, :, ::1] out = np.empty((rows, group, hd), np.float32)
+    cdef const void *kp = <const void *><size_t>kb.ctypes.data
+    cdef const void *vp = <const void *><size_t>vc.ctypes.data
+    cdef float scale = 1.0 / np.sqrt(np.float32(hd))
+    cdef bint ref = impl == "reference"
+    cdef int r
+    with nogil:
+        if ref:
+            for r in range(rows):
+                pk_attend_group_reference(group, hd, npos[r], &qv[r, 0, 0], kp, vp, kv_f16, scale,
+                                          &scores[0, 0], n, &out[r, 0, 0])
+        else:
+            pk_attend_rows(rows, &npos[0], group, hd, &qv[0, 0, 0], group * hd, kp, vp, fn, scale,
+                           &scores[0, 0], n, &out[0, 0, 0], group * hd)
+    return np.asarray(out)[0] if one else np.asarray(out)

@@ -132,8 +132,8 @@ def _add_model_options(p, ctx_help="context size in tokens (default: the model's
     g.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
                    help="activation quantization: qai8dx2 (two int8 planes, accurate on any "
                         "file) or qai8dx (one plane, KleidiAI's scheme: twice the prefill speed, "
-                        "+0.7-4%% KL divergence on a rotated file); default %(default)s: the "
-                        "measured choice, two planes (docs/QUALITY.md)")
+                        "+0.7-4%% KL divergence on a rotated file); default %(default)s: one plane "
+                        "on a rotated file, two on any other (docs/QUALITY.md)")
     return g
 
 

@@ -88,14 +88,24 @@ class ModelFile:
     rotations: dict[str, Rotation] = field(default_factory=dict)
     _mmap: Any = None
 
+    @property
+    def rotated(self) -> bool:
+        """Whether every matmul input is rotated (KEY_ROTATION lists all of ROTATION_PARTS, as
+        pyklei's converter writes by default): the outlier channels are spread out."""
+        val = self.metadata.get(K.KEY_ROTATION) or ""
+        return set(val.split(",")) >= set(ROTATION_PARTS)
+
     def activations(self, requested: str = "auto") -> str:
-        """The activation scheme to run with: `requested`, or for "auto" two int8 planes
-        (qai8dx2). One plane (qai8dx) doubles the integer work saved in prefill and costs
-        +0.7-4% KL divergence on a rotated file, +9-15% on an unrotated one: above the 2% the
-        default allows (docs/QUALITY.md, "Activations"), so "auto" keeps two for every file."""
+        """The activation scheme to run with: `requested`, or for "auto" one int8 plane
+        (qai8dx) on a rotated file and two (qai8dx2) on any other. One plane halves the
+        integer work of prefill and costs +0.7-4% KL divergence on a rotated file, the size of
+        the noise between per-operation mixes, but +9-15% on an unrotated one (imported files
+        are unrotated): docs/QUALITY.md, "Activations"."""
         if requested not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {requested!r}")
-        return "qai8dx2" if requested == "auto" else requested
+        if requested != "auto":
+            return requested
+        return "qai8dx" if self.rotated else "qai8dx2"
 
     def tensor(self, name: str) -> Tensor:
         try:

@@ -153,6 +153,22 @@ Y_TARGET void pk_fwht_avx2(int p, float *x) {
             }
 }
 
+/* f16 -> f32 (the f16 KV cache, ops/pk_nn.c), 8 per vcvtph2ps (F16C). Exact, as is every
+ * f16 -> f32 conversion; the tail goes through a zero-padded vector so that every value takes
+ * the same instruction (a NaN is quieted the same way as in the vector part). */
+Y_TARGET void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    if (i < n) {
+        uint16_t h[8] = {0};
+        float f[8];
+        memcpy(h, x + i, sizeof(uint16_t) * (n - i));
+        _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+        memcpy(out + i, f, sizeof(float) * (n - i));
+    }
+}
+
 /* qai8dx row quantizer, AVX2: byte-exact with pk_quantize_qai8dx_row_scalar (same min/max
  * semantics, vcvtps2dq = rint under round-to-nearest-even, no FMA, packs = the clamp). */
 Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {

@@ -336,6 +336,18 @@ Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, cons
     }
 }
 
+/* f16 -> f32 (the f16 KV cache, ops/pk_nn.c), 16 per vcvtph2ps; the tail by a masked load
+ * and store. Exact, as is every f16 -> f32 conversion. */
+Z_TARGET void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < n) {
+        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, mk, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, x + i)));
+    }
+}
+
 /* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
  * pk_fwht_scalar: the stages with pairs inside one vector swap lanes and add x * (+1 / -1)
  * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the

@@ -46,6 +46,20 @@ void pk_log_call(const pk_kernel *kern, int m, int n, int k) {
     pthread_mutex_unlock(&log_lock);
 }
 
+/* Whether PYKLEI_KERNEL's list names ISA tag `isa`, as a tag or as a kernel name's suffix
+ * (qai8dx_qsi4c32_1x4_avx2 names avx2; the Arm dotprod and i8mm kernels name neon): the
+ * helpers outside the matmul table (FWHTs, f16 conversions) follow the forced ISA this way. */
+int pk_force_names_isa(const char *list, const char *isa) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        const char *tag = strrchr(tok, '_') ? strrchr(tok, '_') + 1 : tok;
+        if (!strcmp(tag, isa)) return 1;
+        if (!strcmp(isa, "neon") && (!strcmp(tag, "dotprod") || !strcmp(tag, "i8mm"))) return 1;
+    }
+    return 0;
+}
+
 /* ---- dispatch table, built once -------------------------------------------------------- */
 
 static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;

@@ -130,6 +130,16 @@ void pk_fwht_avx512(int p, float *x);                 /* isa/matmul_x86_avx512vn
 void pk_fwht_neon(int p, float *x);                   /* isa/matmul_arm_neon.c */
 #endif
 
+/* ---- per-ISA f16 -> f32 conversions (the f16 KV cache), bit-exact with the scalar one ---- */
+/* out[i] = x[i] as float, i < n (ops/pk_nn.c picks one per model). */
+void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out);   /* ops/pk_nn.c */
+#if defined(__x86_64__)
+void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out);     /* isa/matmul_x86_avx2.c */
+void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out);   /* isa/matmul_x86_avx512vnni.c */
+#elif defined(__aarch64__)
+void pk_f16_to_f32_neon(size_t n, const uint16_t *x, float *out);     /* isa/matmul_arm_neon.c */
+#endif
+
 #include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */
 
 #endif

@@ -1,9 +1,13 @@
 #include "pk_nn.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "pk_format.h"
+#include "pk_kernel.h"         /* the per-ISA f16 conversions, pk_cpu_features */
+#include "pk_ops_internal.h"   /* pk_force_names_isa, pk_log_kernels */
 
 /* IEEE half <-> float in plain C (the cache conversion is not on the hot path of the
  * matmuls; the compiler's _Float16 would need F16C for speed anyway). */
@@ -17,8 +21,8 @@ static inline float f16_to_f32(uint16_t h) {
             while (!(mant & 0x400)) { mant <<= 1; exp--; }
             bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
         }
-    } else if (exp == 31) {
-        bits = sign | 0x7F800000 | (mant << 13);
+    } else if (exp == 31) {   /* inf; a NaN comes out quiet, as from vcvtph2ps and fcvtl */
+        bits = sign | 0x7F800000 | (mant << 13) | (mant ? 0x400000u : 0u);
     } else {
         bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
     }
@@ -43,6 +47,49 @@ static inline uint16_t f32_to_f16(float f) {
 
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out) {
     for (int i = 0; i < n; i++) out[i] = f32_to_f16(x[i]);
+}
+
+void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out) {
+    for (size_t i = 0; i < n; i++) out[i] = f16_to_f32(x[i]);
+}
+
+/* The f16 -> f32 conversions, widest first: ISA tag, the CPU features it needs, the function. */
+static const struct {
+    const char *isa;
+    uint32_t features;
+    pk_f16_to_f32_fn fn;
+} f16_readers[] = {
+#if defined(__x86_64__)
+    {"avx512vnni", PK_CPU_AVX512VNNI, pk_f16_to_f32_avx512},
+    {"avx2", PK_CPU_AVX2, pk_f16_to_f32_avx2},
+#elif defined(__aarch64__)
+    {"neon", PK_CPU_NEON, pk_f16_to_f32_neon},
+#endif
+    {"scalar", 0, pk_f16_to_f32_scalar},
+};
+#define N_F16_READERS ((int)(sizeof f16_readers / sizeof f16_readers[0]))
+
+pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa) {
+    for (int i = 0; i < N_F16_READERS; i++)
+        if (!strcmp(f16_readers[i].isa, isa) && (pk_cpu_features() & f16_readers[i].features) == f16_readers[i].features)
+            return f16_readers[i].fn;
+    return NULL;
+}
+
+pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa) {
+    const char *force = getenv("PYKLEI_KERNEL");
+    int named = 0;
+    for (int i = 0; force && *force && i < N_F16_READERS; i++) named |= pk_force_names_isa(force, f16_readers[i].isa);
+    int pick = N_F16_READERS - 1;   /* scalar, also when the forced ISAs cannot run here */
+    for (int i = 0; i < N_F16_READERS - 1; i++)
+        if ((!named || pk_force_names_isa(force, f16_readers[i].isa)) && pk_f16_to_f32_for_isa(f16_readers[i].isa)) {
+            pick = i;
+            break;
+        }
+    if (pk_dispatch_init() == 0 && pk_log_kernels > 0)
+        fprintf(stderr, "pyklei: f16 KV cache read with f16_to_f32_%s\n", f16_readers[pick].isa);
+    if (isa) *isa = f16_readers[pick].isa;
+    return f16_readers[pick].fn;
 }
 
 void pk_tensor_row_f32(const pk_tensor *t, int r, float *out) {
@@ -181,20 +228,27 @@ PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) 
 
 /* The K cache is position-blocked (pk_nn.h): block jb holds positions 16jb..16jb+15 as
  * [head_dim][16], so the scores of 16 positions are one vector accumulated over head_dim from
- * contiguous memory. The f32 path handles the G query heads that share one K/V head (GQA) in
+ * contiguous memory. The fast path handles the G query heads that share one K/V head (GQA) in
  * one pass, each K and V row read once for all of them; `acc` stays in registers when HD is a
- * compile-time 64 or 128. Per head the arithmetic and its order are those of the generic loop
- * at the end (which the f16 cache and other head sizes use), so all paths agree bit for bit. */
-static inline __attribute__((always_inline)) void attend_f32(const int G, const int HD, int n_pos,
-                                                             const float *restrict q, const float *restrict kb,
-                                                             const float *restrict v, float scale,
-                                                             float *restrict scores, size_t ld_scores,
-                                                             float *restrict out) {
+ * compile-time 64 or 128. An f16 cache is read one block of 16 positions at a time: the
+ * block's K (and then its V rows) converted by the ISA's f16 -> f32 instruction into a tile
+ * that stays in L1, and the same float code runs on the tile. The conversion is exact, and per
+ * head the arithmetic and its order are those of the reference (pk_attend_group_reference),
+ * so every path and both cache types agree with it bit for bit. Decode runs one row here; a
+ * prefill window of an f16 cache goes through attend_rows_f16 below. */
+static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, int n_pos,
+                                                              const float *restrict q, const void *kb,
+                                                              const void *v, pk_f16_to_f32_fn f16,
+                                                              float scale, float *restrict scores,
+                                                              size_t ld_scores, float *restrict out) {
+    float tile[PK_KV_BLOCK * HD];   /* one block of K, or 16 rows of V, as f32 (f16 cache) */
     float qs[G][HD];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) qs[g][i] = q[g * HD + i] * scale;
     for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
-        const float *restrict blk = kb + (size_t)j0 * HD;
+        const float *restrict blk = tile;
+        if (f16) f16((size_t)HD * PK_KV_BLOCK, (const uint16_t *)kb + (size_t)j0 * HD, tile);
+        else blk = (const float *)kb + (size_t)j0 * HD;
         float s[G][PK_KV_BLOCK];
         for (int g = 0; g < G; g++)
             for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
@@ -213,26 +267,128 @@ static inline __attribute__((always_inline)) void attend_f32(const int G, const 
     float acc[G][HD];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) acc[g][i] = 0.0f;
-    for (int j = 0; j < n_pos; j++) {
-        const float *restrict vj = v + (size_t)j * HD;
-        for (int g = 0; g < G; g++) {
-            const float p = scores[g * ld_scores + j] * inv[g];
-            for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
+    for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
+        const int nv = n_pos - j0 < PK_KV_BLOCK ? n_pos - j0 : PK_KV_BLOCK;
+        const float *restrict vb = tile;
+        if (f16) f16((size_t)nv * HD, (const uint16_t *)v + (size_t)j0 * HD, tile);
+        else vb = (const float *)v + (size_t)j0 * HD;
+        for (int jj = 0; jj < nv; jj++) {
+            const float *restrict vj = vb + (size_t)jj * HD;
+            for (int g = 0; g < G; g++) {
+                const float p = scores[g * ld_scores + j0 + jj] * inv[g];
+                for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
+            }
         }
     }
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) out[g * HD + i] = acc[g][i];
 }
 
+/* One function per (G, HD) and cache type, so that the f32 one keeps no test of f16. */
 #define ATTEND(G, HD)                                                                              \
-    PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const float *kb,      \
-                                                   const float *v, float scale, float *scores,     \
-                                                   size_t ld_scores, float *out) {                 \
-        attend_f32(G, HD, n_pos, q, kb, v, scale, scores, ld_scores, out);                         \
+    PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const void *kb,       \
+                                                   const void *v, pk_f16_to_f32_fn f16, float scale, \
+                                                   float *scores, size_t ld_scores, float *out) {  \
+        (void)f16;                                                                                 \
+        attend_fast(G, HD, n_pos, q, kb, v, NULL, scale, scores, ld_scores, out);                  \
+    }                                                                                              \
+    PK_CLONES static void attend_f16_g##G##_hd##HD(int n_pos, const float *q, const void *kb,       \
+                                                   const void *v, pk_f16_to_f32_fn f16, float scale, \
+                                                   float *scores, size_t ld_scores, float *out) {  \
+        attend_fast(G, HD, n_pos, q, kb, v, f16, scale, scores, ld_scores, out);                   \
     }
 ATTEND(1, 64) ATTEND(2, 64) ATTEND(3, 64) ATTEND(4, 64)
 ATTEND(1, 128) ATTEND(2, 128) ATTEND(4, 128)
 #undef ATTEND
+
+/* The f16 cache in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one sequence (row r
+ * sees positions [0, n_pos[r])) with G heads each, all over one K/V head. The cache is
+ * converted once for all R rows, a span of KV_SPAN positions at a time (K, then V, into a
+ * tile that stays in L2), and for each row the loops of attend_fast run on the span: the
+ * conversion per row cost about as much as the 2G multiply-adds it feeds. A row's V sums go
+ * back to memory only between spans. Per row and head the arithmetic and its order are
+ * attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row, which
+ * measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV cache"). */
+#define KV_SPAN 128
+static inline __attribute__((always_inline)) void attend_rows_f16(const int G, const int HD, int R,
+                                                                  const int *n_pos, const float *restrict q,
+                                                                  size_t ldq, const uint16_t *kb,
+                                                                  const uint16_t *v, pk_f16_to_f32_fn f16,
+                                                                  float scale, float *restrict scores,
+                                                                  size_t ld_scores, float *restrict out,
+                                                                  size_t ldo) {
+    float tile[KV_SPAN * HD];   /* K blocks or V rows of one span, as f32 */
+    float accs[PK_ATTEND_ROWS][G][HD];
+    float inv[PK_ATTEND_ROWS][G];
+    if (R < 1 || R > PK_ATTEND_ROWS) __builtin_unreachable();   /* pk_attend_rows splits larger sets */
+    int n_max = 0;
+    for (int r = 0; r < R; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
+    for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
+        const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
+        /* K is padded to whole blocks: convert them all */
+        f16((size_t)(p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK * HD, kb + (size_t)p0 * HD, tile);
+        for (int r = 0; r < R; r++) {
+            float qs[G][HD];
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < HD; i++) qs[g][i] = q[r * ldq + g * HD + i] * scale;
+            const int end = n_pos[r] < p1 ? n_pos[r] : p1;
+            for (int j0 = p0; j0 < end; j0 += PK_KV_BLOCK) {
+                const float *restrict blk = tile + (size_t)(j0 - p0) * HD;
+                float s[G][PK_KV_BLOCK];
+                for (int g = 0; g < G; g++)
+                    for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
+                for (int i = 0; i < HD; i++)
+                    for (int g = 0; g < G; g++)
+                        for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] += qs[g][i] * blk[i * PK_KV_BLOCK + l];
+                const int nv = end - j0 < PK_KV_BLOCK ? end - j0 : PK_KV_BLOCK;
+                float *sr = scores + (size_t)r * G * ld_scores;
+                for (int g = 0; g < G; g++)
+                    for (int l = 0; l < nv; l++) sr[g * ld_scores + j0 + l] = s[g][l];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++) {
+            float *sg = scores + ((size_t)r * G + g) * ld_scores;
+            inv[r][g] = 1.0f / exp_sum(n_pos[r], sg, max_f32(n_pos[r], sg));
+            for (int i = 0; i < HD; i++) accs[r][g][i] = 0.0f;
+        }
+    for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
+        const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
+        f16((size_t)(p1 - p0) * HD, v + (size_t)p0 * HD, tile);
+        for (int r = 0; r < R; r++) {
+            const int end = n_pos[r] < p1 ? n_pos[r] : p1;
+            if (end <= p0) continue;
+            const float *sr = scores + (size_t)r * G * ld_scores;
+            float acc[G][HD];   /* this row's sums, in registers over the span */
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < HD; i++) acc[g][i] = accs[r][g][i];
+            for (int j = p0; j < end; j++) {
+                const float *restrict vj = tile + (size_t)(j - p0) * HD;
+                for (int g = 0; g < G; g++) {
+                    const float p = sr[g * ld_scores + j] * inv[r][g];
+                    for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < HD; i++) accs[r][g][i] = acc[g][i];
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            for (int i = 0; i < HD; i++) out[r * ldo + g * HD + i] = accs[r][g][i];
+}
+
+#define ATTEND_ROWS(G, HD)                                                                         \
+    PK_CLONES static void attend_rows_f16_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
+                                                        const void *kb, const void *v, pk_f16_to_f32_fn f16, \
+                                                        float scale, float *scores, size_t ld_scores, \
+                                                        float *out, size_t ldo) {                  \
+        attend_rows_f16(G, HD, R, n_pos, q, ldq, kb, v, f16, scale, scores, ld_scores, out, ldo);  \
+    }
+ATTEND_ROWS(1, 64) ATTEND_ROWS(2, 64) ATTEND_ROWS(3, 64) ATTEND_ROWS(4, 64)
+ATTEND_ROWS(1, 128) ATTEND_ROWS(2, 128) ATTEND_ROWS(4, 128)
+#undef ATTEND_ROWS
 
 static inline float kv_get(const void *p, size_t i, int f16) {
     return f16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
@@ -255,20 +411,54 @@ static void attend_head(int hd, int n_pos, const float *q, const void *kb, const
     }
 }
 
+void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
+                               int kv_f16, float scale, float *scores, size_t ld_scores, float *out) {
+    (void)ld_scores;
+    for (int g = 0; g < group; g++)
+        attend_head(hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, out + (size_t)g * hd);
+}
+
 void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                     int kv_f16, float scale, float *scores, size_t ld_scores, float *out) {
-    if (!kv_f16) {
-#define CASE(G, HD) if (group == G && hd == HD) { \
-            attend_f32_g##G##_hd##HD(n_pos, q, kb, v, scale, scores, ld_scores, out); return; }
+                     pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores, float *out) {
+#define CASE(G, HD) if (group == G && hd == HD) {                                                  \
+        (kv_f16 ? attend_f16_g##G##_hd##HD : attend_f32_g##G##_hd##HD)(n_pos, q, kb, v, kv_f16, scale, \
+                                                                       scores, ld_scores, out);    \
+        return; }
+    CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
+#undef CASE
+    if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
+        for (int g = 0; g < group; g += 4)
+            pk_attend_group(4, hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, ld_scores,
+                            out + (size_t)g * hd);
+        return;
+    }
+    pk_attend_group_reference(group, hd, n_pos, q, kb, v, kv_f16 != NULL, scale, scores, ld_scores, out);
+}
+
+void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
+                    const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale, float *scores,
+                    size_t ld_scores, float *out, size_t ldo) {
+    if (rows > PK_ATTEND_ROWS) {
+        for (int r0 = 0; r0 < rows; r0 += PK_ATTEND_ROWS)
+            pk_attend_rows(rows - r0 < PK_ATTEND_ROWS ? rows - r0 : PK_ATTEND_ROWS, n_pos + r0, group, hd,
+                           q + (size_t)r0 * ldq, ldq, kb, v, kv_f16, scale, scores, ld_scores,
+                           out + (size_t)r0 * ldo, ldo);
+        return;
+    }
+    if (kv_f16 && rows > 1) {
+#define CASE(G, HD) if (group == G && hd == HD) {                                                  \
+        attend_rows_f16_g##G##_hd##HD(rows, n_pos, q, ldq, kb, v, kv_f16, scale, scores, ld_scores, out, ldo); \
+        return; }
         CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
 #undef CASE
         if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
             for (int g = 0; g < group; g += 4)
-                pk_attend_group(4, hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, ld_scores,
-                                out + (size_t)g * hd);
+                pk_attend_rows(rows, n_pos, 4, hd, q + (size_t)g * hd, ldq, kb, v, kv_f16, scale, scores, ld_scores,
+                               out + (size_t)g * hd, ldo);
             return;
         }
     }
-    for (int g = 0; g < group; g++)
-        attend_head(hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, out + (size_t)g * hd);
+    for (int r = 0; r < rows; r++)
+        pk_attend_group(group, hd, n_pos[r], q + (size_t)r * ldq, kb, v, kv_f16, scale, scores, ld_scores,
+                        out + (size_t)r * ldo);
 }

@@ -40,11 +40,39 @@ void pk_swiglu(int n, const float *gate, const float *up, float *out);
  * f16. */
 #define PK_KV_BLOCK 16
 
+/* out[i] = x[i] as float, i < n: reads an f16 cache (exact; per-ISA versions in
+ * ops/pk_kernel.h, bit-identical, NaNs quieted). */
+typedef void (*pk_f16_to_f32_fn)(size_t n, const uint16_t *x, float *out);
+
+/* The widest conversion this CPU runs (only ISAs named in PYKLEI_KERNEL, if it names any;
+ * scalar if none of those runs here), its ISA tag in *isa if isa is not NULL; with
+ * PYKLEI_LOG=kernels a line on stderr names it. */
+pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa);
+/* The conversion of ISA tag isa ("scalar", "avx2", "avx512vnni", "neon"); NULL if unknown or
+ * not runnable here (tests). */
+pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa);
+
 /* Causal attention of the `group` query heads q[group][hd] that share one K/V head (GQA) over
- * cache positions [0, n_pos): K and V are read once for all of them. scores: [group][ld_scores
- * >= n_pos] scratch; out: [group][hd]. */
+ * cache positions [0, n_pos): K and V are read once for all of them. kv_f16: NULL for an f32
+ * cache, else the conversion an f16 cache is read with. scores: [group][ld_scores >= n_pos]
+ * scratch; out: [group][hd]. Bit-identical to pk_attend_group_reference for every head size,
+ * group and conversion (the fast paths keep its order of operations). */
 void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                     int kv_f16, float scale, float *scores, size_t ld_scores, float *out);
+                     pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores, float *out);
+/* The same for `rows` query rows of one sequence over the same K/V head (a prefill chunk):
+ * row r's heads q + r * ldq ([group][hd]) see positions [0, n_pos[r]) and write out + r * ldo.
+ * An f16 cache is converted once per block for up to PK_ATTEND_ROWS rows. scores:
+ * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= max n_pos] scratch. Each row bit-identical
+ * to pk_attend_group on it alone. */
+/* 8 rather than 4: the f16 cache's conversion shared by more rows (docs/KERNELS.md); the
+ * forward pass holds [threads][8][group][n_ctx] floats of scores. */
+#define PK_ATTEND_ROWS 8
+void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
+                    const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale, float *scores,
+                    size_t ld_scores, float *out, size_t ldo);
+/* The reference: one head at a time, one position at a time, f16 converted in plain C. */
+void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
+                               int kv_f16, float scale, float *scores, size_t ld_scores, float *out);
 
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
 

@@ -1,6 +1,6 @@
 /* Shared between the files of the kernel layer (pk_registry.c, pk_dispatch.c, pk_weights.c,
- * pk_quantize.c, pk_matmul.c, pk_rotate.c); not for the ISA files (they see ops/pk_kernel.h) nor for the
- * layers above (ops/pk_matmul.h). */
+ * pk_quantize.c, pk_matmul.c, pk_rotate.c, pk_nn.c); not for the ISA files (they see
+ * ops/pk_kernel.h) nor for the layers above (ops/pk_matmul.h). */
 #ifndef PK_OPS_INTERNAL_H
 #define PK_OPS_INTERNAL_H
 
@@ -17,6 +17,9 @@ extern int pk_log_kernels;   /* PYKLEI_LOG=kernels */
 
 /* One stderr line per distinct (kernel, m, n, k) when pk_log_kernels. */
 void pk_log_call(const pk_kernel *kern, int m, int n, int k);
+
+/* Whether the PYKLEI_KERNEL list names ISA tag isa (as a tag or a kernel name's suffix). */
+int pk_force_names_isa(const char *list, const char *isa);
 
 /* ---- registry (pk_registry.c), run while the table is built ------------------------------ */
 

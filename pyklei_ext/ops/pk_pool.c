@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #if defined(__x86_64__)
@@ -21,6 +22,12 @@ typedef struct {
     pthread_t tid;
 } worker;
 
+/* A job's shares are claimed, not assigned: `claim` packs the job's generation (high 32 bits)
+ * and the next unclaimed share (low 32), and every thread, the caller included, takes shares
+ * until none is left. On a busy machine a worker that the OS has not scheduled yet then costs
+ * nothing: the caller (or a faster worker) runs its share instead of waiting a time slice for
+ * it, at every one of the hundreds of jobs of a decoded token. fn(arg, ith, nth) still runs
+ * once for each ith, so the jobs' results do not depend on who ran which share. */
 struct pk_pool {
     int n;
     worker *workers;
@@ -28,11 +35,29 @@ struct pk_pool {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     int generation;               /* bumped for each job (atomic) */
-    int pending;                  /* workers still running the job (atomic) */
+    uint64_t claim;               /* generation << 32 | next share to claim (atomic) */
+    int done;                     /* shares finished (atomic) */
     int stop;
     pk_task_fn fn;
     void *arg;
 };
+
+/* Runs shares of job `gen` until none is left unclaimed (or another job is current). */
+static void run_shares(pk_pool *pool, uint32_t gen) {
+    uint64_t c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if ((uint32_t)(c >> 32) != gen || (int)(uint32_t)c >= pool->n) return;
+        /* fn and arg belong to job gen while one of its shares is unclaimed: the caller
+         * waits for all of them before it writes the next job's */
+        const pk_task_fn fn = pool->fn;
+        void *const arg = pool->arg;
+        if (!__atomic_compare_exchange_n(&pool->claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;   /* c now holds the current value */
+        fn(arg, (int)(uint32_t)c, pool->n);
+        __atomic_fetch_add(&pool->done, 1, __ATOMIC_RELEASE);
+        c = __atomic_load_n(&pool->claim, __ATOMIC_ACQUIRE);
+    }
+}
 
 static void *worker_main(void *p) {
     worker *w = p;
@@ -52,8 +77,7 @@ static void *worker_main(void *p) {
         }
         if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) break;
         seen = g;
-        pool->fn(pool->arg, w->ith, pool->n);
-        __atomic_fetch_sub(&pool->pending, 1, __ATOMIC_RELEASE);
+        run_shares(pool, (uint32_t)g);
     }
     return NULL;
 }
@@ -87,15 +111,19 @@ void pk_pool_run(pk_pool *pool, pk_task_fn fn, void *arg) {
     pthread_mutex_lock(&pool->run_lock);
     pool->fn = fn;
     pool->arg = arg;
-    __atomic_store_n(&pool->pending, pool->n - 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool->done, 0, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pool->lock);
-    __atomic_fetch_add(&pool->generation, 1, __ATOMIC_RELEASE);
+    /* the shares first, then the generation that wakes the workers to them */
+    const uint32_t gen = (uint32_t)__atomic_load_n(&pool->generation, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&pool->claim, (uint64_t)gen << 32, __ATOMIC_RELEASE);   /* publishes fn, arg */
+    __atomic_store_n(&pool->generation, (int)gen, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
-    fn(arg, 0, pool->n);
-    /* Wait for the workers: poll, then yield the core, which matters when the machine is
-     * oversubscribed and a worker waits for this very core to run its share. */
-    for (int spin = 0; __atomic_load_n(&pool->pending, __ATOMIC_ACQUIRE) > 0; spin++) {
+    run_shares(pool, gen);
+    /* Every share is claimed; wait for the ones still running: poll, then yield the core,
+     * which matters when the machine is oversubscribed and a worker waits for this very core
+     * to finish its share. */
+    for (int spin = 0; __atomic_load_n(&pool->done, __ATOMIC_ACQUIRE) < pool->n; spin++) {
         if (spin < 4096) cpu_relax();
         else sched_yield();
     }

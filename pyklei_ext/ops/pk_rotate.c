@@ -36,19 +36,6 @@ static const struct {
 };
 #define N_FWHTS ((int)(sizeof fwhts / sizeof fwhts[0]))
 
-/* Whether PYKLEI_KERNEL's list names ISA tag `isa`, as a tag or as a kernel name's suffix
- * (qai8dx_qsi4c32_1x4_avx2 names avx2; the Arm dotprod and i8mm kernels name neon). */
-static int names_isa(const char *list, const char *isa) {
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-        const char *tag = strrchr(tok, '_') ? strrchr(tok, '_') + 1 : tok;
-        if (!strcmp(tag, isa)) return 1;
-        if (!strcmp(isa, "neon") && (!strcmp(tag, "dotprod") || !strcmp(tag, "i8mm"))) return 1;
-    }
-    return 0;
-}
-
 int pk_rotation_use(pk_rotation *r, const char *isa) {
     for (int i = 0; i < N_FWHTS; i++)
         if (!strcmp(fwhts[i].isa, isa) && (pk_cpu_features() & fwhts[i].features) == fwhts[i].features) {
@@ -71,9 +58,9 @@ int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix
     r->mix = mix;
     const char *force = getenv("PYKLEI_KERNEL");
     int named = 0;
-    for (int i = 0; force && *force && i < N_FWHTS; i++) named |= names_isa(force, fwhts[i].isa);
+    for (int i = 0; force && *force && i < N_FWHTS; i++) named |= pk_force_names_isa(force, fwhts[i].isa);
     for (int i = 0; i < N_FWHTS && !r->fwht; i++)
-        if (!named || names_isa(force, fwhts[i].isa)) pk_rotation_use(r, fwhts[i].isa);
+        if (!named || pk_force_names_isa(force, fwhts[i].isa)) pk_rotation_use(r, fwhts[i].isa);
     if (!r->fwht) pk_rotation_use(r, "scalar");   /* the forced ISAs cannot run here */
     if (pk_dispatch_init() == 0 && pk_log_kernels > 0)
         fprintf(stderr, "pyklei: rotation of %d (%d x %d): fwht_%s\n", n, m, p, r->fwht_isa);

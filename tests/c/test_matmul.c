@@ -9,6 +9,13 @@
  * --seed N, --only SUBSTR (only kernels whose name contains SUBSTR), --verbose.
  *
  * Checks:
+ *  - the f16 KV cache: every f16 -> f32 conversion this CPU runs equals the scalar one on all
+ *    65536 values and on every tail length; attention (pk_attend_group: each group and head
+ *    size, f32 cache and f16 read by each conversion; pk_attend_rows on several rows of one
+ *    sequence) is bit-identical to the reference (pk_attend_group_reference) row by row, and
+ *    the reference is within 1e-5 of a double evaluation;
+ *  - the thread pool (1-4 threads, 3000 jobs, slow shares now and then): each share of each
+ *    job runs exactly once, never twice at once, and before pk_pool_run returns;
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
  *    and on random rows (range and round-trip invariants);
  *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
@@ -41,6 +48,8 @@
 
 #include "ops/pk_cpu.h"
 #include "ops/pk_matmul.h"
+#include "ops/pk_nn.h"
+#include "ops/pk_pool.h"
 #include "ops/pk_rotate.h"
 #include "pk_test.h"
 
@@ -147,6 +156,217 @@ static void test_rotate(void) {
     CHECK(pk_rotation_init(&r, 65 * 4, (const float[1]){1}, (const float[1]){1}) != 0, "odd factor 65 refused");
     printf("rotate: %d SIMD FWHT runs bit-exact with scalar, %d checks%s\n", runs, n_pass - p0,
            n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* ---- the f16 KV cache: conversions and attention against the reference ------------------ */
+
+static const char *const f16_isas[] = {"scalar", "avx512vnni", "avx2", "neon"};
+
+static void test_f16_convert(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    uint16_t *all = malloc(sizeof(uint16_t) * 65536);
+    float *want = malloc(sizeof(float) * 65536), *got = malloc(sizeof(float) * 65536);
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    pk_f16_to_f32_for_isa("scalar")(65536, all, want);
+    /* the scalar one against known values: 1, -2, the smallest subnormal, the largest
+     * normal, infinity, a NaN (quieted) */
+    CHECK(want[0x3C00] == 1.0f && want[0xC000] == -2.0f && want[0x0001] == 5.9604644775390625e-8f &&
+              want[0x7BFF] == 65504.0f && isinf(want[0x7C00]) && isnan(want[0x7C01]),
+          "scalar f16 -> f32 on known values");
+    for (int ii = 1; ii < COUNT(f16_isas); ii++) {
+        pk_f16_to_f32_fn fn = pk_f16_to_f32_for_isa(f16_isas[ii]);
+        if (!fn) continue;
+        memset(got, 0, sizeof(float) * 65536);
+        fn(65536, all, got);
+        int bad = -1;
+        for (int i = 0; i < 65536 && bad < 0; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float))) bad = i;
+        CHECK(bad < 0, "f16_to_f32_%s differs from scalar at 0x%04x", f16_isas[ii], bad);
+        /* every tail length and offset, with a guard after the end */
+        int tails_ok = 1;
+        for (int n = 0; n <= 40 && tails_ok; n++)
+            for (int off = 0; off < 3; off++) {
+                float buf[48];
+                for (int i = 0; i < 48; i++) buf[i] = -7.0f;
+                fn((size_t)n, all + 0x3000 + off * 997, buf);
+                for (int i = 0; i < 48; i++)
+                    if (i < n ? memcmp(&buf[i], &want[0x3000 + off * 997 + i], sizeof(float)) : buf[i] != -7.0f)
+                        tails_ok = 0;
+            }
+        CHECK(tails_ok, "f16_to_f32_%s: a tail differs or writes past n", f16_isas[ii]);
+        printf("f16_to_f32_%s: %s\n", f16_isas[ii],
+               bad < 0 && tails_ok ? "65536 values and tails bit-exact with scalar" : "FAILED");
+    }
+    free(all); free(want); free(got);
+    printf("f16_to_f32: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* One attention case in double: the reference's formula without its roundings. */
+static void attend_double(int group, int hd, int n_pos, const float *q, const float *kf, const float *vf,
+                          float scale, double *out) {
+    double *s = malloc(sizeof(double) * (size_t)n_pos);
+    for (int g = 0; g < group; g++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int j = 0; j < n_pos; j++) {
+            double d = 0.0;
+            for (int i = 0; i < hd; i++) d += (double)q[g * hd + i] * scale * kf[(size_t)j * hd + i];
+            s[j] = d;
+            mx = d > mx ? d : mx;
+        }
+        for (int j = 0; j < n_pos; j++) sum += (s[j] = exp(s[j] - mx));
+        for (int i = 0; i < hd; i++) {
+            double o = 0.0;
+            for (int j = 0; j < n_pos; j++) o += s[j] / sum * vf[(size_t)j * hd + i];
+            out[g * hd + i] = o;
+        }
+    }
+    free(s);
+}
+
+static void test_attention(int quick) {
+    static const int groups[] = {1, 2, 3, 4, 5, 8};
+    static const int hds[] = {64, 128, 32, 96};
+    static const int npos[] = {1, 2, 15, 16, 17, 33, 100, 257};
+    const int p0 = n_pass, f0 = n_fail;
+    int runs[COUNT(f16_isas) + 1] = {0};
+    double worst = 0.0;
+    for (int ig = 0; ig < COUNT(groups); ig++)
+        for (int ih = 0; ih < COUNT(hds); ih++)
+            for (int ip = 0; ip < COUNT(npos) - (quick ? 2 : 0); ip++) {
+                const int G = groups[ig], hd = hds[ih], n = npos[ip];
+                const int nb = (n + PK_KV_BLOCK - 1) / PK_KV_BLOCK, ld = n + rnd_int(0, 5);
+                const size_t ne = (size_t)nb * PK_KV_BLOCK * hd;   /* K is padded to whole blocks */
+                float *q = malloc(sizeof(float) * (size_t)G * hd), *kf = malloc(sizeof(float) * ne);
+                float *vf = malloc(sizeof(float) * ne), *kb = malloc(sizeof(float) * ne);
+                float *kl = malloc(sizeof(float) * ne), *vl = malloc(sizeof(float) * ne);
+                uint16_t *kb16 = malloc(sizeof(uint16_t) * ne), *v16 = malloc(sizeof(uint16_t) * ne);
+                float *scores = malloc(sizeof(float) * (size_t)G * ld);
+                float *want = malloc(sizeof(float) * (size_t)G * hd), *got = malloc(sizeof(float) * (size_t)G * hd);
+                double *exact = malloc(sizeof(double) * (size_t)G * hd);
+                const float mag = (float)rnd_int(1, 4);   /* up to peaked softmaxes */
+                for (int i = 0; i < G * hd; i++) q[i] = rndf() * mag;
+                for (size_t i = 0; i < ne; i++) kf[i] = rndf() * mag, vf[i] = rndf();
+                const float scale = 1.0f / sqrtf((float)hd);
+                for (int c16 = 0; c16 < 2; c16++) {
+                    /* the rows as the cache holds them (rounded to f16 for an f16 cache); K
+                     * position-blocked, the padding of the last block filled too */
+                    for (size_t i = 0; i < ne; i++) kl[i] = kf[i], vl[i] = vf[i];
+                    if (c16) {
+                        pk_f32_to_f16_row((int)ne, kf, v16);
+                        pk_f16_to_f32_for_isa("scalar")(ne, v16, kl);
+                        pk_f32_to_f16_row((int)ne, vf, v16);
+                        pk_f16_to_f32_for_isa("scalar")(ne, v16, vl);
+                    }
+                    for (int j = 0; j < nb * PK_KV_BLOCK; j++)
+                        for (int i = 0; i < hd; i++)
+                            kb[((size_t)(j / PK_KV_BLOCK) * hd + i) * PK_KV_BLOCK + j % PK_KV_BLOCK] = kl[(size_t)j * hd + i];
+                    pk_f32_to_f16_row((int)ne, kb, kb16);
+                    const void *K = c16 ? (const void *)kb16 : kb, *V = c16 ? (const void *)v16 : vl;
+                    pk_attend_group_reference(G, hd, n, q, K, V, c16, scale, scores, ld, want);
+                    attend_double(G, hd, n, q, kl, vl, scale, exact);
+                    double err = 0.0;
+                    for (int i = 0; i < G * hd; i++) err = fmax(err, fabs(want[i] - exact[i]));
+                    worst = fmax(worst, err);
+                    CHECK(err <= 1e-5, "attention reference G=%d hd=%d n=%d %s: %.3g from double", G, hd, n,
+                          c16 ? "f16" : "f32", err);
+                    for (int ii = 0; ii < (c16 ? COUNT(f16_isas) : 1); ii++) {
+                        pk_f16_to_f32_fn fn = c16 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                        if (c16 && !fn) continue;
+                        for (int i = 0; i < G * hd; i++) got[i] = NAN;
+                        pk_attend_group(G, hd, n, q, K, V, fn, scale, scores, ld, got);
+                        CHECK(!memcmp(got, want, sizeof(float) * (size_t)G * hd),
+                              "pk_attend_group G=%d hd=%d n=%d %s%s differs from the reference", G, hd, n,
+                              c16 ? "f16 read by f16_to_f32_" : "f32", c16 ? f16_isas[ii] : "");
+                        runs[c16 ? 1 + ii : 0]++;
+                    }
+                }
+                free(q); free(kf); free(vf); free(kb); free(kl); free(vl); free(kb16); free(v16);
+                free(scores); free(want); free(got); free(exact);
+            }
+    /* pk_attend_rows: rows of one sequence (a prefill window: consecutive positions, or any),
+     * up to past PK_ATTEND_ROWS, each row bit-identical to the reference on it alone */
+    int row_runs = 0;
+    for (int t = 0; t < (quick ? 40 : 120); t++) {
+        const int G = groups[t % COUNT(groups)], hd = hds[(t / COUNT(groups)) % COUNT(hds)];
+        const int rows = rnd_int(1, PK_ATTEND_ROWS + 3), n_max = rnd_int(1, quick ? 200 : 700);
+        int n_pos[PK_ATTEND_ROWS + 3];
+        for (int r = 0; r < rows; r++)
+            n_pos[r] = (t & 1) ? rnd_int(1, n_max) : (n_max - rows + 1 + r > 0 ? n_max - rows + 1 + r : 1);
+        const int ld = n_max + 3;
+        const size_t ne = (size_t)((n_max + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK) * hd;
+        const size_t ldq = (size_t)G * hd + (size_t)rnd_int(0, 9);
+        float *q = malloc(sizeof(float) * ldq * rows), *kf = malloc(sizeof(float) * ne), *vf = malloc(sizeof(float) * ne);
+        uint16_t *k16 = malloc(sizeof(uint16_t) * ne), *v16 = malloc(sizeof(uint16_t) * ne);
+        float *scores = malloc(sizeof(float) * (size_t)PK_ATTEND_ROWS * G * ld);
+        float *want = malloc(sizeof(float) * ldq * rows), *got = malloc(sizeof(float) * ldq * rows);
+        for (size_t i = 0; i < ldq * rows; i++) q[i] = rndf() * 3.0f;
+        for (size_t i = 0; i < ne; i++) kf[i] = rndf() * 3.0f, vf[i] = rndf();
+        pk_f32_to_f16_row((int)ne, kf, k16);
+        pk_f32_to_f16_row((int)ne, vf, v16);
+        for (int c16 = 0; c16 < 2; c16++) {
+            const void *K = c16 ? (const void *)k16 : kf, *V = c16 ? (const void *)v16 : vf;
+            for (int r = 0; r < rows; r++)
+                pk_attend_group_reference(G, hd, n_pos[r], q + r * ldq, K, V, c16, 0.125f, scores, ld,
+                                          want + r * ldq);
+            for (int ii = 0; ii < (c16 ? COUNT(f16_isas) : 1); ii++) {
+                pk_f16_to_f32_fn fn = c16 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                if (c16 && !fn) continue;
+                for (size_t i = 0; i < ldq * rows; i++) got[i] = NAN;
+                pk_attend_rows(rows, n_pos, G, hd, q, ldq, K, V, fn, 0.125f, scores, ld, got, ldq);
+                int same = 1;
+                for (int r = 0; r < rows; r++)
+                    same &= !memcmp(got + r * ldq, want + r * ldq, sizeof(float) * (size_t)G * hd);
+                CHECK(same, "pk_attend_rows rows=%d G=%d hd=%d n_max=%d %s%s differs from the reference", rows, G, hd,
+                      n_max, c16 ? "f16 read by f16_to_f32_" : "f32", c16 ? f16_isas[ii] : "");
+                row_runs++;
+            }
+        }
+        free(q); free(kf); free(vf); free(k16); free(v16); free(scores); free(want); free(got);
+    }
+    printf("attention rows: %d pk_attend_rows cases bit-identical with the reference row by row%s\n", row_runs,
+           n_fail > f0 ? " (FAILURES)" : "");
+    printf("attention: f32 %d cases", runs[0]);
+    for (int ii = 0; ii < COUNT(f16_isas); ii++)
+        if (runs[1 + ii]) printf(", f16_to_f32_%s %d cases", f16_isas[ii], runs[1 + ii]);
+    printf(" bit-identical with the reference (max %.2g from double); %d checks%s\n", worst, n_pass - p0,
+           n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* ---- the thread pool: every share of every job runs once, never twice at once ------------ */
+
+typedef struct {
+    int runs[8];       /* per ith: times run (atomic) */
+    int busy[8];       /* per ith: running now (atomic) */
+    int overlap;       /* a share started while the same ith ran (atomic) */
+    int job;
+} pool_probe;
+
+static void pool_share(void *arg, int ith, int nth) {
+    pool_probe *p = arg;
+    if (nth > 8 || ith < 0 || ith >= nth) { __atomic_store_n(&p->overlap, 1, __ATOMIC_RELAXED); return; }
+    if (__atomic_fetch_add(&p->busy[ith], 1, __ATOMIC_ACQ_REL)) __atomic_store_n(&p->overlap, 1, __ATOMIC_RELAXED);
+    if ((p->job + ith) % 97 == 0) usleep(200);   /* a slow share now and then */
+    __atomic_fetch_add(&p->runs[ith], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&p->busy[ith], 1, __ATOMIC_ACQ_REL);
+}
+
+static void test_pool(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    for (int n = 1; n <= 4; n++) {
+        pk_pool *pool = pk_pool_create(n);
+        CHECK(pool && pk_pool_size(pool) == n, "pk_pool_create(%d)", n);
+        if (!pool) continue;
+        pool_probe p = {{0}, {0}, 0, 0};
+        const int jobs = 3000;
+        int ok = 1;
+        for (p.job = 0; p.job < jobs; p.job++) {
+            pk_pool_run(pool, pool_share, &p);
+            for (int i = 0; i < n; i++) ok &= __atomic_load_n(&p.runs[i], __ATOMIC_ACQUIRE) == p.job + 1;
+        }
+        CHECK(ok && !p.overlap, "pool of %d: a share ran twice, not at all, or after pk_pool_run returned", n);
+        pk_pool_destroy(pool);
+    }
+    printf("pool: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
 }
 
 /* ---- dispatch / PYKLEI_KERNEL (each check in a forked child) ---------------------------- */
@@ -619,6 +839,9 @@ int main(int argc, char **argv) {
 
     test_quantize();
     test_rotate();
+    test_f16_convert();
+    test_attention(quick);
+    test_pool();
 
     const pk_kernel *ref[PK_FMT_QUANT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
