@@ -235,3 +235,22 @@ def test_max_tokens_beyond_the_context_is_clamped(server, llm):
     e = httpx.post(server.url + "/v1/completions", content=body,
                    headers={"Content-Type": "application/json"}).json()["error"]
     assert e["param"] == "max_tokens" and "--" not in e["message"]
+
+
+def test_best_of_returns_the_n_most_likely_choices(server):
+    """best_of 4, n 2, seeded: the two of the four seeded choices (those n=4 gives) with the
+    highest log-probability per token, in their order; usage counts all four."""
+    c = client(server)
+    kw = dict(model="m", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=3)
+    four = c.completions.create(**kw, n=4, logprobs=0)
+    mean = [sum(ch.logprobs.token_logprobs) / len(ch.logprobs.token_logprobs)
+            for ch in four.choices]
+    best = sorted(sorted(range(4), key=lambda i: mean[i], reverse=True)[:2])
+    r = c.completions.create(**kw, n=2, best_of=4)
+    assert [ch.text for ch in r.choices] == [four.choices[i].text for i in best]
+    assert [ch.index for ch in r.choices] == [0, 1] and r.choices[0].logprobs is None
+    assert r.usage.completion_tokens == four.usage.completion_tokens
+    for bad in (dict(n=3, best_of=2), dict(best_of=2, stream=True)):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(**kw, **bad)
+        assert e.value.body["param"] == "best_of"

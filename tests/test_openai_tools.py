@@ -142,3 +142,28 @@ def test_langchain_structured_output_and_tools(server):
     msg = tool_chat.invoke("What is the weather in Rome?")
     assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
     jsonschema.validate(msg.tool_calls[0]["args"], WEATHER["function"]["parameters"])
+
+
+def test_the_legacy_functions_api(server):
+    """functions / function_call (llama-cpp-python still takes them): a forced call comes back
+    as message.function_call, streamed too, and a role "function" result is answered."""
+    c = client(server)
+    fn = [WEATHER["function"]]
+    kw = dict(model="m", messages=ASK, functions=fn, function_call={"name": "get_weather"},
+              temperature=0, max_tokens=60)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "function_call" and ch.message.tool_calls is None
+    jsonschema.validate(json.loads(ch.message.function_call.arguments),
+                        WEATHER["function"]["parameters"])
+    last = [x for x in c.chat.completions.create(**kw, stream=True) if x.choices][-1].choices[0]
+    assert last.finish_reason == "function_call"
+    assert last.delta.function_call.arguments == ch.message.function_call.arguments
+    answer = c.chat.completions.create(model="m", functions=fn, temperature=0, max_tokens=30,
+                                       messages=ASK + [
+        {"role": "assistant", "content": None, "function_call": ch.message.function_call.model_dump()},
+        {"role": "function", "name": "get_weather", "content": "21 C"}])
+    assert answer.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="m", messages=ASK, functions=fn, tools=[WEATHER])
+    assert e.value.body["param"] == "functions"

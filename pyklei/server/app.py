@@ -186,7 +186,8 @@ class _EventStream:
                             content, calls = parse_reply(held[i])
                             if calls:
                                 await event(api.tool_call_chunk(rid, created, s.model_id, i,
-                                                                content, calls))
+                                                                content, calls,
+                                                                req.legacy_functions))
                                 continue
                             r = replace(r, text=held[i])
                         elif may_start_a_call(held[i]):
@@ -308,7 +309,9 @@ def _check_key(s: _State, request: HTTPRequest) -> None:
 def _submit(s: _State, req: api.Request):
     try:
         return s.engine.submit_choices(req.ids, req.params, max_tokens=req.max_tokens,
-                                       stop=req.stop, eos_ids=s.eos_ids, logprobs=req.logprobs,
+                                       stop=req.stop, eos_ids=s.eos_ids,
+                                       logprobs=0 if req.best_of and req.logprobs is None
+                                       else req.logprobs,
                                        prompt_logprobs=req.echo and req.logprobs is not None,
                                        constraint=req.constraint)
     except QueueFullError as e:
@@ -338,7 +341,7 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
     watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
     n = len(gen.streams)
     parts, lasts = [[] for _ in range(n)], [None] * n
-    lps = None if req.logprobs is None else [[] for _ in range(n)]
+    lps = None if req.logprobs is None and not req.best_of else [[] for _ in range(n)]
     prompt_lps = None
     try:
         while (item := await gen.next()) is not None:
@@ -358,8 +361,17 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
     if gen.client_gone:
         return Response(status_code=CLIENT_CLOSED)
     s.metrics.generation(lasts, gen.ttft)
-    return JSONResponse(api.completion(req, api.new_id(kind), s.model_id,
-                                       ["".join(p) for p in parts], lasts, lps,
+    texts = ["".join(p) for p in parts]
+    if req.best_of:        # keep the n best (the usage still counts every choice generated)
+        keep = api.best_choices(req, lps)
+        usage_lasts, lasts = lasts, [lasts[i] for i in keep]
+        texts = [texts[i] for i in keep]
+        lps = None if req.logprobs is None else [lps[i] for i in keep]
+        out = api.completion(req, api.new_id(kind), s.model_id, texts, lasts, lps,
+                             api.Logprobs(s.tokenizer), prompt_lps)
+        out["usage"] = api.usage(usage_lasts)
+        return JSONResponse(out)
+    return JSONResponse(api.completion(req, api.new_id(kind), s.model_id, texts, lasts, lps,
                                        api.Logprobs(s.tokenizer), prompt_lps))
 
 

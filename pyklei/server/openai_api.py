@@ -38,6 +38,7 @@ DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (te
 MAX_STOPS = 16
 MAX_N = 16                    # choices per request
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+         "function": "tool",      # the legacy functions API: a function's result
          "developer": "system"}   # OpenAI: developer messages take the place of system messages
 
 
@@ -60,11 +61,6 @@ def _falsy(v):
 
 
 UNSUPPORTED = {
-    "functions": (lambda v: v == [], "the legacy 'functions' are not supported ('tools' are)"),
-    "function_call": (lambda v: v == "none",
-                      "the legacy 'function_call' is not supported ('tool_choice' is)"),
-    "best_of": (lambda v: v == 1 and not isinstance(v, bool),
-                "best_of is not supported (n is)"),
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
     "audio": (lambda v: False, "audio output is not supported"),
     "modalities": (lambda v: v == ["text"], "modalities other than text are not supported"),
@@ -88,6 +84,9 @@ class Request:
     tool_choice: object = "none"
     parallel_tool_calls: bool = True
     constraint: object = None    # pyklei.grammar.Constraint the reply follows (first choice)
+    legacy_functions: bool = False   # answer a call as message.function_call (legacy API)
+    best_of: int | None = None   # completions: choices generated, of which n are returned
+    n: int = 1
 
 
 def check_unsupported(body: dict) -> None:
@@ -133,10 +132,28 @@ def _int_field(body: dict, name: str, lo: int, hi: int, default):
     return v
 
 
-def choices_from(body: dict, params: SamplingParams) -> list[SamplingParams]:
-    """n SamplingParams: choice i samples with seed + i (each its own stream of random numbers,
-    reproducible), or at random when no seed is given."""
+def best_of_from(kind: str, body: dict) -> int | None:
+    """Completions' best_of: how many choices to generate, of which the n with the highest
+    log-probability per token are returned (OpenAI's rule; not streamed). None: n."""
     n = _int_field(body, "n", 1, MAX_N, 1)
+    best = _int_field(body, "best_of", 1, MAX_N, None) if kind == "text" else None
+    if kind == "chat" and body.get("best_of") not in (None, 1):
+        raise APIError("'best_of' is a field of /v1/completions (chat takes n)", "best_of")
+    if best is None or best == n:
+        return None
+    if best < n:
+        raise APIError(f"'best_of' ({best}) must be at least 'n' ({n})", "best_of")
+    if body.get("stream"):
+        raise APIError("'best_of' cannot be streamed: the best choices are known at the end",
+                       "best_of")
+    return best
+
+
+def choices_from(body: dict, params: SamplingParams, count: int | None = None
+                 ) -> list[SamplingParams]:
+    """n (or `count`) SamplingParams: choice i samples with seed + i (each its own stream of
+    random numbers, reproducible), or at random when no seed is given."""
+    n = count or _int_field(body, "n", 1, MAX_N, 1)
     if params.seed is None or params.seed == -1:
         return [params] * n
     return [replace(params, seed=(params.seed + i) % 2 ** 64) for i in range(n)]
@@ -195,13 +212,17 @@ def chat_messages(body: dict) -> list[dict]:
                            f"messages[{i}]")
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            hint = (" (the legacy 'function' role is not supported: use 'tool')"
-                    if role == "function" else "")
             raise APIError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
-                           f"{role!r}{hint}", f"messages[{i}].role")
-        if m.get("function_call"):
-            raise APIError(f"messages[{i}]: the legacy 'function_call' is not supported "
-                           f"('tool_calls' is)", f"messages[{i}]")
+                           f"{role!r}", f"messages[{i}].role")
+        legacy = m.get("function_call")
+        if legacy is not None:      # the legacy functions API: one call, no id
+            if role != "assistant" or not isinstance(legacy, dict):
+                raise APIError(f"messages[{i}].function_call must be an assistant's "
+                               f"{{\"name\", \"arguments\"}}", f"messages[{i}].function_call")
+            m = {**m, "tool_calls": [{"id": _legacy_id(legacy.get("name")), "type": "function",
+                                      "function": legacy}]}
+        if role == "function":
+            m = {**m, "tool_call_id": _legacy_id(m.get("name"))}
         calls = m.get("tool_calls")
         msg = {"role": ROLES[role]}
         if calls:
@@ -212,7 +233,7 @@ def chat_messages(body: dict) -> list[dict]:
             msg["content"] = None if m.get("content") is None else _message_text(i, m)
         else:
             msg["content"] = _message_text(i, m)
-        if role == "tool":
+        if ROLES[role] == "tool":
             tid = m.get("tool_call_id")
             if not isinstance(tid, str):
                 raise APIError(f"messages[{i}].tool_call_id must be the id of the call it answers",
@@ -220,6 +241,12 @@ def chat_messages(body: dict) -> list[dict]:
             msg["tool_call_id"] = tid
         out.append(msg)
     return out
+
+
+def _legacy_id(name) -> str:
+    """The id that ties a legacy function_call to its function result (the legacy API has
+    none: they are paired by name)."""
+    return f"call_{name}"
 
 
 def _tool_calls(i: int, calls) -> list[dict]:
@@ -255,21 +282,38 @@ def check_length(kind: str, texts, n_texts: int, tokenizer, n_ctx: int) -> None:
                        param)
 
 
-def tools_from(body: dict) -> tuple[list[dict], object, bool]:
-    """(tools, tool_choice, parallel_tool_calls), checked; tools [] when none are offered or
-    tool_choice is "none"."""
+def tools_from(body: dict) -> tuple[list[dict], object, bool, bool]:
+    """(tools, tool_choice, parallel_tool_calls, legacy), checked; tools [] when none are
+    offered or tool_choice is "none". legacy: the request used the legacy `functions` /
+    `function_call` (one call at most, answered as message.function_call)."""
+    legacy = body.get("functions") is not None or body.get("function_call") is not None
+    if legacy and (body.get("tools") is not None or body.get("tool_choice") is not None):
+        raise APIError("give 'tools' or the legacy 'functions', not both", "functions")
+    names = ("functions", "function_call") if legacy else ("tools", "tool_choice")
+    offered = body.get(names[0]) or []
+    choice = body.get(names[1])
+    if legacy:
+        if not isinstance(offered, list):
+            raise APIError("'functions' must be a list of {\"name\", \"parameters\"}",
+                           "functions")
+        offered = [{"type": "function", "function": f} for f in offered]
+        if isinstance(choice, dict):
+            choice = {"type": "function", "function": choice}
     try:
-        tools = check_tools(body.get("tools") or [])
+        tools = check_tools(offered)
     except ToolError as e:
-        raise APIError(str(e), "tools") from None
+        raise APIError(str(e).replace("tools[", f"{names[0]}[").replace("'tools'", names[0]),
+                       names[0]) from None
     try:
-        choice = check_tool_choice(body.get("tool_choice"), tools)
+        choice = check_tool_choice(choice, tools)
     except ToolError as e:
-        raise APIError(str(e), "tool_choice") from None
+        raise APIError(str(e), names[1]) from None
+    if legacy:
+        return (tools if choice != "none" else []), choice, False, True
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise APIError("'parallel_tool_calls' must be true or false", "parallel_tool_calls")
-    return (tools if choice != "none" else []), choice, parallel
+    return (tools if choice != "none" else []), choice, parallel, False
 
 
 CONSTRAINTS = ("response_format", "json_schema", "grammar")   # the last two: llama.cpp's
@@ -340,13 +384,15 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                                  and isinstance(opts.get("include_usage", False), bool)):
         raise APIError("'stream_options' must be an object like {\"include_usage\": true}",
                        "stream_options")
-    params = choices_from(body, sampling_from(body, tokenizer.vocab_size))
+    best_of = best_of_from(kind, body)
+    params = choices_from(body, sampling_from(body, tokenizer.vocab_size), best_of)
     logprobs = logprobs_from(kind, body)
     echo = body.get("echo", False) if kind == "text" else False
     if not isinstance(echo, bool):
         raise APIError("'echo' must be true or false", "echo")
     stop = stops_from(body)
-    tools, tool_choice, parallel = tools_from(body) if kind == "chat" else ([], "none", True)
+    tools, tool_choice, parallel, legacy = (tools_from(body) if kind == "chat"
+                                            else ([], "none", True, False))
     ids = prompt_ids(kind, body, tokenizer, n_ctx, tools)
     where = "messages" if kind == "chat" else "prompt"
     if len(ids) >= n_ctx:
@@ -364,7 +410,8 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                                        else tokenizer.decode(ids))
     return Request(kind, ids, budget, stop, params, bool(stream),
                    bool((opts or {}).get("include_usage")), logprobs, echo, prompt_text,
-                   tools, tool_choice, parallel, constrained)
+                   tools, tool_choice, parallel, constrained, legacy, best_of,
+                   _int_field(body, "n", 1, MAX_N, 1))
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -427,13 +474,16 @@ class Logprobs:
 
 
 def _choice(kind: str, index: int, text: str, finish: str | None, logprobs,
-            tools: bool = False) -> dict:
+            tools: bool = False, legacy: bool = False) -> dict:
     if kind == "chat":
         message = {"role": "assistant", "content": text}
         if tools:
             content, calls = parse_reply(text)
             message["content"] = content
-            if calls:
+            if calls and legacy:
+                message["function_call"] = calls[0]["function"]
+                finish = "function_call"
+            elif calls:
                 message["tool_calls"] = calls
                 finish = "tool_calls"
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
@@ -448,6 +498,13 @@ def prompt_logprobs(req: Request, lps) -> list:
     return [TokenLogprob(req.ids[0], None, ())] + list(lps[1:])
 
 
+def best_choices(req: Request, lps: list[list]) -> list[int]:
+    """The indices of the n choices with the highest mean log-probability per token."""
+    def score(i):
+        return sum(lp.logprob for lp in lps[i]) / max(len(lps[i]), 1)
+    return sorted(sorted(range(len(lps)), key=score, reverse=True)[:req.n])
+
+
 def completion(req: Request, rid: str, model: str, texts: list[str],
                lasts: list[GenerationResponse], lps: list[list] | None, shape: Logprobs,
                prompt_lps: list | None = None) -> dict:
@@ -460,22 +517,27 @@ def completion(req: Request, rid: str, model: str, texts: list[str],
             logprobs = shape.chat(lps[i]) if req.kind == "chat" else shape.text(
                 prompt_logprobs(req, prompt_lps) + lps[i], 0)
         choices.append(_choice(req.kind, i, req.prompt_text + text, last.finish_reason,
-                               logprobs, bool(req.tools)))
+                               logprobs, bool(req.tools), req.legacy_functions))
     return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": usage(lasts), "timings": timings(lasts[0])}
 
 
 def tool_call_chunk(rid: str, created: int, model: str, index: int, content: str | None,
-                    calls: list[dict]) -> dict:
+                    calls: list[dict], legacy: bool = False) -> dict:
     """A streamed choice's tool calls, whole, in one chunk (each call's arguments complete:
-    clients concatenate argument deltas, so one delta is valid), finish_reason "tool_calls"."""
-    delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+    clients concatenate argument deltas, so one delta is valid), finish_reason "tool_calls"
+    (legacy: the first call as delta.function_call, finish_reason "function_call")."""
+    if legacy:
+        delta, finish = {"function_call": calls[0]["function"]}, "function_call"
+    else:
+        delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+        finish = "tool_calls"
     if content:
         delta["content"] = content
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [{"index": index, "delta": delta, "logprobs": None,
-                         "finish_reason": "tool_calls"}]}
+                         "finish_reason": finish}]}
 
 
 def chunk(kind: str, rid: str, created: int, model: str, text: str | None = None,
