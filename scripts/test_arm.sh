@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kernel tests for aarch64 under qemu-user, plus the same test program natively.
 #
-#   scripts/test_arm.sh [--full]
+#   scripts/test_arm.sh [--full] [--objects DIR]
 #
 # Cross-compiles tests/c/test_matmul.c with the whole kernel layer (pyklei_ext/ops,
 # pyklei_ext/isa) for aarch64 (static), runs it under qemu-aarch64 with three CPU models
@@ -12,17 +12,25 @@
 # (each also runs the f16 KV cache's NEON conversion and attention against the reference)
 # then builds and runs the program natively (and once more with AddressSanitizer when the
 # compiler supports it). --full runs the large shape set under qemu too (slower).
+# --objects DIR links the test program with the aarch64 kernel objects of a wheel build
+# (DIR/pyklei_ext/{ops,isa}/*.o, setuptools' build/temp.* directory; scripts/build_wheels.sh)
+# instead of compiling the sources, so the qemu runs test the very code the wheel ships; the
+# native runs are then left out.
 # Installs the toolchain with apt-get when missing (Debian 12; as root or via sudo).
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FULL=0
-for arg in "$@"; do
-    case "$arg" in
+OBJDIR=""
+usage() { echo "usage: $0 [--full] [--objects DIR]" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    case "$1" in
         --full) FULL=1 ;;
-        *) echo "usage: $0 [--full]" >&2; exit 2 ;;
+        --objects) [ $# -ge 2 ] || usage; OBJDIR=$(cd "$2" && pwd); shift ;;
+        *) usage ;;
     esac
+    shift
 done
 
 T0=$(date +%s)
@@ -59,10 +67,23 @@ SRCS=(tests/c/test_matmul.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
 source scripts/cflags.sh
 CFLAGS=(-O2 "${PK_CFLAGS[@]}" -Ipyklei_ext)
 
-say "cross-compiling for aarch64 (armv8-a baseline, static)"
-aarch64-linux-gnu-gcc "${CFLAGS[@]}" -static "${SRCS[@]}" -lm -o "$WORK/test_matmul_aarch64"
-say "compiling natively ($(uname -m))"
-gcc "${CFLAGS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_native"
+if [ -n "$OBJDIR" ]; then
+    # the objects of the same sources as SRCS less the test program
+    OBJS=("$OBJDIR"/pyklei_ext/ops/*.o "$OBJDIR"/pyklei_ext/isa/*.o)
+    [ "${#OBJS[@]}" -eq $(( ${#SRCS[@]} - 1 )) ] \
+        || die "$OBJDIR: ${#OBJS[@]} objects for $(( ${#SRCS[@]} - 1 )) kernel sources"
+    for o in "${OBJS[@]}"; do
+        readelf -h "$o" | grep -q 'Machine:.*AArch64' || die "$o is not an aarch64 object"
+    done
+    say "linking tests/c/test_matmul.c with the ${#OBJS[@]} aarch64 objects of $OBJDIR (static)"
+    aarch64-linux-gnu-gcc "${CFLAGS[@]}" -static tests/c/test_matmul.c "${OBJS[@]}" -lm \
+        -o "$WORK/test_matmul_aarch64"
+else
+    say "cross-compiling for aarch64 (armv8-a baseline, static)"
+    aarch64-linux-gnu-gcc "${CFLAGS[@]}" -static "${SRCS[@]}" -lm -o "$WORK/test_matmul_aarch64"
+    say "compiling natively ($(uname -m))"
+    gcc "${CFLAGS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_native"
+fi
 
 # ---- runs --------------------------------------------------------------------------------
 FAILED=0
@@ -133,6 +154,12 @@ for spec in "cortex-a53|neon|neon|dotprod i8mm|m=1 -> ${Q4}_1x4_neon, m=64 -> ${
     qemu-aarch64 -cpu "$cpu" "$WORK/test_matmul_aarch64" "${QARGS[@]}" >"$WORK/$cpu.log" 2>&1 || rc=$?
     check_run "$cpu" "$WORK/$cpu.log" "$rc" "$feats" "$run_tags" "$skip_tags" "$want_default"
 done
+
+if [ -n "$OBJDIR" ]; then
+    [ $FAILED -eq 0 ] || { say "FAILED"; exit 1; }
+    say "all aarch64 (qemu) kernel tests passed on the objects of $OBJDIR"
+    exit 0
+fi
 
 say "native $(uname -m) run (full shape set)"
 rc=0
