@@ -228,11 +228,9 @@ def test_bad_requests_get_400_naming_the_field(tight, path, body, param):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
-    ({"function_call": "auto"}, "function_call"),
     ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"modalities": ["text", "audio"]}, "modalities"),
-    ({"messages": [{"role": "function", "content": "42", "name": "f"}]}, "messages[0].role"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
 ])
 def test_unsupported_fields_get_400_not_a_silent_200(tight, extra, param):
     kw = {"model": "m", "messages": CHAT, "max_tokens": 4, **extra}
