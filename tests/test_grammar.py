@@ -340,3 +340,35 @@ def test_cli_json_schema_and_grammar(smollm2_q4, tmp_path):
                        (["--regex", "[a-"], "invalid regex")]:
         r = _cli("generate", smollm2_q4, "-p", "x", *bad)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@needs_llg
+def test_objects_that_list_their_properties_are_closed(smol_tok):
+    """close_objects adds additionalProperties: false where a schema lists properties and says
+    nothing of others (a small model otherwise adds keys until max_tokens); what the schema says
+    itself, allOf branches and data (enum/const) are kept."""
+    from pyklei.grammar import close_objects, constraint
+    person = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    s = {"type": "object", "properties": {"p": person, "q": {"type": "array", "items": person}},
+         "$defs": {"d": person},
+         "allOf": [person], "enum": [{"properties": {}}],
+         "anyOf": [person, {"properties": {"b": {}}, "additionalProperties": True},
+                   {"properties": {"b": {}}, "patternProperties": {"^x": {}}}]}
+    c = close_objects(s)
+    assert c["additionalProperties"] is False
+    assert c["properties"]["p"]["additionalProperties"] is False
+    assert c["properties"]["q"]["items"]["additionalProperties"] is False
+    assert c["$defs"]["d"]["additionalProperties"] is False
+    assert c["allOf"] == [person] and c["enum"] == s["enum"]
+    assert c["anyOf"][0]["additionalProperties"] is False
+    assert c["anyOf"][1]["additionalProperties"] is True
+    assert "additionalProperties" not in c["anyOf"][2]
+    assert "additionalProperties" not in person and close_objects({"type": "object"}) == {"type": "object"}
+    # in the constraint: after {"a": 1 only the end of the object may come
+    comma, brace = (smol_tok.encode(x, add_bos=False)[0] for x in (",", "}"))
+    for schema, open_ in [(person, False), ({**person, "additionalProperties": True}, True)]:
+        k = constraint(smol_tok, json_schema=schema)
+        for t in smol_tok.encode('{"a": 1', add_bos=False):
+            k.advance(t)
+        ok = k.allowed()
+        assert ok[brace] and ok[comma] == open_
