@@ -372,3 +372,32 @@ def test_objects_that_list_their_properties_are_closed(smol_tok):
             k.advance(t)
         ok = k.allowed()
         assert ok[brace] and ok[comma] == open_
+
+
+@needs_llg
+def test_engine_computes_the_masks_during_the_forward_pass(smol_llm, monkeypatch):
+    """In the engine every mask is filled on the helper thread (overlapping model.batch), none
+    again in Generation.feed; the replies still follow their grammars."""
+    import threading
+    import pyklei.grammar as G
+    from pyklei.engine import Engine
+    from pyklei.sampler import SamplingParams
+
+    threads = []
+    fill = G.Constraint.fill_bitmask
+
+    def spy(self, out=None):
+        threads.append(threading.current_thread().name)
+        return fill(self, out)
+
+    monkeypatch.setattr(G.Constraint, "fill_bitmask", spy)
+    tok = smol_llm.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "Is water wet?"}], tokenize=True)
+    with Engine(smol_llm.model, tok, n_parallel=3) as engine:
+        streams = [engine.submit(ids, max_tokens=16, params=SamplingParams(temperature=0.0),
+                                 eos_ids=smol_llm.eos_ids,
+                                 constraint=G.constraint(tok, regex=rx))
+                   for rx in ("(yes|no)", "[0-9]{3}", "[a-z]+ [a-z]+")]
+        texts = ["".join(r.text for r in s) for s in streams]
+    assert texts[0] in ("yes", "no") and texts[1].isdigit() and len(texts[1]) == 3
+    assert len(threads) >= 3 + 3 and all(t.startswith("pyklei-mask") for t in threads), threads
