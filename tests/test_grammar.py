@@ -401,3 +401,13 @@ def test_engine_computes_the_masks_during_the_forward_pass(smol_llm, monkeypatch
         texts = ["".join(r.text for r in s) for s in streams]
     assert texts[0] in ("yes", "no") and texts[1].isdigit() and len(texts[1]) == 3
     assert len(threads) >= 3 + 3 and all(t.startswith("pyklei-mask") for t in threads), threads
+
+
+@needs_llg
+def test_cli_chat_constrains_every_reply(smollm2_q4):
+    r = subprocess.run([sys.executable, "-m", "pyklei", "chat", str(smollm2_q4), "--regex",
+                        "(yes|no)", "--temperature", "0"], input="Is the sky blue?\nIs fire cold?\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    replies = [line.removeprefix("> ") for line in r.stdout.splitlines()[1:] if line != "> "]
+    assert len(replies) == 2 and all(x in ("yes", "no") for x in replies), r.stdout
