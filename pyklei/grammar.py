@@ -196,7 +196,7 @@ class Constraint:
 
 
 def _first_line(msg: str) -> str:
-    """llguidance's errors carry the parser state and the grammar after the first lines."""
+    """The message of an llguidance error, without the parser state and grammar it appends."""
     return msg.strip().split("\n<state>")[0].strip()
 
 
