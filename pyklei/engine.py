@@ -20,6 +20,10 @@ Determinism: a row of a batch gets the same logits, bit for bit, as alone (Model
 request samples with its own sampler (its own seed), so a request's text does not depend on
 what else runs.
 
+Constrained requests (submit(constraint=), pyklei.grammar): each step, the grammar masks of the
+requests that sample in it are computed on a helper thread while model.batch runs (both release
+the GIL), and applied to their logits after it.
+
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
 a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
@@ -39,6 +43,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
@@ -151,6 +156,7 @@ class Engine:
         self._last_used = [0] * n_parallel        # step of each slot's last use (LRU on ties)
         self._step = 0
         self._closing = False
+        self._mask_pool: ThreadPoolExecutor | None = None   # grammar masks during model.batch
         self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
                             prompt_eval_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
@@ -258,6 +264,8 @@ class Engine:
                     self._cond.wait()
                 self._drop_cancelled()
                 if self._closing and not self._waiting and not self._running:
+                    if self._mask_pool is not None:
+                        self._mask_pool.shutdown()
                     return
                 admitted = []
                 while len(self._running) < self.n_parallel:
@@ -333,8 +341,14 @@ class Engine:
         if not tokens:
             return
         self._step += 1
-        logits = self.model.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
-                                  np.array(pos, np.int32), np.array(rows, np.int32))
+        last_chunk = pre is not None and chunk_end == len(pre.prompt)   # pre samples this step
+        ahead = self._masks_ahead(decoding + ([pre] if last_chunk else []))
+        try:
+            logits = self.model.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
+                                      np.array(pos, np.int32), np.array(rows, np.int32))
+        finally:    # the matchers are the helper's until it is done
+            if ahead is not None:
+                ahead.result()
         finished = []
         for i, r in enumerate(decoding):
             r.done_pos += 1
@@ -367,6 +381,17 @@ class Engine:
         for r in self._running:
             self._last_used[r.slot] = self._step
 
+    def _masks_ahead(self, reqs: list[_Request]):
+        """Starts computing the grammar masks of the constrained requests among `reqs` (their
+        next token's) on a helper thread, while model.batch runs: llguidance and the forward
+        pass both release the GIL, so the masks take no time of the step."""
+        gens = [r.gen for r in reqs if r.gen.constraint is not None]
+        if not gens:
+            return None
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="pyklei-mask")
+        return self._mask_pool.submit(_fill_masks, gens)
+
     def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
         """Samples r's next token. A failure here is r's alone (the model's step succeeded):
         r ends with RequestFailedError and the batch runs on without it."""
@@ -386,6 +411,14 @@ class Engine:
             r.stream._put(resp)
         if r.gen.done:
             finished.append(r)
+
+
+def _fill_masks(gens: list[Generation]) -> None:
+    for g in gens:
+        try:
+            g.next_mask = g.constraint.fill_bitmask()
+        except Exception:      # Generation.feed computes it again: that request fails alone
+            g.next_mask = None
 
 
 __all__ = ["Engine", "EngineClosedError", "GenerationResponse", "QueueFullError",

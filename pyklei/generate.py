@@ -177,9 +177,9 @@ def _stream(model, prompt, gen):
 class Generation:
     """One request's decoding state, token by token: sampler, repetition history, streaming
     detokenizer, stop strings, an optional grammar constraint, and the statistics of its
-    responses. stream_generate drives one
-    over model.eval/step; pyklei.engine drives many over batched steps. The clock starts at
-    construction (t0): time_to_first_token counts from there."""
+    responses. stream_generate drives one over model.eval/step; pyklei.engine drives many over
+    batched steps. The clock starts at construction (t0): time_to_first_token counts from
+    there."""
 
     def __init__(self, tokenizer, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
                  stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None,

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["Constraint", "GrammarError", "constraint", "llg_tokenizer", "JSON_OBJECT"]
+__all__ = ["Constraint", "GrammarError", "JSON_OBJECT", "close_objects", "constraint", "llg_tokenizer"]
 
 #: {"type": "json_object"}: any JSON object (OpenAI's JSON mode).
 JSON_OBJECT = {"type": "object"}
@@ -196,7 +196,7 @@ class Constraint:
 
 
 def _first_line(msg: str) -> str:
-    """llguidance's errors carry the parser state and the grammar after the first lines."""
+    """The message of an llguidance error, without the parser state and grammar it appends."""
     return msg.strip().split("\n<state>")[0].strip()
 
 
@@ -224,11 +224,38 @@ def _schema_text(schema) -> str:
     return json.dumps(schema)
 
 
+# Keywords whose values are data or whose subschemas must stay as written: closing an object
+# inside allOf would forbid the properties its sibling schemas add.
+_NOT_CLOSED = frozenset({"allOf", "const", "enum", "default", "examples", "not"})
+
+
+def close_objects(schema):
+    """A copy of `schema` where every object schema that lists "properties" and says nothing
+    of other ones ("additionalProperties", "patternProperties", "unevaluatedProperties") gets
+    "additionalProperties": false.
+
+    Why: JSON Schema leaves such objects open, and a small model then keeps adding keys of its
+    own (it echoes the schema back as properties) until max_tokens cuts the reply. Every reply
+    valid under the closed schema is valid under the original, so the constraint stays sound;
+    OpenAI's strict mode and xgrammar's default close objects alike. A schema that wants extra
+    keys says so ("additionalProperties": true or a schema), and that is kept."""
+    if isinstance(schema, list):
+        return [close_objects(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in _NOT_CLOSED else close_objects(v)) for k, v in schema.items()}
+    if (isinstance(out.get("properties"), dict) and "additionalProperties" not in out
+            and "patternProperties" not in out and "unevaluatedProperties" not in out):
+        out["additionalProperties"] = False
+    return out
+
+
 def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
                regex: str | None = None, response_format: dict | None = None) -> Constraint | None:
     """The constraint of one request, from at most one of:
 
-    json_schema      a JSON schema (dict, or its JSON text)
+    json_schema      a JSON schema (dict, or its JSON text); objects that list their
+                     properties are closed (close_objects)
     grammar          a Lark grammar (llguidance's dialect) or a GBNF grammar (llama.cpp's)
     regex            a regular expression the whole reply matches (Rust regex syntax)
     response_format  OpenAI's: {"type": "text"} (None: no constraint), {"type": "json_object"},
@@ -251,7 +278,8 @@ def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
             return None
     llg = _llguidance()
     if json_schema is not None:
-        text = _schema_text(json_schema)
+        text = _schema_text(json_schema)   # checked as JSON here, then closed (close_objects)
+        text = json.dumps(close_objects(json.loads(text)))
         try:
             g = llg.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_LAYOUT)
         except ValueError as e:

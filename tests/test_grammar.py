@@ -340,3 +340,74 @@ def test_cli_json_schema_and_grammar(smollm2_q4, tmp_path):
                        (["--regex", "[a-"], "invalid regex")]:
         r = _cli("generate", smollm2_q4, "-p", "x", *bad)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@needs_llg
+def test_objects_that_list_their_properties_are_closed(smol_tok):
+    """close_objects adds additionalProperties: false where a schema lists properties and says
+    nothing of others (a small model otherwise adds keys until max_tokens); what the schema says
+    itself, allOf branches and data (enum/const) are kept."""
+    from pyklei.grammar import close_objects, constraint
+    person = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    s = {"type": "object", "properties": {"p": person, "q": {"type": "array", "items": person}},
+         "$defs": {"d": person},
+         "allOf": [person], "enum": [{"properties": {}}],
+         "anyOf": [person, {"properties": {"b": {}}, "additionalProperties": True},
+                   {"properties": {"b": {}}, "patternProperties": {"^x": {}}}]}
+    c = close_objects(s)
+    assert c["additionalProperties"] is False
+    assert c["properties"]["p"]["additionalProperties"] is False
+    assert c["properties"]["q"]["items"]["additionalProperties"] is False
+    assert c["$defs"]["d"]["additionalProperties"] is False
+    assert c["allOf"] == [person] and c["enum"] == s["enum"]
+    assert c["anyOf"][0]["additionalProperties"] is False
+    assert c["anyOf"][1]["additionalProperties"] is True
+    assert "additionalProperties" not in c["anyOf"][2]
+    assert "additionalProperties" not in person and close_objects({"type": "object"}) == {"type": "object"}
+    # in the constraint: after {"a": 1 only the end of the object may come
+    comma, brace = (smol_tok.encode(x, add_bos=False)[0] for x in (",", "}"))
+    for schema, open_ in [(person, False), ({**person, "additionalProperties": True}, True)]:
+        k = constraint(smol_tok, json_schema=schema)
+        for t in smol_tok.encode('{"a": 1', add_bos=False):
+            k.advance(t)
+        ok = k.allowed()
+        assert ok[brace] and ok[comma] == open_
+
+
+@needs_llg
+def test_engine_computes_the_masks_during_the_forward_pass(smol_llm, monkeypatch):
+    """In the engine every mask is filled on the helper thread (overlapping model.batch), none
+    again in Generation.feed; the replies still follow their grammars."""
+    import threading
+    import pyklei.grammar as G
+    from pyklei.engine import Engine
+    from pyklei.sampler import SamplingParams
+
+    threads = []
+    fill = G.Constraint.fill_bitmask
+
+    def spy(self, out=None):
+        threads.append(threading.current_thread().name)
+        return fill(self, out)
+
+    monkeypatch.setattr(G.Constraint, "fill_bitmask", spy)
+    tok = smol_llm.tokenizer
+    ids = tok.apply_chat_template([{"role": "user", "content": "Is water wet?"}], tokenize=True)
+    with Engine(smol_llm.model, tok, n_parallel=3) as engine:
+        streams = [engine.submit(ids, max_tokens=16, params=SamplingParams(temperature=0.0),
+                                 eos_ids=smol_llm.eos_ids,
+                                 constraint=G.constraint(tok, regex=rx))
+                   for rx in ("(yes|no)", "[0-9]{3}", "[a-z]+ [a-z]+")]
+        texts = ["".join(r.text for r in s) for s in streams]
+    assert texts[0] in ("yes", "no") and texts[1].isdigit() and len(texts[1]) == 3
+    assert len(threads) >= 3 + 3 and all(t.startswith("pyklei-mask") for t in threads), threads
+
+
+@needs_llg
+def test_cli_chat_constrains_every_reply(smollm2_q4):
+    r = subprocess.run([sys.executable, "-m", "pyklei", "chat", str(smollm2_q4), "--regex",
+                        "(yes|no)", "--temperature", "0"], input="Is the sky blue?\nIs fire cold?\n",
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    replies = [line.removeprefix("> ") for line in r.stdout.splitlines()[1:] if line != "> "]
+    assert len(replies) == 2 and all(x in ("yes", "no") for x in replies), r.stdout
