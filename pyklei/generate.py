@@ -189,6 +189,7 @@ class Generation:
         constraint: a pyklei.grammar.Constraint the reply follows."""
         self.eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
         self.constraint = constraint      # pyklei.grammar.Constraint: the tokens allowed next
+        self._close_from = 0 if constraint is None else constraint.closing_reserve(max_tokens)
         self.next_mask = None             # its mask for the next feed, when computed ahead
         self.params = params
         if params.logit_bias and params.logit_bias[-1][0] >= tokenizer.vocab_size:
@@ -269,6 +270,8 @@ class Generation:
         if self.constraint is not None:   # forbidden tokens -> -inf; EOS only where it accepts
             logits = self.constraint.apply(logits, self.eos, self.next_mask)
             self.next_mask = None
+            if self.max_tokens - self.n_gen <= self._close_from:   # pyklei.grammar.closing_bias
+                logits = logits + self.constraint.closing_bias()
         token = self.sample(logits)
         self.token = token
         self.counts[token] = self.counts.get(token, 0) + 1

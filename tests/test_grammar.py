@@ -411,3 +411,28 @@ def test_cli_chat_constrains_every_reply(smollm2_q4):
     assert r.returncode == 0, r.stderr
     replies = [line.removeprefix("> ") for line in r.stdout.splitlines()[1:] if line != "> "]
     assert len(replies) == 2 and all(x in ("yes", "no") for x in replies), r.stdout
+
+
+def test_the_last_tokens_of_the_budget_steer_a_json_reply_to_close(smollm2_q4):
+    """SmolLM2 loops inside an unbounded comment string; in the last eighth of max_tokens the
+    grammar's allowed closers gain pyklei.grammar.closing_bias, so the reply ends valid
+    ("stop") instead of being cut ("length"). Without the bias the same request is cut."""
+    pytest.importorskip("llguidance")
+    import jsonschema
+
+    import pyklei
+    from pyklei import grammar
+
+    llm = pyklei.load(smollm2_q4, n_threads=2, n_ctx=1024)
+    schema = {"type": "object", "required": ["stars"], "properties": {
+        "stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": {"type": "string"}}}
+    ask = [{"role": "user", "content": "Rate a restaurant from 1 to 5 stars with an optional "
+                                       "comment."}]
+    r = llm.chat(ask, json_schema=schema, temperature=0, max_tokens=96)
+    assert r.finish_reason == "stop" and r.generation_tokens > 96 - grammar.closing_reserve(96)
+    jsonschema.validate(json.loads(r.text), schema)
+    zeros = np.zeros(llm.tokenizer.vocab_size, np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grammar.Constraint, "closing_bias", lambda self: zeros)
+        cut = llm.chat(ask, json_schema=schema, temperature=0, max_tokens=96)
+    assert cut.finish_reason == "length"
