@@ -74,7 +74,8 @@ def check_tool_choice(choice, tools: list[dict]) -> str | dict:
         if choice == "required" and not tools:
             raise ToolError("'tool_choice': \"required\" needs 'tools'")
         return choice
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    f = choice.get("function") if isinstance(choice, dict) else None
+    name = f.get("name") if isinstance(f, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
         raise ToolError("'tool_choice' must be \"none\", \"auto\", \"required\" or "
                         "{\"type\": \"function\", \"function\": {\"name\": ...}}")

@@ -167,21 +167,54 @@ def _valid(rng: random.Random):
                                "repetition_penalty": 1.1, "stream": rng.random() < 0.3}
 
 
+def _steering(rng: random.Random) -> dict:
+    """The fields that steer the output, well-formed on the outside with garbage inside (a
+    schema, a tool's parameters, a tool choice's function, a bias's value, tool messages)."""
+    def g():
+        return rng.choice(GARBAGE)
+    return rng.choice([
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": g()}}},
+        {"response_format": {"type": g()}}, {"json_schema": g()}, {"grammar": g()},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": g()}}]},
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": g()}}}}], "tool_choice": "required"},
+        {"tools": [{"type": "function", "function": {"name": "f"}}],
+         "tool_choice": {"type": "function", "function": g()}},
+        {"functions": [{"name": "f", "parameters": g()}], "function_call": g()},
+        {"logit_bias": {str(rng.randrange(-5, 60000)): g()}},
+        {"n": rng.randrange(-2, 20), "best_of": rng.randrange(-2, 20)},
+        {"logprobs": g(), "top_logprobs": g()},
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": g()},
+                      {"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "tool", "content": "x", "tool_call_id": g()}]},
+        {"messages": [{"role": "assistant", "function_call": g()},
+                      {"role": "function", "name": g(), "content": "r"}]},
+    ])
+
+
 def _mutate(rng: random.Random, body: dict):
     """One random change: a field's value replaced, a field removed or added, a message or a
-    content part broken, or the JSON text itself damaged (returns bytes then)."""
-    op = rng.randrange(7)
+    content part broken, a steering field filled with garbage, or the JSON text itself damaged
+    (returns bytes then)."""
+    op = rng.randrange(8)
     keys = list(body)
-    if op == 0:
+    if op == 7:
+        body.update(_steering(rng))
+        if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
+            body["max_tokens"] = 2
+    elif op == 0:
         k = rng.choice(keys)
         body[k] = rng.choice(SAFE_BUDGET if k == "max_tokens" else GARBAGE)
     elif op == 1:
         k = rng.choice([k for k in keys if k != "max_tokens"])
         del body[k]
     elif op == 2:
-        body[rng.choice(["n", "logprobs", "tools", "user", "metadata", "response_format",
-                         "stream_options", "max_completion_tokens", "stop", "seed",
-                         "temperature", "x" * 50])] = rng.choice(GARBAGE)
+        body[rng.choice(["n", "logprobs", "top_logprobs", "tools", "tool_choice", "functions",
+                         "function_call", "parallel_tool_calls", "user", "metadata",
+                         "response_format", "json_schema", "grammar", "logit_bias", "best_of",
+                         "echo", "presence_penalty", "stream_options",
+                         "max_completion_tokens", "stop", "seed", "temperature",
+                         "x" * 50])] = rng.choice(GARBAGE)
         body.pop("max_completion_tokens", None) if rng.random() < 0.5 else None
         if "max_completion_tokens" in body:
             body["max_completion_tokens"] = rng.choice(SAFE_BUDGET[1:])
