@@ -212,8 +212,7 @@ class LLM:
                                               self.tokenizer.chat_template)
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
-        if offered or any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
-                          for m in messages):
+        if offered or tool_calls.has_tool_turns(messages):
             ids = tool_calls.render(self.tokenizer, messages, offered or None)
         else:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,

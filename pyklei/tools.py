@@ -99,6 +99,13 @@ def _arguments(s) -> Any:
     return s
 
 
+def has_tool_turns(messages) -> bool:
+    """Whether a conversation holds tool calls or tool results (it then needs render(), even
+    when no tools are offered this turn)."""
+    return any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
+               for m in messages)
+
+
 def template_messages(messages: Sequence[dict], native: bool) -> list[dict]:
     """The conversation as the template renders it. native: the Hugging Face tool shape;
     otherwise tool calls and results written as text (module doc)."""

@@ -10,9 +10,6 @@
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -89,18 +86,10 @@ def test_rows_equal_each_row_alone(rows, group, hd, dtype):
 
 
 def test_pyklei_kernel_forces_the_f16_reader_and_the_log_says_which():
-    code = "from pyklei import _ext; print(_ext.f16_reader_isa())"
-    best = _ext.f16_reader_isa()
-    for force, want in (("scalar", "scalar"), ("qai8dx_qsi4c32_1x1_scalar", "scalar"), (None, best)):
-        env = {k: v for k, v in os.environ.items() if k != "PYKLEI_KERNEL"}
-        env["PYKLEI_LOG"] = "kernels"
-        if force:
-            env["PYKLEI_KERNEL"] = force
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == want
-        assert f"f16 KV cache read with f16_to_f32_{want}" in out.stderr
+    from kernel_log import check_forced_choice
+
+    check_forced_choice("from pyklei import _ext; print(_ext.f16_reader_isa())",
+                        _ext.f16_reader_isa(), "f16 KV cache read with f16_to_f32_{}")
 
 
 def test_bad_arguments():

@@ -79,21 +79,11 @@ def test_every_fwht_this_cpu_runs_is_bit_exact_with_scalar(n):
 
 
 def test_pyklei_kernel_forces_the_fwht_and_the_log_says_which():
-    import subprocess
-    import sys
+    from kernel_log import check_forced_choice
     from pyklei import _ext
-    code = "from pyklei import _ext; print(_ext.rotation_fwht_isa())"
-    best = _ext.rotation_fwht_isa()
-    for force, want in (("scalar", "scalar"), ("qai8dx_qsi4c32_1x1_scalar", "scalar"), (None, best)):
-        env = {k: v for k, v in os.environ.items() if k != "PYKLEI_KERNEL"}
-        env["PYKLEI_LOG"] = "kernels"
-        if force:
-            env["PYKLEI_KERNEL"] = force
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == want
-        assert f"rotation of 64 (1 x 64): fwht_{want}" in out.stderr
+
+    check_forced_choice("from pyklei import _ext; print(_ext.rotation_fwht_isa())",
+                        _ext.rotation_fwht_isa(), "rotation of 64 (1 x 64): fwht_{}")
 
 
 def test_unsupported_and_bad_rotations_are_errors():

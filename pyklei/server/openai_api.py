@@ -30,7 +30,7 @@ from dataclasses import replace
 from ..generate import MAX_TOP_LOGPROBS, GenerationResponse, TokenLogprob, token_budget
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
-from ..tools import ToolError, check_tool_choice, check_tools
+from ..tools import ToolError, check_tool_choice, check_tools, has_tool_turns
 from ..tools import call_grammar, parse_reply
 from ..tools import render as render_with_tools
 
@@ -351,7 +351,7 @@ def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=()) -> list[i
         check_length(kind, (m["content"] or "" for m in messages), len(messages), tokenizer,
                      n_ctx)
         try:
-            if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            if tools or has_tool_turns(messages):
                 return render_with_tools(tokenizer, messages, list(tools) or None)
             return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         except (ChatTemplateError, ValueError, TypeError) as e:
@@ -408,10 +408,12 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     constrained = constraint_from(body, tokenizer, tools, tool_choice, parallel)
     prompt_text = "" if not echo else (body["prompt"] if isinstance(body.get("prompt"), str)
                                        else tokenizer.decode(ids))
-    return Request(kind, ids, budget, stop, params, bool(stream),
-                   bool((opts or {}).get("include_usage")), logprobs, echo, prompt_text,
-                   tools, tool_choice, parallel, constrained, legacy, best_of,
-                   _int_field(body, "n", 1, MAX_N, 1))
+    return Request(kind=kind, ids=ids, max_tokens=budget, stop=stop, params=params,
+                   stream=bool(stream), include_usage=bool((opts or {}).get("include_usage")),
+                   logprobs=logprobs, echo=echo, prompt_text=prompt_text, tools=tools,
+                   tool_choice=tool_choice, parallel_tool_calls=parallel,
+                   constraint=constrained, legacy_functions=legacy, best_of=best_of,
+                   n=_int_field(body, "n", 1, MAX_N, 1))
 
 
 # ---- responses ------------------------------------------------------------------------------
