@@ -444,13 +444,13 @@ def main() -> int:
                 msgs = prompt_of(style, task, schema)
                 ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
                 params = SamplingParams(**kw)
+                c = G.constraint(tok, json_schema=schema)
                 jobs.append((i, task, schema, msgs,
                              engine.submit(ids, max_tokens=args.max_tokens, params=params,
                                            eos_ids=llm.eos_ids),
                              engine.submit(ids, max_tokens=args.max_tokens, params=params,
-                                           eos_ids=llm.eos_ids,
-                                           constraint=G.constraint(tok, json_schema=schema))))
-            for i, task, schema, msgs, free_s, con_s in jobs:
+                                           eos_ids=llm.eos_ids, constraint=c), c))
+            for i, task, schema, msgs, free_s, con_s, c in jobs:
                 free, con = collect(free_s), collect(con_s)
                 fv, fok = strict_value(free.text)
                 lv, lok = lenient_value(free.text)
@@ -462,7 +462,8 @@ def main() -> int:
                          free_finish=free.finish_reason, constrained_finish=con.finish_reason,
                          free_tokens=free.generation_tokens,
                          constrained_tokens=con.generation_tokens,
-                         free_text=free.text, constrained_text=con.text)
+                         free_text=free.text, constrained_text=con.text,
+                         substituted=c.n_substituted, close_ms=1000 * c.close_seconds)
                 rows.append(r)
                 counts["free_strict"] += r["free_valid"]
                 counts["free_lenient"] += r["free_lenient_valid"]
@@ -537,6 +538,19 @@ def report(res: dict) -> str:
         lines.append(f"- [{r['setting']}; {r['prompt']}] schema {r['schema']} ({r['task']}): "
                      f"{r['constrained_finish']}, {r['constrained_tokens']} tokens: "
                      f"`{r['constrained_text'][:100]!r}…`")
+    rows = res["rows"]
+    closed = [r for r in rows if r.get("substituted")]
+    lines += ["", "Closing within the budget (Constraint.fit_budget): the replies whose last "
+              f"tokens the check replaced, so that max_tokens could not cut them: {len(closed)} "
+              f"of {len(rows)} ({sum(r['substituted'] for r in closed)} tokens replaced in all); "
+              "the searches took "
+              f"{sum(r['close_ms'] for r in rows) / max(1, sum(r['constrained_tokens'] for r in rows)):.3f} "
+              "ms per constrained token on average, "
+              f"{max(r['close_ms'] for r in rows):.0f} ms in the costliest reply."]
+    for r in closed:
+        lines.append(f"- [{r['setting']}; {r['prompt']}] schema {r['schema']}: "
+                     f"{r['substituted']} replaced, {r['constrained_tokens']} tokens, ends "
+                     f"`…{r['constrained_text'][-70:]!r}`")
     c = res["mask_cost_smollm2"]
     lines += ["", "## Mask cost per decode step", "",
               "In the runs above (SmolLM2, all constrained replies, in the engine): "

@@ -273,6 +273,8 @@ class Generation:
             if self.max_tokens - self.n_gen <= self._close_from:   # pyklei.grammar.closing_bias
                 logits = logits + self.constraint.closing_bias()
         token = self.sample(logits)
+        if self.constraint is not None and token not in self.eos:   # never cut an unclosed reply
+            token = self.constraint.fit_budget(token, self.max_tokens - self.n_gen - 1)
         self.token = token
         self.counts[token] = self.counts.get(token, 0) + 1
         if self.logprobs is not None and token not in self.eos:

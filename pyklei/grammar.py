@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import weakref
 from typing import Any, Sequence
 
@@ -146,6 +147,231 @@ def closing_reserve(max_tokens: int) -> int:
     return min(64, max(8, max_tokens // 8))
 
 
+# ---- closing within the budget ------------------------------------------------------------------
+#
+# The bias above makes closing likely; this makes it certain. Each sampled token is checked
+# (Constraint.fit_budget): the grammar must still be completable within the tokens max_tokens
+# leaves after it. If it is not, the first token of a completion found from the state before
+# it is emitted instead, and the model goes on from there. So a reply that starts with a
+# completion within its budget always has one, and max_tokens never cuts it mid-value.
+# completion_within finds the completions: a search over one-character steps (short and
+# universal: every vocabulary has the printable ASCII characters as tokens), respelled in the
+# tokenizer's own tokens.
+
+#: Every token is checked while fewer than this many would be left over after the completion
+#: (a search each, ~0.5 ms typically); elsewhere every CLOSE_EVERY tokens, which keeps the
+#: completion's length known as a reply nests deeper.
+CLOSE_WINDOW, CLOSE_EVERY = 96, 16
+#: At most this many grammar states are visited per search; past it the search gives up and the
+#: generation stops checking (a grammar whose completions this search cannot find cheaply).
+CLOSE_SEARCH_NODES = 2000
+
+# The characters a completion is spelled from, in the order they are tried among equal
+# candidates: what strings are usually made of first (a completion should read like a plain
+# value: "a@a.aa", not "}}@0"), then separators, literals' first letters, whitespace, and
+# the brackets last (outside strings, closing ones are tried first anyway: they close), then
+# the rest of printable ASCII but the backslash (an escape is never needed to close).
+_ALPHABET = "".join(dict.fromkeys(
+    '"a01@.-:,A_+/TZeEtrufnls \n}]{[' + "".join(chr(c) for c in range(0x20, 0x7f)))).replace("\\", "")
+_CHAR_CACHE: dict[int, tuple[np.ndarray, tuple[bytes, ...]]] = {}
+
+
+def _char_tokens(tokenizer) -> tuple[np.ndarray, tuple[bytes, ...]]:
+    """The ids of the vocabulary's one-character tokens for _ALPHABET (in its order, characters
+    without such a token left out), and their bytes; cached per tokenizer."""
+    key = id(tokenizer)
+    with _LLT_LOCK:
+        hit = _CHAR_CACHE.get(key)
+        if hit is None:
+            want = {ch.encode(): None for ch in _ALPHABET}
+            special = tokenizer.special_ids
+            for i in range(tokenizer.vocab_size):
+                if i not in special:
+                    piece = tokenizer.token_to_piece(i)
+                    if piece in want and want[piece] is None:
+                        want[piece] = i
+            found = [(t, b) for b, t in want.items() if t is not None]
+            hit = (np.array([t for t, _ in found], np.int64), tuple(b for _, b in found))
+            _CHAR_CACHE[key] = hit
+            weakref.finalize(tokenizer, _CHAR_CACHE.pop, key, None)
+    return hit
+
+
+# The JSON state of a text, as the closing search needs it: (inside a string, after a backslash
+# in it, open arrays and objects, the bytes of the open string -- or, outside, of the string just
+# closed while only whitespace followed it, a key if ':' comes -- else None, per open array or
+# object its (last key, commas so far), the last byte outside strings that is not whitespace).
+# The keys, counts and last byte tell apart places that look alike to the grammar's mask: after
+# "name": "x" and after "age": 3 the same tokens may come next, but what must follow differs;
+# likewise the first and the third item of an array of three, or a '"' after ':' (a value) and
+# after ',' (a key).
+JSON_START = (False, False, 0, None, (), 0)
+_KEY_CAP = 64     # bytes of a string kept: keys are short; longer strings are never keys
+
+
+def _json_lex(state: tuple, data: bytes) -> tuple:
+    """The JSON state (see JSON_START) after `data`."""
+    in_str, esc, depth, cur, nest, last = state
+    for b in data:
+        if in_str:
+            if esc:
+                esc = False
+            elif b == 0x5C:                      # backslash
+                esc = True
+            elif b == 0x22:                      # '"' closes it
+                in_str, last = False, b
+                continue
+            if cur is not None and len(cur) < _KEY_CAP:
+                cur += bytes((b,))
+            continue
+        if b in (0x20, 0x0A, 0x0D, 0x09):
+            continue
+        last = b
+        if b == 0x22:
+            in_str, cur = True, b""
+            continue
+        if b == 0x3A and cur is not None and nest:   # ':' after a string: it was a key
+            nest = nest[:-1] + ((cur, nest[-1][1]),)
+        elif b == 0x2C and nest:                     # ','
+            nest = nest[:-1] + ((nest[-1][0], nest[-1][1] + 1),)
+        elif b in (0x7B, 0x5B):                      # '{' '['
+            depth += 1
+            nest = nest + ((b"", 0),)
+        elif b in (0x7D, 0x5D):                      # '}' ']'
+            depth = max(0, depth - 1)
+            nest = nest[:-1]
+        cur = None
+    return in_str, esc, depth, cur, nest, last
+
+
+def completion_within(matcher, tokenizer, lex: tuple | None, limit: int,
+                      max_nodes: int = CLOSE_SEARCH_NODES) -> list[int] | None:
+    """Tokens that take `matcher` to a state where the grammar accepts, at most `limit` of
+    them; [] when it accepts already; None when the search finds none (within about 3 * limit
+    characters and `max_nodes` visited states). `matcher` is not changed.
+
+    `lex` is the JSON state of the text so far (_json_lex; None for grammars that are not
+    JSON): each open string, array and object needs one more character at least, a lower
+    bound that prunes the search and orders it.
+
+    Depth first over one-character steps. At each state the next characters are tried
+    fewest-open-structures first, then in _ALPHABET's order; a character that changes neither
+    the grammar's mask (the tokens allowed next, over the whole vocabulary) nor the JSON
+    structure -- one more letter of a free string -- is tried after those that do (the '@'
+    of an e-mail before its local part's second letter). States with the same mask, JSON
+    structure, key path and string length count as one (reached again with no more steps
+    left, they are skipped): that keeps the search small, a few hundred states at most on
+    benchmarks/structured.py's schemas. Not always the shortest completion, short in practice:
+    a plain value of each required kind ("a@a", "00000", 0). The characters found are then
+    respelled in the tokenizer's tokens where the grammar takes those."""
+    if matcher.is_accepting() or matcher.is_stopped():
+        return []
+    ids, chars = _char_tokens(tokenizer)
+    if lex is not None:   # JSON never needs whitespace between tokens
+        keep = np.array([not c.isspace() for c in chars], bool)
+        ids, chars = ids[keep], tuple(c for c, k in zip(chars, keep) if k)
+    if not len(ids):
+        return None
+    path = _CompletionSearch(tokenizer, ids, chars, max_nodes).run(matcher, lex, 3 * limit + 8)
+    if path is None:
+        return None
+    text = b"".join(tokenizer.token_to_piece(t) for t in path)
+    try:
+        short = tokenizer.encode(text.decode("utf-8"), add_bos=False, parse_special=False)
+    except UnicodeDecodeError:
+        short = path
+    if len(short) < len(path):
+        m = matcher.deep_copy()
+        if all(m.consume_token(t) for t in short) and (m.is_accepting() or m.is_stopped()):
+            path = list(short)
+    return path if len(path) <= limit else None
+
+
+class _CompletionSearch:
+    """The depth-first search of completion_within; `nodes` counts the states it visited."""
+
+    def __init__(self, tokenizer, ids, chars, max_nodes):
+        self.tokenizer, self.ids, self.chars, self.max_nodes = tokenizer, ids, chars, max_nodes
+        self.n_words = (tokenizer.vocab_size + 31) // 32
+        self.word, self.shift = ids >> 5, (ids & 31).astype(np.int32)
+        self.nodes = 0
+
+    @staticmethod
+    def _open(lx) -> int:
+        return 0 if lx is None else int(lx[0]) + lx[2]
+
+    @staticmethod
+    def _shape(lx):
+        """The JSON state without the string's text: its structure and key path."""
+        return None if lx is None else (lx[0], lx[1], lx[2], lx[4], lx[5])
+
+    def _mask(self, m) -> np.ndarray:
+        bits = np.empty(self.n_words, np.int32)
+        m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+        return bits
+
+    def _children(self, bits, lx, g, limit):
+        """(token, piece, lex) of the allowed next steps within the limit, best first."""
+        js = np.nonzero((bits[self.word] >> self.shift) & 1)[0]
+        cands = [(int(j), int(self.ids[j]), self.chars[j]) for j in js]
+        if not cands:
+            # where the next text is forced (a key's name), llguidance allows only the tokens
+            # that spell it as the tokenizer would: take those
+            special = self.tokenizer.special_ids
+            allowed = np.nonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))[0]
+            cands = [(len(self.ids) + k, int(t), self.tokenizer.token_to_piece(int(t)))
+                     for k, t in enumerate(allowed[:16]) if int(t) not in special]
+        out = []
+        for order, tok, piece in cands:
+            nlx = None if lx is None else _json_lex(lx, piece)
+            h = self._open(nlx)
+            if g + 1 + h <= limit:
+                out.append((h, order, tok, nlx))
+        out.sort()
+        return [(tok, nlx) for _, _, tok, nlx in out]
+
+    def run(self, matcher, lex, limit):
+        best: dict = {}             # merged state -> most tokens left when it was reached
+        root = self._mask(matcher)
+        # a frame: [matcher, its mask, lex, path, children, next child, deferred children]
+        stack = [[matcher, root, lex, (), self._children(root, lex, 0, limit), 0, []]]
+        while stack:
+            if self.nodes >= self.max_nodes:
+                return None
+            frame = stack[-1]
+            m, bits, lx, path, kids, i, deferred = frame
+            if i < len(kids):
+                frame[5] = i + 1
+                tok, nlx = kids[i]
+                child = m.deep_copy()
+                self.nodes += 1
+                if not child.consume_token(tok):
+                    continue
+                cpath = path + (tok,)
+                if child.is_accepting() or child.is_stopped():
+                    return list(cpath)
+                cbits = self._mask(child)
+                key = (cbits.tobytes(), self._shape(nlx),
+                       len(nlx[3]) if nlx is not None and nlx[0] and nlx[3] is not None else -1)
+                left = limit - len(cpath)
+                if best.get(key, -1) >= left:
+                    continue
+                best[key] = left
+                entry = [child, cbits, nlx, cpath, None, 0, []]
+                if (np.array_equal(cbits, bits) and self._shape(nlx) == self._shape(lx)):
+                    deferred.append(entry)       # no progress to see: after the siblings
+                    continue
+                entry[4] = self._children(cbits, nlx, len(cpath), limit)
+                stack.append(entry)
+            elif deferred:
+                entry = deferred.pop(0)
+                entry[4] = self._children(entry[1], entry[2], len(entry[3]), limit)
+                stack.append(entry)
+            else:
+                stack.pop()
+        return None
+
+
 # ---- one request's constraint -------------------------------------------------------------------
 
 class Constraint:
@@ -170,6 +396,15 @@ class Constraint:
         self._bits = np.zeros((self.n_vocab + 31) // 32, np.int32)
         self.n_tokens = 0                     # tokens advanced over
         self._claimed = False
+        # closing within the budget (fit_budget): the JSON state of the text so far (None for
+        # grammars that are not JSON schemas), a completion from the current state when known,
+        # and whether the search gave up on this grammar
+        self._lex = JSON_START if what == "JSON schema" else None
+        self._completion: list[int] | None = None
+        self._close_len = 0                   # its length when last found
+        self._gave_up = False
+        self.n_substituted = 0                # tokens fit_budget replaced
+        self.close_seconds = 0.0              # spent in its searches (benchmarks read it)
 
     def claim(self) -> "Constraint":
         """Marks it as one generation's (stream_generate and Engine.submit call this): a
@@ -221,6 +456,49 @@ class Constraint:
     def closing_reserve(max_tokens: int) -> int:
         return closing_reserve(max_tokens)
 
+    def fit_budget(self, token: int, budget: int) -> int:
+        """`token` (sampled, not yet advanced over) if the grammar can still be completed within
+        `budget` tokens after it; otherwise the first token of a completion from here, which
+        then leaves one of at most `budget` tokens. Generation calls it for every sampled
+        token, so that max_tokens never cuts a reply the grammar has not closed (see
+        completion_within).
+
+        The search runs where the budget left over a completion is under CLOSE_WINDOW tokens,
+        and every CLOSE_EVERY tokens elsewhere to see the completion's length grow (a reply
+        that nests deeper and deeper needs more to close). Where the search gives up, `token`
+        is kept and this constraint stops checking."""
+        if self._gave_up:
+            return token
+        if budget - self._close_len >= CLOSE_WINDOW and self.n_tokens % CLOSE_EVERY:
+            self._completion = None          # what was found is for an earlier state
+            return token
+        t0 = time.perf_counter()
+        try:
+            return self._fit_budget(token, budget)
+        finally:
+            self.close_seconds += time.perf_counter() - t0
+
+    def _fit_budget(self, token: int, budget: int) -> int:
+        after = self._matcher.deep_copy()
+        if after.consume_token(int(token)):
+            lex = None if self._lex is None else _json_lex(self._lex, self._piece(token))
+            path = completion_within(after, self.tokenizer, lex, budget)
+            if path is not None:
+                self._completion, self._close_len = path, len(path)
+                return token
+        path = self._completion
+        if path is None or len(path) > budget + 1:
+            path = completion_within(self._matcher, self.tokenizer, self._lex, budget + 1)
+        if not path:          # none found (or the grammar accepts already: keep the token)
+            self._gave_up = path is None
+            return token
+        self._completion, self._close_len = path[1:], len(path) - 1
+        self.n_substituted += 1
+        return path[0]
+
+    def _piece(self, token: int) -> bytes:
+        return b"" if token in self.tokenizer.special_ids else self.tokenizer.token_to_piece(token)
+
     def advance(self, token: int) -> None:
         """Moves the grammar past `token` (sampled from apply()'s logits). An end-of-sequence
         token ends the generation and is not passed here."""
@@ -228,6 +506,8 @@ class Constraint:
             raise GrammarError(f"token {token} does not fit the {self.what}: "
                                f"{_first_line(self._matcher.get_error())}")
         self.n_tokens += 1
+        if self._lex is not None:
+            self._lex = _json_lex(self._lex, self._piece(int(token)))
 
     def is_done(self) -> bool:
         """The grammar can take no more text: the generation ends here."""
