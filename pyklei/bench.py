@@ -97,7 +97,7 @@ def measure_speed(prefill: Callable[[list[int]], np.ndarray], step: Callable[[in
 def _check_fits(n_ctx: int, prompt_lengths: Sequence[int], n_gen: int) -> None:
     """Every test within the context, by token_budget's rule: a prefill of N tokens with
     nothing generated, a decode of n_gen tokens after DECODE_CONTEXT."""
-    from .generate import token_budget
+    from .request import token_budget
 
     try:
         for p in prompt_lengths:

@@ -7,7 +7,7 @@
 history holds the user/assistant messages; the system prompt (if any) is always kept. Before a
 turn, whole turns are dropped, oldest first, until prompt + max_tokens fits the context (with
 max_tokens -1, until the prompt takes at most half of it); the reply then gets
-pyklei.generate.token_budget(..., trim=True) of what is left. The KV cache keeps the
+pyklei.request.token_budget(..., trim=True) of what is left. The KV cache keeps the
 conversation, so a turn runs only its new tokens (except after turns were dropped).
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ChatSession:
     def prepare(self, user_text: str) -> tuple[list[int], int, int]:
         """-> (prompt ids, reply budget, turns dropped). Raises MessageTooLongError if the
         message cannot fit."""
-        from .generate import token_budget
+        from .request import token_budget
 
         n_ctx = self.llm.n_ctx
         user = [{"role": "user", "content": user_text}]

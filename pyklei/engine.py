@@ -39,6 +39,7 @@ other requests included: that is the time it took).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -48,7 +49,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .generate import Generation, GenerationResponse, check_request, token_logprob
+from .generate import Generation, GenerationResponse, token_logprob
+from .request import GenerationRequest, check_params, make_request
 from .model import Model
 from .sampler import SamplingParams
 
@@ -181,46 +183,60 @@ class Engine:
                        logprobs: int | None = None, prompt_logprobs: bool = False,
                        constraint=None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
-        own seed): the prompt is evaluated once, by the first; the others wait until it is in the
-        first's KV cache slot, then start from a copy of it (Model.copy_seq) and run only its last
-        token. All are queued, or none (QueueFullError). prompt_logprobs: the first choice's
-        first response carries the log-probability of every prompt token (the whole prompt
-        runs: no cached prefix is reused), with `logprobs` alternatives each. constraint: the
-        first choice follows it, each other choice a fresh copy of it."""
+        own seed); see submit_requests. constraint: the first choice follows it, each other
+        choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
-        if isinstance(stop, str):
-            stop = [stop]
-        if not all(isinstance(s, str) for s in stop):
-            raise TypeError(f"stop must be a list of strings, got {stop!r}")
-        reqs = []
-        for i, p in enumerate(params):
-            ids, budget, p = check_request(self.model.n_ctx, prompt, max_tokens, p, trim)
-            bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
-            if bad:   # refused here: in a batch it would fail the other requests' step too
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary "
-                                 f"[0, {self.model.vocab_size})")
-            c = constraint if constraint is None or i == 0 else constraint.fresh()
-            gen = Generation(self.tokenizer, ids, budget, p, list(stop), eos_ids,
-                             logprobs=logprobs, constraint=c)
-            reqs.append(_Request(RequestStream(self, len(ids)), ids, gen,
-                                 after=reqs[0] if reqs else None))
+        first = make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params[0],
+                             stop, eos_ids, logprobs, constraint, trim)
+        vocab = self.tokenizer.vocab_size
+        reqs = [first] + [dataclasses.replace(first, params=check_params(p, vocab),
+                                              constraint=None if constraint is None
+                                              else constraint.fresh())
+                          for p in params[1:]]
+        return self.submit_requests(reqs, prompt_logprobs=prompt_logprobs)
+
+    def submit_requests(self, reqs: Sequence[GenerationRequest], *,
+                        prompt_logprobs: bool = False) -> list[RequestStream]:
+        """Queues checked requests (pyklei.request.make_request) that share one prompt: the
+        prompt is evaluated once, by the first; the others wait until it is in the first's KV
+        cache slot, then start from a copy of it (Model.copy_seq) and run only its last token.
+        All are queued, or none (QueueFullError). prompt_logprobs: the first request's first
+        response carries the log-probability of every prompt token (the whole prompt runs: no
+        cached prefix is reused), with its `logprobs` alternatives each."""
+        if self._closing:
+            raise EngineClosedError("the engine is shut down")
+        if not reqs:
+            raise ValueError("submit_requests needs at least one request")
+        if any(r.prompt != reqs[0].prompt for r in reqs):
+            raise ValueError("the requests of one submit_requests call share one prompt")
+        for r in reqs:   # the one check of a trusted request: it was made for this context
+            if len(r.prompt) + r.max_tokens > self.model.n_ctx:
+                raise ValueError(f"a request of {len(r.prompt)} prompt tokens and a budget of "
+                                 f"{r.max_tokens} does not fit this engine's context of "
+                                 f"{self.model.n_ctx} tokens")
+        queued = []
+        for req in reqs:
+            ids = list(req.prompt)
+            queued.append(_Request(RequestStream(self, len(ids)), ids,
+                                   Generation(self.tokenizer, req),
+                                   after=queued[0] if queued else None))
         if prompt_logprobs:
-            reqs[0].gen.prompt_logprobs = [None]
+            queued[0].gen.prompt_logprobs = [None]
         with self._cond:
             if self._closing:
                 raise EngineClosedError("the engine is shut down")
-            if len(self._waiting) + len(reqs) > self.max_queue:
+            if len(self._waiting) + len(queued) > self.max_queue:
                 raise QueueFullError(f"{len(self._waiting)} requests are already waiting "
                                      f"(max_queue={self.max_queue})")
-            for r in reqs:   # here: a refused request leaves its constraint unused
+            for r in queued:   # here: a refused request leaves its constraint unused
                 if r.gen.constraint is not None:
                     r.gen.constraint.claim()
-            self._waiting.extend(reqs)
+            self._waiting.extend(queued)
             self._cond.notify_all()
-        return [r.stream for r in reqs]
+        return [r.stream for r in queued]
 
     @property
     def n_ctx(self) -> int:

@@ -10,9 +10,9 @@ character (an emoji spans several byte tokens) or inside a possible stop string 
 next response's text. A reply never ends in a partial character: when max_tokens (or EOS) comes
 inside one, its bytes are dropped.
 
-max_tokens: a count, or None or -1 for "until the context is full"; 0 runs the prompt only.
-`token_budget` is the rule, shared by chat(), the CLI, pyklei.chat and pyklei.server; its
-type and range are pyklei.sampler's MAX_TOKENS.
+max_tokens: a count, or None or -1 for "until the context is full"; 0 runs the prompt only
+(pyklei.request.token_budget is the rule). stream_generate checks its arguments into a
+pyklei.request.GenerationRequest; stream_request runs one made elsewhere (LLM, the server).
 
 A generation owns the model's KV cache while it runs: if another call uses the model between
 two of its steps, the next step raises pyklei.model.SequenceLostError rather than continue
@@ -28,10 +28,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .sampler import (MAX_TOKENS, SamplingParams, apply_logit_bias, apply_presence_frequency,
+from .request import GenerationRequest, make_request
+from .sampler import (SamplingParams, apply_logit_bias, apply_presence_frequency,
                       apply_repetition_penalty, make_sampler)
-
-MAX_TOP_LOGPROBS = 20          # alternatives per token at most (OpenAI's top_logprobs bound)
 
 
 @dataclass(frozen=True)
@@ -64,25 +63,6 @@ class GenerationResponse:
     prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.engine's prompt_logprobs:
                                      # on the first response, one per prompt token (the first None)
     tool_calls: list[dict] | None = None   # LLM.chat with tools: the calls parsed from the reply
-
-
-def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
-    """The number of tokens a generation may produce. max_tokens None or -1: the rest of the
-    context. A count larger than the room left is an error, or with trim=True is cut to it (as
-    chat() does, like llama-cpp-python). A prompt that leaves no room is always an error."""
-    MAX_TOKENS.check(max_tokens)
-    room = n_ctx - n_prompt
-    if room < 1 and not (room == 0 and max_tokens == 0):
-        raise ValueError(f"the prompt has {n_prompt} tokens and exceeds the context of {n_ctx} "
-                         f"tokens with no room to generate; shorten the prompt or load with a "
-                         f"larger n_ctx (--ctx-size)")
-    if max_tokens is None or max_tokens == -1:
-        return room
-    if max_tokens > room and not trim:
-        raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
-                         f"context of {n_ctx} tokens; shorten the prompt, lower max_tokens "
-                         f"(--max-tokens) or load with a larger n_ctx (--ctx-size)")
-    return int(min(max_tokens, room))
 
 
 def peak_rss_mb() -> float:
@@ -138,24 +118,16 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
     pyklei.grammar.Constraint the reply must follow (it ends the reply when complete)."""
-    prompt, budget, params = check_request(model.n_ctx, prompt, max_tokens, params, trim)
-    gen = Generation(tokenizer, prompt, budget, params, stop, eos_ids, logprobs=logprobs,
-                     constraint=constraint)
-    if constraint is not None:
-        constraint.claim()
-    return _stream(model, prompt, gen)
+    return stream_request(model, tokenizer, make_request(
+        model.n_ctx, tokenizer, prompt, max_tokens, params, stop, eos_ids, logprobs, constraint,
+        trim))
 
 
-def check_request(n_ctx: int, prompt: Sequence[int], max_tokens, params: SamplingParams | None,
-                  trim: bool = False) -> tuple[list[int], int, SamplingParams]:
-    """(prompt as ints, token budget, params) of a generation request, or the error it gets at
-    the call: shared by stream_generate and pyklei.engine."""
-    params = params or SamplingParams()
-    prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise ValueError("the prompt is empty: give at least one token")
-    budget = token_budget(n_ctx, len(prompt), max_tokens, trim=trim)
-    return prompt, budget, params
+def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[GenerationResponse]:
+    """Runs a checked request (pyklei.request.make_request) on the model's slot 0."""
+    if req.constraint is not None:
+        req.constraint.claim()
+    return _stream(model, list(req.prompt), Generation(tokenizer, req))
 
 
 def _stream(model, prompt, gen):
@@ -181,35 +153,26 @@ class Generation:
     batched steps. The clock starts at construction (t0): time_to_first_token counts from
     there."""
 
-    def __init__(self, tokenizer, prompt: Sequence[int], max_tokens: int, params: SamplingParams,
-                 stop: Sequence[str], eos_ids: Sequence[int] | None, t0: float | None = None,
-                 logprobs: int | None = None, constraint=None):
-        """logprobs: None, or the number of most likely alternatives (0..MAX_TOP_LOGPROBS) to
-        report beside each generated token's own log-probability (GenerationResponse.logprobs).
-        constraint: a pyklei.grammar.Constraint the reply follows."""
-        self.eos = set(eos_ids if eos_ids is not None else tokenizer.eos_ids)
-        self.constraint = constraint      # pyklei.grammar.Constraint: the tokens allowed next
-        self._close_from = 0 if constraint is None else constraint.closing_reserve(max_tokens)
+    def __init__(self, tokenizer, req: GenerationRequest, t0: float | None = None):
+        """req: the request, checked (pyklei.request.make_request). Its logprobs: None, or the
+        number of most likely alternatives to report beside each generated token's own
+        log-probability (GenerationResponse.logprobs); its constraint: a
+        pyklei.grammar.Constraint the reply follows."""
+        self.eos = set(req.eos_ids)
+        self.constraint = req.constraint  # pyklei.grammar.Constraint: the tokens allowed next
         self.next_mask = None             # its mask for the next feed, when computed ahead
-        self.params = params
-        if params.logit_bias and params.logit_bias[-1][0] >= tokenizer.vocab_size:
-            raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is outside the "
-                             f"vocabulary [0, {tokenizer.vocab_size})")
-        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] "
-                             f"(alternatives per token), got {logprobs!r}")
-        self.logprobs = logprobs
+        self.params = params = req.params
+        self.logprobs = req.logprobs
         self._logprobs: list[TokenLogprob] = []     # since the last response
         self.counts: dict[int, int] = {}            # generated tokens (presence/frequency)
         self.prompt_logprobs: list[TokenLogprob | None] | None = None   # set by the engine
         self.sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p,
                                    params.seed)
         self.detok = tokenizer.detokenizer()
-        self.matcher = StopMatcher(stop)
-        self.prompt_tokens = len(prompt)
-        self.max_tokens = max_tokens
-        self.history = list(prompt)
+        self.matcher = StopMatcher(req.stop)
+        self.prompt_tokens = len(req.prompt)
+        self.max_tokens = req.max_tokens
+        self.history = list(req.prompt)
         self.t0 = time.perf_counter() if t0 is None else t0
         self.t_prefill = 0.0
         self.n_eval = 0
@@ -270,8 +233,6 @@ class Generation:
         if self.constraint is not None:   # forbidden tokens -> -inf; EOS only where it accepts
             logits = self.constraint.apply(logits, self.eos, self.next_mask)
             self.next_mask = None
-            if self.max_tokens - self.n_gen <= self._close_from:   # pyklei.grammar.closing_bias
-                logits = logits + self.constraint.closing_bias()
         token = self.sample(logits)
         if self.constraint is not None and token not in self.eos:   # never cut an unclosed reply
             token = self.constraint.fit_budget(token, self.max_tokens - self.n_gen - 1)

@@ -109,47 +109,10 @@ def llg_tokenizer(tokenizer):
     return llt
 
 
-# Budget-aware closing: in the last tokens of a reply's budget, allowed tokens that close a JSON
-# string, array or object gain CLOSE_BIAS (a comma, which ends a number or moves to the next
-# required key, COMMA_BIAS): a small model that loops inside an unbounded string or array would
-# otherwise be cut by max_tokens mid-value, and an invalid reply is worse than a short one. The
-# grammar still decides what is allowed, so the reply stays valid; only the choice among allowed
-# tokens moves. benchmarks/structured.py measures it.
-CLOSE_BIAS, COMMA_BIAS = 10.0, 5.0
-_CLOSE_CACHE: dict[int, np.ndarray] = {}
-
-
-def closing_bias(tokenizer) -> np.ndarray:
-    """float32 [n_vocab]: CLOSE_BIAS for tokens whose bytes hold '"', '}' or ']', COMMA_BIAS for
-    those holding ',' only, 0 elsewhere; cached per tokenizer."""
-    key = id(tokenizer)
-    with _LLT_LOCK:
-        bias = _CLOSE_CACHE.get(key)
-        if bias is None:
-            bias = np.zeros(tokenizer.vocab_size, np.float32)
-            special = tokenizer.special_ids
-            for i in range(tokenizer.vocab_size):
-                if i in special:
-                    continue
-                piece = tokenizer.token_to_piece(i)
-                if b'"' in piece or b"}" in piece or b"]" in piece:
-                    bias[i] = CLOSE_BIAS
-                elif b"," in piece:
-                    bias[i] = COMMA_BIAS
-            _CLOSE_CACHE[key] = bias
-            weakref.finalize(tokenizer, _CLOSE_CACHE.pop, key, None)
-    return bias
-
-
-def closing_reserve(max_tokens: int) -> int:
-    """How many of a reply's last tokens steer towards closing: an eighth of the budget, at
-    least 8 and at most 64."""
-    return min(64, max(8, max_tokens // 8))
-
-
 # ---- closing within the budget ------------------------------------------------------------------
 #
-# The bias above makes closing likely; this makes it certain. Each sampled token is checked
+# A small model that loops inside an unbounded string or array would be cut by max_tokens
+# mid-value, and an invalid reply is worse than a short one. So each sampled token is checked
 # (Constraint.fit_budget): the grammar must still be completable within the tokens max_tokens
 # leaves after it. If it is not, the first token of a completion found from the state before
 # it is emitted instead, and the model goes on from there. So a reply that starts with a
@@ -171,8 +134,8 @@ CLOSE_SEARCH_NODES = 2000
 # value: "a@a.aa", not "}}@0"), then separators, literals' first letters, whitespace, and
 # the brackets last (outside strings, closing ones are tried first anyway: they close), then
 # the rest of printable ASCII but the backslash (an escape is never needed to close).
-_ALPHABET = "".join(dict.fromkeys(
-    '"a01@.-:,A_+/TZeEtrufnls \n}]{[' + "".join(chr(c) for c in range(0x20, 0x7f)))).replace("\\", "")
+_ALPHABET = "".join(dict.fromkeys('"a01@.-:,A_+/TZeEtrufnls \n}]{['
+                                  + "".join(chr(c) for c in range(0x20, 0x7f)))).replace("\\", "")
 _CHAR_CACHE: dict[int, tuple[np.ndarray, tuple[bytes, ...]]] = {}
 
 
@@ -287,6 +250,12 @@ def completion_within(matcher, tokenizer, lex: tuple | None, limit: int,
     return path if len(path) <= limit else None
 
 
+def _completes(matcher, tokens) -> bool:
+    """`tokens` take `matcher` (changed: give a copy) to where the grammar accepts."""
+    return (all(matcher.consume_token(t) for t in tokens)
+            and (matcher.is_accepting() or matcher.is_stopped()))
+
+
 class _CompletionSearch:
     """The depth-first search of completion_within; `nodes` counts the states it visited."""
 
@@ -295,6 +264,10 @@ class _CompletionSearch:
         self.n_words = (tokenizer.vocab_size + 31) // 32
         self.word, self.shift = ids >> 5, (ids & 31).astype(np.int32)
         self.nodes = 0
+        # how each character changes the open count, inside a string and outside one
+        self.delta_str = np.array([-1 if c == b'"' else 0 for c in chars])
+        self.delta_out = np.array([1 if c in (b'"', b"{", b"[") else -1 if c in (b"}", b"]")
+                                   else 0 for c in chars])
 
     @staticmethod
     def _open(lx) -> int:
@@ -311,24 +284,29 @@ class _CompletionSearch:
         return bits
 
     def _children(self, bits, lx, g, limit):
-        """(token, piece, lex) of the allowed next steps within the limit, best first."""
+        """(token, piece) of the allowed next steps within the limit, best first."""
         js = np.nonzero((bits[self.word] >> self.shift) & 1)[0]
-        cands = [(int(j), int(self.ids[j]), self.chars[j]) for j in js]
-        if not cands:
+        if not len(js):
             # where the next text is forced (a key's name), llguidance allows only the tokens
             # that spell it as the tokenizer would: take those
             special = self.tokenizer.special_ids
             allowed = np.nonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))[0]
-            cands = [(len(self.ids) + k, int(t), self.tokenizer.token_to_piece(int(t)))
-                     for k, t in enumerate(allowed[:16]) if int(t) not in special]
-        out = []
-        for order, tok, piece in cands:
-            nlx = None if lx is None else _json_lex(lx, piece)
-            h = self._open(nlx)
-            if g + 1 + h <= limit:
-                out.append((h, order, tok, nlx))
-        out.sort()
-        return [(tok, nlx) for _, _, tok, nlx in out]
+            out = []
+            for t in allowed[:16].tolist():
+                if t not in special:
+                    piece = self.tokenizer.token_to_piece(t)
+                    nlx = None if lx is None else _json_lex(lx, piece)
+                    if g + 1 + self._open(nlx) <= limit:
+                        out.append((self._open(nlx), t, piece))
+            return [(t, piece) for _, t, piece in sorted(out, key=lambda x: x[0])]
+        # one character each: how it moves the count of open structures, from a table
+        h = self._open(lx) + (self.delta_str[js] if lx is not None and lx[0] and not lx[1]
+                              else self.delta_out[js] if lx is not None and not lx[0]
+                              else 0)
+        h = np.broadcast_to(h, js.shape)
+        order = np.argsort(h, kind="stable")          # fewest open first, then the alphabet
+        keep = order[g + 1 + h[order] <= limit]
+        return [(int(self.ids[j]), self.chars[j]) for j in js[keep]]
 
     def run(self, matcher, lex, limit):
         best: dict = {}             # merged state -> most tokens left when it was reached
@@ -342,7 +320,8 @@ class _CompletionSearch:
             m, bits, lx, path, kids, i, deferred = frame
             if i < len(kids):
                 frame[5] = i + 1
-                tok, nlx = kids[i]
+                tok, piece = kids[i]
+                nlx = None if lx is None else _json_lex(lx, piece)
                 child = m.deep_copy()
                 self.nodes += 1
                 if not child.consume_token(tok):
@@ -400,8 +379,8 @@ class Constraint:
         # grammars that are not JSON schemas), a completion from the current state when known,
         # and whether the search gave up on this grammar
         self._lex = JSON_START if what == "JSON schema" else None
-        self._completion: list[int] | None = None
-        self._close_len = 0                   # its length when last found
+        self._completion: list[int] | None = None   # from the state it was found at or a later one
+        self._close_len = 0                   # its length
         self._gave_up = False
         self.n_substituted = 0                # tokens fit_budget replaced
         self.close_seconds = 0.0              # spent in its searches (benchmarks read it)
@@ -448,14 +427,6 @@ class Constraint:
                                f"{_first_line(self._matcher.get_error()) or 'dead end'}")
         return np.where(ok, logits, np.float32(-np.inf)).astype(np.float32, copy=False)
 
-    def closing_bias(self) -> np.ndarray:
-        """The logit bias that steers a reply towards closing (module-level closing_bias)."""
-        return closing_bias(self.tokenizer)
-
-    @staticmethod
-    def closing_reserve(max_tokens: int) -> int:
-        return closing_reserve(max_tokens)
-
     def fit_budget(self, token: int, budget: int) -> int:
         """`token` (sampled, not yet advanced over) if the grammar can still be completed within
         `budget` tokens after it; otherwise the first token of a completion from here, which
@@ -470,7 +441,6 @@ class Constraint:
         if self._gave_up:
             return token
         if budget - self._close_len >= CLOSE_WINDOW and self.n_tokens % CLOSE_EVERY:
-            self._completion = None          # what was found is for an earlier state
             return token
         t0 = time.perf_counter()
         try:
@@ -481,13 +451,22 @@ class Constraint:
     def _fit_budget(self, token: int, budget: int) -> int:
         after = self._matcher.deep_copy()
         if after.consume_token(int(token)):
+            # the last completion found often still closes the reply after this token (one
+            # more letter of a string): checking that costs a few microseconds, a search ~1 ms
+            # (or, when this token wrote its first characters, the rest of it)
+            last = self._completion or []
+            for k in range(min(4, len(last) + 1)):
+                if len(last) - k <= budget and _completes(after.deep_copy(), last[k:]):
+                    self._completion, self._close_len = last[k:], len(last) - k
+                    return token
             lex = None if self._lex is None else _json_lex(self._lex, self._piece(token))
             path = completion_within(after, self.tokenizer, lex, budget)
             if path is not None:
                 self._completion, self._close_len = path, len(path)
                 return token
         path = self._completion
-        if path is None or len(path) > budget + 1:
+        if path is None or len(path) > budget + 1 or not _completes(self._matcher.deep_copy(),
+                                                                    path):
             path = completion_within(self._matcher, self.tokenizer, self._lex, budget + 1)
         if not path:          # none found (or the grammar accepts already: keep the token)
             self._gave_up = path is None

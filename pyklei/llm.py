@@ -26,11 +26,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .engine import Engine
-from .generate import GenerationResponse, check_request, stream_generate
+from .generate import GenerationResponse, stream_request
 from .hub import model_file, split_file_ref
 from .model import Model
+from .request import GenerationRequest, make_request
 from .sampler import SamplingParams
-from .tokenizer import Tokenizer, token_ids
+from .tokenizer import Tokenizer
 
 _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -48,7 +49,7 @@ class LLM:
         if self.tokenizer.vocab_size != self.model.vocab_size:
             raise ValueError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, the model "
                              f"{self.model.vocab_size}")
-        self.eos_ids = sorted(set(self.tokenizer.eos_ids) | set(self.model.file.eos_token_ids))
+        self.eos_ids = list(self.tokenizer.eos_ids)   # the one end-of-generation rule
 
     @property
     def n_ctx(self) -> int:
@@ -128,39 +129,30 @@ class LLM:
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         first = self._constraint(constrain)
-        reqs = [self._request(p, max_tokens, stop, add_bos, False, sampling) for p in prompts]
+        reqs = [self._request(p, max_tokens, stop, add_bos, False, sampling, logprobs,
+                              None if first is None else first if i == 0 else first.fresh())
+                for i, p in enumerate(prompts)]
         if not reqs:
             return []
-        constraints = [None if first is None else first if i == 0 else first.fresh()
-                       for i in range(len(reqs))]
         engine = Engine(self.model, self.tokenizer, n_parallel=min(len(reqs), self.model.n_seq),
                         max_queue=len(reqs))
         try:
-            streams = [engine.submit(ids, max_tokens=max_tokens, params=params, stop=stops,
-                                     eos_ids=self.eos_ids, logprobs=logprobs, constraint=c)
-                       for (ids, stops, params), c in zip(reqs, constraints)]
+            streams = [engine.submit_requests([r])[0] for r in reqs]
             return [_collect(iter(s)) for s in streams]
         finally:
             engine.shutdown(cancel=True)
 
-    def _request(self, prompt, max_tokens, stop, add_bos, trim, sampling):
-        """(token ids, stop strings, SamplingParams) of one generation, checked."""
+    def _request(self, prompt, max_tokens, stop, add_bos, trim, sampling, logprobs=None,
+                 constraint=None) -> GenerationRequest:
+        """One generation, checked (pyklei.request): text prompts are encoded first."""
         self.model.check_open()
         params = _sampling_params(sampling)
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty")
-            ids = self.tokenizer.encode(prompt, add_bos=add_bos, parse_special=True)
-        else:
-            ids = token_ids(prompt, self.model.vocab_size)
-        if isinstance(stop, str):
-            stops = [stop]
-        else:
-            stops = list(stop)
-            if not all(isinstance(x, str) for x in stops):
-                raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
-        check_request(self.model.n_ctx, ids, max_tokens, params, trim)
-        return ids, stops, params
+            prompt = self.tokenizer.encode(prompt, add_bos=add_bos, parse_special=True)
+        return make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params, stop,
+                            None, logprobs, constraint, trim)
 
     def _constraint(self, constrain: dict):
         """The pyklei.grammar.Constraint of json_schema / grammar / regex / response_format
@@ -172,10 +164,9 @@ class LLM:
 
     def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
                   logprobs=None):
-        c = self._constraint(constrain)
-        ids, stops, params = self._request(prompt, max_tokens, stop, add_bos, trim, sampling)
-        it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,
-                             self.eos_ids, trim=trim, logprobs=logprobs, constraint=c)
+        req = self._request(prompt, max_tokens, stop, add_bos, trim, sampling, logprobs,
+                            self._constraint(constrain))
+        it = stream_request(self.model, self.tokenizer, req)
         if stream:
             return it
         return _collect(it)

@@ -85,7 +85,7 @@ class SamplingOption:
 
 
 SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
-    # max_tokens is pyklei.generate.token_budget's: callers pick their own default
+    # max_tokens is pyklei.request.token_budget's: callers pick their own default
     # (LLM.generate 256, chat 512, `pyklei generate` 128).
     SamplingOption("max_tokens", int, 256, ("-n", "--max-tokens"), "N", "token count",
                    "tokens to generate at most",

@@ -63,7 +63,7 @@ import numpy as np
 
 from ._spm_proto import sentencepiece_model_proto as _sentencepiece_model_proto
 from .detokenizer import StreamingDetokenizer
-from .formats.gguf_keys import (KEY_SPM_MODEL, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
+from .formats.gguf_keys import (KEY_EOS_IDS, KEY_SPM_MODEL, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
                                  TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED)
 from .formats.gguf_reader import GGUFError
 from .formats.gguf_reader import read_gguf_metadata as _read_gguf_metadata
@@ -82,7 +82,8 @@ SP_MODEL_KEY = KEY_SPM_MODEL
 
 #: Control tokens that end a turn or a text in the models pyklei knows; ``Tokenizer.eos_ids``
 #: holds every CONTROL (or USER_DEFINED) token whose text is one of these, beside the ids named
-#: by ``tokenizer.ggml.eos_token_id``, ``eot_token_id`` and ``eom_token_id``.
+#: by ``tokenizer.ggml.eos_token_id``, ``eot_token_id``, ``eom_token_id`` and
+#: ``pyklei.eos_token_ids``.
 END_OF_TURN_TOKENS = frozenset({
     "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",      # Llama 3
     "<|im_end|>", "<|endoftext|>",                       # ChatML (SmolLM, Qwen), GPT-2
@@ -221,7 +222,8 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
         """Build the tokenizer of a GGUF file (pyklei's or llama.cpp's) from its metadata alone."""
-        meta = read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture", SP_MODEL_KEY))
+        meta = read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture", SP_MODEL_KEY,
+                                                  KEY_EOS_IDS))
         return cls.from_metadata(meta, path=str(path))
 
     @classmethod
@@ -265,12 +267,19 @@ class Tokenizer:
         if add_bos and bos is None:
             raise TokenizerError(f"{where}: the tokenizer adds BOS but has no valid tokenizer.ggml.bos_token_id")
 
-        # eos_ids: the metadata's EOS/EOT/EOM ids first, then end-of-turn control tokens.
+        # eos_ids, the one end-of-generation rule (LLM, Engine, stream_generate and the server
+        # all stop on these): the metadata's EOS/EOT/EOM ids first, then the ids a pyklei file
+        # lists (KEY_EOS_IDS: the converter's, from the checkpoint's generation_config), then
+        # end-of-turn control tokens by name.
         eos_list: list[int] = []
-        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            v = tid(key)
-            if v is not None and v not in eos_list:
-                eos_list.append(v)
+        listed = meta.get(KEY_EOS_IDS)
+        listed = (listed.tolist() if isinstance(listed, np.ndarray)
+                  else list(listed) if isinstance(listed, (list, tuple)) else [])
+        for v in [tid(key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                        "tokenizer.ggml.eom_token_id")] + list(listed):
+            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < n \
+                    and int(v) not in eos_list:
+                eos_list.append(int(v))
         for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_USER_DEFINED))[0].tolist():
             if tokens[i] in END_OF_TURN_TOKENS and i not in eos_list:
                 eos_list.append(i)

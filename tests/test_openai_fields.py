@@ -100,11 +100,13 @@ def test_logit_bias_bans_a_token(llm):
 def test_presence_penalty_in_a_generation(llm):
     """A token already generated loses `presence` from its logit once, however often it came."""
     from pyklei.generate import Generation
+    from pyklei.request import make_request
 
     logits = np.zeros(llm.tokenizer.vocab_size, np.float32)
     logits[[100, 101]] = [1.0, 0.5]
     params = SamplingParams(temperature=0, presence_penalty=0.75)
-    gen = Generation(llm.tokenizer, [1], 8, params, (), eos_ids=[])
+    gen = Generation(llm.tokenizer, make_request(llm.n_ctx, llm.tokenizer, [1], 8, params,
+                                                 eos_ids=[]))
     picks = []
     for _ in range(4):
         gen.feed(logits)

@@ -356,6 +356,7 @@ def test_generation_never_ends_in_a_partial_character():
     that pick the byte tokens of "Hi 😀": cut by max_tokens after each byte, and ended by EOS
     after each byte, the reply holds only complete characters."""
     from pyklei.generate import Generation
+    from pyklei.request import make_request
     from pyklei.sampler import SamplingParams
 
     smol = _ours("smollm2")
@@ -364,7 +365,8 @@ def test_generation_never_ends_in_a_partial_character():
     eos = smol.eos_ids[0]
 
     def run(picks, max_tokens, stream_text):
-        gen = Generation(smol, [1, 2], max_tokens, SamplingParams(temperature=0.0), (), None)
+        gen = Generation(smol, make_request(4096, smol, [1, 2], max_tokens,
+                                            SamplingParams(temperature=0.0)))
         for t in picks:
             logits = np.zeros(smol.vocab_size, np.float32)
             logits[t] = 1.0

@@ -220,9 +220,9 @@ class _EventStream:
 
 
 class _State:
-    def __init__(self, engine, tokenizer, model_id, n_ctx, eos_ids, api_key, body_timeout):
+    def __init__(self, engine, tokenizer, model_id, n_ctx, api_key, body_timeout):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
-        self.n_ctx, self.eos_ids, self.api_key = n_ctx, eos_ids, api_key
+        self.n_ctx, self.api_key = n_ctx, api_key
         self.body_timeout = body_timeout
         self.created = int(time.time())
         self.metrics = Metrics(engine)
@@ -308,12 +308,8 @@ def _check_key(s: _State, request: HTTPRequest) -> None:
 
 def _submit(s: _State, req: api.Request):
     try:
-        return s.engine.submit_choices(req.ids, req.params, max_tokens=req.max_tokens,
-                                       stop=req.stop, eos_ids=s.eos_ids,
-                                       logprobs=0 if req.best_of and req.logprobs is None
-                                       else req.logprobs,
-                                       prompt_logprobs=req.echo and req.logprobs is not None,
-                                       constraint=req.constraint)
+        return s.engine.submit_requests(req.generations(s.tokenizer.eos_ids),
+                                        prompt_logprobs=req.echo and req.logprobs is not None)
     except QueueFullError as e:
         raise api.APIError(f"the server is busy (its queue is full): {e}; retry later",
                            status=429, type="rate_limit_error", code="queue_full") from None
@@ -502,15 +498,14 @@ def _host_name(host: str) -> str:
     return name.rstrip(".").lower()
 
 
-def create_app(engine, tokenizer, model_id: str, n_ctx: int, eos_ids=None,
-               api_key: str | None = None, cors: list[str] | tuple = (),
-               allowed_hosts: list[str] | None = None, body_timeout: float = 60.0,
-               on_shutdown=None) -> Starlette:
+def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key: str | None = None,
+               cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
+               body_timeout: float = 60.0, on_shutdown=None) -> Starlette:
     """The ASGI app. engine: a pyklei.engine.Engine; n_ctx: a sequence's context in tokens;
     cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
     any); body_timeout: seconds a request body may take to arrive; on_shutdown: called when
     the server stops (after it drained its connections)."""
-    state = _State(engine, tokenizer, model_id, n_ctx, eos_ids, api_key, body_timeout)
+    state = _State(engine, tokenizer, model_id, n_ctx, api_key, body_timeout)
     middleware = [Middleware(_CountRequests, metrics=state.metrics)]
     if allowed_hosts is not None:
         middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))

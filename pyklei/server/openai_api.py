@@ -4,7 +4,7 @@ A request body becomes a `Request` (prompt token ids, token budget, stops, Sampl
 stream flags) or an `APIError` whose `param` names the field at fault. The sampling fields are
 checked by pyklei.sampler.SAMPLING_OPTIONS under their own names (temperature, top_p, seed,
 and the extensions top_k, min_p, repetition_penalty, repetition_window), max_tokens by
-pyklei.generate.token_budget, chat messages by the model's template through
+pyklei.request.token_budget, chat messages by the model's template through
 Tokenizer.apply_chat_template: the same rules and messages as the Python API and the CLI.
 
 Steering fields: logprobs/top_logprobs, n, logit_bias, presence/frequency penalties, echo;
@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from ..chat_template import ChatTemplateError
 from dataclasses import replace
 
-from ..generate import MAX_TOP_LOGPROBS, GenerationResponse, TokenLogprob, token_budget
+from ..generate import GenerationResponse, TokenLogprob
+from ..request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_stops,
+                       token_budget)
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
 from ..tools import ToolError, check_tool_choice, check_tools, has_tool_turns
@@ -35,7 +37,6 @@ from ..tools import call_grammar, parse_reply
 from ..tools import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
-MAX_STOPS = 16
 MAX_N = 16                    # choices per request
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool",      # the legacy functions API: a function's result
@@ -73,7 +74,7 @@ class Request:
     kind: str                    # "chat" or "text"
     ids: list[int]               # the prompt's token ids
     max_tokens: int              # the budget, already fitted to the context
-    stop: list[str]
+    stop: tuple[str, ...]
     params: list[SamplingParams]   # one per choice (n); seeds differ
     stream: bool
     include_usage: bool
@@ -87,6 +88,16 @@ class Request:
     legacy_functions: bool = False   # answer a call as message.function_call (legacy API)
     best_of: int | None = None   # completions: choices generated, of which n are returned
     n: int = 1
+
+    def generations(self, eos_ids) -> list[GenerationRequest]:
+        """The engine's requests, one per choice (the first follows `constraint`, the others
+        fresh copies of it); each field was checked when this request was parsed."""
+        logprobs = 0 if self.best_of and self.logprobs is None else self.logprobs
+        c = self.constraint
+        return [GenerationRequest(prompt=tuple(self.ids), max_tokens=self.max_tokens, params=p,
+                                  stop=self.stop, eos_ids=tuple(eos_ids), logprobs=logprobs,
+                                  constraint=c if c is None or i == 0 else c.fresh())
+                for i, p in enumerate(self.params)]
 
 
 def check_unsupported(body: dict) -> None:
@@ -173,15 +184,17 @@ def logprobs_from(kind: str, body: dict) -> int | None:
     return _int_field(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
 
 
-def stops_from(body: dict) -> list[str]:
+def stops_from(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, list) and len(stop) <= MAX_STOPS and all(isinstance(s, str) for s in stop):
-        return stop
-    raise APIError(f"'stop' must be a string or a list of up to {MAX_STOPS} strings", "stop")
+        return ()
+    try:
+        if not isinstance(stop, (str, list)):
+            raise TypeError
+        return check_stops(stop, MAX_STOPS)
+    except (TypeError, ValueError):
+        raise APIError(f"'stop' must be a string or a list of up to {MAX_STOPS} strings",
+                       "stop") from None
 
 
 def _message_text(i: int, m: dict) -> str:

@@ -81,8 +81,8 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
     engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
                     prefill_chunk=prefill_chunk)
     n_ctx = getattr(engine, "n_ctx", llm.n_ctx)     # a sequence's context
-    app = create_app(engine, llm.tokenizer, model_id, n_ctx, eos_ids=llm.eos_ids,
-                     api_key=api_key, cors=cors, body_timeout=timeout_body,
+    app = create_app(engine, llm.tokenizer, model_id, n_ctx, api_key=api_key, cors=cors,
+                     body_timeout=timeout_body,
                      allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
                                     if host in LOOPBACK or allow_hosts else None),
                      on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout))

@@ -1,0 +1,116 @@
+"""One generation request, checked once where it is made and trusted below.
+
+    req = make_request(model.n_ctx, tokenizer, prompt_ids, max_tokens=64,
+                       params=SamplingParams(temperature=0.0), stop=["\\n"])
+    for r in stream_request(model, tokenizer, req): ...      # pyklei.generate
+    engine.submit_requests([req])                            # pyklei.engine
+
+LLM, the CLI and the server make requests (the server from its own field-by-field HTTP checks,
+which name the JSON field at fault); stream_generate and Engine.submit make one from their
+keyword arguments. Below that -- Generation, the decoding loops, the engine's batches -- a
+GenerationRequest is trusted as it is: nothing is checked twice.
+
+The rules live here: the token budget (token_budget, shared with pyklei.chat and the bench),
+stop strings (check_stops), log-probability counts, end-of-generation ids (default: the
+tokenizer's, the one end-of-generation rule), token ids against the vocabulary (prompt and
+logit_bias). The sampling options' own ranges are pyklei.sampler's SAMPLING_OPTIONS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .sampler import MAX_TOKENS, SamplingParams
+from .tokenizer import token_ids
+
+MAX_TOP_LOGPROBS = 20          # alternatives per token at most (OpenAI's top_logprobs bound)
+MAX_STOPS = 16                 # stop strings per server request (OpenAI allows 4; llama.cpp any)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A checked generation: make_request makes one; stream_request and the engine run it."""
+    prompt: tuple[int, ...]          # token ids, each in the vocabulary; not empty
+    max_tokens: int                  # the budget, fitted to the context (token_budget)
+    params: SamplingParams           # checked when made (SAMPLING_OPTIONS); logit_bias ids in
+                                     # the vocabulary
+    stop: tuple[str, ...] = ()
+    eos_ids: tuple[int, ...] = ()    # the ids that end it (the tokenizer's unless given)
+    logprobs: int | None = None      # alternatives to report per token (None: no logprobs)
+    constraint: object = None        # a fresh pyklei.grammar.Constraint the reply follows
+
+
+def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
+    """The number of tokens a generation may produce. max_tokens None or -1: the rest of the
+    context. A count larger than the room left is an error, or with trim=True is cut to it (as
+    chat() does, like llama-cpp-python). A prompt that leaves no room is always an error."""
+    MAX_TOKENS.check(max_tokens)
+    room = n_ctx - n_prompt
+    if room < 1 and not (room == 0 and max_tokens == 0):
+        raise ValueError(f"the prompt has {n_prompt} tokens and exceeds the context of {n_ctx} "
+                         f"tokens with no room to generate; shorten the prompt or load with a "
+                         f"larger n_ctx (--ctx-size)")
+    if max_tokens is None or max_tokens == -1:
+        return room
+    if max_tokens > room and not trim:
+        raise ValueError(f"prompt ({n_prompt} tokens) + max_tokens ({max_tokens}) exceeds the "
+                         f"context of {n_ctx} tokens; shorten the prompt, lower max_tokens "
+                         f"(--max-tokens) or load with a larger n_ctx (--ctx-size)")
+    return int(min(max_tokens, room))
+
+
+def check_stops(stop, max_stops: int | None = None) -> tuple[str, ...]:
+    """Stop strings as a tuple: one string, or a list of strings (at most max_stops: the
+    server's bound is MAX_STOPS)."""
+    if isinstance(stop, str):
+        return (stop,)
+    try:
+        stops = tuple(stop)
+    except TypeError:
+        stops = None
+    if stops is None or not all(isinstance(s, str) for s in stops):
+        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+    if max_stops is not None and len(stops) > max_stops:
+        raise ValueError(f"stop has {len(stops)} strings; at most {max_stops}")
+    return stops
+
+
+def check_logprobs(logprobs) -> int | None:
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] "
+                         f"(alternatives per token), got {logprobs!r}")
+    return logprobs
+
+
+def check_params(params: SamplingParams | None, vocab_size: int) -> SamplingParams:
+    """params (None: the defaults), its logit_bias ids checked against the vocabulary (the
+    options' own ranges were checked when it was made)."""
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a pyklei.sampler.SamplingParams, got {params!r}")
+    if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
+        raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is outside the "
+                         f"vocabulary [0, {vocab_size})")
+    return params
+
+
+def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,
+                 params: SamplingParams | None = None, stop: str | Sequence[str] = (),
+                 eos_ids: Sequence[int] | None = None, logprobs: int | None = None,
+                 constraint=None, trim: bool = False) -> GenerationRequest:
+    """A GenerationRequest for a context of n_ctx tokens, or the TypeError / ValueError that
+    names what is wrong. prompt: token ids. max_tokens: see token_budget (trim: cut to the
+    room left instead of refusing). eos_ids: None for the tokenizer's. constraint: a fresh
+    pyklei.grammar.Constraint (not claimed here: the generation that runs it claims it)."""
+    vocab = tokenizer.vocab_size
+    prompt = tuple(token_ids(prompt, vocab))
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token")
+    params = check_params(params, vocab)
+    eos = tuple(tokenizer.eos_ids) if eos_ids is None else tuple(token_ids(eos_ids, vocab))
+    return GenerationRequest(prompt=prompt,
+                             max_tokens=token_budget(n_ctx, len(prompt), max_tokens, trim=trim),
+                             params=params, stop=check_stops(stop), eos_ids=eos,
+                             logprobs=check_logprobs(logprobs), constraint=constraint)
