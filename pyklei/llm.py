@@ -29,6 +29,7 @@ from .engine import Engine
 from .generate import GenerationResponse, stream_request
 from .hub import model_file, split_file_ref
 from .model import Model
+from .options import model_default
 from .request import GenerationRequest, make_request
 from .sampler import SamplingParams
 from .tokenizer import Tokenizer
@@ -38,8 +39,10 @@ _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
 class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
-                 n_seq: int = 4):
+                 n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
+                 activations: str = model_default("activations"),
+                 n_seq: int = model_default("n_seq")):
+        """The model options are pyklei.options.MODEL_OPTIONS (Model checks them)."""
         ref = split_file_ref(path)
         if ref is not None:          # org/name:file.gguf -> the hub cache's copy
             path = _hub_model(path, *ref)

@@ -57,6 +57,7 @@ import numpy as np
 from ._native import load_ext
 from .formats.model_file import ModelFileError, Tensor, read_model
 from .formats.registry import QUANTIZED, WEIGHT_FORMATS
+from .options import check_model_options, model_default
 
 _ext = load_ext()
 
@@ -117,23 +118,13 @@ def _check_int(name: str, v, allow_none: bool = False) -> None:
 
 class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
-                 n_batch: int = 256, kv_cache: str = "f32", activations: str = "auto",
-                 n_seq: int = 1):
+                 n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
+                 activations: str = model_default("activations"), n_seq: int = 1):
+        """pyklei.options.MODEL_OPTIONS are the options' rules (n_seq 1 here: a bare model
+        serves one sequence unless asked; LLM's default is the table's)."""
         t0 = time.perf_counter()
-        _check_int("n_seq", n_seq)
-        if n_seq < 1:
-            raise ValueError(f"n_seq must be >= 1, got {n_seq}")
-        if n_threads is not None and n_threads < 1:
-            raise ValueError(f"n_threads must be >= 1, got {n_threads}")
-        _check_int("n_threads", n_threads, allow_none=True)
-        _check_int("n_ctx", n_ctx, allow_none=True)
-        _check_int("n_batch", n_batch)
-        if n_ctx is not None and n_ctx < 1:
-            raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
-        if n_batch < 1:
-            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
-        if kv_cache not in ("f32", "f16"):
-            raise ValueError(f"kv_cache must be 'f32' or 'f16', got {kv_cache!r}")
+        check_model_options(n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, kv_cache=kv_cache,
+                            activations=activations, n_seq=n_seq)
         self.file = read_model(path)
         hp = self.file.hparams
         self.hparams = hp

@@ -8,8 +8,9 @@ top-p, min-p, then temperature and a draw. temperature == 0 is greedy (argmax); 
 seed gives the same tokens.
 
 SAMPLING_OPTIONS is the one schema of the generation options (max_tokens and SamplingParams'
-fields): type, default, range, CLI flags and help. SamplingParams checks itself with it, the
-CLI makes its sampling flags from it, pyklei.server checks requests with it.
+fields; pyklei.options.Option records): type, default, range, CLI flags and help.
+SamplingParams checks itself with it, the CLI makes its sampling flags from it, pyklei.server
+checks requests with it.
 """
 from __future__ import annotations
 
@@ -19,105 +20,45 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .options import Option
+
 
 # ---- the schema: one entry per option, read by SamplingParams, the CLI and the server ----------
 
-@dataclass(frozen=True)
-class SamplingOption:
-    """One generation option: its type, default and range, and how the CLI shows it.
-
-    The range is [lo, hi] with either end open (lo_open / hi_open) or absent (None); floats
-    must also be finite. `optional`: None is a value (seed: random; max_tokens: until the
-    context is full)."""
-    name: str                     # SamplingParams field, LLM keyword, request field of the server
-    kind: type                    # int or float
-    default: object
-    flags: tuple[str, ...]        # CLI flags; argparse stores the value under `name`
-    metavar: str
-    what: str                     # the value's name in the CLI's messages: "invalid top-p '2': ..."
-    help: str                     # CLI help, then " (" + default_help + ")"
-    default_help: str = "default %(default)s"
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    optional: bool = False
-    note: str = ""                # after the range in messages: "top_k must be >= 0 (0 disables it)"
-
-    def check_type(self, v) -> None:
-        if v is None and self.optional:
-            return
-        ok = (int, np.integer) if self.kind is int else (int, float, np.integer, np.floating)
-        if isinstance(v, bool) or not isinstance(v, ok):
-            raise TypeError(f"{self.name} must be {'an integer' if self.kind is int else 'a number'}"
-                            f"{' or None' if self.optional else ''}, got {v!r}")
-
-    def check_range(self, v) -> None:
-        if v is None:
-            return
-        try:
-            bad = self.kind is float and not math.isfinite(v)
-        except OverflowError:           # an int too large for a float (JSON allows 10**400)
-            raise ValueError(f"{self.name} must be a finite number, got an integer of "
-                             f"{len(str(abs(v)))} digits") from None
-        if self.lo is not None:
-            bad |= v <= self.lo if self.lo_open else v < self.lo
-        if self.hi is not None:
-            bad |= v >= self.hi if self.hi_open else v > self.hi
-        if bad:
-            raise ValueError(f"{self.name} must be {self.range_text()}{self.note}, got {v}")
-
-    def check(self, v):
-        """v if it is a valid value; else a TypeError or ValueError that names the option."""
-        self.check_type(v)
-        self.check_range(v)
-        return v
-
-    def range_text(self) -> str:
-        """'>= 0', '> 0' or 'in (0, 1]' ('' when any value goes)."""
-        def num(x):
-            return str(x) if self.kind is int else f"{x:g}"
-        lo, hi = self.lo, self.hi
-        if hi is None:
-            return "" if lo is None else f"{'>' if self.lo_open else '>='} {num(lo)}"
-        return (f"in {'(' if self.lo_open else '['}{'-inf' if lo is None else num(lo)}, "
-                f"{num(hi)}{')' if self.hi_open else ']'}")
-
-
-SAMPLING_OPTIONS: tuple[SamplingOption, ...] = (
+SAMPLING_OPTIONS: tuple[Option, ...] = (
     # max_tokens is pyklei.request.token_budget's: callers pick their own default
     # (LLM.generate 256, chat 512, `pyklei generate` 128).
-    SamplingOption("max_tokens", int, 256, ("-n", "--max-tokens"), "N", "token count",
+    Option("max_tokens", int, 256, ("-n", "--max-tokens"), "N", "token count",
                    "tokens to generate at most",
                    "default %(default)s; -1: until the context is full", lo=-1, optional=True,
                    note=" (None or -1: until the context is full)"),
-    SamplingOption("temperature", float, 0.8, ("--temperature", "--temp"), "T", "temperature",
+    Option("temperature", float, 0.8, ("--temperature", "--temp"), "T", "temperature",
                    "randomness; 0 is greedy, always the most likely token", lo=0),
-    SamplingOption("top_k", int, 40, ("--top-k",), "K", "top-k",
+    Option("top_k", int, 40, ("--top-k",), "K", "top-k",
                    "sample from the K most likely tokens; 0 disables it", lo=0,
                    note=" (0 disables it)"),
-    SamplingOption("top_p", float, 0.95, ("--top-p",), "P", "top-p",
+    Option("top_p", float, 0.95, ("--top-p",), "P", "top-p",
                    "nucleus sampling threshold in (0, 1]; 1 disables it", lo=0, hi=1,
                    lo_open=True),
-    SamplingOption("min_p", float, 0.05, ("--min-p",), "P", "min-p",
+    Option("min_p", float, 0.05, ("--min-p",), "P", "min-p",
                    "drop tokens less likely than P x the most likely one; 0 disables it",
                    lo=0, hi=1, hi_open=True),
     # Bounded so that a penalised logit stays finite: |logit| x 100 cannot overflow float32 for
     # any logit a model produces (a penalty of 1e-39 made +inf, then NaN probabilities).
-    SamplingOption("repetition_penalty", float, 1.0, ("--repeat-penalty",), "X", "repeat penalty",
+    Option("repetition_penalty", float, 1.0, ("--repeat-penalty",), "X", "repeat penalty",
                    "penalty on recently seen tokens, in [0.01, 100]; 1 disables it",
                    lo=0.01, hi=100),
-    SamplingOption("repetition_window", int, 64, ("--repeat-last-n",), "N", "window",
+    Option("repetition_window", int, 64, ("--repeat-last-n",), "N", "window",
                    "tokens the repeat penalty looks back over", lo=0),
     # OpenAI's penalties and range; llama.cpp's --presence-penalty / --frequency-penalty.
-    SamplingOption("presence_penalty", float, 0.0, ("--presence-penalty",), "X", "presence penalty",
+    Option("presence_penalty", float, 0.0, ("--presence-penalty",), "X", "presence penalty",
                    "subtract X from the logit of every token already generated; 0 disables it",
                    lo=-2, hi=2),
-    SamplingOption("frequency_penalty", float, 0.0, ("--frequency-penalty",), "X",
+    Option("frequency_penalty", float, 0.0, ("--frequency-penalty",), "X",
                    "frequency penalty", "subtract X times its count so far from the logit of "
                    "every token already generated; 0 disables it", lo=-2, hi=2),
     # -1 is "random", as in llama.cpp and llama-cpp-python; numpy takes seeds below 2**64.
-    SamplingOption("seed", int, None, ("--seed",), "N", "seed",
+    Option("seed", int, None, ("--seed",), "N", "seed",
                    "random seed, for repeatable sampling; -1: random", "default: random",
                    lo=-1, hi=2**64 - 1, optional=True, note=" (None or -1: random)"),
 )

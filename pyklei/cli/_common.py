@@ -118,27 +118,28 @@ def _int_list(lo: int, what: str):
 
 # ---- option groups --------------------------------------------------------------------------
 
-def _add_model_options(p, ctx_help="context size in tokens (default: the model's, at most 4096)",
-                       threads=True):
+def _add_model_options(p, ctx_help=None, threads=True):
+    """The flags of pyklei.options.MODEL_OPTIONS that have flags (--ctx-size with this command's
+    help when given; --threads left out when the command has its own)."""
+    from ..options import MODEL_OPTIONS
+
     g = p.add_argument_group("model")
-    if threads:
-        g.add_argument("-t", "--threads", type=_int_at_least(1, "thread count"), default=None, metavar="N",
-                       help="threads (default: the physical cores this process may use)")
-    g.add_argument("-c", "--ctx-size", type=_int_at_least(2, "context size"), default=None, metavar="N",
-                   help=ctx_help)
-    g.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
-                   help="prompt tokens per forward pass (prefill chunk; default %(default)s)")
-    g.add_argument("--kv-cache", choices=("f32", "f16"), default="f32", help="KV cache precision (default %(default)s)")
-    g.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
-                   help="activation quantization: qai8dx2 (two int8 planes, accurate on any "
-                        "file) or qai8dx (one plane, KleidiAI's scheme: twice the prefill speed, "
-                        "+0.7-4%% KL divergence on a rotated file); default %(default)s: one plane "
-                        "on a rotated file, two on any other (docs/QUALITY.md)")
+    for o in MODEL_OPTIONS:
+        if not o.flags or (o.name == "n_threads" and not threads):
+            continue
+        text = ctx_help if o.name == "n_ctx" and ctx_help else f"{o.help} ({o.default_help})"
+        kw = dict(choices=o.choices) if o.choices else dict(type=_option_type(o), metavar=o.metavar)
+        g.add_argument(*o.flags, dest=_DEST.get(o.name, o.name), default=o.default, help=text,
+                       **kw)
     return g
 
 
+# the attribute names the commands read (args.threads, args.ctx_size, args.batch_size)
+_DEST = {"n_threads": "threads", "n_ctx": "ctx_size", "n_batch": "batch_size"}
+
+
 def _option_type(o):
-    """The argparse type of a pyklei.sampler.SamplingOption: its range, the CLI's messages."""
+    """The argparse type of a pyklei.options.Option: its range, the CLI's messages."""
     if o.kind is int:
         return int if o.lo is None else _int_at_least(int(o.lo), o.what)
     return _float_in(o.lo, o.hi, o.lo_open, o.hi_open, what=o.what)

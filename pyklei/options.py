@@ -1,0 +1,127 @@
+"""The options' schemas: one record per option -- type, default, range or choices, CLI flags and
+help -- read by the code that takes the option, the CLI that makes flags of it and the server
+that checks requests with it, so each rule and message is written once.
+
+    MODEL_OPTIONS      Model / LLM / pyklei.load keywords and the CLI's "model" flags (here)
+    SAMPLING_OPTIONS   max_tokens and SamplingParams' fields (pyklei.sampler)
+
+    check_model_options(n_ctx=2048, kv_cache="f16")   # TypeError / ValueError naming the option
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its type, default and range (or choices), and how the CLI shows it.
+
+    The range is [lo, hi] with either end open (lo_open / hi_open) or absent (None); floats
+    must also be finite. `choices`: the values a str option takes. `optional`: None is a value
+    (seed: random; max_tokens: until the context is full; n_ctx: the model's)."""
+    name: str                     # the keyword (and SamplingParams field, request field)
+    kind: type                    # int, float or str
+    default: object
+    flags: tuple[str, ...]        # CLI flags; argparse stores the value under `name`
+    metavar: str
+    what: str                     # the value's name in the CLI's messages: "invalid top-p '2': ..."
+    help: str                     # CLI help, then " (" + default_help + ")"
+    default_help: str = "default %(default)s"
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    optional: bool = False
+    note: str = ""                # after the range in messages: "top_k must be >= 0 (0 disables it)"
+    choices: tuple[str, ...] = ()
+
+    def check_type(self, v) -> None:
+        if v is None and self.optional:
+            return
+        if self.kind is str:
+            if not isinstance(v, str):
+                raise TypeError(f"{self.name} must be a string, one of {', '.join(self.choices)}; "
+                                f"got {v!r}")
+            return
+        ok = (int, np.integer) if self.kind is int else (int, float, np.integer, np.floating)
+        if isinstance(v, bool) or not isinstance(v, ok):
+            raise TypeError(f"{self.name} must be {'an integer' if self.kind is int else 'a number'}"
+                            f"{' or None' if self.optional else ''}, got {v!r}")
+
+    def check_range(self, v) -> None:
+        if v is None:
+            return
+        if self.choices:
+            if v not in self.choices:
+                raise ValueError(f"{self.name} must be one of {', '.join(self.choices)}, "
+                                 f"got {v!r}")
+            return
+        try:
+            bad = self.kind is float and not math.isfinite(v)
+        except OverflowError:           # an int too large for a float (JSON allows 10**400)
+            raise ValueError(f"{self.name} must be a finite number, got an integer of "
+                             f"{len(str(abs(v)))} digits") from None
+        if self.lo is not None:
+            bad |= v <= self.lo if self.lo_open else v < self.lo
+        if self.hi is not None:
+            bad |= v >= self.hi if self.hi_open else v > self.hi
+        if bad:
+            raise ValueError(f"{self.name} must be {self.range_text()}{self.note}, got {v}")
+
+    def check(self, v):
+        """v if it is a valid value; else a TypeError or ValueError that names the option."""
+        self.check_type(v)
+        self.check_range(v)
+        return v
+
+    def range_text(self) -> str:
+        """'>= 0', '> 0' or 'in (0, 1]' ('' when any value goes)."""
+        def num(x):
+            return str(x) if self.kind is int else f"{x:g}"
+        lo, hi = self.lo, self.hi
+        if hi is None:
+            return "" if lo is None else f"{'>' if self.lo_open else '>='} {num(lo)}"
+        return (f"in {'(' if self.lo_open else '['}{'-inf' if lo is None else num(lo)}, "
+                f"{num(hi)}{')' if self.hi_open else ']'}")
+
+
+#: What pyklei.load / LLM / Model take besides the path. Defaults are LLM's (Model's n_seq is 1:
+#: a bare model serves one sequence unless asked). The context's upper bound is the file's
+#: context length, which only the model knows: Model checks it.
+MODEL_OPTIONS: tuple[Option, ...] = (
+    Option("n_threads", int, None, ("-t", "--threads"), "N", "thread count",
+           "threads", "default: the physical cores this process may use", lo=1, optional=True,
+           note=" (None: the physical cores)"),
+    Option("n_ctx", int, None, ("-c", "--ctx-size"), "N", "context size",
+           "context size in tokens", "default: the model's, at most 4096", lo=2, optional=True,
+           note=" (None: the model's, at most 4096)"),
+    Option("n_batch", int, 256, ("-b", "--batch-size"), "N", "batch size",
+           "prompt tokens per forward pass (prefill chunk)", lo=1),
+    Option("kv_cache", str, "f32", ("--kv-cache",), "{f32,f16}", "KV cache type",
+           "KV cache precision", choices=("f32", "f16")),
+    Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx}", "activations",
+           "activation quantization: qai8dx2 (two int8 planes, accurate on any file) or qai8dx "
+           "(one plane, KleidiAI's scheme: twice the prefill speed, +0.7-4%% KL divergence on a "
+           "rotated file)", "default %(default)s: one plane on a rotated file, two on any "
+           "other; docs/QUALITY.md", choices=("auto", "qai8dx2", "qai8dx")),
+    Option("n_seq", int, 4, (), "N", "sequence count",      # no flag: serve's --parallel sets it
+           "KV cache slots: sequences decoded together (pyklei.engine)", lo=1),
+)
+MODEL_OPTION = {o.name: o for o in MODEL_OPTIONS}
+
+
+def model_default(name: str):
+    return MODEL_OPTION[name].default
+
+
+def check_model_options(**values) -> None:
+    """Checks model keywords against MODEL_OPTIONS: types first (a string where a number goes
+    would otherwise fail far from the call), then ranges and choices."""
+    opts = [(MODEL_OPTION[k], v) for k, v in values.items()]
+    for o, v in opts:
+        o.check_type(v)
+    for o, v in opts:
+        o.check_range(v)
