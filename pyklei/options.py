@@ -100,7 +100,9 @@ MODEL_OPTIONS: tuple[Option, ...] = (
            note=" (None: the model's, at most 4096)"),
     Option("n_batch", int, 256, ("-b", "--batch-size"), "N", "batch size",
            "prompt tokens per forward pass (prefill chunk)", lo=1),
-    Option("kv_cache", str, "f32", ("--kv-cache",), "{f32,f16}", "KV cache type",
+    # f16 by default, as llama.cpp: half the memory, the same speed (docs/KERNELS.md), KLD
+    # within the noise of the activations' rounding (benchmarks/results/kv-cache.md)
+    Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16}", "KV cache type",
            "KV cache precision", choices=("f32", "f16")),
     Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx}", "activations",
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file) or qai8dx "

@@ -180,7 +180,7 @@ import pyklei
 def rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-m = pyklei.load(sys.argv[1], n_threads=1, n_ctx=16384, n_batch=512)
+m = pyklei.load(sys.argv[1], n_threads=1, n_ctx=16384, n_batch=512, kv_cache="f32")
 m.model.eval([(i * 7) % 383 + 1 for i in range(16384)])   # fills the 4 MB KV cache
 before = rss_mb()
 m.close()

@@ -367,7 +367,7 @@ def _rss_mb():
 
 def test_kv_slots_cost_memory_only_where_written(gguf):
     before = _rss_mb()
-    m = Model(gguf, n_threads=1, n_ctx=4096, n_seq=16)    # 2 KiB per token per slot: 128 MiB
+    m = Model(gguf, n_threads=1, n_ctx=4096, n_seq=16, kv_cache="f32")   # 2 KiB/token/slot: 128 MiB
     assert m.state_bytes > 128 * 2**20
     m.batch([1, 2, 3, 4], [0, 0, 15, 15], [0, 1, 0, 1], [3])
     assert _rss_mb() - before < 32
