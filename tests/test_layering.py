@@ -85,8 +85,8 @@ FILES = sorted(p for d in ("pyklei", "converters") for p in (ROOT / d).rglob("*.
 
 def test_the_tree_is_seen():
     names = {_module_name(p) for p in FILES}
-    assert {"pyklei.formats.registry", "pyklei.converters.core", "pyklei.model",
-            "pyklei.cli"} <= names
+    assert {"pyklei.formats.registry", "pyklei.formats.llama_tensors", "pyklei.converters.core",
+            "pyklei.model", "pyklei.cli"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))

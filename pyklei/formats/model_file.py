@@ -21,6 +21,7 @@ import numpy as np
 
 from . import gguf_keys as K
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
+from .llama_tensors import for_each_tensor
 from .qsi4c32 import QSI4C32_BLOCK_SIZES
 from .registry import GGML_I8, GGML_TYPE_NAMES, PLAIN_BY_GGML, WEIGHT_FORMATS
 from .rotation import Rotation, check_rotation, split_size
@@ -174,19 +175,7 @@ def read_model(path) -> ModelFile:
         raise ModelFileError(f"{path}: general.alignment {align} is not a multiple of {K.ALIGNMENT}")
 
     hp = read_hparams(md, vtype, raw, str(path))
-    h, v, f, hd = hp.n_embd, hp.vocab_size, hp.n_ff, hp.head_dim
-    expect = {K.TOKEN_EMBD: (v, h), K.OUTPUT_NORM: (h,)}
-    for i in range(hp.n_layer):
-        expect.update({
-            K.blk(i, "attn_norm"): (h,), K.blk(i, "ffn_norm"): (h,),
-            K.blk(i, "attn_q"): (hp.n_head * hd, h), K.blk(i, "attn_k"): (hp.n_head_kv * hd, h),
-            K.blk(i, "attn_v"): (hp.n_head_kv * hd, h), K.blk(i, "attn_output"): (h, hp.n_head * hd),
-            K.blk(i, "ffn_gate"): (f, h), K.blk(i, "ffn_up"): (f, h), K.blk(i, "ffn_down"): (h, f),
-        })
-    if not hp.tied:
-        expect[K.OUTPUT] = (v, h)
-    if hp.has_rope_freqs:
-        expect[K.ROPE_FREQS] = (hd // 2,)
+    expect = {name: spec.shape(hp) for name, spec, _ in for_each_tensor(hp)}
     online = _rotation_tensors(path, md, vtype, hp)
     for prefix, n in online.values():
         m, _ = split_size(n)
