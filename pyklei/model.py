@@ -55,6 +55,7 @@ from typing import Sequence
 import numpy as np
 
 from ._native import load_ext
+from .formats.llama_tensors import BLOCK_LINEARS, BLOCK_NORMS, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD
 from .formats.model_file import ModelFileError, Tensor, read_model
 from .formats.registry import QUANTIZED, WEIGHT_FORMATS
 
@@ -83,8 +84,8 @@ class _Release:
         return False
 
 
-_LINEARS = (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
-            ("w_gate", "ffn_gate"), ("w_up", "ffn_up"), ("w_down", "ffn_down"))
+# (pk_llama_layer field, tensor part) of a block's linears, as the C model takes them
+_LINEARS = tuple((s.field, s.part) for s in BLOCK_LINEARS)
 
 
 def physical_cores() -> int:
@@ -150,7 +151,7 @@ class Model:
         self.activations = activations
 
         self.released_bytes = 0
-        emb = self.file.tensor("token_embd.weight")
+        emb = self.file.tensor(TOKEN_EMBD)
         if emb.qs is not None:
             emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size)
         else:
@@ -168,10 +169,7 @@ class Model:
             self.lm_head = _ext.QWeight("qsi8cx", qs, s)
         layers = []
         for i in range(hp.n_layer):
-            layer = {
-                "attn_norm": self.file.layer(i, "attn_norm").data,
-                "ffn_norm": self.file.layer(i, "ffn_norm").data,
-            }
+            layer = {s.field: self.file.layer(i, s.part).data for s in BLOCK_NORMS}
             for key, part in _LINEARS:
                 t = self.file.layer(i, part)
                 layer[key] = _qweight(t)
@@ -179,7 +177,7 @@ class Model:
             layers.append(layer)
         self._layers = layers
 
-        rope_freqs = self.file.tensor("rope_freqs.weight").data if hp.has_rope_freqs else None
+        rope_freqs = self.file.tensor(ROPE_FREQS).data if hp.has_rope_freqs else None
         if hp.head_dim > 512:   # the attention scratch of the C forward pass holds 512
             raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports (512)")
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
@@ -187,7 +185,7 @@ class Model:
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
                      n_batch=n_batch, kv_f16=kv_cache == "f16", n_seq=n_seq)
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
-                                         self.file.tensor("output_norm.weight").data, rope_freqs,
+                                         self.file.tensor(OUTPUT_NORM).data, rope_freqs,
                                          layers, {k: (r.signs, r.mix) for k, r in
                                                   self.file.rotations.items()})
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
