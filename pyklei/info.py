@@ -29,6 +29,7 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     weight shape for decode and prefill, as a dict; for a GGUF file that is not a pyklei file,
     gguf_info(path). Raises ValueError (ModelFileError, GGUFError) for a path that is not a
     well-formed GGUF file, or a broken pyklei one."""
+    from .activation_policy import choose_activations
     from .formats import gguf_keys as K
     from .formats.gguf_reader import read_gguf_metadata
     from .formats.llama_tensors import BLOCK_LINEARS
@@ -52,7 +53,7 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     n_params = sum(f["params"] for f in fmts.values())
     n_bytes = sum(f["bytes"] for f in fmts.values())
 
-    activations = mf.activations(activations)
+    activations = choose_activations(mf, activations)
     planes = 2 if activations == "qai8dx2" else 1
     m_dec, m_pre = planes, planes * batch_size
     shapes: dict[tuple, dict] = {}
@@ -132,6 +133,7 @@ def gguf_info(path) -> dict:
     architecture, llama.cpp file type, hyperparameters, tensors counted by GGML type, vocabulary,
     and `convert_command`, the `pyklei convert` line for it (None where pyklei cannot convert
     it: `convert_note` says why). Reads only the header; raises GGUFError for a broken file."""
+    from .activation_policy import choose_activations
     from .formats import gguf_keys as K
     from .formats.gguf_reader import read_gguf
 

@@ -8,7 +8,8 @@ Activations are quantized per row at run time: `activations="qai8dx2"` adds a re
 plane to KleidiAI's qai8dx, which an unrotated SmolLM2's outlier channels need to agree with
 float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme (twice the prefill
 speed; on a rotated file +0.7-4% KL divergence); `"auto"` (default) is the choice for the
-file (ModelFile.activations: one plane on a rotated file, two on any other; docs/QUALITY.md).
+file (activation_policy.choose_activations: one plane on a rotated file, two on any other;
+docs/QUALITY.md).
 
 Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 and AMX
 kernels read qsi4c32/qsi6c32 as "p16", panels of 16 rows with offset nibbles, and qsi8cx as
@@ -45,7 +46,6 @@ only for the positions it has held: 2 * n_layer * n_head_kv * head_dim * 4 bytes
 """
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
@@ -55,6 +55,7 @@ from typing import Sequence
 import numpy as np
 
 from ._native import load_ext
+from .activation_policy import choose_activations
 from .formats.llama_tensors import BLOCK_LINEARS, BLOCK_NORMS, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD
 from .formats.model_file import ModelFileError, Tensor, read_model
 from .formats.registry import QUANTIZED, WEIGHT_FORMATS
@@ -146,7 +147,7 @@ class Model:
         # qai8dx2: two int8 planes per activation row, ~16-bit precision; qai8dx: one plane
         # (KleidiAI's scheme), twice the prefill speed, close once the file is rotated (the
         # "auto" default there).
-        activations = self.file.activations(activations)
+        activations = choose_activations(self.file, activations)
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations
 
@@ -202,17 +203,8 @@ class Model:
         count the weight twice in RSS. Done weight by weight, so the peak holds one weight
         twice, not the model. The mapping stays valid: a page read again (an embedding row, a
         forced kernel) is faulted back in. Adds to `released_bytes`."""
-        mm = self.file._mmap
-        if w.reads_canonical or mm is None or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        view = np.frombuffer(mm, np.uint8, count=1)
-        start = t.qs.ctypes.data - view.ctypes.data
-        del view
-        page = mmap.PAGESIZE
-        lo, hi = -(-start // page) * page, (start + t.qs.nbytes) // page * page
-        if hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-            self.released_bytes += hi - lo
+        if not w.reads_canonical:
+            self.released_bytes += self.file.release_pages(t.qs)
 
     # ---- introspection -----------------------------------------------------------------
     @property
@@ -267,13 +259,7 @@ class Model:
             self._layers = []
             self.lm_head = None
             self._seqs = [[] for _ in range(self.n_seq)]
-            mm, self.file._mmap = self.file._mmap, None
-            self.file.tensors.clear()
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:   # the caller still holds a tensor view: unmapped with it
-                    pass
+            self.file.close()
 
     def __enter__(self):
         return self

@@ -11,6 +11,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..activation_policy import ACTIVATIONS
+
 PROG = "pyklei"
 EXIT_USER = 2          # bad input or options
 EXIT_INTERNAL = 1      # a bug or an environment problem
@@ -129,7 +131,7 @@ def _add_model_options(p, ctx_help="context size in tokens (default: the model's
     g.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
                    help="prompt tokens per forward pass (prefill chunk; default %(default)s)")
     g.add_argument("--kv-cache", choices=("f32", "f16"), default="f32", help="KV cache precision (default %(default)s)")
-    g.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
+    g.add_argument("--activations", choices=ACTIVATIONS, default="auto",
                    help="activation quantization: qai8dx2 (two int8 planes, accurate on any "
                         "file) or qai8dx (one plane, KleidiAI's scheme: twice the prefill speed, "
                         "+0.7-4%% KL divergence on a rotated file); default %(default)s: one plane "
