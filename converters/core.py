@@ -116,7 +116,7 @@ class ConversionResult:
 
     def block_linear_bits(self) -> float:
         """Bits per weight of the decoder blocks' linears (what the ladder's --bits counts)."""
-        ts = [t for t in self.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+        ts = [t for t in self.tensors if L.layer_of(t.name) is not None and len(t.shape) == 2]
         n = sum(math.prod(t.shape) for t in ts)
         return 8.0 * sum(t.nbytes for t in ts) / n if n else 0.0
 

@@ -166,6 +166,12 @@ def parse_name(name: str) -> tuple[TensorSpec, int | None] | None:
     return None
 
 
+def layer_of(name: str) -> int | None:
+    """The block of a block tensor of the table ("blk.3.attn_q.weight" -> 3), else None."""
+    found = parse_name(name)
+    return found[1] if found else None
+
+
 def hf_name_of(name: str) -> str | None:
     """The Hugging Face name of a GGUF tensor name, or None if it has none."""
     found = parse_name(name)
