@@ -287,9 +287,9 @@ static void job_rope_store(void *arg, int ith, int nth) {
 /* Causal attention: query row t sees the positions [0, pos[t]] of its own slot. One work
  * item = a window of PK_ATTEND_ROWS consecutive rows and one K/V head, so the query heads that
  * share the K/V head read it once, and in a prefill chunk (the window's rows of one slot) an
- * f16 cache is converted once for all the rows (pk_attend_rows). (Splitting a group between
- * threads to balance decode's few items was measured slower: SmolLM2, 2 threads, 3 K/V heads:
- * 0.3 ms per token as is, 0.7-1.1 ms split per head.) */
+ * f16 cache is converted once for all the rows (pk_attend_rows). A group is not split between
+ * threads to balance decode's few items: that measured slower (docs/KERNELS.md, "Attention
+ * work items"). */
 static int attention_items(const pk_llama *m, int n) {
     return (n + PK_ATTEND_ROWS - 1) / PK_ATTEND_ROWS * m->hp.n_head_kv;
 }
