@@ -17,8 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
 
-# Kinds of tensor: what the converter does with one (core.choose_format) and how it rotates.
-EMBEDDING, NORM, LINEAR, OUTPUT, ROPE_FREQS_KIND = "embedding", "norm", "linear", "output", "rope_freqs"
+# Kinds of tensor (SourceTensor.kind): what the converter stores one as (core.choose_format)
+# and how the rotation transforms it.
+EMBEDDING = "embedding"            # token_embd: read by rows; the lm_head too when tied
+NORM = "norm"                      # an RMSNorm gain, always f32
+LINEAR = "linear"                  # a block's weight matrix, 4 bits by default
+OUTPUT = "output"                  # the untied lm_head
+ROPE_FREQS_KIND = "rope_freqs"     # llama3 RoPE frequency divisors, f32
 
 
 class LlamaDims(Protocol):
@@ -37,6 +42,7 @@ class LlamaDims(Protocol):
 
 @dataclass(frozen=True)
 class Dims:
+    """LlamaDims for a source read before its HParams exist (the importers, gguf_to_hf)."""
     vocab_size: int
     n_embd: int
     n_layer: int
@@ -56,11 +62,12 @@ class TensorSpec:
     shape: Callable[[LlamaDims], tuple[int, ...]]   # logical numpy shape: (N, K) or (n,)
     per_layer: bool
     # The RMSNorm (a part of the same block, or "output_norm") whose output this weight reads:
-    # its gain scales the weight's input channels (rotation folds it in; --norm-weighting and
-    # GPTQ weigh by it). None: the input is not a norm's output.
+    # its gain scales the weight's input channels (the rotation folds it into the weight,
+    # --norm-weighting weighs by it). None: the input is not a norm's output.
     norm: str | None = None
     # The activation a linear reads, named as the C forward pass's statistics sections
-    # (pk_llama.h, PK_LLAMA_STAT_NAMES): which input-channel statistics are this weight's.
+    # (pk_llama.h, pk_llama_stat_names): the imatrix gives it that section's statistics, and
+    # GPTQ quantizes the linears that read one activation over one Hessian.
     input: str | None = None
     # The field of pk_llama_layer (pyklei_ext/model/pk_llama.h) that holds it, for block tensors.
     field: str | None = None
