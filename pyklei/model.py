@@ -6,10 +6,10 @@
 
 Activations are quantized per row at run time: `activations="qai8dx2"` adds a residual int8
 plane to KleidiAI's qai8dx, which an unrotated SmolLM2's outlier channels need to agree with
-float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme (twice the prefill
-speed; on a rotated file +0.7-4% KL divergence); `"auto"` (default) is the choice for the
-file (activation_policy.choose_activations: one plane on a rotated file, two on any other;
-docs/QUALITY.md).
+float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme (half the integer
+work of prefill; what it costs in accuracy is measured in docs/QUALITY.md, "Activations");
+`"auto"` (default) is the choice for the file (activation_policy.choose_activations: one
+plane on a rotated file, two on any other).
 
 Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 and AMX
 kernels read qsi4c32/qsi6c32 as "p16", panels of 16 rows with offset nibbles, and qsi8cx as
@@ -145,8 +145,8 @@ class Model:
         self.n_threads = n_threads or physical_cores()
         self.n_ctx = n_ctx or min(hp.context_length, 4096)
         # qai8dx2: two int8 planes per activation row, ~16-bit precision; qai8dx: one plane
-        # (KleidiAI's scheme), twice the prefill speed, close once the file is rotated (the
-        # "auto" default there).
+        # (KleidiAI's scheme), half the integer work, close once the file is rotated (the
+        # "auto" default there; docs/QUALITY.md).
         activations = choose_activations(self.file, activations)
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations
