@@ -115,11 +115,13 @@ def convert(hf_dir, out_path, group_size: int = 32,
 
 def _ladder_keep(src, keep, recipe, bits, group_size):
     """The user's --keep rules, then the ones of a recipe or a --bits target."""
+    from pyklei.formats.llama_tensors import layer_of
+
     from .core import parse_keep
     from .recipes import bits_keep, recipe_keep
     if recipe is None and bits is None:
         return keep
     extra = recipe_keep(recipe) if recipe is not None else bits_keep(
         float(bits), {t.name: t.shape for t in src.tensors
-                      if t.kind == "linear" and t.name.startswith("blk.")}, group_size)
+                      if t.kind == "linear" and layer_of(t.name) is not None}, group_size)
     return parse_keep(keep) + extra

@@ -32,6 +32,7 @@ import numpy as np
 from gguf import GGUFValueType as T
 
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import llama_tensors as L
 from pyklei.formats import qsi6c32
 from pyklei.formats.model_file import HParams
 
@@ -223,6 +224,15 @@ class LayerCalibrator:
         self.done[name] = gptq.pack(q, bits, grid)
         return keep if keep is not None else gptq.dequantize(q, bits)
 
+    def _gptq_readers(self, i: int, inp: str, x: np.ndarray) -> dict[str, np.ndarray]:
+        """GPTQ of every linear of block i that reads the activation `inp` (the tensor table's
+        input: q/k/v read attn_in, gate/up ffn_in), all over one Hessian of x [T, K], in the
+        table's order: {part: the weight the stream goes on through}."""
+        readers = [s for s in L.BLOCK_LINEARS if s.input == inp]
+        h = gptq.accumulate_gram(None, x)
+        return {s.part: self._gptq(i, s.part, h if s is readers[-1] else h.copy())
+                for s in readers}
+
     def set_status(self, status: Callable[[str], None] | None) -> None:
         """Where to say what runs (the writer's progress bar), from now until the last layer;
         None: per-layer lines to opts.log, as without a bar."""
@@ -242,11 +252,8 @@ class LayerCalibrator:
         norm = {p: self._read(self.by_name[K.blk(i, p)]) for p in K.BLOCK_NORMS}   # gains [d]
         # attention
         xn = rmsnorm(x, norm["attn_norm"], hp.rms_eps)
-        h = gptq.accumulate_gram(None, xn)
-        wq = self._gptq(i, "attn_q", h.copy())
-        wk = self._gptq(i, "attn_k", h.copy())
-        wv = self._gptq(i, "attn_v", h)
-        del h
+        w = self._gptq_readers(i, "attn_in", xn)
+        wq, wk, wv = w.pop("attn_q"), w.pop("attn_k"), w.pop("attn_v")
         shape = (n_seq, seq_len, -1, hp.head_dim)
         q = apply_rope((xn @ wq.T).reshape(shape), self.cos, self.sin)
         k = apply_rope((xn @ wk.T).reshape(shape), self.cos, self.sin)
@@ -254,22 +261,20 @@ class LayerCalibrator:
         del xn, wq, wk, wv
         a = attention(q, k, v).reshape(n_seq * seq_len, -1)        # [T, nh * hd]
         del q, k, v
-        wo = self._gptq(i, "attn_output", gptq.accumulate_gram(None, a))
+        wo = self._gptq_readers(i, "attn_out", a).pop("attn_output")
         x += a @ wo.T
         del a, wo
         # feed-forward
         xn = rmsnorm(x, norm["ffn_norm"], hp.rms_eps)
-        h = gptq.accumulate_gram(None, xn)
-        wg = self._gptq(i, "ffn_gate", h.copy())
-        wu = self._gptq(i, "ffn_up", h)
-        del h
+        w = self._gptq_readers(i, "ffn_in", xn)
+        wg, wu = w.pop("ffn_gate"), w.pop("ffn_up")
         act = np.empty((x.shape[0], hp.n_ff), np.float32)         # [T, n_ff]
         for r0 in range(0, x.shape[0], seq_len):
             r1 = r0 + seq_len
             y = swiglu(xn[r0:r1] @ wg.T, xn[r0:r1] @ wu.T)
             act[r0:r1] = y if self.down_input is None else self.down_input(y)
         del xn, wg, wu
-        wd = self._gptq(i, "ffn_down", gptq.accumulate_gram(None, act))
+        wd = self._gptq_readers(i, "down_in", act).pop("ffn_down")
         x += act @ wd.T
         del act, wd
         self.next_layer = i + 1

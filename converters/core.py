@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from pyklei.formats import QSI4C32_BLOCK_SIZES
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import llama_tensors as L
 from pyklei.formats.model_file import HParams, ModelFileError, read_hparams
 from pyklei.formats.registry import WEIGHT_FORMATS, WeightFormat, weight_format
 
@@ -115,7 +116,7 @@ class ConversionResult:
 
     def block_linear_bits(self) -> float:
         """Bits per weight of the decoder blocks' linears (what the ladder's --bits counts)."""
-        ts = [t for t in self.tensors if t.name.startswith("blk.") and len(t.shape) == 2]
+        ts = [t for t in self.tensors if L.layer_of(t.name) is not None and len(t.shape) == 2]
         n = sum(math.prod(t.shape) for t in ts)
         return 8.0 * sum(t.nbytes for t in ts) / n if n else 0.0
 
@@ -257,11 +258,6 @@ def load_importance(imatrix) -> dict[str, np.ndarray]:
         raise ConversionError(f"{path} is not an importance matrix (.npz): {e}") from None
 
 
-# Which RMSNorm's gain scales the input of each weight that follows a norm (GGUF names).
-_NORM_BEFORE = {"attn_q": "attn_norm", "attn_k": "attn_norm", "attn_v": "attn_norm",
-                "ffn_gate": "ffn_norm", "ffn_up": "ffn_norm"}
-
-
 def norm_gain_importance(src: ModelSource) -> dict[str, np.ndarray]:
     """Data-free importance for the weights that read an RMSNorm's output: the squared gain
     of that norm per input channel. Input channel c of q/k/v, gate/up and the lm_head is
@@ -282,12 +278,11 @@ def norm_gain_importance(src: ModelSource) -> dict[str, np.ndarray]:
 
     out = {}
     for t in src.tensors:
-        parts = t.name.split(".")
-        if len(parts) == 4 and parts[0] == "blk" and parts[2] in _NORM_BEFORE:
-            norm = f"blk.{parts[1]}.{_NORM_BEFORE[parts[2]]}.weight"
-        elif t.kind == "output" or (t.kind == "embedding" and "output.weight" not in by_name):
-            norm = "output_norm.weight"
+        if t.kind == "embedding" and K.OUTPUT not in by_name:   # the tied lm_head
+            norm = L.norm_of(K.OUTPUT)
         else:
+            norm = L.norm_of(t.name)
+        if norm is None:
             continue
         g2 = gain_sq(norm)
         if g2 is not None and len(t.shape) == 2 and g2.shape == (t.shape[-1],):

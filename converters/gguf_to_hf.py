@@ -24,6 +24,7 @@ from gguf.quants import dequantize
 
 from pyklei.formats import f32_to_bf16
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import llama_tensors as L
 
 from .errors import ConversionError
 from .hf_llama import unpermute_qk
@@ -41,13 +42,6 @@ PRE_TOKENIZERS = {
         {"type": "Split", "pattern": {"Regex": None}, "behavior": "Isolated", "invert": False},
         dict(_BYTELEVEL, use_regex=False)]},
 }
-HF_PARTS = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-
 
 def _get(r: GGUFReader, key, default=None):
     f = r.fields.get(key)
@@ -55,16 +49,10 @@ def _get(r: GGUFReader, key, default=None):
 
 
 def _hf_name(gname: str) -> str:
-    if gname == K.TOKEN_EMBD:
-        return "model.embed_tokens.weight"
-    if gname == K.OUTPUT_NORM:
-        return "model.norm.weight"
-    if gname == K.OUTPUT:
-        return "lm_head.weight"
-    parts = gname.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in HF_PARTS:
-        return f"model.layers.{parts[1]}.{HF_PARTS[parts[2]]}.weight"
-    raise ConversionError(f"no Hugging Face name for tensor {gname}")
+    hf = L.hf_name_of(gname)
+    if hf is None:
+        raise ConversionError(f"no Hugging Face name for tensor {gname}")
+    return hf
 
 
 def gguf_to_hf(gguf_path, out_dir) -> Path:
@@ -88,6 +76,9 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
     tied = K.OUTPUT not in tensors
     if K.ROPE_FREQS in tensors:
         raise ConversionError(f"{gguf_path}: rope_freqs (llama3 scaling) is not supported here")
+    dims = L.Dims(vocab_size=vocab, n_embd=n_embd, n_layer=int(_get(r, K.BLOCK_COUNT)),
+                  n_ff=int(_get(r, K.FEED_FORWARD_LENGTH)), n_head=n_head, n_head_kv=n_head_kv,
+                  head_dim=head_dim, tied=tied)
     tokens = list(_get(r, "tokenizer.ggml.tokens"))
     types = list(_get(r, "tokenizer.ggml.token_type"))
     merges = list(_get(r, "tokenizer.ggml.merges", []))
@@ -188,10 +179,9 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
                 x = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32) \
                     if t.tensor_type == Q.BF16 else dequantize(raw, t.tensor_type)
                 x = np.asarray(x, np.float32).reshape(shape)
-                if gname.endswith(".attn_q.weight"):
-                    x = unpermute_qk(x, n_head)
-                elif gname.endswith(".attn_k.weight"):
-                    x = unpermute_qk(x, n_head_kv)
+                heads = L.parse_name(gname)[0].head_count(dims)
+                if heads:
+                    x = unpermute_qk(x, heads)
                 return f32_to_bf16(x)
 
             st[_hf_name(gname)] = ("BF16", shape, produce)

@@ -9,6 +9,7 @@ import numpy as np
 from gguf import GGUFValueType as T
 
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import llama_tensors as L
 
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
@@ -167,27 +168,12 @@ def hparams_kv(hp: dict, name: str):
 
 
 def expected_tensors(hp: dict) -> dict[str, tuple[str, tuple[int, ...], str, int]]:
-    """HF name -> (GGUF name, shape, kind, q/k heads to permute or 0)."""
-    h, hd, f, v = hp["n_embd"], hp["head_dim"], hp["n_ff"], hp["vocab_size"]
-    nh, nkv = hp["n_head"], hp["n_head_kv"]
-    out = {"model.embed_tokens.weight": (K.TOKEN_EMBD, (v, h), "embedding", 0)}
-    for i in range(hp["n_layer"]):
-        p = f"model.layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (K.blk(i, "attn_norm"), (h,), "norm", 0),
-            p + "self_attn.q_proj.weight": (K.blk(i, "attn_q"), (nh * hd, h), "linear", nh),
-            p + "self_attn.k_proj.weight": (K.blk(i, "attn_k"), (nkv * hd, h), "linear", nkv),
-            p + "self_attn.v_proj.weight": (K.blk(i, "attn_v"), (nkv * hd, h), "linear", 0),
-            p + "self_attn.o_proj.weight": (K.blk(i, "attn_output"), (h, nh * hd), "linear", 0),
-            p + "post_attention_layernorm.weight": (K.blk(i, "ffn_norm"), (h,), "norm", 0),
-            p + "mlp.gate_proj.weight": (K.blk(i, "ffn_gate"), (f, h), "linear", 0),
-            p + "mlp.up_proj.weight": (K.blk(i, "ffn_up"), (f, h), "linear", 0),
-            p + "mlp.down_proj.weight": (K.blk(i, "ffn_down"), (h, f), "linear", 0),
-        })
-    out["model.norm.weight"] = (K.OUTPUT_NORM, (h,), "norm", 0)
-    if not hp["tied"]:
-        out["lm_head.weight"] = (K.OUTPUT, (v, h), "output", 0)
-    return out
+    """HF name -> (GGUF name, shape, kind, q/k heads to permute or 0), in file order."""
+    dims = L.Dims(vocab_size=hp["vocab_size"], n_embd=hp["n_embd"], n_layer=hp["n_layer"],
+                  n_ff=hp["n_ff"], n_head=hp["n_head"], n_head_kv=hp["n_head_kv"],
+                  head_dim=hp["head_dim"], tied=hp["tied"])
+    return {spec.hf_name(layer): (name, spec.shape(dims), spec.kind, spec.head_count(dims))
+            for name, spec, layer in L.for_each_tensor(dims) if spec.hf is not None}
 
 
 def hf_source(hf_dir, name: str | None = None) -> ModelSource:
@@ -204,7 +190,7 @@ def hf_source(hf_dir, name: str | None = None) -> ModelSource:
         raise ConversionError(f"checkpoint lacks tensor(s) {', '.join(missing[:3])}{more} "
                               f"that config.json implies")
     extra = [n for n in st.keys() if n not in want and not n.endswith(IGNORED_TENSOR_SUFFIXES)
-             and not (hp["tied"] and n == "lm_head.weight")]
+             and not (hp["tied"] and n == L.BY_PART["output"].hf_name())]
     if extra:
         raise ConversionError(f"checkpoint has tensor(s) config.json does not account for: "
                               f"{', '.join(sorted(extra)[:5])}"

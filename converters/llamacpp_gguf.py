@@ -10,7 +10,6 @@ Metadata keys are copied with their types, except those describing llama.cpp's o
 from __future__ import annotations
 
 import mmap
-import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import llama_tensors as L
 
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
@@ -43,7 +43,6 @@ def _dequantizable(qtype: Q) -> bool:
 
 _CAN: dict = {}
 DROPPED_KEYS = ("general.file_type", "general.quantization_version", "general.alignment")
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
 
 
 def _field_value(f):
@@ -120,18 +119,10 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     vocab = int(by_name[K.TOKEN_EMBD].shape[1])
     if K.VOCAB_SIZE not in fields:
         kv.append((K.VOCAB_SIZE, vocab, T.UINT32, None))
-    expect = {K.TOKEN_EMBD: ((vocab, n_embd), "embedding"), K.OUTPUT_NORM: ((n_embd,), "norm")}
-    shapes = {"attn_norm": (n_embd,), "ffn_norm": (n_embd,),
-              "attn_q": (n_head * head_dim, n_embd), "attn_k": (n_head_kv * head_dim, n_embd),
-              "attn_v": (n_head_kv * head_dim, n_embd), "attn_output": (n_embd, n_head * head_dim),
-              "ffn_gate": (n_ff, n_embd), "ffn_up": (n_ff, n_embd), "ffn_down": (n_embd, n_ff)}
-    for i in range(n_layer):
-        for part, shape in shapes.items():
-            expect[K.blk(i, part)] = (shape, "norm" if part.endswith("norm") else "linear")
-    if K.OUTPUT in by_name:
-        expect[K.OUTPUT] = ((vocab, n_embd), "output")
-    if K.ROPE_FREQS in by_name:
-        expect[K.ROPE_FREQS] = ((head_dim // 2,), "rope_freqs")
+    dims = L.Dims(vocab_size=vocab, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
+                  n_head_kv=n_head_kv, head_dim=head_dim, tied=K.OUTPUT not in by_name,
+                  has_rope_freqs=K.ROPE_FREQS in by_name)
+    expect = {name: (spec.shape(dims), spec.kind) for name, spec, _ in L.for_each_tensor(dims)}
     for t in r.tensors:
         if t.name not in expect:
             raise ConversionError(f"{path}: unsupported tensor {t.name} (not part of a llama model "
@@ -175,8 +166,15 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
             return np.asarray(out, np.float32).reshape((r1 - r0,) + shape[1:])
 
         tensors.append(SourceTensor(gname, shape, kind, read, gname))
-    rank = {K.ROPE_FREQS: 0, K.TOKEN_EMBD: 1, K.OUTPUT_NORM: 3, K.OUTPUT: 4}
-    tensors.sort(key=lambda s: rank.get(s.name, 2))
+    # The table's order, except that a block's norms come before its linears: the order
+    # imported files have always had (kept, so that a re-conversion stays byte-identical).
+    pos = {name: j for j, name in enumerate(expect)}
+
+    def import_rank(s: SourceTensor):
+        layer = L.parse_name(s.name)[1]
+        block_start = pos[L.BLOCK[0].name(layer)] if layer is not None else pos[s.name]
+        return block_start, s.kind != L.NORM, pos[s.name]
+    tensors.sort(key=import_rank)
     kv += _eos_kv(fields)
     kv.append((K.KEY_SOURCE, "gguf", T.STRING, None))
     notes = []

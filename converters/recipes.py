@@ -75,7 +75,7 @@ def recipe_keep(name: str) -> list[tuple[str, str]]:
     r = RECIPES.get(name)
     if r is None:
         raise ConversionError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
-    return [(f"blk.*.{p}.weight", "qsi6c32") for p in r.parts]
+    return [(K.blk("*", p), "qsi6c32") for p in r.parts]
 
 
 def ends_first(layers: list[int]) -> list[int]:

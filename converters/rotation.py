@@ -28,6 +28,7 @@ import numpy as np
 from gguf import GGUFValueType as T
 
 from pyklei.formats import gguf_keys as K
+from pyklei.formats import llama_tensors as L
 from pyklei.formats.rotation import Rotation, make_rotation
 
 from .core import ModelSource, SourceTensor, source_hparams
@@ -59,26 +60,18 @@ def rotate_source(src: ModelSource, seed: int = 0) -> ModelSource:
 
     def gain_of(t: SourceTensor) -> np.ndarray | None:
         """The gain of the norm in front of linear t, or None."""
-        if t.kind == "output":
-            return by_name[K.OUTPUT_NORM].read(0, n_embd)
-        parts = t.name.split(".")
-        if parts[0] != "blk":
-            return None
-        norm = {"attn_q": "attn_norm", "attn_k": "attn_norm", "attn_v": "attn_norm",
-                "ffn_gate": "ffn_norm", "ffn_up": "ffn_norm"}.get(parts[2])
-        return by_name[K.blk(int(parts[1]), norm)].read(0, n_embd) if norm else None
+        norm = L.norm_of(t.name)
+        return by_name[norm].read(0, n_embd) if norm else None
 
     def transform(t: SourceTensor):
-        part = t.name.split(".")[2] if t.name.startswith("blk.") else t.name
+        found = L.parse_name(t.name)
+        part = found[0].part if found else t.name
         if t.kind == "norm":
             if t.name == K.OUTPUT_NORM and tied:
                 return t.read, False                     # kept: the runtime applies it
             return (lambda r0, r1: np.ones(r1 - r0, np.float32)), False
         if t.kind == "embedding":
             return (lambda r0, r1: q_r.apply(t.read(r0, r1))), t.whole
-        if t.kind == "output" or part in ("attn_q", "attn_k", "ffn_gate", "ffn_up"):
-            g = gain_of(t)
-            return (lambda r0, r1: q_r.apply(t.read(r0, r1) * g)), t.whole
         if part == "attn_v":   # rows per head: Q_h^T W_v,h
             g = gain_of(t)
 
@@ -87,6 +80,9 @@ def rotate_source(src: ModelSource, seed: int = 0) -> ModelSource:
                 heads = w.reshape(-1, head_dim, n_embd)
                 return np.stack([_columns(h, q_h, True) for h in heads]).reshape(w.shape)[r0:r1]
             return read_v, True
+        if L.norm_of(t.name):   # reads a norm's output (q, k, gate, up, lm_head): W g Q_r
+            g = gain_of(t)
+            return (lambda r0, r1: q_r.apply(t.read(r0, r1) * g)), t.whole
         if part == "attn_output":   # Q_r^T W_o, columns per head W_o,h Q_h
             def read_o(r0, r1):
                 w = t.read(0, t.shape[0])

@@ -125,6 +125,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     counts. -> the report `pyklei bench --json` prints."""
     import gc
 
+    from .activation_policy import choose_activations
     from .formats.model_file import check_model_path, read_model
     from .hub import model_file
     from .generate import peak_rss_mb
@@ -146,7 +147,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
               "ctx_size": n_ctx, "repeats": repeats, "price_per_hour_usd": price_per_hour,
               "cpu_features": cpu_features(), "kernels": {}, "cpu_count": os.cpu_count(),
               "loadavg": _loadavg(), "results": []}
-    activations = report["activations"] = read_model(path).activations(activations)
+    activations = report["activations"] = choose_activations(read_model(path), activations)
     planes = 2 if activations == "qai8dx2" else 1
     for k, th in enumerate(thread_counts):
         base = k * runs_per_thread

@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .formats.llama_tensors import BY_PART, TOKEN_EMBD, for_each_tensor
+
 # Python's own Language Reference ships with every CPython (pydoc_data): real English prose.
 # These topics are the evaluation text of the tests and benchmarks and are never calibrated on.
 EVAL_TOPICS = ("types", "specialnames", "execmodel", "compound")
@@ -48,26 +50,24 @@ def collect_imatrix(model, tokens: Sequence[int], n_ctx: int = 512,
             model.logits(tokens[s:s + n_ctx])
             if progress:
                 progress(i + 1, len(starts))
-        sums, rows, lm_rows = rt.stats()
+        sections, rows, lm_rows = rt.stats_sections()
     finally:
         rt.collect_stats(False)
         model.reset()
     hp = model.hparams
-    d, qd, f = hp.n_embd, hp.n_head * hp.head_dim, hp.n_ff
-    per_layer = 2 * d + qd + f
     out: dict[str, np.ndarray] = {}
-    for i in range(hp.n_layer):
-        base = sums[i * per_layer:(i + 1) * per_layer]
-        attn_in = base[:d] / rows
-        attn_out = base[d:d + qd] / rows
-        ffn_in = base[d + qd:2 * d + qd] / rows
-        down_in = base[2 * d + qd:] / rows
-        for part, v in (("attn_q", attn_in), ("attn_k", attn_in), ("attn_v", attn_in),
-                        ("attn_output", attn_out), ("ffn_gate", ffn_in), ("ffn_up", ffn_in),
-                        ("ffn_down", down_in)):
-            out[f"blk.{i}.{part}.weight"] = v.astype(np.float32)
-    lm = (sums[hp.n_layer * per_layer:] / max(lm_rows, 1)).astype(np.float32)
-    out["token_embd.weight" if hp.tied else "output.weight"] = lm
+    # each linear's statistics are those of the activation it reads (the table's `input`, the
+    # C layout's section names); the lm_head's are token_embd's when tied
+    for name, spec, layer in for_each_tensor(hp):
+        if spec.input is None:
+            continue
+        if layer is None:
+            out[name] = (sections[spec.input][0] / max(lm_rows, 1)).astype(np.float32)
+        else:
+            out[name] = (sections[spec.input][layer] / rows).astype(np.float32)
+    if hp.tied:
+        lm_in = BY_PART["output"].input
+        out[TOKEN_EMBD] = (sections[lm_in][0] / max(lm_rows, 1)).astype(np.float32)
     return out
 
 

@@ -19,10 +19,6 @@ from pathlib import Path
 
 from ._text import mb, table, wrap
 
-# the linear weights of a layer, by GGUF name part, and the short name a table shows
-_PARTS = (("attn_q", "q"), ("attn_k", "k"), ("attn_v", "v"), ("attn_output", "o"),
-          ("ffn_gate", "gate"), ("ffn_up", "up"), ("ffn_down", "down"))
-
 
 def _tensor_bytes(t) -> int:
     return sum(a.nbytes for a in (t.data, t.qs, t.scales) if a is not None)
@@ -33,8 +29,10 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     weight shape for decode and prefill, as a dict; for a GGUF file that is not a pyklei file,
     gguf_info(path). Raises ValueError (ModelFileError, GGUFError) for a path that is not a
     well-formed GGUF file, or a broken pyklei one."""
+    from .activation_policy import choose_activations
     from .formats import gguf_keys as K
     from .formats.gguf_reader import read_gguf_metadata
+    from .formats.llama_tensors import BLOCK_LINEARS
     from .formats.model_file import check_model_path, read_model
     from .formats.registry import WEIGHT_FORMATS
     from .kernels import available_kernels, cpu_features, selected_kernel
@@ -55,13 +53,13 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     n_params = sum(f["params"] for f in fmts.values())
     n_bytes = sum(f["bytes"] for f in fmts.values())
 
-    activations = mf.activations(activations)
+    activations = choose_activations(mf, activations)
     planes = 2 if activations == "qai8dx2" else 1
     m_dec, m_pre = planes, planes * batch_size
     shapes: dict[tuple, dict] = {}
     for i in range(hp.n_layer):
-        for part, short in _PARTS:
-            t = mf.layer(i, part)
+        for spec in BLOCK_LINEARS:
+            t, short = mf.layer(i, spec.part), spec.short
             key = (short, t.shape, t.format)
             s = shapes.setdefault(key, {"weight": short, "n": t.shape[0], "k": t.shape[1],
                                         "format": t.format, "layers": 0})
@@ -135,6 +133,7 @@ def gguf_info(path) -> dict:
     architecture, llama.cpp file type, hyperparameters, tensors counted by GGML type, vocabulary,
     and `convert_command`, the `pyklei convert` line for it (None where pyklei cannot convert
     it: `convert_note` says why). Reads only the header; raises GGUFError for a broken file."""
+    from .activation_policy import choose_activations
     from .formats import gguf_keys as K
     from .formats.gguf_reader import read_gguf
 

@@ -6,9 +6,10 @@
 
 Activations are quantized per row at run time: `activations="qai8dx2"` adds a residual int8
 plane to KleidiAI's qai8dx, which an unrotated SmolLM2's outlier channels need to agree with
-float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme (twice the prefill
-speed; on a rotated file +0.7-4% KL divergence); `"auto"` (default) is the choice for the
-file (ModelFile.activations: one plane on a rotated file, two on any other; docs/QUALITY.md).
+float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme (half the integer
+work of prefill; what it costs in accuracy is measured in docs/QUALITY.md, "Activations");
+`"auto"` (default) is the choice for the file (activation_policy.choose_activations: one
+plane on a rotated file, two on any other).
 
 Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 and AMX
 kernels read qsi4c32/qsi6c32 as "p16", panels of 16 rows with offset nibbles, and qsi8cx as
@@ -45,7 +46,6 @@ only for the positions it has held: 2 * n_layer * n_head_kv * head_dim * 4 bytes
 """
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
@@ -55,6 +55,8 @@ from typing import Sequence
 import numpy as np
 
 from ._native import load_ext
+from .activation_policy import choose_activations
+from .formats.llama_tensors import BLOCK_LINEARS, BLOCK_NORMS, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD
 from .formats.model_file import ModelFileError, Tensor, read_model
 from .formats.registry import QUANTIZED, WEIGHT_FORMATS
 from .options import check_model_options, model_default
@@ -84,8 +86,8 @@ class _Release:
         return False
 
 
-_LINEARS = (("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
-            ("w_gate", "ffn_gate"), ("w_up", "ffn_up"), ("w_down", "ffn_down"))
+# (pk_llama_layer field, tensor part) of a block's linears, as the C model takes them
+_LINEARS = tuple((s.field, s.part) for s in BLOCK_LINEARS)
 
 
 def physical_cores() -> int:
@@ -134,14 +136,14 @@ class Model:
         self.n_threads = n_threads or physical_cores()
         self.n_ctx = n_ctx or min(hp.context_length, 4096)
         # qai8dx2: two int8 planes per activation row, ~16-bit precision; qai8dx: one plane
-        # (KleidiAI's scheme), twice the prefill speed, close once the file is rotated (the
-        # "auto" default there).
-        activations = self.file.activations(activations)
+        # (KleidiAI's scheme), half the integer work, close once the file is rotated (the
+        # "auto" default there; docs/QUALITY.md).
+        activations = choose_activations(self.file, activations)
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations
 
         self.released_bytes = 0
-        emb = self.file.tensor("token_embd.weight")
+        emb = self.file.tensor(TOKEN_EMBD)
         if emb.qs is not None:
             emb_spec = (emb.format, emb.qs, emb.scales, emb.block_size)
         else:
@@ -159,10 +161,7 @@ class Model:
             self.lm_head = _ext.QWeight("qsi8cx", qs, s)
         layers = []
         for i in range(hp.n_layer):
-            layer = {
-                "attn_norm": self.file.layer(i, "attn_norm").data,
-                "ffn_norm": self.file.layer(i, "ffn_norm").data,
-            }
+            layer = {s.field: self.file.layer(i, s.part).data for s in BLOCK_NORMS}
             for key, part in _LINEARS:
                 t = self.file.layer(i, part)
                 layer[key] = _qweight(t)
@@ -170,7 +169,7 @@ class Model:
             layers.append(layer)
         self._layers = layers
 
-        rope_freqs = self.file.tensor("rope_freqs.weight").data if hp.has_rope_freqs else None
+        rope_freqs = self.file.tensor(ROPE_FREQS).data if hp.has_rope_freqs else None
         if hp.head_dim > 512:   # the attention scratch of the C forward pass holds 512
             raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports (512)")
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
@@ -178,7 +177,7 @@ class Model:
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
                      n_batch=n_batch, kv_f16=kv_cache == "f16", n_seq=n_seq)
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
-                                         self.file.tensor("output_norm.weight").data, rope_freqs,
+                                         self.file.tensor(OUTPUT_NORM).data, rope_freqs,
                                          layers, {k: (r.signs, r.mix) for k, r in
                                                   self.file.rotations.items()})
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
@@ -195,17 +194,8 @@ class Model:
         count the weight twice in RSS. Done weight by weight, so the peak holds one weight
         twice, not the model. The mapping stays valid: a page read again (an embedding row, a
         forced kernel) is faulted back in. Adds to `released_bytes`."""
-        mm = self.file._mmap
-        if w.reads_canonical or mm is None or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        view = np.frombuffer(mm, np.uint8, count=1)
-        start = t.qs.ctypes.data - view.ctypes.data
-        del view
-        page = mmap.PAGESIZE
-        lo, hi = -(-start // page) * page, (start + t.qs.nbytes) // page * page
-        if hi > lo:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-            self.released_bytes += hi - lo
+        if not w.reads_canonical:
+            self.released_bytes += self.file.release_pages(t.qs)
 
     # ---- introspection -----------------------------------------------------------------
     @property
@@ -260,13 +250,7 @@ class Model:
             self._layers = []
             self.lm_head = None
             self._seqs = [[] for _ in range(self.n_seq)]
-            mm, self.file._mmap = self.file._mmap, None
-            self.file.tensors.clear()
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:   # the caller still holds a tensor view: unmapped with it
-                    pass
+            self.file.close()
 
     def __enter__(self):
         return self

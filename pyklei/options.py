@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .activation_policy import ACTIVATIONS
+
 
 @dataclass(frozen=True)
 class Option:
@@ -108,7 +110,7 @@ MODEL_OPTIONS: tuple[Option, ...] = (
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file) or qai8dx "
            "(one plane, KleidiAI's scheme: twice the prefill speed, +0.7-4%% KL divergence on a "
            "rotated file)", "default %(default)s: one plane on a rotated file, two on any "
-           "other; docs/QUALITY.md", choices=("auto", "qai8dx2", "qai8dx")),
+           "other; docs/QUALITY.md", choices=ACTIVATIONS),
     Option("n_seq", int, 4, (), "N", "sequence count",      # no flag: serve's --parallel sets it
            "KV cache slots: sequences decoded together (pyklei.engine)", lo=1),
 )

@@ -418,6 +418,11 @@ cdef extern from "model/pk_llama.h":
                                const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
                                volatile int *interrupt) nogil
     int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n) nogil
+    ctypedef enum pk_llama_stat:
+        PK_LLAMA_STAT_LM_HEAD_IN
+        PK_LLAMA_STATS
+    const char *const pk_llama_stat_names[]
+    size_t pk_llama_stat_section(const pk_llama_hparams *hp, int l, pk_llama_stat s, size_t *len)
     int pk_llama_stats_enable(pk_llama *model, int on)
     const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows)
     void pk_llama_profile_enable(pk_llama *model, int on)
@@ -433,6 +438,15 @@ cdef const float *_f32_ptr(object arr, list keep, Py_ssize_t n, str what) except
     return &v[0]
 
 
+# The fields of pk_llama_layer (model/pk_llama.h) a layer dict gives LlamaRuntime: the norms'
+# gains (f32 [n_embd]), then the linears (QWeight). Model fills them by the `field` column of the
+# tensor table (pyklei/formats/llama_tensors.py); tests/test_llama_tensors.py checks the two agree.
+LAYER_NORM_FIELDS = ("attn_norm", "ffn_norm")
+LAYER_LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# The sections of the activation statistics, in the C layout's order (pk_llama.h, pk_llama_stat)
+STAT_SECTIONS = tuple(pk_llama_stat_names[i].decode() for i in range(<int>PK_LLAMA_STATS))
+
+
 cdef class LlamaRuntime:
     """The C forward pass over borrowed weights; owns the KV cache and scratch buffers.
 
@@ -443,6 +457,7 @@ cdef class LlamaRuntime:
     cdef readonly Ops ops
     cdef readonly int n_vocab, n_ctx, n_batch, n_seq
     cdef volatile int interrupt
+    cdef pk_llama_hparams hp
 
     def __cinit__(self, Ops ops, dict hp, tuple tok_embd, QWeight lm_head, output_norm,
                   rope_freqs, list layers, dict rotations=None):
@@ -482,9 +497,12 @@ cdef class LlamaRuntime:
         if self.layers == NULL:
             raise MemoryError()
         for i, L in enumerate(layers):
+            if set(L) != set(LAYER_NORM_FIELDS + LAYER_LINEAR_FIELDS):
+                raise ValueError(f"layer {i} gives fields {sorted(L)}, pk_llama_layer has "
+                                 f"{sorted(LAYER_NORM_FIELDS + LAYER_LINEAR_FIELDS)}")
             self.layers[i].attn_norm = _f32_ptr(L["attn_norm"], self._keep, h.n_embd, f"blk.{i}.attn_norm")
             self.layers[i].ffn_norm = _f32_ptr(L["ffn_norm"], self._keep, h.n_embd, f"blk.{i}.ffn_norm")
-            for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            for name in LAYER_LINEAR_FIELDS:
                 qw = L[name]
                 self._keep.append(qw)
             self.layers[i].wq = &(<QWeight>L["wq"]).rhs
@@ -514,6 +532,7 @@ cdef class LlamaRuntime:
         if self.model == NULL:
             raise ValueError(_last_error())
         self.n_vocab, self.n_ctx, self.n_batch, self.n_seq = h.n_vocab, h.n_ctx, h.n_batch, h.n_seq
+        self.hp = h
 
     def __dealloc__(self):
         if self.model != NULL:
@@ -541,6 +560,27 @@ cdef class LlamaRuntime:
         if p == NULL:
             return None
         return np.asarray(<const double[:n]>p).copy(), rows, lm_rows
+
+    def stats_sections(self):
+        """({input name: float64 sums of squares [n_layer, width]}, rows per layer, rows at the
+        lm_head), or None if off: stats() cut by the C layout (pk_llama_stat_section). Names are
+        pk_llama.h's, as the tensor table (pyklei/formats/llama_tensors.py) calls each linear's
+        input; "lm_head_in" has one row."""
+        got = self.stats()
+        if got is None:
+            return None
+        flat, rows, lm_rows = got
+        cdef size_t off, width
+        cdef int s, l
+        out = {}
+        for s in range(PK_LLAMA_STATS):
+            layers = 1 if s == PK_LLAMA_STAT_LM_HEAD_IN else self.hp.n_layer
+            parts = []
+            for l in range(layers):
+                off = pk_llama_stat_section(&self.hp, l, <pk_llama_stat>s, &width)
+                parts.append(flat[off:off + width])
+            out[pk_llama_stat_names[s].decode()] = np.stack(parts)
+        return out, rows, lm_rows
 
     def profile_ops(self, bint on=True):
         """Start (zeroing) or stop timing each operation of the forward pass."""

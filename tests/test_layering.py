@@ -85,8 +85,8 @@ FILES = sorted(p for d in ("pyklei", "converters") for p in (ROOT / d).rglob("*.
 
 def test_the_tree_is_seen():
     names = {_module_name(p) for p in FILES}
-    assert {"pyklei.formats.registry", "pyklei.converters.core", "pyklei.model",
-            "pyklei.cli"} <= names
+    assert {"pyklei.formats.registry", "pyklei.formats.llama_tensors", "pyklei.converters.core",
+            "pyklei.model", "pyklei.cli"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -116,3 +116,22 @@ def test_the_checker_catches_an_upward_edge(tmp_path, monkeypatch):
             test_imports_go_down(f)
     finally:
         f.unlink()
+
+
+def test_the_tensor_table_is_a_leaf():
+    """pyklei/formats/llama_tensors.py imports nothing of pyklei: every layer (gguf_keys
+    included) can read it without a cycle."""
+    assert _imports(ROOT / "pyklei" / "formats" / "llama_tensors.py") == set()
+
+
+def test_hugging_face_names_live_in_the_tensor_table_only():
+    """The Llama block's layout has one place (issue 27): no other module of pyklei or the
+    converters spells a Hugging Face tensor name of the table; they ask llama_tensors."""
+    from pyklei.formats.llama_tensors import TENSORS
+
+    table = ROOT / "pyklei" / "formats" / "llama_tensors.py"
+    # a block tensor's own part ("self_attn.q_proj"), a global tensor's full name ("lm_head.weight")
+    hf_names = {s.hf if s.per_layer else s.hf_name() for s in TENSORS if s.hf}
+    bad = [f"{p.relative_to(ROOT)}: {n}" for p in FILES if p != table
+           for n in hf_names if n in p.read_text()]
+    assert not bad, f"Hugging Face tensor names spelled outside the table: {bad}"

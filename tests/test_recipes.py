@@ -1,9 +1,10 @@
 """The size/quality ladder (converters/recipes.py) and the activation default
-(ModelFile.activations)."""
+(activation_policy.choose_activations)."""
 import math
 
 import pytest
 
+from pyklei.activation_policy import choose_activations
 from pyklei.converters import ConversionError, convert
 from pyklei.converters.recipes import (BITS_6, PROMOTION_ORDER, bits_4, bits_keep, ends_first,
                                       expected_quality, recipe_keep)
@@ -75,10 +76,10 @@ def test_activation_default_is_one_plane_on_rotated_files_only(tiny64, tmp_path)
     hf, plain = tiny64
     rot = convert(hf, tmp_path / "r.gguf", rotate=True).path
     assert read_model(rot).rotated and not read_model(plain).rotated
-    assert read_model(rot).activations() == "qai8dx"       # the decision: docs/QUALITY.md
-    assert read_model(plain).activations() == "qai8dx2"    # unrotated: outliers need two planes
-    assert read_model(plain).activations("qai8dx") == "qai8dx"
-    assert read_model(rot).activations("qai8dx2") == "qai8dx2"
+    assert choose_activations(read_model(rot)) == "qai8dx"       # the decision: docs/QUALITY.md
+    assert choose_activations(read_model(plain)) == "qai8dx2"    # unrotated: outliers need two planes
+    assert choose_activations(read_model(plain), "qai8dx") == "qai8dx"
+    assert choose_activations(read_model(rot), "qai8dx2") == "qai8dx2"
     with pyklei.load(rot, n_threads=1, n_ctx=32) as llm:
         assert llm.model.activations == "qai8dx"
     with pyklei.load(plain, n_threads=1, n_ctx=32) as llm:

@@ -1,6 +1,7 @@
 """`pyklei info`: pyklei.info.model_info (gguf_info for a llama.cpp GGUF), as text or --json."""
 from __future__ import annotations
 
+from ..activation_policy import ACTIVATIONS
 from ._common import _add_command, _int_at_least, _model_path, _print_json
 
 
@@ -12,7 +13,7 @@ def add_parser(sub):
         "and prefill. A GGUF that is not a pyklei file (llama.cpp's) is described too: "
         "metadata, tensor types, vocabulary, and the `pyklei convert` line that converts it.")
     i.add_argument("model", metavar="MODEL", help="pyklei .gguf file, or another GGUF (llama.cpp's)")
-    i.add_argument("--activations", choices=("auto", "qai8dx2", "qai8dx"), default="auto",
+    i.add_argument("--activations", choices=ACTIVATIONS, default="auto",
                    help="activation scheme the kernel table assumes (qai8dx2: 2 rows per token; "
                         "default %(default)s: one plane on a rotated file, two on any other, see "
                         "docs/QUALITY.md)")

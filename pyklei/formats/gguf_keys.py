@@ -1,9 +1,13 @@
-"""Names shared by the converter and the loader: pyklei's GGUF keys and the tensor naming.
+"""Names shared by the converter and the loader: pyklei's GGUF keys (the tensor names come from
+llama_tensors.py, the table of the Llama block, and are re-exported here).
 
 docs/FORMAT.md ("GGUF container" and "Converter") is the specification; this module is the
 single place the strings live, so the writer and the reader cannot drift apart.
 """
 from __future__ import annotations
+
+from . import llama_tensors as L
+from .llama_tensors import OUTPUT, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD, blk  # noqa: F401  (re-exported)
 
 ARCH = "llama"
 FORMAT_VERSION = 1
@@ -52,22 +56,11 @@ ROPE_FREQ_BASE = llama_key("rope.freq_base")
 ROPE_DIM = llama_key("rope.dimension_count")
 VOCAB_SIZE = llama_key("vocab_size")
 
-# Tensor names (llama.cpp's)
-TOKEN_EMBD = "token_embd.weight"
-OUTPUT = "output.weight"
-OUTPUT_NORM = "output_norm.weight"
-ROPE_FREQS = "rope_freqs.weight"
-BLOCK_TENSORS = (
-    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-    "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
-)
-BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-BLOCK_NORMS = ("attn_norm", "ffn_norm")
-
-
-def blk(i: int, part: str) -> str:
-    """Tensor name of `part` (e.g. "attn_q") in block i: "blk.{i}.attn_q.weight"."""
-    return f"blk.{i}.{part}.weight"
+# Tensor names (llama.cpp's): the Llama tensor table (llama_tensors.py) is their one place;
+# the names and part tuples are here too, for the code that spells keys and names together.
+BLOCK_TENSORS = tuple(s.part for s in L.BLOCK)
+BLOCK_LINEARS = tuple(s.part for s in L.BLOCK_LINEARS)
+BLOCK_NORMS = tuple(s.part for s in L.BLOCK_NORMS)
 
 
 def scales_name(name: str) -> str:

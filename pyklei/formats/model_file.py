@@ -13,6 +13,7 @@ presence, GGUF type and shape of every tensor of the model, and the data alignme
 """
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -21,12 +22,12 @@ import numpy as np
 
 from . import gguf_keys as K
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
+from .llama_tensors import for_each_tensor
 from .qsi4c32 import QSI4C32_BLOCK_SIZES
 from .registry import GGML_I8, GGML_TYPE_NAMES, PLAIN_BY_GGML, WEIGHT_FORMATS
 from .rotation import Rotation, check_rotation, split_size
 
 ROTATION_PARTS = ("residual", "value_heads", "ffn_down")   # the values KEY_ROTATION may list
-ACTIVATIONS = ("auto", "qai8dx2", "qai8dx")                 # ModelFile.activations
 
 
 class ModelFileError(GGUFError):
@@ -86,7 +87,7 @@ class ModelFile:
     # Online rotations of a rotated file (gguf_keys KEY_ROTATION): "ffn_down" [n_ff] and, tied
     # only, "output" [n_embd]; empty for an unrotated file.
     rotations: dict[str, Rotation] = field(default_factory=dict)
-    _mmap: Any = None
+    _mmap: Any = None      # the read-only map every tensor array is a view of (close() ends it)
 
     @property
     def rotated(self) -> bool:
@@ -95,17 +96,34 @@ class ModelFile:
         val = self.metadata.get(K.KEY_ROTATION) or ""
         return set(val.split(",")) >= set(ROTATION_PARTS)
 
-    def activations(self, requested: str = "auto") -> str:
-        """The activation scheme to run with: `requested`, or for "auto" one int8 plane
-        (qai8dx) on a rotated file and two (qai8dx2) on any other. One plane halves the
-        integer work of prefill and costs +0.7-4% KL divergence on a rotated file, the size of
-        the noise between per-operation mixes, but +9-15% on an unrotated one (imported files
-        are unrotated): docs/QUALITY.md, "Activations"."""
-        if requested not in ACTIVATIONS:
-            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {requested!r}")
-        if requested != "auto":
-            return requested
-        return "qai8dx" if self.rotated else "qai8dx2"
+    def release_pages(self, array: np.ndarray) -> int:
+        """Drops this process's resident pages of `array`, a view of this file's map that the
+        caller has copied what it needs from. The mapping stays valid: a page read again is
+        faulted back in from the file. Only whole pages inside the array go. -> bytes released
+        (0 once closed, or where the OS has no MADV_DONTNEED)."""
+        mm = self._mmap
+        if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return 0
+        view = np.frombuffer(mm, np.uint8, count=1)
+        start = array.ctypes.data - view.ctypes.data
+        del view
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + array.nbytes) // page * page
+        if hi <= lo:
+            return 0
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return hi - lo
+
+    def close(self) -> None:
+        """Forgets the tensors and unmaps the file. A tensor view the caller still holds keeps
+        the map alive until it goes (the map is then unmapped with it). Idempotent."""
+        mm, self._mmap = self._mmap, None
+        self.tensors.clear()
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:   # the caller still holds a tensor view: unmapped with it
+                pass
 
     def tensor(self, name: str) -> Tensor:
         try:
@@ -174,19 +192,7 @@ def read_model(path) -> ModelFile:
         raise ModelFileError(f"{path}: general.alignment {align} is not a multiple of {K.ALIGNMENT}")
 
     hp = read_hparams(md, vtype, raw, str(path))
-    h, v, f, hd = hp.n_embd, hp.vocab_size, hp.n_ff, hp.head_dim
-    expect = {K.TOKEN_EMBD: (v, h), K.OUTPUT_NORM: (h,)}
-    for i in range(hp.n_layer):
-        expect.update({
-            K.blk(i, "attn_norm"): (h,), K.blk(i, "ffn_norm"): (h,),
-            K.blk(i, "attn_q"): (hp.n_head * hd, h), K.blk(i, "attn_k"): (hp.n_head_kv * hd, h),
-            K.blk(i, "attn_v"): (hp.n_head_kv * hd, h), K.blk(i, "attn_output"): (h, hp.n_head * hd),
-            K.blk(i, "ffn_gate"): (f, h), K.blk(i, "ffn_up"): (f, h), K.blk(i, "ffn_down"): (h, f),
-        })
-    if not hp.tied:
-        expect[K.OUTPUT] = (v, h)
-    if hp.has_rope_freqs:
-        expect[K.ROPE_FREQS] = (hd // 2,)
+    expect = {name: spec.shape(hp) for name, spec, _ in for_each_tensor(hp)}
     online = _rotation_tensors(path, md, vtype, hp)
     for prefix, n in online.values():
         m, _ = split_size(n)

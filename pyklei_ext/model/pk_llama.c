@@ -79,8 +79,36 @@ int pk_llama_profile(const pk_llama *m, const char *const **names, const double 
     return PK_LLAMA_OPS;
 }
 
+const char *const pk_llama_stat_names[PK_LLAMA_STATS] = {
+    "attn_in", "attn_out", "ffn_in", "down_in", "lm_head_in",
+};
+
+static size_t stat_len(const pk_llama_hparams *hp, pk_llama_stat s) {
+    switch (s) {
+    case PK_LLAMA_STAT_ATTN_OUT: return (size_t)hp->n_head * hp->head_dim;
+    case PK_LLAMA_STAT_DOWN_IN: return (size_t)hp->n_ff;
+    default: return (size_t)hp->n_embd;
+    }
+}
+
 static size_t stats_layer_len(const pk_llama_hparams *hp) {
-    return (size_t)2 * hp->n_embd + (size_t)hp->n_head * hp->head_dim + hp->n_ff;
+    size_t n = 0;
+    for (int s = 0; s < PK_LLAMA_STAT_LM_HEAD_IN; s++) n += stat_len(hp, (pk_llama_stat)s);
+    return n;
+}
+
+size_t pk_llama_stat_section(const pk_llama_hparams *hp, int l, pk_llama_stat s, size_t *len) {
+    *len = stat_len(hp, s);
+    if (s == PK_LLAMA_STAT_LM_HEAD_IN) return stats_layer_len(hp) * hp->n_layer;
+    size_t off = stats_layer_len(hp) * l;
+    for (int t = 0; t < (int)s; t++) off += stat_len(hp, (pk_llama_stat)t);
+    return off;
+}
+
+/* Section s of layer l of the statistics, or NULL when they are off */
+static double *stat_at(const pk_llama *m, int l, pk_llama_stat s) {
+    size_t len;
+    return m->stats ? m->stats + pk_llama_stat_section(&m->hp, l, s, &len) : NULL;
 }
 
 int pk_llama_stats_enable(pk_llama *m, int on) {
@@ -89,7 +117,8 @@ int pk_llama_stats_enable(pk_llama *m, int on) {
     m->stats_len = 0;
     m->stats_rows = m->stats_lm_rows = 0;
     if (!on) return 0;
-    m->stats_len = stats_layer_len(&m->hp) * m->hp.n_layer + m->hp.n_embd;
+    size_t lm_len;
+    m->stats_len = pk_llama_stat_section(&m->hp, 0, PK_LLAMA_STAT_LM_HEAD_IN, &lm_len) + lm_len;
     m->stats = calloc(m->stats_len, sizeof(double));
     return m->stats ? 0 : err("out of memory for activation statistics");
 }
@@ -258,9 +287,9 @@ static void job_rope_store(void *arg, int ith, int nth) {
 /* Causal attention: query row t sees the positions [0, pos[t]] of its own slot. One work
  * item = a window of PK_ATTEND_ROWS consecutive rows and one K/V head, so the query heads that
  * share the K/V head read it once, and in a prefill chunk (the window's rows of one slot) an
- * f16 cache is converted once for all the rows (pk_attend_rows). (Splitting a group between
- * threads to balance decode's few items was measured slower: SmolLM2, 2 threads, 3 K/V heads:
- * 0.3 ms per token as is, 0.7-1.1 ms split per head.) */
+ * f16 cache is converted once for all the rows (pk_attend_rows). A group is not split between
+ * threads to balance decode's few items: that measured slower (docs/KERNELS.md, "Attention
+ * work items"). */
 static int attention_items(const pk_llama *m, int n) {
     return (n + PK_ATTEND_ROWS - 1) / PK_ATTEND_ROWS * m->hp.n_head_kv;
 }
@@ -350,12 +379,11 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
     for (int l = 0; l < hp->n_layer; l++) {
         if (interrupt && *interrupt) return 1;
         const pk_llama_layer *L = &m->layers[l];
-        double *st = m->stats ? m->stats + stats_layer_len(hp) * l : NULL;
         job.layer = l;
         /* attention block */
         job.norm_w = L->attn_norm;
         run_rows(m, job_rmsnorm, &job, n);
-        if (st) add_squares(st, m->xn, n, d);
+        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_ATTN_IN), m->xn, n, d);
         PROF(OP_ATTN_NORM);
         const pk_rhs *qkv[3] = {L->wq, L->wk, L->wv};
         float *qkv_out[3] = {m->q, m->k, m->v};
@@ -364,7 +392,7 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
         run_rows(m, job_rope_store, &job, n);
         PROF(OP_ROPE);
         run_rows(m, job_attention, &job, attention_items(m, n));
-        if (st) add_squares(st + d, m->att, n, qd);
+        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_ATTN_OUT), m->att, n, qd);
         PROF(OP_ATTENTION);
         if (mm(m, L->wo, n, m->att, m->xn)) return -1;
         PROF(OP_O);
@@ -373,14 +401,14 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
         /* MLP block */
         job.norm_w = L->ffn_norm;
         run_rows(m, job_rmsnorm, &job, n);
-        if (st) add_squares(st + d + qd, m->xn, n, d);
+        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_FFN_IN), m->xn, n, d);
         PROF(OP_FFN_NORM);
         const pk_rhs *gu[2] = {L->w_gate, L->w_up};
         float *gu_out[2] = {m->gate, m->up};
         if (mm_multi(m, 2, gu, n, m->xn, gu_out)) return -1;
         PROF(OP_GATE_UP);
         run_rows(m, job_swiglu, &job, n);
-        if (st) add_squares(st + 2 * d + qd, m->gate, n, hp->n_ff);
+        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_DOWN_IN), m->gate, n, hp->n_ff);
         PROF(OP_SWIGLU);
         if (mm(m, L->w_down, n, m->gate, m->xn)) return -1;
         PROF(OP_DOWN);
@@ -394,7 +422,7 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
     for (int i = 0; i < rows; i++)
         output_norm_row(m, m->x + (size_t)m->row_out[i] * d, m->xn + (size_t)i * d);
     if (m->stats) {
-        add_squares(m->stats + stats_layer_len(hp) * hp->n_layer, m->xn, rows, d);
+        add_squares(stat_at(m, 0, PK_LLAMA_STAT_LM_HEAD_IN), m->xn, rows, d);
         m->stats_lm_rows += rows;
     }
     PROF(OP_OUT_NORM);

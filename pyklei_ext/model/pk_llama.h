@@ -76,8 +76,21 @@ int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n);
 
 /* Activation statistics for importance-weighted quantization ("imatrix"): when enabled, every
  * forward adds the squares of each linear layer's input rows, per input channel, into a double
- * buffer laid out per layer as [attn_in n_embd][attn_out n_head*head_dim][ffn_in n_embd]
- * [down_in n_ff], then [lm_head_in n_embd]. Enabling zeroes it. Returns 0 or -1 (out of memory). */
+ * buffer of sections: per layer the inputs below in this order, then once lm_head_in.
+ * pk_llama_stat_section says where each lies; the names are what pyklei's tensor table
+ * (pyklei/formats/llama_tensors.py, TensorSpec.input) calls each linear's input. */
+typedef enum {
+    PK_LLAMA_STAT_ATTN_IN,     /* "attn_in"    [n_embd]: attn_norm's output, read by wq wk wv */
+    PK_LLAMA_STAT_ATTN_OUT,    /* "attn_out"   [n_head*head_dim]: attention's output, read by wo */
+    PK_LLAMA_STAT_FFN_IN,      /* "ffn_in"     [n_embd]: ffn_norm's output, read by w_gate w_up */
+    PK_LLAMA_STAT_DOWN_IN,     /* "down_in"    [n_ff]: the SwiGLU output, read by w_down */
+    PK_LLAMA_STAT_LM_HEAD_IN,  /* "lm_head_in" [n_embd]: output_norm's output, after the layers */
+    PK_LLAMA_STATS
+} pk_llama_stat;
+extern const char *const pk_llama_stat_names[PK_LLAMA_STATS];
+/* Offset of section s of layer l (l is ignored for lm_head_in) in the buffer; *len: its length. */
+size_t pk_llama_stat_section(const pk_llama_hparams *hp, int l, pk_llama_stat s, size_t *len);
+/* Enabling zeroes the buffer. Returns 0 or -1 (out of memory). */
 int pk_llama_stats_enable(pk_llama *model, int on);
 /* The buffer (NULL when disabled), its length, and the number of rows accumulated per layer. */
 const double *pk_llama_stats(const pk_llama *model, size_t *len, long *rows, long *lm_rows);

@@ -78,9 +78,8 @@ int pk_kernel_supported(const pk_kernel *kern) {
  * about 1e-2 of it: a real bug lands far above the bound. A run_pairs output sums two
  * products: twice the bound.
  *
- * Cost, measured on this project's Xeon (AVX-512 VNNI and AVX-VNNI, -O3): 0.9 ms once per
- * process for the 14 kernels checked there, of which 0.65 ms the scalar reference and about
- * 20 us per kernel. No switch turns it off: a benchmark does not see a millisecond at start. */
+ * Cost: about a millisecond once per process (measured in docs/KERNELS.md, "Self-check"), so
+ * no switch turns it off. */
 
 static uint32_t selfcheck_rand(uint32_t *state) {   /* LCG (Numerical Recipes); top 24 bits */
     *state = *state * 1664525u + 1013904223u;
