@@ -30,6 +30,7 @@ from .generate import GenerationResponse, check_request, stream_generate
 from .hub import model_file, split_file_ref
 from .model import Model
 from .sampler import SamplingParams
+from .speculative import check_speculative
 from .tokenizer import Tokenizer, token_ids
 
 _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -93,6 +94,7 @@ class LLM:
                  add_bos: bool | None = None, logprobs: int | None = None, *,
                  response_format: dict | None = None, json_schema=None,
                  grammar: str | None = None, regex: str | None = None,
+                 speculative: str | None = None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
         """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
         arrives (each .text is the new text); else returns one response with the whole text.
@@ -106,11 +108,16 @@ class LLM:
         dict or its JSON text), grammar (Lark or GBNF text), regex, or response_format as
         OpenAI's ({"type": "json_object"} / {"type": "json_schema", "json_schema": {"schema":
         ...}}). The reply follows it and ends ("stop") when it is complete; a schema or grammar
-        that does not compile is a ValueError (pyklei.grammar.GrammarError) naming why."""
+        that does not compile is a ValueError (pyklei.grammar.GrammarError) naming why.
+
+        speculative="lookup": speculative decoding with prompt lookup (pyklei.speculative):
+        the same tokens as without it, in fewer passes where the reply repeats text of its
+        prompt; response.drafted_tokens / accepted_tokens count the drafts. A constrained
+        reply decodes without it."""
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling,
-                              constrain, logprobs)
+                              constrain, logprobs, speculative)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None = 256,
                        stop: str | Sequence[str] = (), add_bos: bool | None = None,
@@ -171,11 +178,13 @@ class LLM:
         return constraint(self.tokenizer, **constrain)
 
     def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
-                  logprobs=None):
+                  logprobs=None, speculative=None):
+        check_speculative(speculative)
         c = self._constraint(constrain)
         ids, stops, params = self._request(prompt, max_tokens, stop, add_bos, trim, sampling)
         it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,
-                             self.eos_ids, trim=trim, logprobs=logprobs, constraint=c)
+                             self.eos_ids, trim=trim, logprobs=logprobs, constraint=c,
+                             speculative=speculative)
         if stream:
             return it
         return _collect(it)
@@ -184,7 +193,7 @@ class LLM:
              stop: str | Sequence[str] = (), logprobs: int | None = None, *,
              response_format: dict | None = None, json_schema=None, grammar: str | None = None,
              regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
-             parallel_tool_calls: bool = True, **sampling):
+             parallel_tool_calls: bool = True, speculative: str | None = None, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
@@ -198,7 +207,7 @@ class LLM:
         two constrain the reply to valid calls), and messages with role "tool" and assistant
         "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
         and its text is what is left; a streamed reply is raw text (pyklei.tools.parse_reply
-        parses it)."""
+        parses it). speculative: as in generate()."""
         from . import tools as tool_calls
 
         offered = tool_calls.check_tools(list(tools or []))
@@ -218,7 +227,7 @@ class LLM:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                      tokenize=True)
         out = self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
-                             logprobs)
+                             logprobs, speculative)
         if stream or not offered:
             return out
         content, calls = tool_calls.parse_reply(out.text)

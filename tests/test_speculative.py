@@ -1,5 +1,10 @@
-"""Speculative decoding (issue 25): Model.verify gives every row the logits of a decode step
-bit for bit, and truncate_seq rolls a slot back."""
+"""Speculative decoding with prompt lookup (issue 25): Model.verify gives every row the logits of
+a decode step bit for bit, truncate_seq rolls a slot back, and stream_generate with
+speculative="lookup" gives plain decoding's tokens (greedy, and sampling under one seed) with
+stop strings, max_tokens, EOS and logprobs unchanged. On the committed tiny model (random token
+streams: a stand-in model whose logits are a random function of the last two tokens) and on
+SmolLM2-135M-Instruct (stop strings, logprobs, chat turns and a 300-token quoting reply), when
+its file is cached."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyklei.generate import stream_generate
 from pyklei.llm import LLM
 from pyklei.model import Model, SequenceLostError
 from pyklei.sampler import SamplingParams
+from pyklei.speculative import DraftLength, PromptLookup, check_speculative
 
 HERE = Path(__file__).resolve().parent
 SEED = HERE / "fuzz_corpus" / "seed-tied-q4.gguf"
@@ -98,3 +105,191 @@ def test_verify_and_truncate_check_their_arguments(tiny):
         m.verify([6], owner=owner)
     with pytest.raises(SequenceLostError):
         m.truncate_seq(0, 1, owner=owner)
+
+
+# ---- the drafter and the draft length --------------------------------------------------------
+
+def test_prompt_lookup_drafts_the_latest_longest_match():
+    pl = PromptLookup([1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3], max_ngram=3)
+    assert pl.draft(4) == [5, 6, 7, 2]            # "2 3": its latest earlier occurrence
+    pl = PromptLookup([1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3], max_ngram=3)
+    assert pl.draft(2) == [4, 9]                  # "1 2 3" beats the later "2 3"
+    assert PromptLookup([1, 2, 3]).draft(4) == []
+    pl = PromptLookup([10, 11, 12, 13, 14, 15, 16, 0, 10, 11], max_ngram=2)
+    assert pl.draft(2) == [12, 13]
+    pl.extend([12, 13, 14])                       # accepted, and the pass's own token agreed
+    assert pl.draft(3) == [15, 16, 0]             # the copy continues from its source
+    with pytest.raises(ValueError):
+        PromptLookup([1], max_ngram=1, min_ngram=2)
+
+
+def test_draft_length_grows_with_acceptance_and_switches_off():
+    d = DraftLength(row_cost=0.25)
+    for _ in range(20):
+        d.accepted(4, 4)
+    assert d.length(100) >= 4
+    assert d.length(2) == 2                       # never beyond the room left
+    d = DraftLength(row_cost=0.25)
+    drafted = 0
+    for _ in range(400):                          # every draft rejected
+        k = d.length(100)
+        if k:
+            drafted += 1
+            d.accepted(k, 0)
+    assert drafted < 400 * 0.06                   # off, with a rare one-token probe
+
+
+def test_bad_speculative_value_is_a_clear_error(tiny):
+    assert check_speculative(None) is None and check_speculative("lookup") == "lookup"
+    for bad in ("nonsense", "Lookup", 1, True):
+        with pytest.raises(ValueError, match="speculative must be None or one of 'lookup'"):
+            tiny.generate([1, 2, 3], max_tokens=4, speculative=bad)
+    with pytest.raises(ValueError, match="speculative must be"):
+        tiny.chat([{"role": "user", "content": "hi"}], max_tokens=4, speculative="nonsense")
+
+
+# ---- same tokens as plain decoding ------------------------------------------------------------
+
+class MarkovModel:
+    """A stand-in for Model whose logits depend on the last two tokens (a random table): its
+    replies wander and repeat in part, so drafts are accepted, cut short and rejected at every
+    position. The acceptance loop sees eval/step/verify/truncate_seq as on a Model."""
+
+    def __init__(self, vocab: int, seed: int, n_ctx: int = 4096):
+        rng = np.random.default_rng(seed)
+        self.t1 = rng.normal(0, 3, (vocab, vocab)).astype(np.float32)
+        self.t2 = rng.normal(0, 1, (vocab, vocab)).astype(np.float32)
+        self.n_ctx, self.vocab_size = n_ctx, vocab
+        self.seq, self.last_eval_tokens, self.passes = [], 0, 0
+
+    def _logits(self, ctx):
+        return self.t1[ctx[-1]] + self.t2[ctx[-2] if len(ctx) > 1 else 0]
+
+    def eval(self, tokens, owner=None):
+        self.seq, self.last_eval_tokens = list(tokens), len(tokens)
+        return self._logits(self.seq)
+
+    def step(self, token, owner=None):
+        self.passes += 1
+        self.seq.append(token)
+        return self._logits(self.seq)
+
+    def verify(self, tokens, seq=0, owner=None):
+        self.passes += 1
+        rows = []
+        for t in tokens:
+            self.seq.append(t)
+            rows.append(self._logits(self.seq))
+        return np.stack(rows)
+
+    def seq_tokens(self, seq):
+        return list(self.seq)
+
+    def truncate_seq(self, seq, n, owner=None):
+        assert 0 <= n <= len(self.seq)
+        del self.seq[n:]
+
+
+def _markov_run(tok, seed, spec, params, max_tokens=150, **kw):
+    m = MarkovModel(tok.vocab_size, seed)
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, tok.vocab_size, 40).tolist()
+    prompt = a + rng.integers(0, tok.vocab_size, 10).tolist() + a[:20]
+    rs = list(stream_generate(m, tok, prompt, max_tokens, params, eos_ids=kw.pop("eos_ids", []),
+                              speculative=spec, **kw))
+    return rs, m
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lookup_gives_plain_tokens_on_random_streams(tiny, seed):
+    """Greedy, and sampling under one seed: the same tokens, texts, logprobs and cache."""
+    for params in (GREEDY, SamplingParams(temperature=0.8, top_k=0, top_p=0.95, seed=seed,
+                                          repetition_penalty=1.05)):
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, params, logprobs=2)
+        spec, ms = _markov_run(tiny.tokenizer, seed, "lookup", params, logprobs=2)
+        assert _tokens(spec) == _tokens(plain)
+        assert [r.logprobs for r in spec if r.logprobs] == [r.logprobs for r in plain if r.logprobs]
+        assert ms.seq == mp.seq                    # the cache ends as plain decoding leaves it
+        assert plain[-1].drafted_tokens == 0
+
+
+def test_lookup_drafts_are_accepted_rejected_and_save_passes(tiny):
+    drafted = accepted = passes = plain_passes = 0
+    for seed in range(8):
+        spec, ms = _markov_run(tiny.tokenizer, seed, "lookup", GREEDY, max_tokens=300)
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, GREEDY, max_tokens=300)
+        drafted += spec[-1].drafted_tokens
+        accepted += spec[-1].accepted_tokens
+        passes, plain_passes = passes + ms.passes, plain_passes + mp.passes
+    assert 0 < accepted < drafted                  # partial acceptance happened
+    assert passes < plain_passes
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=1), dict(max_tokens=0), dict(max_tokens=37),
+                                dict(eos="at30"), dict(stop="mid")])
+def test_lookup_ends_where_plain_decoding_ends(tiny, kw):
+    plain, _ = _markov_run(tiny.tokenizer, 5, None, GREEDY, max_tokens=100)
+    kw = dict(kw)
+    if kw.pop("eos", None):
+        kw["eos_ids"] = [plain[30].token]
+    if kw.pop("stop", None):
+        text = "".join(r.text for r in plain)
+        kw["stop"] = [text[len(text) // 2:len(text) // 2 + 2]]
+    kw.setdefault("max_tokens", 100)
+    a, ma = _markov_run(tiny.tokenizer, 5, None, GREEDY, **kw)
+    b, mb = _markov_run(tiny.tokenizer, 5, "lookup", GREEDY, **kw)
+    assert _tokens(a) == _tokens(b)
+    assert [r.text for r in a] == [r.text for r in b]
+    assert ma.seq == mb.seq
+
+
+def test_lookup_on_the_tiny_model_matches_plain(tiny):
+    prompt = _repetitive_prompt(2)
+    plain, cache_plain = _run(tiny, prompt, None, max_tokens=120, params=GREEDY, eos_ids=[])
+    spec, cache_spec = _run(tiny, prompt, "lookup", max_tokens=120, params=GREEDY, eos_ids=[])
+    assert _tokens(spec) == _tokens(plain)
+    assert cache_spec == cache_plain
+    assert spec[-1].accepted_tokens > 0
+
+
+def test_chat_turns_with_lookup_reuse_the_cache_like_plain(smollm2):
+    msgs = [{"role": "user", "content": "Say 'one two three four five' three times."}]
+    out = []
+    for spec in (None, "lookup"):
+        smollm2.reset()
+        r1 = smollm2.chat(msgs, max_tokens=40, temperature=0, speculative=spec)
+        r2 = smollm2.chat(msgs + [{"role": "assistant", "content": r1.text},
+                                  {"role": "user", "content": "Again, twice."}], max_tokens=40,
+                          temperature=0, speculative=spec)
+        out.append((r1.text, r2.text, r2.prompt_eval_tokens))
+    assert out[0] == out[1]
+
+
+def test_smollm2_stop_strings_and_logprobs_with_lookup(smollm2):
+    doc = ("Name: Ada Lovelace. Born: 10 December 1815, London. Known for: the first published "
+           "computer program, for Babbage's Analytical Engine. ")
+    msgs = [{"role": "user", "content": doc + "\nRepeat the text above word for word."}]
+    base = smollm2.chat(msgs, max_tokens=60, temperature=0)
+    for kw in (dict(stop=["1815"]), dict(stop=["Engine"], logprobs=2), dict(max_tokens=9),
+               dict(temperature=0.9, seed=3, top_p=0.9)):
+        kw = {"max_tokens": 60, "temperature": 0, **kw}
+        smollm2.reset()
+        a = smollm2.chat(msgs, **kw)
+        smollm2.reset()
+        b = smollm2.chat(msgs, speculative="lookup", **kw)
+        assert (a.text, a.finish_reason, a.generation_tokens, a.logprobs) == \
+            (b.text, b.finish_reason, b.generation_tokens, b.logprobs), kw
+    assert "1815" in base.text
+
+
+def test_smollm2_quoting_300_tokens_identical_and_accepted(smollm2):
+    code = (HERE.parent / "pyklei" / "chat.py").read_text()[:3000]
+    msgs = [{"role": "user", "content": "Copy this Python code exactly, renaming `history` to "
+                                        "`turns`:\n\n" + code}]
+    smollm2.reset()
+    plain = smollm2.chat(msgs, max_tokens=300, temperature=0)
+    smollm2.reset()
+    spec = smollm2.chat(msgs, max_tokens=300, temperature=0, speculative="lookup")
+    assert spec.text == plain.text
+    assert spec.generation_tokens == plain.generation_tokens == 300
+    assert spec.accepted_tokens > 100                # the reply quotes: most tokens come drafted

@@ -1,0 +1,210 @@
+"""Speculative decoding with prompt lookup: guess the next tokens from the text so far, check
+the guess in one pass, keep the agreeing prefix.
+
+    for r in stream_generate(model, tok, ids, max_tokens=300, speculative="lookup"): ...
+    llm.generate(prompt, speculative="lookup")        # pyklei generate --lookup
+
+Why it pays: a pass of k+1 rows of one sequence costs much less than k+1 decode steps (the
+weights stream once for all rows; benchmarks/results/speculative.md has this machine's costs),
+so when the reply quotes its input (a summary that quotes, a code edit, a form filled from a
+document, an answer from a passage) several tokens come out of one pass.
+
+Drafting (PromptLookup): the longest n-gram (max_ngram down to min_ngram tokens) that ends the
+text so far (prompt and reply) and occurred earlier; the draft is the tokens that followed its
+latest occurrence. While a draft keeps being accepted, the next one continues from where the
+last one left off in the source (a quote is copied on from the same place).
+
+Acceptance: each row of the checking pass goes through the request's own Generation.feed, with
+the same penalties, sampler and random stream as plain decoding, and the draft is accepted while
+the token sampled from a row equals the drafted token; the first row that disagrees gives the
+next token itself. A row's logits are bit for bit those of a decode step at that position
+(Model.verify), so the output is token for token plain decoding's: greedy, and with sampling
+under the same seed too (every token sampled consumes the random stream as plain decoding
+does). Prompt-lookup drafts have no distribution of their own, so this rule, not the
+min(1, p/q) rule of a draft model, is the exact one here. Stop strings, max_tokens, EOS and
+logprobs go through feed as in plain decoding. A request with a grammar constraint decodes
+without speculation (stream_generate's choice).
+
+Draft length (DraftLength): the k that maximises the expected tokens per pass,
+(1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
+pass's cost, 1 + row_cost * k decode steps (row_cost measured on the fly). Where no k gains,
+drafting stops and is probed again after a pause that doubles while it keeps failing, so a
+reply that quotes nothing decodes at plain speed.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator, Sequence
+
+SPECULATIVE_MODES = ("lookup",)
+
+
+def check_speculative(speculative) -> str | None:
+    """None (plain decoding) or "lookup"; anything else is a ValueError at the call."""
+    if speculative is None or speculative is False:
+        return None
+    if isinstance(speculative, str) and speculative in SPECULATIVE_MODES:
+        return speculative
+    raise ValueError(f"speculative must be None or one of {', '.join(map(repr, SPECULATIVE_MODES))}"
+                     f" (prompt lookup), got {speculative!r}")
+
+
+class PromptLookup:
+    """Drafts the continuation of the text's last n-gram from its latest earlier occurrence.
+
+    index[n] maps an n-gram to the position of its last token, for occurrences that have a
+    next token (so the n-gram ending the text is not its own match); extend() keeps it current,
+    in O(max_ngram) per token."""
+
+    def __init__(self, tokens: Sequence[int], max_ngram: int = 4, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tokens: list[int] = []
+        self.index: list[dict[tuple, int]] = [{} for _ in range(max_ngram + 1)]
+        self.source = -1      # the position after the last draft in its source (-1: none)
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        toks = self.tokens
+        for t in tokens:
+            toks.append(int(t))
+            j = len(toks) - 2          # the position that just got a next token
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if j - n + 1 < 0:
+                    break
+                self.index[n][tuple(toks[j - n + 1:j + 1])] = j
+
+    def draft(self, k: int) -> list[int]:
+        """Up to k tokens that may come next (none when no n-gram of the text recurs)."""
+        toks = self.tokens
+        m = self.max_ngram
+        # a copy in progress continues after the token that followed the last draft's source
+        # (the pass's own token), if the source still agrees with the text's last m tokens
+        s = self.source + 1
+        if m <= s < len(toks) and toks[s - m:s] == toks[-m:]:
+            start = s
+        else:
+            start = -1
+            for n in range(min(m, len(toks)), self.min_ngram - 1, -1):
+                j = self.index[n].get(tuple(toks[-n:]))
+                if j is not None:
+                    start = j + 1
+                    break
+        if start < 0:
+            self.source = -1
+            return []
+        out = toks[start:start + k]
+        self.source = start + len(out)
+        return out
+
+
+class DraftLength:
+    """How many tokens to draft next, from the acceptance rate and the measured cost of a row.
+
+    accept: running average of the chance that a drafted token is accepted when those before
+    it were (each verified position counts once). row_cost: the extra time of one more row in
+    a pass, in decode steps (prior: 0.25; refit from the passes' and steps' timings)."""
+
+    def __init__(self, max_draft: int = 16, accept: float = 0.5, row_cost: float = 0.25,
+                 weight: float = 0.15, max_pause: int = 32):
+        self.max_draft = max_draft
+        self.accept, self.row_cost, self.weight = accept, row_cost, weight
+        self.max_pause = max_pause
+        self.pause, self.wait = 0, 0      # steps between probes while off; steps left to wait
+        self.step_s = None                # running average of a decode step's seconds
+
+    def gain(self, k: int) -> float:
+        """Expected tokens per pass over its cost in decode steps, drafting k."""
+        a = min(self.accept, 0.999)
+        return (1 - a ** (k + 1)) / (1 - a) / (1 + self.row_cost * k)
+
+    def length(self, room: int) -> int:
+        """The draft length for the next pass (0: take a plain step); room: drafted tokens
+        that could still be used."""
+        limit = min(self.max_draft, room)
+        if limit < 1:
+            return 0
+        if self.wait > 0:
+            self.wait -= 1
+            return 0
+        best_k, best = 0, 1.0
+        for k in range(1, limit + 1):
+            g = self.gain(k)
+            if g > best:
+                best_k, best = k, g
+        if best_k == 0:
+            # off: probe again with one token after a pause that doubles while probes fail
+            self.pause = min(max(2 * self.pause, 4), self.max_pause)
+            self.wait = self.pause
+            return 1
+        return best_k
+
+    def accepted(self, drafted: int, n_accepted: int) -> None:
+        w = self.weight
+        for _ in range(n_accepted):
+            self.accept += w * (1 - self.accept)
+        if n_accepted < drafted:
+            self.accept -= w * self.accept
+        if n_accepted:
+            self.pause = 0
+
+    def timed_step(self, seconds: float) -> None:
+        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+
+    def timed_pass(self, rows: int, seconds: float) -> None:
+        if self.step_s is None or rows < 2:
+            return
+        c = (seconds / self.step_s - 1) / (rows - 1)
+        self.row_cost = 0.8 * self.row_cost + 0.2 * min(max(c, 0.02), 2.0)
+
+
+def stream_lookup(model, prompt: list[int], gen, lookup: PromptLookup | None = None,
+                  policy: DraftLength | None = None) -> Iterator:
+    """stream_generate's loop with prompt-lookup drafts (see the module doc): `gen` is the
+    request's pyklei.generate.Generation, whose n_drafted / n_accepted count the drafts."""
+    lookup = lookup or PromptLookup(prompt)
+    policy = policy or DraftLength()
+    owner = object()   # this generation's claim on slot 0 (as in pyklei.generate)
+    logits = model.eval(prompt, owner=owner)
+    gen.prefilled(model.last_eval_tokens)
+    if gen.max_tokens == 0:
+        yield gen.finish("length")
+        return
+    rows, draft = [logits], []
+    while True:
+        # rows[i] predicts the token after draft[:i]; feed them while the draft holds
+        out = []
+        for i, row in enumerate(rows):
+            r = gen.feed(row)
+            if r is not None:
+                out.append(r)
+            if gen.done:
+                break
+            lookup.extend([gen.token])
+            if i == len(draft) or gen.token != draft[i]:
+                break
+        if draft:
+            # rows 0..i-1 agreed; row i's token is accepted too when it ended the reply as drafted
+            n_ok = i + (i < len(draft) and gen.token == draft[i])
+            gen.n_drafted += len(draft)
+            gen.n_accepted += n_ok
+            policy.accepted(len(draft), n_ok)
+            if n_ok < len(draft):
+                lookup.source = -1
+            # the slot holds the pass's first token and the whole draft: keep the rows that were
+            # fed (their tokens are the reply's), as plain decoding leaves the cache
+            model.truncate_seq(0, base + 1 + i, owner=owner)
+        yield from out
+        if gen.done:
+            return
+        k = policy.length(gen.max_tokens - gen.n_gen - 1)
+        draft = lookup.draft(k) if k else []
+        t = time.perf_counter()
+        if draft:
+            base = len(model.seq_tokens(0))
+            rows = model.verify([gen.token] + draft, owner=owner)
+            policy.timed_pass(len(draft) + 1, time.perf_counter() - t)
+        else:
+            rows = [model.step(gen.token, owner=owner)]
+            policy.timed_step(time.perf_counter() - t)
