@@ -293,3 +293,23 @@ def test_smollm2_quoting_300_tokens_identical_and_accepted(smollm2):
     assert spec.text == plain.text
     assert spec.generation_tokens == plain.generation_tokens == 300
     assert spec.accepted_tokens > 100                # the reply quotes: most tokens come drafted
+
+
+def test_cli_generate_and_chat_lookup_print_the_plain_text():
+    import subprocess
+    import sys
+
+    def cli(*args, stdin=None):
+        r = subprocess.run([sys.executable, "-m", "pyklei", *map(str, args)], input=stdin,
+                           capture_output=True, text=True, timeout=120, cwd=HERE.parent)
+        assert r.returncode == 0, r.stderr
+        return r
+    gen = ["generate", SEED, "-p", "abc abc abc abc abc", "-n", "40", "--temperature", "0",
+           "-t", "1", "--stats"]
+    plain, spec = cli(*gen), cli(*gen, "--lookup")
+    assert spec.stdout == plain.stdout
+    assert "drafted" in spec.stderr and "drafted" not in plain.stderr
+    chat = ["chat", SEED, "-n", "30", "--temperature", "0", "-t", "1"]
+    msg = "abc abc abc abc\n/stats\n"
+    a, b = cli(*chat, stdin=msg), cli(*chat, "--lookup", stdin=msg)
+    assert a.stdout.split("last reply:")[0] == b.stdout.split("last reply:")[0]

@@ -174,6 +174,21 @@ def _add_constraint_options(p):
     return g
 
 
+def _add_speculative_options(p):
+    """--lookup: speculative decoding with prompt lookup (pyklei.speculative)."""
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--lookup", action="store_true",
+                   help="draft tokens from n-grams of the prompt and the reply so far and check "
+                        "them in one pass (the same text, faster where the reply quotes its "
+                        "input; off by itself where it does not pay; not with a constraint)")
+    return g
+
+
+def _speculative(args) -> str | None:
+    """The LLM.generate speculative keyword of --lookup."""
+    return "lookup" if getattr(args, "lookup", False) else None
+
+
 def _constraint(args) -> dict:
     """The LLM.generate constraint keywords of --json-schema / --grammar / --regex (files read
     here); {} when none is given."""
