@@ -1,0 +1,244 @@
+#!/usr/bin/env python
+"""Speculative decoding with prompt lookup (issue 25): decode speed with speculative="lookup"
+beside plain decoding, on tasks whose reply quotes its input and on free-form chat; greedy (and two
+chats sampled under one seed), and the two replies must be the same text (asserted).
+
+    python benchmarks/speculative.py [--model M.gguf] [--threads 1] [--reps 3] [--max-tokens 300]
+
+Tasks (chat prompts built from this repository's own files, so the run is reproducible):
+  quote-summary  summarise a long document (docs/CLI.md, its first ~1,500 tokens), quoting it
+  rename         rewrite a ~300-line Python file (pyklei/sampler.py) with a variable renamed
+  form           fill a form (name, dates, places, ...) from a short biography
+  rag            answer a question from a retrieved passage (docs/FORMAT.md), quoting it
+  chat-*         free-form chat: a story, an explanation, advice, a poem (nothing to quote;
+                 SmolLM2-135M's greedy replies repeat themselves, which lookup drafts from)
+  chat-*-rp      the same with repetition_penalty 1.3 (both arms): replies that repeat little,
+                 where drafts mostly fail and the off-switch has to keep lookup at plain speed
+  chat-*-t0.8    two of them sampled at temperature 0.8, seed 1 (both arms: the same text)
+
+Each task runs plain and lookup alternately, `reps` times each (the prompt is prefilled once:
+the KV cache keeps it between runs, so every run decodes the same prompt); the speed is
+generated tokens over this process's CPU time (with one thread, the time the decode itself
+ran: robust on a machine shared with other work), the median of the reps; the ratio is lookup
+over plain, and the wall-clock ratio is reported beside it. The load average of the machine is recorded beside it: on a
+shared machine compare the ratios, not the absolute figures.
+
+Results: benchmarks/results/speculative.md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pyklei  # noqa: E402
+
+DEFAULT_MODEL = Path.home() / ".cache" / "pyklei" / "smollm2-135m-instruct-q4.gguf"
+
+BIOGRAPHY = (
+    "Grace Brewster Murray Hopper was born on December 9, 1906, in New York City. She earned a "
+    "bachelor's degree in mathematics and physics from Vassar College in 1928, and a master's "
+    "degree (1930) and a PhD in mathematics (1934) from Yale University. In 1943 she joined the "
+    "United States Navy Reserve and was assigned to the Bureau of Ships Computation Project at "
+    "Harvard University, where she programmed the Harvard Mark I. In 1949 she joined the "
+    "Eckert-Mauchly Computer Corporation in Philadelphia, where she developed the A-0 compiler. "
+    "Her work led to FLOW-MATIC and later to COBOL. She retired from the Navy in 1986 with the "
+    "rank of rear admiral. She died on January 1, 1992, in Arlington, Virginia, and is buried in "
+    "Arlington National Cemetery.")
+
+FORM = ("Full name:\nDate of birth:\nPlace of birth:\nUniversity degrees:\nMilitary service:\n"
+        "Employer in 1949:\nSoftware developed:\nDate of death:\nPlace of death:")
+
+
+def _head(text: str, llm, n_tokens: int) -> str:
+    """The text's first n_tokens tokens (cut at a line end)."""
+    ids = llm.encode(text, add_bos=False)[:n_tokens]
+    cut = llm.decode(ids)
+    return cut[:cut.rfind("\n") + 1] or cut
+
+
+def tasks(llm) -> list[tuple[str, str, str, dict]]:
+    """(name, kind, user message, sampling options) of each task; kind "quote" or "chat"."""
+    cli_doc = _head((ROOT / "docs" / "CLI.md").read_text(), llm, 1500)
+    code = (ROOT / "pyklei" / "sampler.py").read_text()
+    fmt = (ROOT / "docs" / "FORMAT.md").read_text()
+    passage = _head(fmt, llm, 900)
+    chats = [("chat-story", "Write a short story about a lighthouse keeper who finds a map."),
+             ("chat-explain", "Explain why the sky is blue and sunsets are red."),
+             ("chat-advice", "I want to start running. Give me a plan for the first month."),
+             ("chat-poem", "Write a poem about autumn in a city.")]
+    return [(n, k, m, {}) for n, k, m in [
+        ("quote-summary", "quote",
+         "Here is a document.\n\n" + cli_doc + "\n\nSummarise this document section by section. "
+         "For each section, quote its most important sentences word for word."),
+        ("rename", "quote",
+         "Here is a Python file.\n\n```python\n" + code + "```\n\nRewrite the whole file with the "
+         "variable `logits` renamed to `scores` everywhere. Output only the complete code."),
+        ("form", "quote",
+         BIOGRAPHY + "\n\nFill in this form from the text above, copying the facts exactly:\n\n"
+         + FORM),
+        ("rag", "quote",
+         "Retrieved passage:\n\n" + passage + "\n\nUsing only the passage, answer: what does a "
+         "pyklei model file store, and how are the weights laid out? Quote the passage."),
+    ]] + [(n, "chat", m, {}) for n, m in chats] + [
+        (n + "-rp", "chat", m, {"repetition_penalty": 1.3}) for n, m in chats] + [
+        (n + "-t0.8", "chat", m, {"temperature": 0.8, "seed": 1}) for n, m in chats[:2]]
+
+
+def run_task(llm, ids: list[int], spec, max_tokens: int, sampling: dict):
+    """(response, decode tokens/s by the wall clock, by this process's CPU time). The prompt
+    is cached after the first run, so a call is its decode (and a one-token prefill)."""
+    w, c = time.perf_counter(), time.process_time()
+    r = llm.generate(ids, max_tokens=max_tokens, speculative=spec,
+                     **{"temperature": 0.0, **sampling})
+    w, c = time.perf_counter() - w, time.process_time() - c
+    return r, r.generation_tokens / w, r.generation_tokens / c
+
+
+def pass_costs(llm, contexts=(100, 1000, 4000), rows=(1, 2, 4, 8), reps=7) -> dict:
+    """CPU ms of one pass of n rows of one sequence after `context` cached tokens (n = 1: a
+    decode step; more: Model.verify), the median of reps: what a drafted token costs."""
+    m = llm.model
+    ids = llm.encode((ROOT / "pyklei" / "sampler.py").read_text() * 2)
+    out = {}
+    for ctx in contexts:
+        m.reset()
+        m.eval(ids[:ctx])
+        out[ctx] = {}
+        for n in rows:
+            ts = []
+            for _ in range(reps):
+                t = time.process_time()
+                m.step(ids[ctx]) if n == 1 else m.verify(ids[ctx:ctx + n])
+                ts.append(time.process_time() - t)
+                m.truncate_seq(0, ctx)
+            out[ctx][n] = round(statistics.median(ts) * 1e3, 2)
+    m.reset()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=300)
+    ap.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
+    args = ap.parse_args()
+
+    llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=1)
+    load0 = os.getloadavg()
+    t_start = time.perf_counter()
+    costs = pass_costs(llm)
+    print("CPU ms of a pass of n rows, by context:", costs, flush=True)
+    rows = []
+    for name, kind, msg, sampling in tasks(llm):
+        if args.tasks and name not in args.tasks.split(","):
+            continue
+        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
+                                                add_generation_prompt=True, tokenize=True)
+        llm.generate(ids, max_tokens=1)          # prefill once: every run below decodes
+        tps = {"plain": [], "lookup": []}
+        cpu = {"plain": [], "lookup": []}
+        texts, last = {}, {}
+        for rep in range(args.reps):
+            arms = ("plain", "lookup") if rep % 2 == 0 else ("lookup", "plain")
+            for arm in arms:
+                r, wall_tps, cpu_tps = run_task(llm, ids, "lookup" if arm == "lookup" else None,
+                                                args.max_tokens, sampling)
+                tps[arm].append(wall_tps)
+                cpu[arm].append(cpu_tps)
+                if arm in texts:
+                    assert texts[arm] == r.text, f"{name}: {arm} gave two texts"
+                texts[arm], last[arm] = r.text, r
+        assert texts["plain"] == texts["lookup"], f"{name}: lookup changed the text"
+        plain, spec = statistics.median(cpu["plain"]), statistics.median(cpu["lookup"])
+        wplain, wspec = statistics.median(tps["plain"]), statistics.median(tps["lookup"])
+        r = last["lookup"]
+        row = dict(task=name, kind=kind, prompt_tokens=r.prompt_tokens,
+                   generated=r.generation_tokens, plain_tps=round(plain, 1),
+                   lookup_tps=round(spec, 1), ratio=round(spec / plain, 3),
+                   wall_plain_tps=round(wplain, 1), wall_lookup_tps=round(wspec, 1),
+                   wall_ratio=round(wspec / wplain, 3),
+                   drafted=r.drafted_tokens, accepted=r.accepted_tokens,
+                   accept_rate=round(r.accepted_tokens / r.drafted_tokens, 3) if r.drafted_tokens else None,
+                   drafted_share=round(r.accepted_tokens / max(r.generation_tokens, 1), 3),
+                   plain_cpu_tps_all=[round(x, 1) for x in cpu["plain"]],
+                   lookup_cpu_tps_all=[round(x, 1) for x in cpu["lookup"]],
+                   plain_wall_tps_all=[round(x, 1) for x in tps["plain"]],
+                   lookup_wall_tps_all=[round(x, 1) for x in tps["lookup"]],
+                   identical=True, reply_head=texts["plain"][:160])
+        rows.append(row)
+        print(f"{name:16s} {row['generated']:4d} tok  cpu: plain {plain:6.1f}  lookup {spec:6.1f} "
+              f"tok/s x{row['ratio']:.2f}  wall x{row['wall_ratio']:.2f}  accepted "
+              f"{r.accepted_tokens}/{r.drafted_tokens}"
+              f"  load {os.getloadavg()[0]:.2f}", flush=True)
+    load1 = os.getloadavg()
+    report = dict(model=Path(args.model).name, threads=args.threads, reps=args.reps,
+                  max_tokens=args.max_tokens, machine=platform.machine(), cpus=os.cpu_count(),
+                  processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
+                  wall_s=round(time.perf_counter() - t_start, 1),
+                  date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), pass_costs_ms=costs,
+                  rows=rows)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(f"wrote {out.with_suffix('.md')} and .json")
+    return 0
+
+
+def markdown(rep: dict) -> str:
+    def gmean(xs):
+        return statistics.geometric_mean(xs) if xs else float("nan")
+    quote = [r["ratio"] for r in rep["rows"] if r["kind"] == "quote"]
+    chat = [r["ratio"] for r in rep["rows"] if r["kind"] == "chat"]
+    lines = [
+        "# Speculative decoding with prompt lookup (issue 25)", "",
+        f"`python benchmarks/speculative.py --threads {rep['threads']} --reps {rep['reps']} "
+        f"--max-tokens {rep['max_tokens']}` on {rep['model']}, {rep['date']}; greedy, chat "
+        f"template; {rep['cpus']} CPUs ({rep['machine']}), shared with other work: load average "
+        f"{rep['loadavg_start'][0]:.2f} at the start, {rep['loadavg_end'][0]:.2f} at the end. "
+        f"Decode tokens/s by this process's CPU time (one thread: the time the decode ran, "
+        f"whatever else the machine ran), median of {rep['reps']} runs per arm, the arms "
+        f"alternated; ratio = lookup / plain; the wall-clock ratio beside it. Every lookup "
+        f"reply is the plain reply, character for character (asserted).", "",
+        f"Geometric mean of the ratios: quoting tasks x{gmean(quote):.2f}, free-form chat "
+        f"x{gmean(chat):.2f}.", "",
+        "| task | prompt tok | generated | plain tok/s | lookup tok/s | ratio | wall ratio | "
+        "drafted | accepted | accept rate | tokens from drafts |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rep["rows"]:
+        rate = f"{r['accept_rate']:.0%}" if r["accept_rate"] is not None else "-"
+        lines.append(f"| {r['task']} | {r['prompt_tokens']} | {r['generated']} | "
+                     f"{r['plain_tps']} | {r['lookup_tps']} | x{r['ratio']:.2f} | "
+                     f"x{r['wall_ratio']:.2f} | {r['drafted']} | "
+                     f"{r['accepted']} | {rate} | {r['drafted_share']:.0%} |")
+    costs = rep["pass_costs_ms"]
+    ns = list(next(iter(costs.values())))
+    lines += ["", "What a drafted token costs: CPU ms of one pass of n rows of one sequence (n = 1 "
+              "is a decode step, more is Model.verify), after a cached context of c tokens, and "
+              "its ratio to the step:", "",
+              "| context | " + " | ".join(f"{n} row{'s' if n > 1 else ''}" for n in ns) + " |",
+              "|---:|" + "---:|" * len(ns)]
+    for ctx, row in costs.items():
+        base = row[ns[0]]
+        lines.append(f"| {ctx} | " + " | ".join(f"{row[n]} (x{row[n] / base:.2f})" for n in ns)
+                     + " |")
+    lines += ["", "Replies (first 160 characters, the same in both arms):", ""]
+    for r in rep["rows"]:
+        lines.append(f"- {r['task']}: `{r['reply_head'][:160].replace(chr(10), ' / ').replace('`', chr(39))}`")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
