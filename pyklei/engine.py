@@ -24,6 +24,13 @@ Constrained requests (submit(constraint=), pyklei.grammar): each step, the gramm
 requests that sample in it are computed on a helper thread while model.batch runs (both release
 the GIL), and applied to their logits after it.
 
+Speculative decoding (submit(speculative="lookup"), pyklei.speculative): a request drafts
+tokens by prompt lookup, and its draft runs as more rows of its slot in the same batch; its rows
+are fed in order while the draft holds (the same tokens as without drafts), and the slot drops
+the rejected tail. Its draft length adapts to its own acceptance rate, with the cost of a row
+taken as the prior of pyklei.speculative.DraftLength (a batch's time is not one request's).
+A constrained request decodes without drafts.
+
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
 a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
@@ -51,6 +58,7 @@ import numpy as np
 from .generate import Generation, GenerationResponse, check_request, token_logprob
 from .model import Model
 from .sampler import SamplingParams
+from .speculative import DraftLength, PromptLookup, check_speculative
 
 
 class QueueFullError(RuntimeError):
@@ -113,7 +121,7 @@ class RequestStream:
 
 class _Request:
     __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed",
-                 "after", "prefill_over")
+                 "after", "prefill_over", "lookup", "draft_length", "draft")
 
     def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation,
                  after: "_Request | None" = None):
@@ -125,6 +133,9 @@ class _Request:
         self.n_reused = 0          # prompt tokens that came from a cache
         self.t_prefill = None      # when its first prefill chunk ran
         self.failed = False        # ended by RequestFailedError
+        self.lookup: PromptLookup | None = None   # speculative="lookup": its drafter,
+        self.draft_length: DraftLength | None = None   # its draft length,
+        self.draft: list[int] = []                # and the draft of the current step
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -166,20 +177,21 @@ class Engine:
     def submit(self, prompt: Sequence[int], *, max_tokens: int | None = 256,
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False,
-               logprobs: int | None = None, constraint=None) -> RequestStream:
+               logprobs: int | None = None, constraint=None,
+               speculative: str | None = None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
         shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
-        the reply follows."""
+        the reply follows. speculative: None or "lookup" (see the module doc)."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
                                    eos_ids=eos_ids, trim=trim, logprobs=logprobs,
-                                   constraint=constraint)[0]
+                                   constraint=constraint, speculative=speculative)[0]
 
     def submit_choices(self, prompt: Sequence[int], params: Sequence[SamplingParams | None], *,
                        max_tokens: int | None = 256, stop: Sequence[str] = (),
                        eos_ids: Sequence[int] | None = None, trim: bool = False,
                        logprobs: int | None = None, prompt_logprobs: bool = False,
-                       constraint=None) -> list[RequestStream]:
+                       constraint=None, speculative: str | None = None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
         own seed): the prompt is evaluated once, by the first; the others wait until it is in the
         first's KV cache slot, then start from a copy of it (Model.copy_seq) and run only its last
@@ -189,6 +201,7 @@ class Engine:
         first choice follows it, each other choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
+        mode = check_speculative(speculative)
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
         if isinstance(stop, str):
@@ -205,8 +218,10 @@ class Engine:
             c = constraint if constraint is None or i == 0 else constraint.fresh()
             gen = Generation(self.tokenizer, ids, budget, p, list(stop), eos_ids,
                              logprobs=logprobs, constraint=c)
-            reqs.append(_Request(RequestStream(self, len(ids)), ids, gen,
-                                 after=reqs[0] if reqs else None))
+            r = _Request(RequestStream(self, len(ids)), ids, gen, after=reqs[0] if reqs else None)
+            if mode == "lookup" and c is None:
+                r.lookup, r.draft_length = PromptLookup(ids), DraftLength()
+            reqs.append(r)
         if prompt_logprobs:
             reqs[0].gen.prompt_logprobs = [None]
         with self._cond:
@@ -319,11 +334,14 @@ class Engine:
     def _run_step(self) -> None:
         tokens, seqs, pos, rows = [], [], [], []
         decoding = [r for r in self._running if r.done_pos >= len(r.prompt)]
-        for r in decoding:
-            rows.append(len(tokens))
-            tokens.append(r.gen.token)
-            seqs.append(r.slot)
-            pos.append(r.done_pos)
+        for r in decoding:   # its token, then its draft (if any), on consecutive rows
+            r.draft = self._draft(r)
+            run = [r.gen.token] + r.draft
+            rows += range(len(tokens), len(tokens) + len(run))
+            tokens += run
+            seqs += [r.slot] * len(run)
+            pos += range(r.done_pos, r.done_pos + len(run))
+        n_decode_rows = len(tokens)
         pre = next((r for r in self._running if r.done_pos < len(r.prompt)), None)
         chunk_end = 0
         if pre is not None:
@@ -350,11 +368,13 @@ class Engine:
             if ahead is not None:
                 ahead.result()
         finished = []
-        for i, r in enumerate(decoding):
-            r.done_pos += 1
-            self._feed(r, logits[i], finished)
+        first = 0
+        for r in decoding:
+            n_rows = 1 + len(r.draft)
+            self._feed_rows(r, logits[first:first + n_rows], finished)
+            first += n_rows
         if pre is not None and pre.gen.prompt_logprobs is not None:
-            chunk_rows = logits[len(decoding):]
+            chunk_rows = logits[n_decode_rows:]
             for j, p in enumerate(range(pre.done_pos, chunk_end)):
                 if p + 1 < len(pre.prompt):
                     pre.gen.prompt_logprobs.append(token_logprob(
@@ -392,6 +412,34 @@ class Engine:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="pyklei-mask")
         return self._mask_pool.submit(_fill_masks, gens)
 
+    def _draft(self, r: _Request) -> list[int]:
+        """r's draft for this step: none without speculation, or when it does not pay."""
+        if r.lookup is None or r.stream.cancelled:
+            return []
+        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1)
+        return r.lookup.draft(k) if k else []
+
+    def _feed_rows(self, r: _Request, rows: np.ndarray, finished: list) -> None:
+        """Feeds r's rows of this step: its token's, then its draft's while the draft holds
+        (pyklei.speculative); its slot keeps the positions of the rows fed."""
+        draft = r.draft
+        for i, row in enumerate(rows):
+            r.done_pos += 1
+            self._feed(r, row, finished)
+            fed = not (r.stream.cancelled or r.failed)
+            if not fed or r.gen.done or i == len(draft) or r.gen.token != draft[i]:
+                break
+        if draft:
+            # rows 0..i-1 agreed; row i's token too when it ended the reply as drafted
+            n_ok = i + (fed and i < len(draft) and r.gen.token == draft[i])
+            r.gen.n_drafted += len(draft)
+            r.gen.n_accepted += n_ok
+            r.draft_length.accepted(len(draft), n_ok)
+            if n_ok < len(draft):
+                r.lookup.source = -1
+            self.model.truncate_seq(r.slot, r.done_pos)
+            r.draft = []
+
     def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
         """Samples r's next token. A failure here is r's alone (the model's step succeeded):
         r ends with RequestFailedError and the batch runs on without it."""
@@ -411,6 +459,8 @@ class Engine:
             r.stream._put(resp)
         if r.gen.done:
             finished.append(r)
+        elif r.lookup is not None:
+            r.lookup.extend([r.gen.token])
 
 
 def _fill_masks(gens: list[Generation]) -> None:

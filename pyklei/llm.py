@@ -124,12 +124,15 @@ class LLM:
                        logprobs: int | None = None, *,
                        response_format: dict | None = None, json_schema=None,
                        grammar: str | None = None, regex: str | None = None,
+                       speculative: str | None = None,
                        **sampling) -> list[GenerationResponse]:
         """generate() for many prompts, decoded together (n_seq at a time, in one batch per
         step: the weights stream once for all): one whole response per prompt, in order. The
         options apply to each prompt (the same seed gives each the text generate() gives it;
         a constraint is compiled once, and each prompt follows it on its own).
-        Every prompt is checked before any runs."""
+        speculative="lookup": each prompt drafts by prompt lookup, its drafts checked inside
+        the batched steps (pyklei.engine). Every prompt is checked before any runs."""
+        check_speculative(speculative)
         if isinstance(prompts, str):
             raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
         constrain = dict(response_format=response_format, json_schema=json_schema,
@@ -144,7 +147,8 @@ class LLM:
                         max_queue=len(reqs))
         try:
             streams = [engine.submit(ids, max_tokens=max_tokens, params=params, stop=stops,
-                                     eos_ids=self.eos_ids, logprobs=logprobs, constraint=c)
+                                     eos_ids=self.eos_ids, logprobs=logprobs, constraint=c,
+                                     speculative=speculative)
                        for (ids, stops, params), c in zip(reqs, constraints)]
             return [_collect(iter(s)) for s in streams]
         finally:

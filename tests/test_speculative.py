@@ -33,7 +33,7 @@ def tiny():
 def smollm2():
     if not SMOLLM2.exists():
         pytest.skip(f"{SMOLLM2} is not cached")
-    return LLM(SMOLLM2, n_threads=1, n_ctx=2048, n_seq=1)
+    return LLM(SMOLLM2, n_threads=1, n_ctx=2048, n_seq=3)
 
 
 def _repetitive_prompt(seed: int, n: int = 60) -> list[int]:
@@ -313,3 +313,54 @@ def test_cli_generate_and_chat_lookup_print_the_plain_text():
     msg = "abc abc abc abc\n/stats\n"
     a, b = cli(*chat, stdin=msg), cli(*chat, "--lookup", stdin=msg)
     assert a.stdout.split("last reply:")[0] == b.stdout.split("last reply:")[0]
+
+
+# ---- the engine: drafts inside the batched steps ----------------------------------------------
+
+def _engine_texts(llm, prompts, spec, **kw):
+    from pyklei.engine import Engine
+    eng = Engine(llm.model, llm.tokenizer, n_parallel=llm.model.n_seq, max_queue=len(prompts))
+    try:
+        streams = [eng.submit(p, speculative=spec, **kw) for p in prompts]
+        out = []
+        for s in streams:
+            rs = list(s)
+            out.append(([r.token for r in rs], "".join(r.text for r in rs), rs[-1].finish_reason,
+                        rs[-1].drafted_tokens, rs[-1].accepted_tokens))
+        return out
+    finally:
+        eng.shutdown(cancel=True)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.8, seed=4)])
+def test_engine_lookup_gives_each_request_its_plain_tokens(params):
+    llm = LLM(SEED, n_threads=1, n_ctx=512, n_seq=3)
+    prompts = [_repetitive_prompt(s, n=20 + 7 * s) for s in range(5)]
+    kw = dict(max_tokens=60, params=params, eos_ids=[])
+    plain = _engine_texts(llm, prompts, None, **kw)
+    spec = _engine_texts(llm, prompts, "lookup", **kw)
+    assert [x[:3] for x in spec] == [x[:3] for x in plain]
+    alone = []
+    for p in prompts:
+        llm.reset()
+        rs = list(stream_generate(llm.model, llm.tokenizer, p, **kw))
+        alone.append([r.token for r in rs])
+    assert [x[0] for x in spec] == alone
+    if params is GREEDY:
+        assert sum(x[4] for x in spec) > 0
+
+
+def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2):
+    llm = smollm2
+    docs = ["The meeting is on Tuesday at 10:00 in room 4B. Bring the quarterly report and the "
+            "budget sheet.", "Alice Smith, 42 Elm Street, Springfield, phone 555-0134, "
+            "account number 88172.", "To reset the router, hold the power button for ten "
+            "seconds, wait for the light to blink twice, then release it."]
+    prompts = [llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": d + "\nRepeat the text above exactly."}],
+        add_generation_prompt=True, tokenize=True) for d in docs]
+    kw = dict(max_tokens=50, params=GREEDY, eos_ids=llm.eos_ids)
+    plain = _engine_texts(llm, prompts, None, **kw)
+    spec = _engine_texts(llm, prompts, "lookup", **kw)
+    assert [x[:3] for x in spec] == [x[:3] for x in plain]
+    assert sum(x[4] for x in spec) > 20
