@@ -50,18 +50,24 @@ def check_speculative(speculative) -> str | None:
 
 
 class PromptLookup:
-    """Drafts the continuation of the text's last n-gram from its latest earlier occurrence.
+    """Drafts the continuation of the text's last n-gram from an earlier occurrence.
 
     index[n] maps an n-gram to the position of its last token, for occurrences that have a
-    next token (so the n-gram ending the text is not its own match); extend() keeps it current,
-    in O(max_ngram) per token."""
+    next token (so the n-gram ending the text is not its own match): the latest one for
+    n < max_ngram, all of them for max_ngram; extend() keeps it current, in O(max_ngram) per
+    token. Among the occurrences of a max_ngram-gram (code repeats short patterns), the one
+    whose match with the text's end reaches furthest back wins (the latest on a tie): the
+    place the reply is copying from."""
+
+    CANDIDATES = 32     # occurrences compared, the latest ones
+    REACH = 64          # tokens compared backwards at most
 
     def __init__(self, tokens: Sequence[int], max_ngram: int = 4, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.tokens: list[int] = []
-        self.index: list[dict[tuple, int]] = [{} for _ in range(max_ngram + 1)]
+        self.index: list[dict] = [{} for _ in range(max_ngram + 1)]
         self.source = -1      # the position after the last draft in its source (-1: none)
         self.extend(tokens)
 
@@ -70,10 +76,13 @@ class PromptLookup:
         for t in tokens:
             toks.append(int(t))
             j = len(toks) - 2          # the position that just got a next token
-            for n in range(self.min_ngram, self.max_ngram + 1):
+            for n in range(self.min_ngram, self.max_ngram):
                 if j - n + 1 < 0:
                     break
                 self.index[n][tuple(toks[j - n + 1:j + 1])] = j
+            n = self.max_ngram
+            if j - n + 1 >= 0:
+                self.index[n].setdefault(tuple(toks[j - n + 1:j + 1]), []).append(j)
 
     def draft(self, k: int) -> list[int]:
         """Up to k tokens that may come next (none when no n-gram of the text recurs)."""
@@ -89,7 +98,7 @@ class PromptLookup:
             for n in range(min(m, len(toks)), self.min_ngram - 1, -1):
                 j = self.index[n].get(tuple(toks[-n:]))
                 if j is not None:
-                    start = j + 1
+                    start = (self._furthest_reach(j) if n == m else j) + 1
                     break
         if start < 0:
             self.source = -1
@@ -97,6 +106,19 @@ class PromptLookup:
         out = toks[start:start + k]
         self.source = start + len(out)
         return out
+
+    def _furthest_reach(self, ends: list[int]) -> int:
+        """The occurrence (position of its last token) whose match with the text's end goes
+        furthest back."""
+        toks, end = self.tokens, len(self.tokens) - 1
+        best, best_len = ends[-1], -1
+        for j in reversed(ends[-self.CANDIDATES:]):
+            n = self.max_ngram
+            while n < self.REACH and j - n >= 0 and toks[j - n] == toks[end - n]:
+                n += 1
+            if n > best_len:
+                best, best_len = j, n
+        return best
 
 
 class DraftLength:

@@ -119,6 +119,9 @@ def test_prompt_lookup_drafts_the_latest_longest_match():
     assert pl.draft(2) == [12, 13]
     pl.extend([12, 13, 14])                       # accepted, and the pass's own token agreed
     assert pl.draft(3) == [15, 16, 0]             # the copy continues from its source
+    # "7 8" occurs twice; the first occurrence matches the text's end further back (5 6 7 8)
+    pl = PromptLookup([5, 6, 7, 8, 1, 2, 0, 7, 8, 3, 4, 9, 5, 6, 7, 8], max_ngram=2)
+    assert pl.draft(2) == [1, 2]
     with pytest.raises(ValueError):
         PromptLookup([1], max_ngram=1, min_ngram=2)
 
