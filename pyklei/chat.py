@@ -38,7 +38,7 @@ class ChatSession:
         self.stop = list(stop)
         # every reply follows it: LLM.generate's json_schema / grammar / regex / response_format
         self.constrain = dict(constrain or {})
-        self.speculative = check_speculative(speculative)   # LLM.generate's speculative
+        self.speculative = check_speculative(speculative, llm.model)   # as LLM.generate's
         self.history: list[dict] = []
         self.last = None            # GenerationResponse of the last reply
         self.turns = 0

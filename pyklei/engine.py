@@ -201,7 +201,10 @@ class Engine:
         first choice follows it, each other choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
-        mode = check_speculative(speculative)
+        mode = check_speculative(speculative, self.model)
+        if mode is not None and mode != "lookup":
+            raise ValueError("the engine drafts by prompt lookup only (speculative='lookup'); "
+                             "a draft model runs with generate() and chat()")
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
         if isinstance(stop, str):
@@ -436,7 +439,7 @@ class Engine:
             r.gen.n_accepted += n_ok
             r.draft_length.accepted(len(draft), n_ok)
             if n_ok < len(draft):
-                r.lookup.source = -1
+                r.lookup.rejected()
             self.model.truncate_seq(r.slot, r.done_pos)
             r.draft = []
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from .sampler import (MAX_TOKENS, SamplingParams, apply_logit_bias, apply_presence_frequency,
                       apply_repetition_penalty, make_sampler)
-from .speculative import check_speculative, stream_lookup
+from .speculative import DraftModel, PromptLookup, check_speculative, stream_speculative
 
 MAX_TOP_LOGPROBS = 20          # alternatives per token at most (OpenAI's top_logprobs bound)
 
@@ -142,16 +142,17 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
     pyklei.grammar.Constraint the reply must follow (it ends the reply when complete).
-    speculative: None, or "lookup" (pyklei.speculative: the same tokens, fewer passes where
-    the reply repeats its prompt); a request with a constraint decodes without it."""
-    mode = check_speculative(speculative)
+    speculative: None, "lookup" or a draft Model (pyklei.speculative: the same tokens, in
+    fewer passes where the drafts hold); a request with a constraint decodes without it."""
+    mode = check_speculative(speculative, model)
     prompt, budget, params = check_request(model.n_ctx, prompt, max_tokens, params, trim)
     gen = Generation(tokenizer, prompt, budget, params, stop, eos_ids, logprobs=logprobs,
                      constraint=constraint)
     if constraint is not None:
         constraint.claim()
-    if mode == "lookup" and constraint is None:
-        return stream_lookup(model, prompt, gen)
+    if mode is not None and constraint is None:
+        drafter = PromptLookup(prompt) if mode == "lookup" else DraftModel(mode, prompt)
+        return stream_speculative(model, prompt, gen, drafter)
     return _stream(model, prompt, gen)
 
 

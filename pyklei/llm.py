@@ -112,8 +112,9 @@ class LLM:
 
         speculative="lookup": speculative decoding with prompt lookup (pyklei.speculative):
         the same tokens as without it, in fewer passes where the reply repeats text of its
-        prompt; response.drafted_tokens / accepted_tokens count the drafts. A constrained
-        reply decodes without it."""
+        prompt; speculative=pyklei.load(small_model_path): a draft model of the same
+        vocabulary drafts instead. response.drafted_tokens / accepted_tokens count the drafts.
+        A constrained reply decodes without speculation."""
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling,
@@ -132,7 +133,7 @@ class LLM:
         a constraint is compiled once, and each prompt follows it on its own).
         speculative="lookup": each prompt drafts by prompt lookup, its drafts checked inside
         the batched steps (pyklei.engine). Every prompt is checked before any runs."""
-        check_speculative(speculative)
+        check_speculative(speculative, self.model)
         if isinstance(prompts, str):
             raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
         constrain = dict(response_format=response_format, json_schema=json_schema,
@@ -183,7 +184,7 @@ class LLM:
 
     def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
                   logprobs=None, speculative=None):
-        check_speculative(speculative)
+        check_speculative(speculative, self.model)
         c = self._constraint(constrain)
         ids, stops, params = self._request(prompt, max_tokens, stop, add_bos, trim, sampling)
         it = stream_generate(self.model, self.tokenizer, ids, max_tokens, params, stops,

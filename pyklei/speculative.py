@@ -3,16 +3,25 @@ the guess in one pass, keep the agreeing prefix.
 
     for r in stream_generate(model, tok, ids, max_tokens=300, speculative="lookup"): ...
     llm.generate(prompt, speculative="lookup")        # pyklei generate --lookup
+    llm.generate(prompt, speculative=pyklei.load(small))   # --draft-model SMALL.gguf
 
 Why it pays: a pass of k+1 rows of one sequence costs much less than k+1 decode steps (the
 weights stream once for all rows; benchmarks/results/speculative.md has this machine's costs),
 so when the reply quotes its input (a summary that quotes, a code edit, a form filled from a
 document, an answer from a passage) several tokens come out of one pass.
 
-Drafting (PromptLookup): the longest n-gram (max_ngram down to min_ngram tokens) that ends the
+Drafting by prompt lookup (PromptLookup): the longest n-gram (max_ngram down to min_ngram tokens) that ends the
 text so far (prompt and reply) and occurred earlier; the draft is the tokens that followed its
 latest occurrence. While a draft keeps being accepted, the next one continues from where the
 last one left off in the source (a quote is copied on from the same place).
+
+Drafting by a draft model (DraftModel): a second, smaller pyklei model of the same vocabulary,
+in the same process with its own KV cache, drafts its greedy tokens; before each draft it runs
+what the target accepted since (one pass; its cache drops its own rejected tokens by prefix
+match, Model.eval). Its drafts are checked by the same rule as lookup's (below): the output is
+still plain decoding's, token for token. (With sampling, the min(1, p/q) rule of speculative
+sampling would accept more of a draft model's tokens; it is not implemented: the rule here
+needs no draft distribution and keeps the text identical to plain decoding under a seed.)
 
 Acceptance: each row of the checking pass goes through the request's own Generation.feed, with
 the same penalties, sampler and random stream as plain decoding, and the draft is accepted while
@@ -27,7 +36,8 @@ without speculation (stream_generate's choice).
 
 Draft length (DraftLength): the k that maximises the expected tokens per pass,
 (1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
-pass's cost, 1 + row_cost * k decode steps (row_cost measured on the fly). Where no k gains,
+pass's cost, 1 + (row_cost + draft_cost) * k decode steps (row_cost: a checking row, draft_cost:
+drafting a token, both measured on the fly; a lookup draft costs ~nothing). Where no k gains,
 drafting stops and is probed again after a pause that doubles while it keeps failing, so a
 reply that quotes nothing decodes at plain speed.
 """
@@ -36,17 +46,33 @@ from __future__ import annotations
 import time
 from typing import Iterator, Sequence
 
+import numpy as np
+
 SPECULATIVE_MODES = ("lookup",)
 
 
-def check_speculative(speculative) -> str | None:
-    """None (plain decoding) or "lookup"; anything else is a ValueError at the call."""
+def check_speculative(speculative, model=None):
+    """None (plain decoding), "lookup", or a draft model (a pyklei Model, or an LLM: its model)
+    of `model`'s vocabulary that is not `model` itself; anything else is a ValueError at the
+    call. Returns None, "lookup" or the draft Model."""
     if speculative is None or speculative is False:
         return None
     if isinstance(speculative, str) and speculative in SPECULATIVE_MODES:
         return speculative
-    raise ValueError(f"speculative must be None or one of {', '.join(map(repr, SPECULATIVE_MODES))}"
-                     f" (prompt lookup), got {speculative!r}")
+    draft = getattr(speculative, "model", speculative)   # an LLM holds its Model as .model
+    if hasattr(draft, "eval") and hasattr(draft, "vocab_size") and hasattr(draft, "n_ctx"):
+        draft.check_open()
+        if model is not None:
+            if draft is model:
+                raise ValueError("the draft model is the model itself: load the draft file as "
+                                 "a model of its own (its KV cache must be its own)")
+            if draft.vocab_size != model.vocab_size:
+                raise ValueError(f"the draft model's vocabulary has {draft.vocab_size} tokens, "
+                                 f"the model's {model.vocab_size}: a draft model needs the same "
+                                 f"vocabulary")
+        return draft
+    raise ValueError(f"speculative must be None, one of {', '.join(map(repr, SPECULATIVE_MODES))}"
+                     f" (prompt lookup) or a draft model (pyklei.load(...)), got {speculative!r}")
 
 
 class PromptLookup:
@@ -107,6 +133,10 @@ class PromptLookup:
         self.source = start + len(out)
         return out
 
+    def rejected(self) -> None:
+        """The last draft was cut short: the next one looks its source up afresh."""
+        self.source = -1
+
     def _furthest_reach(self, ends: list[int]) -> int:
         """The occurrence (position of its last token) whose match with the text's end goes
         furthest back."""
@@ -121,17 +151,47 @@ class PromptLookup:
         return best
 
 
+class DraftModel:
+    """Drafts the greedy tokens of a draft model (its own Model: slot 0 of its KV cache holds
+    the text so far and its own last draft, which the next eval cuts at the first difference)."""
+
+    def __init__(self, model, tokens: Sequence[int]):
+        self.model = model
+        self.tokens = [int(t) for t in tokens]
+        self._owner = object()
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.tokens.extend(int(t) for t in tokens)
+
+    def rejected(self) -> None:
+        pass
+
+    def draft(self, k: int) -> list[int]:
+        m = self.model
+        k = min(k, m.n_ctx - len(self.tokens))    # its context, not the target's, may end first
+        if k < 1:
+            return []
+        logits = m.eval(self.tokens, owner=self._owner)
+        out = [int(np.argmax(logits))]
+        while len(out) < k:
+            out.append(int(np.argmax(m.step(out[-1], owner=self._owner))))
+        return out
+
+
 class DraftLength:
     """How many tokens to draft next, from the acceptance rate and the measured cost of a row.
 
     accept: running average of the chance that a drafted token is accepted when those before
     it were (each verified position counts once). row_cost: the extra time of one more row in
-    a pass, in decode steps (prior: 0.25; refit from the passes' and steps' timings)."""
+    a pass, in decode steps (prior: 0.25; refit from the passes' and steps' timings).
+    draft_cost: the time of drafting one token, in decode steps (0 for lookup; measured for
+    a draft model)."""
 
     def __init__(self, max_draft: int = 16, accept: float = 0.5, row_cost: float = 0.25,
                  weight: float = 0.15, max_pause: int = 32):
         self.max_draft = max_draft
         self.accept, self.row_cost, self.weight = accept, row_cost, weight
+        self.draft_cost = 0.0
         self.max_pause = max_pause
         self.pause, self.wait = 0, 0      # steps between probes while off; steps left to wait
         self.step_s = None                # running average of a decode step's seconds
@@ -139,7 +199,7 @@ class DraftLength:
     def gain(self, k: int) -> float:
         """Expected tokens per pass over its cost in decode steps, drafting k."""
         a = min(self.accept, 0.999)
-        return (1 - a ** (k + 1)) / (1 - a) / (1 + self.row_cost * k)
+        return (1 - a ** (k + 1)) / (1 - a) / (1 + (self.row_cost + self.draft_cost) * k)
 
     def length(self, room: int) -> int:
         """The draft length for the next pass (0: take a plain step); room: drafted tokens
@@ -174,6 +234,12 @@ class DraftLength:
     def timed_step(self, seconds: float) -> None:
         self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
 
+    def timed_draft(self, k: int, seconds: float) -> None:
+        if self.step_s is None or k < 1:
+            return
+        c = seconds / self.step_s / k
+        self.draft_cost = c if self.draft_cost == 0 else 0.8 * self.draft_cost + 0.2 * c
+
     def timed_pass(self, rows: int, seconds: float) -> None:
         if self.step_s is None or rows < 2:
             return
@@ -181,11 +247,11 @@ class DraftLength:
         self.row_cost = 0.8 * self.row_cost + 0.2 * min(max(c, 0.02), 2.0)
 
 
-def stream_lookup(model, prompt: list[int], gen, lookup: PromptLookup | None = None,
-                  policy: DraftLength | None = None) -> Iterator:
-    """stream_generate's loop with prompt-lookup drafts (see the module doc): `gen` is the
-    request's pyklei.generate.Generation, whose n_drafted / n_accepted count the drafts."""
-    lookup = lookup or PromptLookup(prompt)
+def stream_speculative(model, prompt: list[int], gen, drafter,
+                       policy: DraftLength | None = None) -> Iterator:
+    """stream_generate's loop with drafts (see the module doc): `gen` is the request's
+    pyklei.generate.Generation, whose n_drafted / n_accepted count the drafts; `drafter` a
+    PromptLookup or DraftModel over the prompt."""
     policy = policy or DraftLength()
     owner = object()   # this generation's claim on slot 0 (as in pyklei.generate)
     logits = model.eval(prompt, owner=owner)
@@ -203,7 +269,7 @@ def stream_lookup(model, prompt: list[int], gen, lookup: PromptLookup | None = N
                 out.append(r)
             if gen.done:
                 break
-            lookup.extend([gen.token])
+            drafter.extend([gen.token])
             if i == len(draft) or gen.token != draft[i]:
                 break
         if draft:
@@ -213,7 +279,7 @@ def stream_lookup(model, prompt: list[int], gen, lookup: PromptLookup | None = N
             gen.n_accepted += n_ok
             policy.accepted(len(draft), n_ok)
             if n_ok < len(draft):
-                lookup.source = -1
+                drafter.rejected()
             # the slot holds the pass's first token and the whole draft: keep the rows that were
             # fed (their tokens are the reply's), as plain decoding leaves the cache
             model.truncate_seq(0, base + 1 + i, owner=owner)
@@ -221,12 +287,15 @@ def stream_lookup(model, prompt: list[int], gen, lookup: PromptLookup | None = N
         if gen.done:
             return
         k = policy.length(gen.max_tokens - gen.n_gen - 1)
-        draft = lookup.draft(k) if k else []
         t = time.perf_counter()
+        draft = drafter.draft(k) if k else []
         if draft:
+            policy.timed_draft(len(draft), time.perf_counter() - t)
+            t = time.perf_counter()
             base = len(model.seq_tokens(0))
             rows = model.verify([gen.token] + draft, owner=owner)
             policy.timed_pass(len(draft) + 1, time.perf_counter() - t)
         else:
+            t = time.perf_counter()
             rows = [model.step(gen.token, owner=owner)]
             policy.timed_step(time.perf_counter() - t)

@@ -145,7 +145,7 @@ def test_draft_length_grows_with_acceptance_and_switches_off():
 def test_bad_speculative_value_is_a_clear_error(tiny):
     assert check_speculative(None) is None and check_speculative("lookup") == "lookup"
     for bad in ("nonsense", "Lookup", 1, True):
-        with pytest.raises(ValueError, match="speculative must be None or one of 'lookup'"):
+        with pytest.raises(ValueError, match="speculative must be None, one of 'lookup'"):
             tiny.generate([1, 2, 3], max_tokens=4, speculative=bad)
     with pytest.raises(ValueError, match="speculative must be"):
         tiny.chat([{"role": "user", "content": "hi"}], max_tokens=4, speculative="nonsense")
@@ -192,9 +192,16 @@ class MarkovModel:
         assert 0 <= n <= len(self.seq)
         del self.seq[n:]
 
+    def check_open(self):
+        pass
+
 
 def _markov_run(tok, seed, spec, params, max_tokens=150, **kw):
     m = MarkovModel(tok.vocab_size, seed)
+    if spec == "draft":     # a draft model: the target's table, with a fifth of its rows redrawn
+        spec = MarkovModel(tok.vocab_size, seed)
+        redo = np.random.default_rng(seed + 99).random(tok.vocab_size) < 0.2
+        spec.t1[redo] = np.random.default_rng(seed + 98).normal(0, 3, (redo.sum(), tok.vocab_size))
     rng = np.random.default_rng(seed)
     a = rng.integers(0, tok.vocab_size, 40).tolist()
     prompt = a + rng.integers(0, tok.vocab_size, 10).tolist() + a[:20]
@@ -312,6 +319,8 @@ def test_cli_generate_and_chat_lookup_print_the_plain_text():
     plain, spec = cli(*gen), cli(*gen, "--lookup")
     assert spec.stdout == plain.stdout
     assert "drafted" in spec.stderr and "drafted" not in plain.stderr
+    draft = cli(*gen, "--draft-model", SEED)
+    assert draft.stdout == plain.stdout and "drafted" in draft.stderr
     chat = ["chat", SEED, "-n", "30", "--temperature", "0", "-t", "1"]
     msg = "abc abc abc abc\n/stats\n"
     a, b = cli(*chat, stdin=msg), cli(*chat, "--lookup", stdin=msg)
@@ -367,3 +376,39 @@ def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2):
     spec = _engine_texts(llm, prompts, "lookup", **kw)
     assert [x[:3] for x in spec] == [x[:3] for x in plain]
     assert sum(x[4] for x in spec) > 20
+
+
+# ---- a draft model -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_draft_model_gives_plain_tokens(tiny, seed):
+    for params in (GREEDY, SamplingParams(temperature=0.8, seed=seed)):
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, params)
+        spec, ms = _markov_run(tiny.tokenizer, seed, "draft", params)
+        assert _tokens(spec) == _tokens(plain)
+        assert ms.seq == mp.seq
+        if params is GREEDY:
+            assert 0 < spec[-1].accepted_tokens < spec[-1].drafted_tokens
+            assert ms.passes < mp.passes
+
+
+def test_smollm2_with_itself_as_draft_model(smollm2):
+    draft = LLM(SMOLLM2, n_threads=1, n_ctx=1024, n_seq=1)
+    msgs = [{"role": "user", "content": "Write a haiku about rain."}]
+    smollm2.reset()
+    plain = smollm2.chat(msgs, max_tokens=60, temperature=0)
+    smollm2.reset()
+    spec = smollm2.chat(msgs, max_tokens=60, temperature=0, speculative=draft)
+    assert spec.text == plain.text
+    assert spec.accepted_tokens == spec.drafted_tokens > 20     # its own drafts all hold
+    with pytest.raises(ValueError, match="the draft model is the model itself"):
+        smollm2.generate("Hi", max_tokens=2, speculative=smollm2)
+    from pyklei.engine import Engine
+    with pytest.raises(ValueError, match="the engine drafts by prompt lookup only"):
+        with Engine(smollm2.model, smollm2.tokenizer, n_parallel=1) as eng:
+            eng.submit([1, 2, 3], speculative=draft)
+
+
+def test_draft_model_needs_the_same_vocabulary(smollm2, tiny):
+    with pytest.raises(ValueError, match="the draft model's vocabulary has 384 tokens"):
+        smollm2.generate("Hi", max_tokens=2, speculative=tiny)
