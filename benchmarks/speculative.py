@@ -125,6 +125,60 @@ def pass_costs(llm, contexts=(100, 1000, 4000), rows=(1, 2, 4, 8), reps=7) -> di
     return out
 
 
+def engine_run(llm, prompts: list[list[int]], spec, max_tokens: int):
+    """All prompts submitted at once to an Engine (one slot each), greedy: (texts, generated
+    tokens, CPU s, wall s, drafted, accepted)."""
+    from pyklei.engine import Engine
+    from pyklei.sampler import SamplingParams
+
+    eng = Engine(llm.model, llm.tokenizer, n_parallel=len(prompts), max_queue=len(prompts))
+    try:
+        w, c = time.perf_counter(), time.process_time()
+        streams = [eng.submit(p, max_tokens=max_tokens, params=SamplingParams(temperature=0.0),
+                              eos_ids=llm.eos_ids, speculative=spec) for p in prompts]
+        lasts, texts = [], []
+        for st in streams:
+            rs = list(st)
+            texts.append("".join(r.text for r in rs))
+            lasts.append(rs[-1])
+        w, c = time.perf_counter() - w, time.process_time() - c
+    finally:
+        eng.shutdown(cancel=True)
+    return (texts, sum(r.generation_tokens for r in lasts), c, w,
+            sum(r.drafted_tokens for r in lasts), sum(r.accepted_tokens for r in lasts))
+
+
+def engine_bench(args, reps: int, max_tokens: int) -> dict:
+    """The quoting tasks, each twice (8 requests), decoded together by the engine: plain
+    batching vs lookup drafts inside the batched steps, alternated; aggregate tokens/s."""
+    llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=8)
+    prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
+                                                 add_generation_prompt=True, tokenize=True)
+               for name, kind, msg, _ in tasks(llm) if kind == "quote"] * 2
+    engine_run(llm, prompts, None, 1)      # prefill: the slots keep the prompts
+    cpu = {"plain": [], "lookup": []}
+    wall = {"plain": [], "lookup": []}
+    texts, counts = {}, {}
+    for rep in range(reps):
+        for arm in (("plain", "lookup") if rep % 2 == 0 else ("lookup", "plain")):
+            t, n, c, w, d, a = engine_run(llm, prompts, "lookup" if arm == "lookup" else None,
+                                          max_tokens)
+            assert texts.setdefault(arm, t) == t
+            cpu[arm].append(n / c)
+            wall[arm].append(n / w)
+            counts[arm] = (n, d, a)
+    assert texts["plain"] == texts["lookup"], "engine: lookup changed a text"
+    llm.close()
+    p, l = statistics.median(cpu["plain"]), statistics.median(cpu["lookup"])
+    wp, wl = statistics.median(wall["plain"]), statistics.median(wall["lookup"])
+    n, d, a = counts["lookup"]
+    return dict(requests=len(prompts), max_tokens=max_tokens, generated=n, plain_tps=round(p, 1),
+                lookup_tps=round(l, 1), ratio=round(l / p, 3), wall_plain_tps=round(wp, 1),
+                wall_lookup_tps=round(wl, 1), wall_ratio=round(wl / wp, 3), drafted=d,
+                accepted=a, plain_cpu_tps_all=[round(x, 1) for x in cpu["plain"]],
+                lookup_cpu_tps_all=[round(x, 1) for x in cpu["lookup"]])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -132,6 +186,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
+    ap.add_argument("--engine-reps", type=int, default=2,
+                    help="runs per arm of the 8-request engine batch (0: skip it)")
+    ap.add_argument("--engine-max-tokens", type=int, default=200)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
     args = ap.parse_args()
 
@@ -182,13 +239,20 @@ def main() -> int:
               f"tok/s x{row['ratio']:.2f}  wall x{row['wall_ratio']:.2f}  accepted "
               f"{r.accepted_tokens}/{r.drafted_tokens}"
               f"  load {os.getloadavg()[0]:.2f}", flush=True)
+    llm.close()
+    engine = None
+    if args.engine_reps:
+        engine = engine_bench(args, args.engine_reps, args.engine_max_tokens)
+        print(f"engine, {engine['requests']} requests: cpu plain {engine['plain_tps']} lookup "
+              f"{engine['lookup_tps']} tok/s x{engine['ratio']:.2f}  wall x{engine['wall_ratio']:.2f}"
+              f"  accepted {engine['accepted']}/{engine['drafted']}", flush=True)
     load1 = os.getloadavg()
     report = dict(model=Path(args.model).name, threads=args.threads, reps=args.reps,
                   max_tokens=args.max_tokens, machine=platform.machine(), cpus=os.cpu_count(),
                   processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
                   wall_s=round(time.perf_counter() - t_start, 1),
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), pass_costs_ms=costs,
-                  rows=rows)
+                  rows=rows, engine=engine)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
@@ -223,6 +287,16 @@ def markdown(rep: dict) -> str:
                      f"{r['plain_tps']} | {r['lookup_tps']} | x{r['ratio']:.2f} | "
                      f"x{r['wall_ratio']:.2f} | {r['drafted']} | "
                      f"{r['accepted']} | {rate} | {r['drafted_share']:.0%} |")
+    e = rep.get("engine")
+    if e:
+        lines += ["", f"Engine (pyklei.engine, continuous batching): the {e['requests'] // 2} "
+                  f"quoting tasks twice each, {e['requests']} requests decoded together in one "
+                  f"slot each, {e['max_tokens']} tokens at most, greedy; aggregate tokens over "
+                  f"the batch's CPU time, median of {len(e['plain_cpu_tps_all'])} runs per arm: "
+                  f"plain batching {e['plain_tps']} tok/s, lookup {e['lookup_tps']} tok/s, "
+                  f"x{e['ratio']:.2f} (wall x{e['wall_ratio']:.2f}); {e['accepted']} of "
+                  f"{e['drafted']} drafted tokens accepted, {e['generated']} generated; every "
+                  f"text the same as plain batching's (asserted)."]
     costs = rep["pass_costs_ms"]
     ns = list(next(iter(costs.values())))
     lines += ["", "What a drafted token costs: CPU ms of one pass of n rows of one sequence (n = 1 "

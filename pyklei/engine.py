@@ -27,9 +27,10 @@ the GIL), and applied to their logits after it.
 Speculative decoding (submit(speculative="lookup"), pyklei.speculative): a request drafts
 tokens by prompt lookup, and its draft runs as more rows of its slot in the same batch; its rows
 are fed in order while the draft holds (the same tokens as without drafts), and the slot drops
-the rejected tail. Its draft length adapts to its own acceptance rate, with the cost of a row
-taken as the prior of pyklei.speculative.DraftLength (a batch's time is not one request's).
-A constrained request decodes without drafts.
+the rejected tail. Its draft length adapts to its own acceptance rate and to what a drafted
+row costs beside a request's own row in this batch (pyklei.speculative.PassCost, fitted over
+the decode steps' times: in a big batch the weights are already shared, and a drafted row
+costs nearly what a request's own row does). A constrained request decodes without drafts.
 
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
@@ -58,7 +59,7 @@ import numpy as np
 from .generate import Generation, GenerationResponse, check_request, token_logprob
 from .model import Model
 from .sampler import SamplingParams
-from .speculative import DraftLength, PromptLookup, check_speculative
+from .speculative import DraftLength, PassCost, PromptLookup, check_speculative
 
 
 class QueueFullError(RuntimeError):
@@ -168,6 +169,7 @@ class Engine:
         self._step = 0
         self._closing = False
         self._mask_pool: ThreadPoolExecutor | None = None   # grammar masks during model.batch
+        self._pass_cost = PassCost()              # decode steps' times: what drafts cost
         self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
                             prompt_eval_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
@@ -337,8 +339,9 @@ class Engine:
     def _run_step(self) -> None:
         tokens, seqs, pos, rows = [], [], [], []
         decoding = [r for r in self._running if r.done_pos >= len(r.prompt)]
+        row_cost = self._pass_cost.row_cost(len(decoding))
         for r in decoding:   # its token, then its draft (if any), on consecutive rows
-            r.draft = self._draft(r)
+            r.draft = self._draft(r, row_cost)
             run = [r.gen.token] + r.draft
             rows += range(len(tokens), len(tokens) + len(run))
             tokens += run
@@ -364,12 +367,15 @@ class Engine:
         self._step += 1
         last_chunk = pre is not None and chunk_end == len(pre.prompt)   # pre samples this step
         ahead = self._masks_ahead(decoding + ([pre] if last_chunk else []))
+        t = time.perf_counter()
         try:
             logits = self.model.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
                                       np.array(pos, np.int32), np.array(rows, np.int32))
         finally:    # the matchers are the helper's until it is done
             if ahead is not None:
                 ahead.result()
+        if pre is None:     # a decode step (a prefill chunk's rows cost otherwise)
+            self._pass_cost.add(len(tokens), time.perf_counter() - t)
         finished = []
         first = 0
         for r in decoding:
@@ -415,10 +421,11 @@ class Engine:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="pyklei-mask")
         return self._mask_pool.submit(_fill_masks, gens)
 
-    def _draft(self, r: _Request) -> list[int]:
+    def _draft(self, r: _Request, row_cost: float) -> list[int]:
         """r's draft for this step: none without speculation, or when it does not pay."""
         if r.lookup is None or r.stream.cancelled:
             return []
+        r.draft_length.row_cost = row_cost
         k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1)
         return r.lookup.draft(k) if k else []
 

@@ -247,6 +247,35 @@ class DraftLength:
         self.row_cost = 0.8 * self.row_cost + 0.2 * min(max(c, 0.02), 2.0)
 
 
+class PassCost:
+    """The time of a pass of R rows as fixed + per_row * R, fitted by least squares over the
+    recent passes (each older one weighs `decay` less): what pyklei.engine's requests draft by.
+    A drafted row of a request costs per_row; the request's own row, per_row and its share of
+    the fixed cost (the weights streamed once for all the batch's requests)."""
+
+    PRIOR_FIXED_ROWS = 3.0   # fixed / per_row before the fit holds (SmolLM2 on one core: ~3-4)
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = decay
+        self.sums = [0.0] * 5    # weighted count, R, R^2, T, R*T
+
+    def add(self, rows: int, seconds: float) -> None:
+        d = self.decay
+        for i, v in enumerate((1.0, rows, rows * rows, seconds, rows * seconds)):
+            self.sums[i] = self.sums[i] * d + v
+
+    def row_cost(self, requests: int) -> float:
+        """A drafted row's time over a request's own row's, in a batch of `requests`."""
+        w, x, xx, y, xy = self.sums
+        fixed_rows = self.PRIOR_FIXED_ROWS
+        if w >= 4 and w * xx - x * x > 0.05 * w * w:   # the row counts varied: the fit holds
+            per_row = (w * xy - x * y) / (w * xx - x * x)
+            fixed = (y - per_row * x) / w
+            if per_row > 0:
+                fixed_rows = max(fixed, 0.0) / per_row
+        return min(max(1.0 / (fixed_rows / max(requests, 1) + 1.0), 0.02), 2.0)
+
+
 def stream_speculative(model, prompt: list[int], gen, drafter,
                        policy: DraftLength | None = None) -> Iterator:
     """stream_generate's loop with drafts (see the module doc): `gen` is the request's

@@ -36,6 +36,16 @@ def smollm2():
     return LLM(SMOLLM2, n_threads=1, n_ctx=2048, n_seq=3)
 
 
+@pytest.fixture
+def steady_costs(monkeypatch):
+    """Draft lengths from the acceptance rate and the cost priors only: on a loaded machine
+    the measured costs vary, and with them how much is drafted (never what is generated)."""
+    from pyklei.speculative import DraftLength, PassCost
+    for name in ("timed_step", "timed_pass", "timed_draft"):
+        monkeypatch.setattr(DraftLength, name, lambda self, *a: None)
+    monkeypatch.setattr(PassCost, "add", lambda self, *a: None)
+
+
 def _repetitive_prompt(seed: int, n: int = 60) -> list[int]:
     """Random tokens with a stretch repeated, so that lookup finds n-grams to draft from."""
     rng = np.random.default_rng(seed)
@@ -223,7 +233,7 @@ def test_lookup_gives_plain_tokens_on_random_streams(tiny, seed):
         assert plain[-1].drafted_tokens == 0
 
 
-def test_lookup_drafts_are_accepted_rejected_and_save_passes(tiny):
+def test_lookup_drafts_are_accepted_rejected_and_save_passes(tiny, steady_costs):
     drafted = accepted = passes = plain_passes = 0
     for seed in range(8):
         spec, ms = _markov_run(tiny.tokenizer, seed, "lookup", GREEDY, max_tokens=300)
@@ -253,7 +263,7 @@ def test_lookup_ends_where_plain_decoding_ends(tiny, kw):
     assert ma.seq == mb.seq
 
 
-def test_lookup_on_the_tiny_model_matches_plain(tiny):
+def test_lookup_on_the_tiny_model_matches_plain(tiny, steady_costs):
     prompt = _repetitive_prompt(2)
     plain, cache_plain = _run(tiny, prompt, None, max_tokens=120, params=GREEDY, eos_ids=[])
     spec, cache_spec = _run(tiny, prompt, "lookup", max_tokens=120, params=GREEDY, eos_ids=[])
@@ -292,7 +302,7 @@ def test_smollm2_stop_strings_and_logprobs_with_lookup(smollm2):
     assert "1815" in base.text
 
 
-def test_smollm2_quoting_300_tokens_identical_and_accepted(smollm2):
+def test_smollm2_quoting_300_tokens_identical_and_accepted(smollm2, steady_costs):
     code = (HERE.parent / "pyklei" / "chat.py").read_text()[:3000]
     msgs = [{"role": "user", "content": "Copy this Python code exactly, renaming `history` to "
                                         "`turns`:\n\n" + code}]
@@ -345,7 +355,7 @@ def _engine_texts(llm, prompts, spec, **kw):
 
 
 @pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.8, seed=4)])
-def test_engine_lookup_gives_each_request_its_plain_tokens(params):
+def test_engine_lookup_gives_each_request_its_plain_tokens(params, steady_costs):
     llm = LLM(SEED, n_threads=1, n_ctx=512, n_seq=3)
     prompts = [_repetitive_prompt(s, n=20 + 7 * s) for s in range(5)]
     kw = dict(max_tokens=60, params=params, eos_ids=[])
@@ -362,7 +372,7 @@ def test_engine_lookup_gives_each_request_its_plain_tokens(params):
         assert sum(x[4] for x in spec) > 0
 
 
-def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2):
+def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2, steady_costs):
     llm = smollm2
     docs = ["The meeting is on Tuesday at 10:00 in room 4B. Bring the quarterly report and the "
             "budget sheet.", "Alice Smith, 42 Elm Street, Springfield, phone 555-0134, "
@@ -381,7 +391,7 @@ def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2):
 # ---- a draft model -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(4))
-def test_draft_model_gives_plain_tokens(tiny, seed):
+def test_draft_model_gives_plain_tokens(tiny, seed, steady_costs):
     for params in (GREEDY, SamplingParams(temperature=0.8, seed=seed)):
         plain, mp = _markov_run(tiny.tokenizer, seed, None, params)
         spec, ms = _markov_run(tiny.tokenizer, seed, "draft", params)
@@ -392,7 +402,7 @@ def test_draft_model_gives_plain_tokens(tiny, seed):
             assert ms.passes < mp.passes
 
 
-def test_smollm2_with_itself_as_draft_model(smollm2):
+def test_smollm2_with_itself_as_draft_model(smollm2, steady_costs):
     draft = LLM(SMOLLM2, n_threads=1, n_ctx=1024, n_seq=1)
     msgs = [{"role": "user", "content": "Write a haiku about rain."}]
     smollm2.reset()
@@ -412,3 +422,13 @@ def test_smollm2_with_itself_as_draft_model(smollm2):
 def test_draft_model_needs_the_same_vocabulary(smollm2, tiny):
     with pytest.raises(ValueError, match="the draft model's vocabulary has 384 tokens"):
         smollm2.generate("Hi", max_tokens=2, speculative=tiny)
+
+
+def test_pass_cost_fit_prices_a_drafted_row_by_the_batch():
+    from pyklei.speculative import PassCost
+    c = PassCost()
+    assert c.row_cost(1) == pytest.approx(0.25)          # the prior: fixed = 3 rows
+    for rows in (8, 12, 16, 24, 8, 10) * 3:               # 14 ms fixed + 2.5 ms a row
+        c.add(rows, 0.014 + 0.0025 * rows)
+    assert c.row_cost(8) == pytest.approx(1 / (5.6 / 8 + 1), rel=1e-3)
+    assert c.row_cost(1) == pytest.approx(1 / 6.6, rel=1e-3)
