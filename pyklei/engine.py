@@ -24,7 +24,8 @@ Constrained requests (submit(constraint=), pyklei.grammar): each step, the gramm
 requests that sample in it are computed on a helper thread while model.batch runs (both release
 the GIL), and applied to their logits after it.
 
-Speculative decoding (submit(speculative="lookup"), pyklei.speculative): a request drafts
+Speculative decoding (submit(speculative="lookup"), or Engine(speculative="lookup") for every
+request; pyklei.speculative): a request drafts
 tokens by prompt lookup, and its draft runs as more rows of its slot in the same batch; its rows
 are fed in order while the draft holds (the same tokens as without drafts), and the slot drops
 the rejected tail. Its draft length adapts to its own acceptance rate and to what a drafted
@@ -149,7 +150,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class Engine:
     def __init__(self, model: Model, tokenizer, *, n_parallel: int = 4, max_queue: int = 64,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, speculative: str | None = None):
         for name, v in (("n_parallel", n_parallel), ("max_queue", max_queue),
                         ("prefill_chunk", prefill_chunk)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -157,6 +158,7 @@ class Engine:
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         model.check_open()
+        self.speculative = self._check_speculative(speculative, model)   # submit's default
         if n_parallel > model.n_seq:
             raise ValueError(f"n_parallel={n_parallel} needs as many KV cache slots; the model has "
                              f"n_seq={model.n_seq} (load it with Model(..., n_seq={n_parallel}))")
@@ -171,7 +173,7 @@ class Engine:
         self._mask_pool: ThreadPoolExecutor | None = None   # grammar masks during model.batch
         self._pass_cost = PassCost()              # decode steps' times: what drafts cost
         self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
-                            prompt_eval_tokens=0)
+                            prompt_eval_tokens=0, drafted_tokens=0, accepted_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
         self._thread.start()
 
@@ -184,7 +186,8 @@ class Engine:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
         shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
-        the reply follows. speculative: None or "lookup" (see the module doc)."""
+        the reply follows. speculative: "lookup" (see the module doc), or None: the engine's
+        default (Engine(speculative=))."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
                                    eos_ids=eos_ids, trim=trim, logprobs=logprobs,
                                    constraint=constraint, speculative=speculative)[0]
@@ -203,10 +206,7 @@ class Engine:
         first choice follows it, each other choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
-        mode = check_speculative(speculative, self.model)
-        if mode is not None and mode != "lookup":
-            raise ValueError("the engine drafts by prompt lookup only (speculative='lookup'); "
-                             "a draft model runs with generate() and chat()")
+        mode = self._check_speculative(speculative, self.model) or self.speculative
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
         if isinstance(stop, str):
@@ -241,6 +241,14 @@ class Engine:
             self._waiting.extend(reqs)
             self._cond.notify_all()
         return [r.stream for r in reqs]
+
+    @staticmethod
+    def _check_speculative(speculative, model):
+        mode = check_speculative(speculative, model)
+        if mode is not None and mode != "lookup":
+            raise ValueError("the engine drafts by prompt lookup only (speculative='lookup'); "
+                             "a draft model runs with generate() and chat()")
+        return mode
 
     @property
     def n_ctx(self) -> int:
@@ -316,8 +324,14 @@ class Engine:
                 q.remove(r)
                 r.prefill_over = True
                 self._counts["cancelled"] += 1
-                self._counts["generated_tokens"] += r.gen.n_gen
+                self._count_tokens(r)
                 r.stream._put(r.gen.finish("cancelled"))
+
+    def _count_tokens(self, r: _Request) -> None:
+        """(lock held) Adds an ended request's generated and drafted tokens to the stats."""
+        self._counts["generated_tokens"] += r.gen.n_gen
+        self._counts["drafted_tokens"] += r.gen.n_drafted
+        self._counts["accepted_tokens"] += r.gen.n_accepted
 
     def _place(self, r: _Request) -> None:
         """Gives a newly admitted request a free slot, reusing the longest cached prefix."""
@@ -406,7 +420,7 @@ class Engine:
                     r.prefill_over = True
                     self._running.remove(r)
                     self._counts["failed" if r.failed else "completed"] += 1
-                    self._counts["generated_tokens"] += r.gen.n_gen
+                    self._count_tokens(r)
         for r in self._running:
             self._last_used[r.slot] = self._step
 

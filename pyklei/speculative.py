@@ -1,19 +1,21 @@
-"""Speculative decoding with prompt lookup: guess the next tokens from the text so far, check
-the guess in one pass, keep the agreeing prefix.
+"""Speculative decoding: guess the next tokens (from the text so far, or with a small draft
+model), check the guess in one pass, keep the agreeing prefix.
 
     for r in stream_generate(model, tok, ids, max_tokens=300, speculative="lookup"): ...
     llm.generate(prompt, speculative="lookup")        # pyklei generate --lookup
     llm.generate(prompt, speculative=pyklei.load(small))   # --draft-model SMALL.gguf
 
-Why it pays: a pass of k+1 rows of one sequence costs much less than k+1 decode steps (the
-weights stream once for all rows; benchmarks/results/speculative.md has this machine's costs),
-so when the reply quotes its input (a summary that quotes, a code edit, a form filled from a
-document, an answer from a passage) several tokens come out of one pass.
+Why it pays: a pass of k+1 rows of one sequence costs less than k+1 decode steps (the weights
+stream once for all rows; benchmarks/results/speculative.md has this machine's costs, and
+how they grow with the context, where each row's attention is its own), so when the reply
+quotes its input (a summary that quotes, a code edit, a form filled from a document, an answer
+from a passage) several tokens come out of one pass.
 
-Drafting by prompt lookup (PromptLookup): the longest n-gram (max_ngram down to min_ngram tokens) that ends the
-text so far (prompt and reply) and occurred earlier; the draft is the tokens that followed its
-latest occurrence. While a draft keeps being accepted, the next one continues from where the
-last one left off in the source (a quote is copied on from the same place).
+Drafting by prompt lookup (PromptLookup): the longest n-gram (max_ngram down to min_ngram
+tokens) that ends the text so far (prompt and reply) and occurred earlier; the draft is the
+tokens that followed that occurrence (for the longest n-grams, the occurrence whose match
+reaches furthest back). While a draft keeps being accepted, the next one continues from where
+the last one left off in the source (a quote is copied on from the same place).
 
 Drafting by a draft model (DraftModel): a second, smaller pyklei model of the same vocabulary,
 in the same process with its own KV cache, drafts its greedy tokens; before each draft it runs
@@ -34,12 +36,13 @@ min(1, p/q) rule of a draft model, is the exact one here. Stop strings, max_toke
 logprobs go through feed as in plain decoding. A request with a grammar constraint decodes
 without speculation (stream_generate's choice).
 
-Draft length (DraftLength): the k that maximises the expected tokens per pass,
+Draft length (DraftLength, per request): the k that maximises the expected tokens per pass,
 (1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
 pass's cost, 1 + (row_cost + draft_cost) * k decode steps (row_cost: a checking row, draft_cost:
 drafting a token, both measured on the fly; a lookup draft costs ~nothing). Where no k gains,
 drafting stops and is probed again after a pause that doubles while it keeps failing, so a
-reply that quotes nothing decodes at plain speed.
+reply that quotes nothing decodes at plain speed. In pyklei.engine's batches, a drafted row is
+priced beside a request's own row in that batch (PassCost).
 """
 from __future__ import annotations
 

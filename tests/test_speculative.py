@@ -432,3 +432,24 @@ def test_pass_cost_fit_prices_a_drafted_row_by_the_batch():
         c.add(rows, 0.014 + 0.0025 * rows)
     assert c.row_cost(8) == pytest.approx(1 / (5.6 / 8 + 1), rel=1e-3)
     assert c.row_cost(1) == pytest.approx(1 / 6.6, rel=1e-3)
+
+
+def test_serve_lookup_gives_the_plain_text_and_counts_drafts():
+    pytest.importorskip("uvicorn")
+    import httpx
+    from live_server import LiveServer     # tests/, on sys.path via conftest
+
+    body = {"model": "m", "prompt": "abc abc abc abc abc abc", "max_tokens": 40,
+            "temperature": 0}
+    texts = []
+    for extra in ((), ("--lookup",)):
+        with LiveServer(SEED, "--parallel", "2", "--model-id", "m", *extra) as srv:
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["text"])
+            metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+        drafted = [line for line in metrics.splitlines()
+                   if line.startswith("pyklei_drafted_tokens_total")]
+        assert drafted and (float(drafted[0].split()[-1]) > 0) == bool(extra)
+        assert "pyklei_accepted_tokens_total" in metrics
+    assert texts[0] == texts[1]
