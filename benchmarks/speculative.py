@@ -20,8 +20,15 @@ Each task runs plain and lookup alternately, `reps` times each (the prompt is pr
 the KV cache keeps it between runs, so every run decodes the same prompt); the speed is
 generated tokens over this process's CPU time (with one thread, the time the decode itself
 ran: robust on a machine shared with other work), the median of the reps; the ratio is lookup
-over plain, and the wall-clock ratio is reported beside it. The load average of the machine is recorded beside it: on a
-shared machine compare the ratios, not the absolute figures.
+over plain, and the wall-clock ratio is reported beside it. The load average of the machine
+is recorded too: on a shared machine compare the ratios, not the absolute figures.
+
+Engine: the quoting tasks twice each, 8 requests decoded together (pyklei.engine), plain
+batching vs lookup drafts inside the batched steps; aggregate tokens over CPU time.
+
+--model may name another file (the 1B-shaped random model of scripts/make_llama32_1b_random.py,
+converted: its replies are noise, so its ratios show the mechanics on a bigger model, not
+quoting).
 
 Results: benchmarks/results/speculative.md and .json.
 """
@@ -227,7 +234,8 @@ def main() -> int:
                    wall_plain_tps=round(wplain, 1), wall_lookup_tps=round(wspec, 1),
                    wall_ratio=round(wspec / wplain, 3),
                    drafted=r.drafted_tokens, accepted=r.accepted_tokens,
-                   accept_rate=round(r.accepted_tokens / r.drafted_tokens, 3) if r.drafted_tokens else None,
+                   accept_rate=(round(r.accepted_tokens / r.drafted_tokens, 3)
+                                if r.drafted_tokens else None),
                    drafted_share=round(r.accepted_tokens / max(r.generation_tokens, 1), 3),
                    plain_cpu_tps_all=[round(x, 1) for x in cpu["plain"]],
                    lookup_cpu_tps_all=[round(x, 1) for x in cpu["lookup"]],
@@ -244,7 +252,8 @@ def main() -> int:
     if args.engine_reps:
         engine = engine_bench(args, args.engine_reps, args.engine_max_tokens)
         print(f"engine, {engine['requests']} requests: cpu plain {engine['plain_tps']} lookup "
-              f"{engine['lookup_tps']} tok/s x{engine['ratio']:.2f}  wall x{engine['wall_ratio']:.2f}"
+              f"{engine['lookup_tps']} tok/s x{engine['ratio']:.2f}  "
+              f"wall x{engine['wall_ratio']:.2f}"
               f"  accepted {engine['accepted']}/{engine['drafted']}", flush=True)
     load1 = os.getloadavg()
     report = dict(model=Path(args.model).name, threads=args.threads, reps=args.reps,
@@ -310,7 +319,8 @@ def markdown(rep: dict) -> str:
                      + " |")
     lines += ["", "Replies (first 160 characters, the same in both arms):", ""]
     for r in rep["rows"]:
-        lines.append(f"- {r['task']}: `{r['reply_head'][:160].replace(chr(10), ' / ').replace('`', chr(39))}`")
+        head = r["reply_head"][:160].replace("\n", " / ").replace("`", "'")
+        lines.append(f"- {r['task']}: `{head}`")
     return "\n".join(lines) + "\n"
 
 

@@ -38,11 +38,11 @@ without speculation (stream_generate's choice).
 
 Draft length (DraftLength, per request): the k that maximises the expected tokens per pass,
 (1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
-pass's cost, 1 + (row_cost + draft_cost) * k decode steps (row_cost: a checking row, draft_cost:
-drafting a token, both measured on the fly; a lookup draft costs ~nothing). Where no k gains,
-drafting stops and is probed again after a pause that doubles while it keeps failing, so a
-reply that quotes nothing decodes at plain speed. In pyklei.engine's batches, a drafted row is
-priced beside a request's own row in that batch (PassCost).
+pass's cost in decode steps (measured per row count: the kernels' cost is not linear in the
+rows) plus k * draft_cost (drafting a token; ~0 for lookup, measured for a draft model).
+Where no k gains, drafting stops and is probed again after a pause that doubles while it
+keeps failing, so a reply that quotes nothing decodes at plain speed. In pyklei.engine's
+batches, a drafted row is priced beside a request's own row in that batch (PassCost).
 """
 from __future__ import annotations
 
@@ -182,13 +182,15 @@ class DraftModel:
 
 
 class DraftLength:
-    """How many tokens to draft next, from the acceptance rate and the measured cost of a row.
+    """How many tokens to draft next, from the acceptance rate and the measured cost of a pass.
 
     accept: running average of the chance that a drafted token is accepted when those before
-    it were (each verified position counts once). row_cost: the extra time of one more row in
-    a pass, in decode steps (prior: 0.25; refit from the passes' and steps' timings).
-    draft_cost: the time of drafting one token, in decode steps (0 for lookup; measured for
-    a draft model)."""
+    it were (each verified position counts once). The cost of a pass of n rows, in decode
+    steps: measured for the row counts that ran (the kernels' cost is not linear in the rows:
+    on x86, 2 rows cost about a step and 3 about two), and for the others 1 + row_cost * (n-1),
+    row_cost the running average of the measured passes' cost per extra row (prior 0.25, or
+    the value set by the caller: pyklei.engine sets it per batch). draft_cost: the time of
+    drafting one token, in decode steps (~0 for lookup; measured for a draft model)."""
 
     def __init__(self, max_draft: int = 16, accept: float = 0.5, row_cost: float = 0.25,
                  weight: float = 0.15, max_pause: int = 32):
@@ -197,12 +199,23 @@ class DraftLength:
         self.draft_cost = 0.0
         self.max_pause = max_pause
         self.pause, self.wait = 0, 0      # steps between probes while off; steps left to wait
-        self.step_s = None                # running average of a decode step's seconds
+        self.seconds: dict[int, float] = {}   # rows -> running average of a pass's seconds
+
+    @property
+    def step_s(self) -> float | None:
+        return self.seconds.get(1)
+
+    def cost(self, rows: int) -> float:
+        """A pass of `rows` rows, in decode steps."""
+        t, step = self.seconds.get(rows), self.step_s
+        if t is not None and step:
+            return t / step
+        return 1 + self.row_cost * (rows - 1)
 
     def gain(self, k: int) -> float:
         """Expected tokens per pass over its cost in decode steps, drafting k."""
         a = min(self.accept, 0.999)
-        return (1 - a ** (k + 1)) / (1 - a) / (1 + (self.row_cost + self.draft_cost) * k)
+        return (1 - a ** (k + 1)) / (1 - a) / (self.cost(k + 1) + self.draft_cost * k)
 
     def length(self, room: int) -> int:
         """The draft length for the next pass (0: take a plain step); room: drafted tokens
@@ -235,7 +248,7 @@ class DraftLength:
             self.pause = 0
 
     def timed_step(self, seconds: float) -> None:
-        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+        self.timed_pass(1, seconds)
 
     def timed_draft(self, k: int, seconds: float) -> None:
         if self.step_s is None or k < 1:
@@ -244,10 +257,11 @@ class DraftLength:
         self.draft_cost = c if self.draft_cost == 0 else 0.8 * self.draft_cost + 0.2 * c
 
     def timed_pass(self, rows: int, seconds: float) -> None:
-        if self.step_s is None or rows < 2:
-            return
-        c = (seconds / self.step_s - 1) / (rows - 1)
-        self.row_cost = 0.8 * self.row_cost + 0.2 * min(max(c, 0.02), 2.0)
+        old = self.seconds.get(rows)
+        self.seconds[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        if rows > 1 and self.step_s:
+            c = (self.seconds[rows] / self.step_s - 1) / (rows - 1)
+            self.row_cost = 0.8 * self.row_cost + 0.2 * min(max(c, 0.02), 2.0)
 
 
 class PassCost:
