@@ -26,7 +26,7 @@ class ChatSession:
 
     def __init__(self, llm, system: str | None = None, max_tokens: int = 512,
                  sampling: dict | None = None, stop=(), constrain: dict | None = None,
-                 speculative: str | None = None):
+                 speculative=None):
         from .sampler import MAX_TOKENS, SamplingParams
         from .speculative import check_speculative
 

@@ -138,7 +138,7 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
                     eos_ids: Sequence[int] | None = None, trim: bool = False,
                     logprobs: int | None = None, constraint=None,
-                    speculative: str | None = None) -> Iterator[GenerationResponse]:
+                    speculative=None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
     pyklei.grammar.Constraint the reply must follow (it ends the reply when complete).

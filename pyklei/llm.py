@@ -94,7 +94,7 @@ class LLM:
                  add_bos: bool | None = None, logprobs: int | None = None, *,
                  response_format: dict | None = None, json_schema=None,
                  grammar: str | None = None, regex: str | None = None,
-                 speculative: str | None = None,
+                 speculative=None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
         """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
         arrives (each .text is the new text); else returns one response with the whole text.
@@ -125,7 +125,7 @@ class LLM:
                        logprobs: int | None = None, *,
                        response_format: dict | None = None, json_schema=None,
                        grammar: str | None = None, regex: str | None = None,
-                       speculative: str | None = None,
+                       speculative=None,
                        **sampling) -> list[GenerationResponse]:
         """generate() for many prompts, decoded together (n_seq at a time, in one batch per
         step: the weights stream once for all): one whole response per prompt, in order. The
@@ -198,7 +198,7 @@ class LLM:
              stop: str | Sequence[str] = (), logprobs: int | None = None, *,
              response_format: dict | None = None, json_schema=None, grammar: str | None = None,
              regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
-             parallel_tool_calls: bool = True, speculative: str | None = None, **sampling):
+             parallel_tool_calls: bool = True, speculative=None, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
