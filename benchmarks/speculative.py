@@ -158,7 +158,8 @@ def engine_run(llm, prompts: list[list[int]], spec, max_tokens: int):
 def engine_bench(args, reps: int, max_tokens: int) -> dict:
     """The quoting tasks, each twice (8 requests), decoded together by the engine: plain
     batching vs lookup drafts inside the batched steps, alternated; aggregate tokens/s."""
-    llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=8)
+    llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=8,
+                      activations=args.activations)
     prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
                                                  add_generation_prompt=True, tokenize=True)
                for name, kind, msg, _ in tasks(llm) if kind == "quote"] * 2
@@ -190,6 +191,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--activations", default="auto", help="pyklei.load's activations")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
@@ -206,7 +208,8 @@ def main() -> int:
         Path(args.render).with_suffix(".md").write_text(markdown(rep))
         return 0
 
-    llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=1)
+    llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=1,
+                      activations=args.activations)
     load0 = os.getloadavg()
     t_start = time.perf_counter()
     costs = pass_costs(llm)
@@ -264,6 +267,7 @@ def main() -> int:
               f"  accepted {engine['accepted']}/{engine['drafted']}", flush=True)
     load1 = os.getloadavg()
     report = dict(model=Path(args.model).name, threads=args.threads, reps=args.reps,
+                  activations=llm.model.activations,
                   max_tokens=args.max_tokens, machine=platform.machine(), cpus=os.cpu_count(),
                   processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
                   wall_s=round(time.perf_counter() - t_start, 1),
@@ -284,7 +288,8 @@ def markdown(rep: dict) -> str:
     lines = [
         "# Speculative decoding with prompt lookup (issue 25)", "",
         f"`python benchmarks/speculative.py --threads {rep['threads']} --reps {rep['reps']} "
-        f"--max-tokens {rep['max_tokens']}` on {rep['model']}, {rep['date']}; greedy, chat "
+        f"--max-tokens {rep['max_tokens']}` on {rep['model']} (activations "
+        f"{rep.get('activations', '?')}), {rep['date']}; greedy, chat "
         f"template; {rep['cpus']} CPUs ({rep['machine']}), shared with other work: load average "
         f"{rep['loadavg_start'][0]:.2f} at the start, {rep['loadavg_end'][0]:.2f} at the end. "
         f"Decode tokens/s by this process's CPU time (one thread: the time the decode ran, "
