@@ -26,9 +26,10 @@ is recorded too: on a shared machine compare the ratios, not the absolute figure
 Engine: the quoting tasks twice each, 8 requests decoded together (pyklei.engine), plain
 batching vs lookup drafts inside the batched steps; aggregate tokens over CPU time.
 
---model may name another file (the 1B-shaped random model of scripts/make_llama32_1b_random.py,
-converted: its replies are noise, so its ratios show the mechanics on a bigger model, not
-quoting).
+--model may name another file: benchmarks/results/speculative-1b.md ran on the 1B-shaped random
+model (scripts/make_llama32_1b_random.py, then `pyklei convert DIR --no-calibrate -o
+llama1b-q4.gguf`), with --activations qai8dx (what a rotated file gets): its replies are noise,
+so its ratios show the mechanics on a bigger model, not quoting.
 
 Results: benchmarks/results/speculative.md and .json.
 """
@@ -266,7 +267,8 @@ def main() -> int:
               f"wall x{engine['wall_ratio']:.2f}"
               f"  accepted {engine['accepted']}/{engine['drafted']}", flush=True)
     load1 = os.getloadavg()
-    report = dict(model=Path(args.model).name, threads=args.threads, reps=args.reps,
+    report = dict(command="python benchmarks/speculative.py " + " ".join(sys.argv[1:]),
+                  model=Path(args.model).name, threads=args.threads, reps=args.reps,
                   activations=llm.model.activations,
                   max_tokens=args.max_tokens, machine=platform.machine(), cpus=os.cpu_count(),
                   processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
@@ -287,8 +289,8 @@ def markdown(rep: dict) -> str:
     chat = [r["ratio"] for r in rep["rows"] if r["kind"] == "chat"]
     lines = [
         "# Speculative decoding with prompt lookup (issue 25)", "",
-        f"`python benchmarks/speculative.py --threads {rep['threads']} --reps {rep['reps']} "
-        f"--max-tokens {rep['max_tokens']}` on {rep['model']} (activations "
+        f"`{rep.get('command', 'python benchmarks/speculative.py')}` on {rep['model']} "
+        f"(activations "
         f"{rep.get('activations', '?')}), {rep['date']}; greedy, chat "
         f"template; {rep['cpus']} CPUs ({rep['machine']}), shared with other work: load average "
         f"{rep['loadavg_start'][0]:.2f} at the start, {rep['loadavg_end'][0]:.2f} at the end. "
@@ -298,10 +300,10 @@ def markdown(rep: dict) -> str:
         f"reply is the plain reply, character for character (asserted).", "",
         f"Geometric mean of the ratios: quoting tasks x{gmean(quote):.2f}, free-form chat "
         f"x{gmean(chat):.2f}; lowest x{min(quote + chat):.2f}.", "",
-        "Read with care: a 135M model's greedy replies loop (see the replies below), and lookup "
-        "drafts from the loop as well as from the prompt, so these ratios mix quoting with "
-        "repetition, and free chat gains too; the sampled chats (t0.8) repeat least and are "
-        "the off-switch's test.", "",
+        "Read with care (the replies are listed below): SmolLM2-135M's greedy replies loop, a "
+        "random-weight model's are noise, and lookup drafts from a loop as well as from the "
+        "prompt, so these ratios mix quoting with repetition, and free chat can gain too; the "
+        "sampled chats (t0.8) repeat least and are the off-switch's test.", "",
         "| task | prompt tok | generated | plain tok/s | lookup tok/s | ratio | wall ratio | "
         "drafted | accepted | accept rate | tokens from drafts |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -335,7 +337,8 @@ def markdown(rep: dict) -> str:
                      + " |")
     short, long_ = costs[min(costs)], costs[max(costs)]
     lines += ["", f"What limits it: the gain of a draft is the tokens it adds per pass over "
-              f"the pass's cost. Checking 1 drafted token (2 rows) costs x{short[2] / short[1]:.2f} "
+              f"the pass's cost. Checking 1 drafted token (2 rows) costs "
+              f"x{short[2] / short[1]:.2f} "
               f"a step after {min(costs)} tokens of context, but 3 drafted tokens (4 rows) "
               f"x{short[4] / short[1]:.2f} and 7 (8 rows) x{short[8] / short[1]:.2f}: the "
               f"kernels' multi-row path is not free on this CPU, so even a fully accepted "
