@@ -453,3 +453,20 @@ def test_serve_lookup_gives_the_plain_text_and_counts_drafts():
         assert drafted and (float(drafted[0].split()[-1]) > 0) == bool(extra)
         assert "pyklei_accepted_tokens_total" in metrics
     assert texts[0] == texts[1]
+
+
+def test_a_stream_closed_mid_draft_leaves_a_cache_the_next_call_can_trust(smollm2, steady_costs):
+    msgs = [{"role": "user", "content": "Repeat exactly: red green blue, red green blue, red "
+                                        "green blue, red green blue."}]
+    smollm2.reset()
+    want = smollm2.chat(msgs, max_tokens=40, temperature=0)
+    it = smollm2.chat(msgs, max_tokens=40, temperature=0, speculative="lookup", stream=True)
+    for i, r in enumerate(it):
+        if r.drafted_tokens and i >= 3:
+            break
+    assert r.finish_reason is None            # stopped in the middle, after drafts ran
+    it.close()
+    cached = smollm2.model.cached_tokens
+    again = smollm2.chat(msgs, max_tokens=40, temperature=0)   # reuses the cached prefix
+    assert again.text == want.text
+    assert again.prompt_eval_tokens < again.prompt_tokens and len(cached) > again.prompt_tokens
