@@ -25,8 +25,10 @@ class ChatSession:
     MIN_REPLY = 16   # tokens: below this room a message is refused as too long
 
     def __init__(self, llm, system: str | None = None, max_tokens: int = 512,
-                 sampling: dict | None = None, stop=(), constrain: dict | None = None):
+                 sampling: dict | None = None, stop=(), constrain: dict | None = None,
+                 speculative=None):
         from .sampler import MAX_TOKENS, SamplingParams
+        from .speculative import check_speculative
 
         self.llm = llm
         self.system = system
@@ -36,6 +38,7 @@ class ChatSession:
         self.stop = list(stop)
         # every reply follows it: LLM.generate's json_schema / grammar / regex / response_format
         self.constrain = dict(constrain or {})
+        self.speculative = check_speculative(speculative, llm.model)   # as LLM.generate's
         self.history: list[dict] = []
         self.last = None            # GenerationResponse of the last reply
         self.turns = 0
@@ -75,7 +78,7 @@ class ChatSession:
         ids, max_new, dropped = self.prepare(user_text)
         parts, interrupted = [], False
         it = self.llm.generate(ids, max_tokens=max_new, stream=True, stop=self.stop,
-                               **self.constrain, **self.sampling)
+                               speculative=self.speculative, **self.constrain, **self.sampling)
         try:
             for r in it:
                 if r.text:
@@ -111,6 +114,9 @@ class ChatSession:
             cached = r.prompt_tokens - r.prompt_eval_tokens
             lines.append(f"last reply: {r.generation_tokens} tokens at {r.generation_tps:.1f} tok/s; "
                          f"time to first token {r.time_to_first_token * 1e3:.0f} ms")
+            if r.drafted_tokens:
+                lines.append(f"last reply's drafts: {r.accepted_tokens} of {r.drafted_tokens} "
+                             f"drafted tokens accepted")
             lines.append(f"last prompt: {r.prompt_tokens} tokens, {cached} reused from the cache, "
                          f"{r.prompt_eval_tokens} run at {r.prompt_tps:.1f} tok/s")
         lines.append(f"context: {used} of {self.llm.n_ctx} tokens in use; "

@@ -24,6 +24,15 @@ Constrained requests (submit(constraint=), pyklei.grammar): each step, the gramm
 requests that sample in it are computed on a helper thread while model.batch runs (both release
 the GIL), and applied to their logits after it.
 
+Speculative decoding (submit(speculative="lookup"), or Engine(speculative="lookup") for every
+request; pyklei.speculative): a request drafts
+tokens by prompt lookup, and its draft runs as more rows of its slot in the same batch; its rows
+are fed in order while the draft holds (the same tokens as without drafts), and the slot drops
+the rejected tail. Its draft length adapts to its own acceptance rate and to what a drafted
+row costs beside a request's own row in this batch (pyklei.speculative.PassCost, fitted over
+the decode steps' times: in a big batch the weights are already shared, and a drafted row
+costs nearly what a request's own row does). A constrained request decodes without drafts.
+
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
 a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
@@ -53,6 +62,7 @@ from .generate import Generation, GenerationResponse, token_logprob
 from .request import GenerationRequest, check_params, make_request
 from .model import Model
 from .sampler import SamplingParams
+from .speculative import DraftLength, PassCost, PromptLookup, check_speculative
 
 
 class QueueFullError(RuntimeError):
@@ -115,7 +125,7 @@ class RequestStream:
 
 class _Request:
     __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed",
-                 "after", "prefill_over")
+                 "after", "prefill_over", "lookup", "draft_length", "draft")
 
     def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation,
                  after: "_Request | None" = None):
@@ -127,6 +137,9 @@ class _Request:
         self.n_reused = 0          # prompt tokens that came from a cache
         self.t_prefill = None      # when its first prefill chunk ran
         self.failed = False        # ended by RequestFailedError
+        self.lookup: PromptLookup | None = None   # speculative="lookup": its drafter,
+        self.draft_length: DraftLength | None = None   # its draft length,
+        self.draft: list[int] = []                # and the draft of the current step
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -139,7 +152,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class Engine:
     def __init__(self, model: Model, tokenizer, *, n_parallel: int = 4, max_queue: int = 64,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, speculative: str | None = None):
         for name, v in (("n_parallel", n_parallel), ("max_queue", max_queue),
                         ("prefill_chunk", prefill_chunk)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -147,6 +160,7 @@ class Engine:
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         model.check_open()
+        self.speculative = self._check_speculative(speculative, model)   # submit's default
         if n_parallel > model.n_seq:
             raise ValueError(f"n_parallel={n_parallel} needs as many KV cache slots; the model has "
                              f"n_seq={model.n_seq} (load it with Model(..., n_seq={n_parallel}))")
@@ -159,8 +173,9 @@ class Engine:
         self._step = 0
         self._closing = False
         self._mask_pool: ThreadPoolExecutor | None = None   # grammar masks during model.batch
+        self._pass_cost = PassCost()              # decode steps' times: what drafts cost
         self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
-                            prompt_eval_tokens=0)
+                            prompt_eval_tokens=0, drafted_tokens=0, accepted_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
         self._thread.start()
 
@@ -168,29 +183,32 @@ class Engine:
     def submit(self, prompt: Sequence[int], *, max_tokens: int | None = 256,
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False,
-               logprobs: int | None = None, constraint=None) -> RequestStream:
+               logprobs: int | None = None, constraint=None,
+               speculative: str | None = None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
         shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
-        the reply follows."""
+        the reply follows. speculative: "lookup" (see the module doc), or None: the engine's
+        default (Engine(speculative=))."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
                                    eos_ids=eos_ids, trim=trim, logprobs=logprobs,
-                                   constraint=constraint)[0]
+                                   constraint=constraint, speculative=speculative)[0]
 
     def submit_choices(self, prompt: Sequence[int], params: Sequence[SamplingParams | None], *,
                        max_tokens: int | None = 256, stop: Sequence[str] = (),
                        eos_ids: Sequence[int] | None = None, trim: bool = False,
                        logprobs: int | None = None, prompt_logprobs: bool = False,
-                       constraint=None) -> list[RequestStream]:
+                       constraint=None, speculative: str | None = None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
         own seed); see submit_requests. constraint: the first choice follows it, each other
         choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
+        mode = self._check_speculative(speculative, self.model) or self.speculative
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
         first = make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params[0],
-                             stop, eos_ids, logprobs, constraint, trim)
+                             stop, eos_ids, logprobs, constraint, trim, mode)
         vocab = self.tokenizer.vocab_size
         reqs = [first] + [dataclasses.replace(first, params=check_params(p, vocab),
                                               constraint=None if constraint is None
@@ -217,12 +235,16 @@ class Engine:
                 raise ValueError(f"a request of {len(r.prompt)} prompt tokens and a budget of "
                                  f"{r.max_tokens} does not fit this engine's context of "
                                  f"{self.model.n_ctx} tokens")
+        modes = [self._check_speculative(r.speculative, self.model) or self.speculative
+                 for r in reqs]
         queued = []
-        for req in reqs:
+        for req, mode in zip(reqs, modes):
             ids = list(req.prompt)
-            queued.append(_Request(RequestStream(self, len(ids)), ids,
-                                   Generation(self.tokenizer, req),
-                                   after=queued[0] if queued else None))
+            r = _Request(RequestStream(self, len(ids)), ids, Generation(self.tokenizer, req),
+                         after=queued[0] if queued else None)
+            if mode == "lookup" and req.constraint is None:
+                r.lookup, r.draft_length = PromptLookup(ids), DraftLength()
+            queued.append(r)
         if prompt_logprobs:
             queued[0].gen.prompt_logprobs = [None]
         with self._cond:
@@ -237,6 +259,14 @@ class Engine:
             self._waiting.extend(queued)
             self._cond.notify_all()
         return [r.stream for r in queued]
+
+    @staticmethod
+    def _check_speculative(speculative, model):
+        mode = check_speculative(speculative, model)
+        if mode is not None and mode != "lookup":
+            raise ValueError("the engine drafts by prompt lookup only (speculative='lookup'); "
+                             "a draft model runs with generate() and chat()")
+        return mode
 
     @property
     def n_ctx(self) -> int:
@@ -312,8 +342,14 @@ class Engine:
                 q.remove(r)
                 r.prefill_over = True
                 self._counts["cancelled"] += 1
-                self._counts["generated_tokens"] += r.gen.n_gen
+                self._count_tokens(r)
                 r.stream._put(r.gen.finish("cancelled"))
+
+    def _count_tokens(self, r: _Request) -> None:
+        """(lock held) Adds an ended request's generated and drafted tokens to the stats."""
+        self._counts["generated_tokens"] += r.gen.n_gen
+        self._counts["drafted_tokens"] += r.gen.n_drafted
+        self._counts["accepted_tokens"] += r.gen.n_accepted
 
     def _place(self, r: _Request) -> None:
         """Gives a newly admitted request a free slot, reusing the longest cached prefix."""
@@ -335,11 +371,15 @@ class Engine:
     def _run_step(self) -> None:
         tokens, seqs, pos, rows = [], [], [], []
         decoding = [r for r in self._running if r.done_pos >= len(r.prompt)]
-        for r in decoding:
-            rows.append(len(tokens))
-            tokens.append(r.gen.token)
-            seqs.append(r.slot)
-            pos.append(r.done_pos)
+        row_cost = self._pass_cost.row_cost(len(decoding))
+        for r in decoding:   # its token, then its draft (if any), on consecutive rows
+            r.draft = self._draft(r, row_cost)
+            run = [r.gen.token] + r.draft
+            rows += range(len(tokens), len(tokens) + len(run))
+            tokens += run
+            seqs += [r.slot] * len(run)
+            pos += range(r.done_pos, r.done_pos + len(run))
+        n_decode_rows = len(tokens)
         pre = next((r for r in self._running if r.done_pos < len(r.prompt)), None)
         chunk_end = 0
         if pre is not None:
@@ -359,18 +399,23 @@ class Engine:
         self._step += 1
         last_chunk = pre is not None and chunk_end == len(pre.prompt)   # pre samples this step
         ahead = self._masks_ahead(decoding + ([pre] if last_chunk else []))
+        t = time.perf_counter()
         try:
             logits = self.model.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
                                       np.array(pos, np.int32), np.array(rows, np.int32))
         finally:    # the matchers are the helper's until it is done
             if ahead is not None:
                 ahead.result()
+        if pre is None:     # a decode step (a prefill chunk's rows cost otherwise)
+            self._pass_cost.add(len(tokens), time.perf_counter() - t)
         finished = []
-        for i, r in enumerate(decoding):
-            r.done_pos += 1
-            self._feed(r, logits[i], finished)
+        first = 0
+        for r in decoding:
+            n_rows = 1 + len(r.draft)
+            self._feed_rows(r, logits[first:first + n_rows], finished)
+            first += n_rows
         if pre is not None and pre.gen.prompt_logprobs is not None:
-            chunk_rows = logits[len(decoding):]
+            chunk_rows = logits[n_decode_rows:]
             for j, p in enumerate(range(pre.done_pos, chunk_end)):
                 if p + 1 < len(pre.prompt):
                     pre.gen.prompt_logprobs.append(token_logprob(
@@ -393,7 +438,7 @@ class Engine:
                     r.prefill_over = True
                     self._running.remove(r)
                     self._counts["failed" if r.failed else "completed"] += 1
-                    self._counts["generated_tokens"] += r.gen.n_gen
+                    self._count_tokens(r)
         for r in self._running:
             self._last_used[r.slot] = self._step
 
@@ -407,6 +452,35 @@ class Engine:
         if self._mask_pool is None:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="pyklei-mask")
         return self._mask_pool.submit(_fill_masks, gens)
+
+    def _draft(self, r: _Request, row_cost: float) -> list[int]:
+        """r's draft for this step: none without speculation, or when it does not pay."""
+        if r.lookup is None or r.stream.cancelled:
+            return []
+        r.draft_length.row_cost = row_cost
+        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1)
+        return r.lookup.draft(k) if k else []
+
+    def _feed_rows(self, r: _Request, rows: np.ndarray, finished: list) -> None:
+        """Feeds r's rows of this step: its token's, then its draft's while the draft holds
+        (pyklei.speculative); its slot keeps the positions of the rows fed."""
+        draft = r.draft
+        for i, row in enumerate(rows):
+            r.done_pos += 1
+            self._feed(r, row, finished)
+            fed = not (r.stream.cancelled or r.failed)
+            if not fed or r.gen.done or i == len(draft) or r.gen.token != draft[i]:
+                break
+        if draft:
+            # rows 0..i-1 agreed; row i's token too when it ended the reply as drafted
+            n_ok = i + (fed and i < len(draft) and r.gen.token == draft[i])
+            r.gen.n_drafted += len(draft)
+            r.gen.n_accepted += n_ok
+            r.draft_length.accepted(len(draft), n_ok)
+            if n_ok < len(draft):
+                r.lookup.rejected()
+            self.model.truncate_seq(r.slot, r.done_pos)
+            r.draft = []
 
     def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
         """Samples r's next token. A failure here is r's alone (the model's step succeeded):
@@ -427,6 +501,8 @@ class Engine:
             r.stream._put(resp)
         if r.gen.done:
             finished.append(r)
+        elif r.lookup is not None:
+            r.lookup.extend([r.gen.token])
 
 
 def _fill_masks(gens: list[Generation]) -> None:

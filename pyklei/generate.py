@@ -31,6 +31,7 @@ import numpy as np
 from .request import GenerationRequest, make_request
 from .sampler import (SamplingParams, apply_logit_bias, apply_presence_frequency,
                       apply_repetition_penalty, make_sampler)
+from .speculative import DraftModel, PromptLookup, check_speculative, stream_speculative
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class GenerationResponse:
     prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.engine's prompt_logprobs:
                                      # on the first response, one per prompt token (the first None)
     tool_calls: list[dict] | None = None   # LLM.chat with tools: the calls parsed from the reply
+    drafted_tokens: int = 0          # speculative decoding (pyklei.speculative): tokens drafted
+    accepted_tokens: int = 0         # so far, and of those, tokens the model agreed with
 
 
 def peak_rss_mb() -> float:
@@ -114,20 +117,28 @@ class StopMatcher:
 def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | None = 256,
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
                     eos_ids: Sequence[int] | None = None, trim: bool = False,
-                    logprobs: int | None = None, constraint=None) -> Iterator[GenerationResponse]:
+                    logprobs: int | None = None, constraint=None,
+                    speculative=None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
-    pyklei.grammar.Constraint the reply must follow (it ends the reply when complete)."""
+    pyklei.grammar.Constraint the reply must follow (it ends the reply when complete).
+    speculative: None, "lookup" or a draft Model (pyklei.speculative: the same tokens, in
+    fewer passes where the drafts hold); a request with a constraint decodes without it."""
     return stream_request(model, tokenizer, make_request(
         model.n_ctx, tokenizer, prompt, max_tokens, params, stop, eos_ids, logprobs, constraint,
-        trim))
+        trim, check_speculative(speculative, model)))
 
 
 def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[GenerationResponse]:
     """Runs a checked request (pyklei.request.make_request) on the model's slot 0."""
     if req.constraint is not None:
         req.constraint.claim()
-    return _stream(model, list(req.prompt), Generation(tokenizer, req))
+    prompt, gen = list(req.prompt), Generation(tokenizer, req)
+    if req.speculative is not None and req.constraint is None:
+        drafter = (PromptLookup(prompt) if req.speculative == "lookup"
+                   else DraftModel(req.speculative, prompt))
+        return stream_speculative(model, prompt, gen, drafter)
+    return _stream(model, prompt, gen)
 
 
 def _stream(model, prompt, gen):
@@ -179,6 +190,7 @@ class Generation:
         self.n_gen, self.ttft, self.t_first = 0, 0.0, self.t0
         self.token: int | None = None      # the last token sampled: the next one to run
         self.done = False
+        self.n_drafted = self.n_accepted = 0   # counted by pyklei.speculative's loop
         self._rss = [peak_rss_mb(), self.t0]   # VmHWM read at most every 0.25 s: /proc costs ~0.1 ms per read
 
     def prefilled(self, n_eval: int, t_start: float | None = None) -> None:
@@ -198,7 +210,8 @@ class Generation:
             prompt_tps=self.n_eval / t_prefill if t_prefill > 0 else 0.0,
             generation_tps=(n_gen - 1) / (now - self.t_first) if n_gen > 1 and now > self.t_first else 0.0,
             peak_rss_mb=self._rss[0], max_tokens=self.max_tokens, logprobs=self._take_logprobs(),
-            prompt_logprobs=self._take_prompt_logprobs())
+            prompt_logprobs=self._take_prompt_logprobs(), drafted_tokens=self.n_drafted,
+            accepted_tokens=self.n_accepted)
 
     def _take_prompt_logprobs(self):
         out, self.prompt_logprobs = self.prompt_logprobs, None

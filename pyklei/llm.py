@@ -32,6 +32,7 @@ from .model import Model
 from .options import model_default
 from .request import GenerationRequest, make_request
 from .sampler import SamplingParams
+from .speculative import check_speculative
 from .tokenizer import Tokenizer
 
 _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -97,6 +98,7 @@ class LLM:
                  add_bos: bool | None = None, logprobs: int | None = None, *,
                  response_format: dict | None = None, json_schema=None,
                  grammar: str | None = None, regex: str | None = None,
+                 speculative=None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
         """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
         arrives (each .text is the new text); else returns one response with the whole text.
@@ -110,30 +112,40 @@ class LLM:
         dict or its JSON text), grammar (Lark or GBNF text), regex, or response_format as
         OpenAI's ({"type": "json_object"} / {"type": "json_schema", "json_schema": {"schema":
         ...}}). The reply follows it and ends ("stop") when it is complete; a schema or grammar
-        that does not compile is a ValueError (pyklei.grammar.GrammarError) naming why."""
+        that does not compile is a ValueError (pyklei.grammar.GrammarError) naming why.
+
+        speculative="lookup": speculative decoding with prompt lookup (pyklei.speculative):
+        the same tokens as without it, in fewer passes where the reply repeats text of its
+        prompt; speculative=pyklei.load(small_model_path): a draft model of the same
+        vocabulary drafts instead. response.drafted_tokens / accepted_tokens count the drafts.
+        A constrained reply decodes without speculation."""
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling,
-                              constrain, logprobs)
+                              constrain, logprobs, speculative)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None = 256,
                        stop: str | Sequence[str] = (), add_bos: bool | None = None,
                        logprobs: int | None = None, *,
                        response_format: dict | None = None, json_schema=None,
                        grammar: str | None = None, regex: str | None = None,
+                       speculative=None,
                        **sampling) -> list[GenerationResponse]:
         """generate() for many prompts, decoded together (n_seq at a time, in one batch per
         step: the weights stream once for all): one whole response per prompt, in order. The
         options apply to each prompt (the same seed gives each the text generate() gives it;
         a constraint is compiled once, and each prompt follows it on its own).
-        Every prompt is checked before any runs."""
+        speculative="lookup": each prompt drafts by prompt lookup, its drafts checked inside
+        the batched steps (pyklei.engine). Every prompt is checked before any runs."""
+        check_speculative(speculative, self.model)
         if isinstance(prompts, str):
             raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         first = self._constraint(constrain)
         reqs = [self._request(p, max_tokens, stop, add_bos, False, sampling, logprobs,
-                              None if first is None else first if i == 0 else first.fresh())
+                              None if first is None else first if i == 0 else first.fresh(),
+                              speculative)
                 for i, p in enumerate(prompts)]
         if not reqs:
             return []
@@ -146,7 +158,7 @@ class LLM:
             engine.shutdown(cancel=True)
 
     def _request(self, prompt, max_tokens, stop, add_bos, trim, sampling, logprobs=None,
-                 constraint=None) -> GenerationRequest:
+                 constraint=None, speculative=None) -> GenerationRequest:
         """One generation, checked (pyklei.request): text prompts are encoded first."""
         self.model.check_open()
         params = _sampling_params(sampling)
@@ -155,7 +167,8 @@ class LLM:
                 raise ValueError("the prompt is empty")
             prompt = self.tokenizer.encode(prompt, add_bos=add_bos, parse_special=True)
         return make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params, stop,
-                            None, logprobs, constraint, trim)
+                            None, logprobs, constraint, trim,
+                            check_speculative(speculative, self.model))
 
     def _constraint(self, constrain: dict):
         """The pyklei.grammar.Constraint of json_schema / grammar / regex / response_format
@@ -166,9 +179,9 @@ class LLM:
         return constraint(self.tokenizer, **constrain)
 
     def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
-                  logprobs=None):
+                  logprobs=None, speculative=None):
         req = self._request(prompt, max_tokens, stop, add_bos, trim, sampling, logprobs,
-                            self._constraint(constrain))
+                            self._constraint(constrain), speculative)
         it = stream_request(self.model, self.tokenizer, req)
         if stream:
             return it
@@ -178,7 +191,7 @@ class LLM:
              stop: str | Sequence[str] = (), logprobs: int | None = None, *,
              response_format: dict | None = None, json_schema=None, grammar: str | None = None,
              regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
-             parallel_tool_calls: bool = True, **sampling):
+             parallel_tool_calls: bool = True, speculative=None, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
@@ -192,7 +205,7 @@ class LLM:
         two constrain the reply to valid calls), and messages with role "tool" and assistant
         "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
         and its text is what is left; a streamed reply is raw text (pyklei.tools.parse_reply
-        parses it)."""
+        parses it). speculative: as in generate()."""
         from . import tools as tool_calls
 
         offered = tool_calls.check_tools(list(tools or []))
@@ -212,7 +225,7 @@ class LLM:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                      tokenize=True)
         out = self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
-                             logprobs)
+                             logprobs, speculative)
         if stream or not offered:
             return out
         content, calls = tool_calls.parse_reply(out.text)

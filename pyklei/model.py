@@ -38,9 +38,11 @@ has left the C pass. The cache keeps the tokens before that call, so the model s
 Sequences: `n_seq` KV cache slots (default 1). eval/step/logits use slot 0; `batch` runs rows
 of several slots in one pass (every weight streamed once for all of them: the engine of
 pyklei.engine decodes many requests so), and each row gets the same logits, bit for bit, as
-it would alone. `copy_seq` copies a slot's cached prefix into another. A slot costs memory
-only for the positions it has held: 2 * n_layer * n_head_kv * head_dim * 4 bytes per token
-(2 with kv_cache="f16"); SmolLM2: 45 KiB per token.
+it would alone. `copy_seq` copies a slot's cached prefix into another. `verify` runs a drafted
+continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
+rejected tail (speculative decoding: pyklei.speculative). A slot costs memory only for the
+positions it has held: 2 * n_layer * n_head_kv * head_dim * 4 bytes per token (2 with
+kv_cache="f16"); SmolLM2: 45 KiB per token.
 
 `close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
 """
@@ -66,6 +68,9 @@ _ext = load_ext()
 # Forwards of at least this many tokens run in a helper thread when called on the main thread,
 # so Ctrl-C is seen while the C pass runs (a one-token decode step is short: run directly).
 _THREADED_MIN_TOKENS = 2
+# verify() runs a draft of at most this many rows directly, as step does: a helper thread per
+# call would cost a visible share of a pass that lasts about one decode step.
+_VERIFY_DIRECT_ROWS = 32
 
 
 class SequenceLostError(RuntimeError):
@@ -378,16 +383,19 @@ class Model:
         With `owner`, raises SequenceLostError unless that owner's eval/step wrote the cache
         last."""
         with self._busy():
-            if owner is not None and self._owner is not owner:
-                raise SequenceLostError(
-                    "this generation's context is gone: another call used the model since its "
-                    "last step (a second generation, logits() or reset() on the same model). "
-                    "Finish or close one generation before starting the next, or load one model "
-                    "per concurrent generation")
+            self._check_owner(owner)
             self._owner = None
             out = self._step(token)
             self._owner = owner
             return out
+
+    def _check_owner(self, owner) -> None:
+        if owner is not None and self._owner is not owner:
+            raise SequenceLostError(
+                "this generation's context is gone: another call used the model since its "
+                "last step (a second generation, logits() or reset() on the same model). "
+                "Finish or close one generation before starting the next, or load one model "
+                "per concurrent generation")
 
     def _step(self, token: int) -> np.ndarray:
         pos = len(self._cached)
@@ -472,6 +480,56 @@ class Model:
         if out is None:
             raise KeyboardInterrupt
         return out
+
+    # ---- speculative decoding: check a draft, keep the agreeing prefix --------------------
+    def verify(self, tokens: Sequence[int], seq: int = 0, owner: object = None) -> np.ndarray:
+        """Runs `tokens` (the last sampled token, then the drafted ones) after the cached tokens
+        of slot `seq`, in one pass, and returns float32 logits [len(tokens), n_vocab] for every
+        row: row i is what step(tokens[i]) would have given after tokens[:i], bit for bit (the
+        kernels give a row the same bits whatever the row count). The slot then holds all of
+        `tokens`; truncate_seq drops the rejected tail. `owner` as for step (slot 0 only)."""
+        with self._busy():
+            seq = self._check_seq(seq)
+            if seq == 0:
+                self._check_owner(owner)
+                self._owner = None
+            toks = self._check(tokens)
+            pos0 = len(self._seqs[seq])
+            if pos0 + toks.size > self.n_ctx:
+                raise ValueError(f"verifying {toks.size} tokens after {pos0} would pass the "
+                                 f"context of {self.n_ctx} tokens")
+            rows = np.arange(toks.size, dtype=np.int32)
+            # a draft is a few rows: run on this thread, as a decode step does (no helper thread)
+            call = lambda: self.runtime.forward_batch(toks, np.full(toks.size, seq, np.int32),
+                                                      rows + pos0, rows)
+            try:
+                out = call() if toks.size <= _VERIFY_DIRECT_ROWS else self._run_c(toks.size, call)
+            except BaseException:
+                self._seqs[seq] = self._seqs[seq][:pos0]   # positions >= pos0 may be half written
+                raise
+            if out is None:
+                self._seqs[seq] = self._seqs[seq][:pos0]
+                raise KeyboardInterrupt
+            self._seqs[seq].extend(toks.tolist())
+            if seq == 0:
+                self._owner = owner
+            return out
+
+    def truncate_seq(self, seq: int, n: int, owner: object = None) -> None:
+        """Keeps the first n cached tokens of slot `seq` and forgets the rest (a rejected
+        draft). Bookkeeping only: the K/V of the forgotten positions stay in memory but are
+        never read, since a row at position p attends to positions <= p of its slot, and every
+        position after n is written again before any row reads it. `owner` as for step (slot
+        0: the owner keeps the cache)."""
+        with self._busy():
+            seq = self._check_seq(seq)
+            _check_int("n", n)
+            have = len(self._seqs[seq])
+            if not 0 <= n <= have:
+                raise ValueError(f"cannot keep {n} positions: slot {seq} holds {have} tokens")
+            if seq == 0:
+                self._check_owner(owner)
+            del self._seqs[seq][n:]
 
     def copy_seq(self, src: int, dst: int, n: int | None = None) -> None:
         """Makes slot dst hold the first n (default: all) cached tokens of slot src, by copying

@@ -38,6 +38,8 @@ class GenerationRequest:
     eos_ids: tuple[int, ...] = ()    # the ids that end it (the tokenizer's unless given)
     logprobs: int | None = None      # alternatives to report per token (None: no logprobs)
     constraint: object = None        # a fresh pyklei.grammar.Constraint the reply follows
+    speculative: object = None       # None, "lookup" or a draft Model, checked against the
+                                     # model (pyklei.speculative.check_speculative)
 
 
 def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
@@ -99,11 +101,13 @@ def check_params(params: SamplingParams | None, vocab_size: int) -> SamplingPara
 def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,
                  params: SamplingParams | None = None, stop: str | Sequence[str] = (),
                  eos_ids: Sequence[int] | None = None, logprobs: int | None = None,
-                 constraint=None, trim: bool = False) -> GenerationRequest:
+                 constraint=None, trim: bool = False, speculative=None) -> GenerationRequest:
     """A GenerationRequest for a context of n_ctx tokens, or the TypeError / ValueError that
     names what is wrong. prompt: token ids. max_tokens: see token_budget (trim: cut to the
     room left instead of refusing). eos_ids: None for the tokenizer's. constraint: a fresh
-    pyklei.grammar.Constraint (not claimed here: the generation that runs it claims it)."""
+    pyklei.grammar.Constraint (not claimed here: the generation that runs it claims it).
+    speculative: what pyklei.speculative.check_speculative returned for the model (the caller
+    holds the model; this module does not)."""
     vocab = tokenizer.vocab_size
     prompt = tuple(token_ids(prompt, vocab))
     if not prompt:
@@ -113,4 +117,5 @@ def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,
     return GenerationRequest(prompt=prompt,
                              max_tokens=token_budget(n_ctx, len(prompt), max_tokens, trim=trim),
                              params=params, stop=check_stops(stop), eos_ids=eos,
-                             logprobs=check_logprobs(logprobs), constraint=constraint)
+                             logprobs=check_logprobs(logprobs), constraint=constraint,
+                             speculative=speculative)

@@ -193,7 +193,8 @@ def test_shutdown_drains_running_and_queued(gguf, tok):
     assert [list(s)[-1].finish_reason for s in streams] == ["length"] * 5
     assert eng.stats() == dict(queued=0, running=0, n_parallel=2, completed=5, cancelled=0, failed=0,
                                generated_tokens=50, prompt_tokens=sum(s.prompt_tokens for s in streams),
-                               prompt_eval_tokens=eng.stats()["prompt_eval_tokens"])
+                               prompt_eval_tokens=eng.stats()["prompt_eval_tokens"],
+                               drafted_tokens=0, accepted_tokens=0)
 
 
 def test_prefix_reuse_runs_only_new_tokens(gguf, tok):

@@ -175,6 +175,30 @@ def _add_constraint_options(p):
     return g
 
 
+def _add_speculative_options(p):
+    """--lookup, --draft-model FILE: speculative decoding (pyklei.speculative)."""
+    g = p.add_argument_group("speculative decoding (the same text, in fewer passes where the "
+                             "drafts hold; not with a constraint)")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--lookup", action="store_true",
+                   help="draft tokens from n-grams of the prompt and the reply so far (faster "
+                        "where the reply quotes its input; off by itself where it does not pay)")
+    x.add_argument("--draft-model", metavar="FILE",
+                   help="draft tokens with this smaller pyklei model of the same vocabulary, "
+                        "loaded with the same model options")
+    return g
+
+
+def _speculative(args):
+    """The LLM.generate speculative keyword of --lookup / --draft-model (the draft model
+    loaded here)."""
+    if getattr(args, "lookup", False):
+        return "lookup"
+    if getattr(args, "draft_model", None):
+        return _load(args, model=args.draft_model, n_seq=1)
+    return None
+
+
 def _constraint(args) -> dict:
     """The LLM.generate constraint keywords of --json-schema / --grammar / --regex (files read
     here); {} when none is given."""
@@ -224,13 +248,16 @@ def _model_path(path: str) -> Path:
     return check_model_path(model_file(path))
 
 
-def _load(args, n_ctx: int | None = None, n_threads: int | None = None, **kw):
-    """The model of args.model with the model options; kw: more pyklei.load keywords."""
+def _load(args, n_ctx: int | None = None, n_threads: int | None = None, model: str | None = None,
+          **kw):
+    """The model of args.model (or `model`) with the model options; kw: more pyklei.load
+    keywords."""
     from ..hub import split_file_ref
     from ..llm import load
 
+    model = model or args.model
     # a hub file goes to load() as named: a llama.cpp GGUF there gets a convert line naming the repo
-    path = args.model if split_file_ref(args.model) else _model_path(args.model)
+    path = model if split_file_ref(model) else _model_path(model)
     return load(path, n_threads=n_threads or args.threads,
                 n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
                 activations=args.activations, **kw)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .._text import plural
 from ._common import (CLIError, _add_command, _add_constraint_options, _add_model_options,
-                      _add_sampling_options, _check_constraint, _constraint, _load, _sampling)
+                      _add_sampling_options, _add_speculative_options, _check_constraint,
+                      _constraint, _load, _sampling, _speculative)
 
 CHAT_HELP = """\
 commands:
@@ -33,6 +34,7 @@ def add_parser(sub):
     ch.add_argument("--system", metavar="TEXT", help="system prompt (default: the chat template's own, if any)")
     _add_sampling_options(ch, max_tokens=512, n_help="reply length at most, in tokens")
     _add_constraint_options(ch)
+    _add_speculative_options(ch)
     _add_model_options(ch)
     ch.set_defaults(func=run)
     return ch
@@ -89,7 +91,8 @@ def run(args) -> int:
         raise CLIError(f"{args.model} has no chat template; use `pyklei generate` instead")
     _check_constraint(llm, constrain)
     session = ChatSession(llm, system=args.system, max_tokens=args.max_tokens,
-                          sampling=_sampling(args), stop=args.stop, constrain=constrain)
+                          sampling=_sampling(args), stop=args.stop, constrain=constrain,
+                          speculative=_speculative(args))
     session.prepare("hello")  # renders the template once: template errors show up now
     if sys.stdin.isatty():
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_command, _add_constraint_options,
-                      _add_model_options, _add_sampling_options, _check_constraint, _constraint,
-                      _load, _read_text, _sampling)
+                      _add_model_options, _add_sampling_options, _add_speculative_options,
+                      _check_constraint, _constraint, _load, _read_text, _sampling, _speculative)
 
 
 def add_parser(sub):
@@ -18,7 +18,8 @@ def add_parser(sub):
         "  pyklei generate m.gguf -p 'Once upon a time' -n 64 --seed 1\n"
         "  pyklei generate m.gguf --chat -p 'What is 2+2?' --temperature 0 --stats\n"
         "  pyklei generate m.gguf -p 'List: 1.' --stop '4.' --top-k 0 --min-p 0.1\n"
-        "  pyklei generate m.gguf --chat -p 'A person as JSON' --json-schema person.json")
+        "  pyklei generate m.gguf --chat -p 'A person as JSON' --json-schema person.json\n"
+        "  pyklei generate m.gguf --chat -f quote_this.txt --lookup --temperature 0 --stats")
     g.add_argument("model", metavar="MODEL", help="pyklei .gguf file (see `pyklei convert`)")
     g.add_argument("-p", "--prompt", metavar="TEXT", help="the prompt")
     g.add_argument("-f", "--file", help="read the prompt from this UTF-8 file")
@@ -32,6 +33,7 @@ def add_parser(sub):
                         "to stderr")
     _add_sampling_options(g)
     _add_constraint_options(g)
+    _add_speculative_options(g)
     _add_model_options(g)
     g.set_defaults(func=run)
     return g
@@ -44,7 +46,9 @@ def _stats_text(r, load_seconds: float | None = None) -> str:
         + (f" ({cached} from the cache, {r.prompt_eval_tokens} run)" if cached else "")
         + f", {r.prompt_tps:.1f} tok/s prefill",
         f"generated:  {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s decode"
-        + (f" (finish: {r.finish_reason})" if r.finish_reason else ""),
+        + (f" (finish: {r.finish_reason})" if r.finish_reason else "")
+        + (f"; drafted {r.drafted_tokens}, accepted {r.accepted_tokens}" if r.drafted_tokens
+           else ""),
         f"time to first token: {r.time_to_first_token * 1e3:.0f} ms; peak RSS: {r.peak_rss_mb:.0f} MB"
         + (f"; load: {load_seconds:.2f} s" if load_seconds is not None else ""),
     ]
@@ -77,7 +81,7 @@ def run(args) -> int:
     out = sys.stdout
     last, wrote, interrupted = None, "", False
     it = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=args.stop, **constrain,
-                      **_sampling(args))
+                      speculative=_speculative(args), **_sampling(args))
     try:
         for r in it:
             if r.text:

@@ -71,6 +71,10 @@ def add_parser(sub):
                    default=5.0, metavar="S", help="seconds a kept-alive connection may wait for "
                    "its next request (default %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no request log")
+    g.add_argument("--lookup", action="store_true",
+                   help="speculative decoding with prompt lookup for every request (the same "
+                        "text; drafts checked inside the batched steps; /metrics counts drafted "
+                        "and accepted tokens)")
     _add_model_options(p)
     p.set_defaults(func=run)
     return p
@@ -94,4 +98,4 @@ def run(args) -> int:
                  cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet,
                  timeout_header=args.timeout_header, timeout_body=args.timeout_body,
                  timeout_idle=args.timeout_idle, max_connections=args.max_connections,
-                 allow_hosts=args.allow_host)
+                 allow_hosts=args.allow_host, speculative="lookup" if args.lookup else None)

@@ -10,6 +10,9 @@ apps in one process (tests) do not share counters.
     pyklei_cancelled_total                           sequences the engine cancelled (disconnects)
     pyklei_failed_total                              sequences that failed alone (a sampling or
                                                      decoding error; the batch went on)
+    pyklei_drafted_tokens_total                      speculative decoding (serve --lookup): tokens
+    pyklei_accepted_tokens_total                     drafted for finished sequences, and of those
+                                                     accepted (acceptance rate: their ratio)
     pyklei_time_to_first_token_seconds               histogram, per request: submitted -> first
                                                      token, queue wait included
     pyklei_decode_tokens_per_second                  histogram, per request (after the first token)
@@ -43,6 +46,10 @@ class _EngineCollector:
                                   "shutdown)", value=s["cancelled"])
         yield CounterMetricFamily("pyklei_failed", "sequences that failed alone while sampling "
                                   "or decoding", value=s["failed"])
+        yield CounterMetricFamily("pyklei_drafted_tokens", "tokens drafted by speculative "
+                                  "decoding for finished sequences", value=s["drafted_tokens"])
+        yield CounterMetricFamily("pyklei_accepted_tokens", "drafted tokens the model accepted",
+                                  value=s["accepted_tokens"])
 
 
 class Metrics:

@@ -64,10 +64,11 @@ def _draining_server(config, drain_timeout: float, on_deadline):
 def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, max_queue=64,
           prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False,
           timeout_header=10.0, timeout_body=60.0, timeout_idle=5.0, max_connections=2048,
-          allow_hosts=(), announce=print) -> int:
+          allow_hosts=(), announce=print, speculative=None) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
-    names (app.create_app)."""
+    names (app.create_app). speculative: "lookup" drafts every request by prompt lookup
+    (pyklei.engine)."""
     import uvicorn
 
     from ..engine import Engine
@@ -79,7 +80,7 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
               f"fewer than --max-connections {max_connections}", file=sys.stderr, flush=True)
         max_connections = max(budget, 1)
     engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
-                    prefill_chunk=prefill_chunk)
+                    prefill_chunk=prefill_chunk, speculative=speculative)
     n_ctx = getattr(engine, "n_ctx", llm.n_ctx)     # a sequence's context
     app = create_app(engine, llm.tokenizer, model_id, n_ctx, api_key=api_key, cors=cors,
                      body_timeout=timeout_body,

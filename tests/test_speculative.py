@@ -1,0 +1,472 @@
+"""Speculative decoding with prompt lookup (issue 25): Model.verify gives every row the logits of
+a decode step bit for bit, truncate_seq rolls a slot back, and stream_generate with
+speculative="lookup" gives plain decoding's tokens (greedy, and sampling under one seed) with
+stop strings, max_tokens, EOS and logprobs unchanged. On the committed tiny model (random token
+streams: a stand-in model whose logits are a random function of the last two tokens) and on
+SmolLM2-135M-Instruct (stop strings, logprobs, chat turns and a 300-token quoting reply), when
+its file is cached."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyklei.generate import stream_generate
+from pyklei.llm import LLM
+from pyklei.model import Model, SequenceLostError
+from pyklei.sampler import SamplingParams
+from pyklei.speculative import DraftLength, PromptLookup, check_speculative
+
+HERE = Path(__file__).resolve().parent
+SEED = HERE / "fuzz_corpus" / "seed-tied-q4.gguf"
+SMOLLM2 = Path.home() / ".cache" / "pyklei" / "smollm2-135m-instruct-q4.gguf"
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LLM(SEED, n_threads=1, n_ctx=512, n_seq=2)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not SMOLLM2.exists():
+        pytest.skip(f"{SMOLLM2} is not cached")
+    return LLM(SMOLLM2, n_threads=1, n_ctx=2048, n_seq=3)
+
+
+@pytest.fixture
+def steady_costs(monkeypatch):
+    """Draft lengths from the acceptance rate and the cost priors only: on a loaded machine
+    the measured costs vary, and with them how much is drafted (never what is generated)."""
+    from pyklei.speculative import DraftLength, PassCost
+    for name in ("timed_step", "timed_pass", "timed_draft"):
+        monkeypatch.setattr(DraftLength, name, lambda self, *a: None)
+    monkeypatch.setattr(PassCost, "add", lambda self, *a: None)
+
+
+def _repetitive_prompt(seed: int, n: int = 60) -> list[int]:
+    """Random tokens with a stretch repeated, so that lookup finds n-grams to draft from."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 384, size=n).tolist()
+    return a + a[: n // 2] + rng.integers(0, 384, size=5).tolist() + a[5:25]
+
+
+def _run(llm, prompt, spec, **kw):
+    llm.reset()
+    rs = list(stream_generate(llm.model, llm.tokenizer, prompt, speculative=spec,
+                              eos_ids=kw.pop("eos_ids", llm.eos_ids), **kw))
+    return rs, llm.model.cached_tokens
+
+
+def _tokens(rs):
+    return [r.token for r in rs], "".join(r.text for r in rs), rs[-1].finish_reason
+
+
+# ---- Model.verify / truncate_seq --------------------------------------------------------------
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_verify_rows_are_decode_steps_bit_for_bit(n_threads):
+    m = Model(SEED, n_threads=n_threads, n_ctx=256, n_seq=2)
+    prompt = _repetitive_prompt(1)
+    tail = [5, 17, 200, 3, 3, 99, 1]
+    m.eval(prompt)
+    steps = [m.step(t) for t in tail]
+    m.reset()
+    m.eval(prompt)
+    rows = m.verify(tail)
+    assert rows.shape == (len(tail), m.vocab_size)
+    for a, b in zip(steps, rows):
+        assert np.array_equal(a, b)
+    assert m.cached_tokens == prompt + tail
+    # roll back past a "rejected" position and continue: the stale K/V are never read
+    m.truncate_seq(0, len(prompt) + 3)
+    assert m.cached_tokens == prompt + tail[:3]
+    assert np.array_equal(m.step(tail[3]), steps[3])
+    again = m.verify([77, 78, 79])
+    m.reset()
+    m.eval(prompt + tail[:4])
+    assert np.array_equal(again[0], m.step(77))
+    # another slot, from a copied prefix
+    m.copy_seq(0, 1, len(prompt))
+    rows1 = m.verify(tail, seq=1)
+    assert all(np.array_equal(a, b) for a, b in zip(steps, rows1))
+    assert m.seq_tokens(1) == prompt + tail
+
+
+def test_verify_and_truncate_check_their_arguments(tiny):
+    m = tiny.model
+    m.reset()
+    m.eval([1, 2, 3])
+    with pytest.raises(ValueError, match="cannot keep 5 positions: slot 0 holds 3 tokens"):
+        m.truncate_seq(0, 5)
+    with pytest.raises(ValueError, match="outside the model's 2 slots"):
+        m.verify([1], seq=2)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        m.verify([1, 384])
+    with pytest.raises(ValueError, match="would pass the context of 512 tokens"):
+        m.verify([1] * 510)
+    assert m.cached_tokens == [1, 2, 3]          # refused calls change nothing
+    owner = object()
+    m.eval([1, 2, 3], owner=owner)
+    m.logits([4, 5])                             # somebody else used the cache
+    with pytest.raises(SequenceLostError):
+        m.verify([6], owner=owner)
+    with pytest.raises(SequenceLostError):
+        m.truncate_seq(0, 1, owner=owner)
+
+
+# ---- the drafter and the draft length --------------------------------------------------------
+
+def test_prompt_lookup_drafts_the_latest_longest_match():
+    pl = PromptLookup([1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3], max_ngram=3)
+    assert pl.draft(4) == [5, 6, 7, 2]            # "2 3": its latest earlier occurrence
+    pl = PromptLookup([1, 2, 3, 4, 9, 2, 3, 5, 1, 2, 3], max_ngram=3)
+    assert pl.draft(2) == [4, 9]                  # "1 2 3" beats the later "2 3"
+    assert PromptLookup([1, 2, 3]).draft(4) == []
+    pl = PromptLookup([10, 11, 12, 13, 14, 15, 16, 0, 10, 11], max_ngram=2)
+    assert pl.draft(2) == [12, 13]
+    pl.extend([12, 13, 14])                       # accepted, and the pass's own token agreed
+    assert pl.draft(3) == [15, 16, 0]             # the copy continues from its source
+    # "7 8" occurs twice; the first occurrence matches the text's end further back (5 6 7 8)
+    pl = PromptLookup([5, 6, 7, 8, 1, 2, 0, 7, 8, 3, 4, 9, 5, 6, 7, 8], max_ngram=2)
+    assert pl.draft(2) == [1, 2]
+    with pytest.raises(ValueError):
+        PromptLookup([1], max_ngram=1, min_ngram=2)
+
+
+def test_draft_length_grows_with_acceptance_and_switches_off():
+    d = DraftLength(row_cost=0.25)
+    for _ in range(20):
+        d.accepted(4, 4)
+    assert d.length(100) >= 4
+    assert d.length(2) == 2                       # never beyond the room left
+    d = DraftLength(row_cost=0.25)
+    drafted = 0
+    for _ in range(400):                          # every draft rejected
+        k = d.length(100)
+        if k:
+            drafted += 1
+            d.accepted(k, 0)
+    assert drafted < 400 * 0.06                   # off, with a rare one-token probe
+
+
+def test_bad_speculative_value_is_a_clear_error(tiny):
+    assert check_speculative(None) is None and check_speculative("lookup") == "lookup"
+    for bad in ("nonsense", "Lookup", 1, True):
+        with pytest.raises(ValueError, match="speculative must be None, one of 'lookup'"):
+            tiny.generate([1, 2, 3], max_tokens=4, speculative=bad)
+    with pytest.raises(ValueError, match="speculative must be"):
+        tiny.chat([{"role": "user", "content": "hi"}], max_tokens=4, speculative="nonsense")
+
+
+# ---- same tokens as plain decoding ------------------------------------------------------------
+
+class MarkovModel:
+    """A stand-in for Model whose logits depend on the last two tokens (a random table): its
+    replies wander and repeat in part, so drafts are accepted, cut short and rejected at every
+    position. The acceptance loop sees eval/step/verify/truncate_seq as on a Model."""
+
+    def __init__(self, vocab: int, seed: int, n_ctx: int = 4096):
+        rng = np.random.default_rng(seed)
+        self.t1 = rng.normal(0, 3, (vocab, vocab)).astype(np.float32)
+        self.t2 = rng.normal(0, 1, (vocab, vocab)).astype(np.float32)
+        self.n_ctx, self.vocab_size = n_ctx, vocab
+        self.seq, self.last_eval_tokens, self.passes = [], 0, 0
+
+    def _logits(self, ctx):
+        return self.t1[ctx[-1]] + self.t2[ctx[-2] if len(ctx) > 1 else 0]
+
+    def eval(self, tokens, owner=None):
+        self.seq, self.last_eval_tokens = list(tokens), len(tokens)
+        return self._logits(self.seq)
+
+    def step(self, token, owner=None):
+        self.passes += 1
+        self.seq.append(token)
+        return self._logits(self.seq)
+
+    def verify(self, tokens, seq=0, owner=None):
+        self.passes += 1
+        rows = []
+        for t in tokens:
+            self.seq.append(t)
+            rows.append(self._logits(self.seq))
+        return np.stack(rows)
+
+    def seq_tokens(self, seq):
+        return list(self.seq)
+
+    def truncate_seq(self, seq, n, owner=None):
+        assert 0 <= n <= len(self.seq)
+        del self.seq[n:]
+
+    def check_open(self):
+        pass
+
+
+def _markov_run(tok, seed, spec, params, max_tokens=150, **kw):
+    m = MarkovModel(tok.vocab_size, seed)
+    if spec == "draft":     # a draft model: the target's table, with a fifth of its rows redrawn
+        spec = MarkovModel(tok.vocab_size, seed)
+        redo = np.random.default_rng(seed + 99).random(tok.vocab_size) < 0.2
+        spec.t1[redo] = np.random.default_rng(seed + 98).normal(0, 3, (redo.sum(), tok.vocab_size))
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, tok.vocab_size, 40).tolist()
+    prompt = a + rng.integers(0, tok.vocab_size, 10).tolist() + a[:20]
+    rs = list(stream_generate(m, tok, prompt, max_tokens, params, eos_ids=kw.pop("eos_ids", []),
+                              speculative=spec, **kw))
+    return rs, m
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lookup_gives_plain_tokens_on_random_streams(tiny, seed):
+    """Greedy, and sampling under one seed: the same tokens, texts, logprobs and cache."""
+    for params in (GREEDY, SamplingParams(temperature=0.8, top_k=0, top_p=0.95, seed=seed,
+                                          repetition_penalty=1.05)):
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, params, logprobs=2)
+        spec, ms = _markov_run(tiny.tokenizer, seed, "lookup", params, logprobs=2)
+        assert _tokens(spec) == _tokens(plain)
+        assert [r.logprobs for r in spec if r.logprobs] == [r.logprobs for r in plain if r.logprobs]
+        assert ms.seq == mp.seq                    # the cache ends as plain decoding leaves it
+        assert plain[-1].drafted_tokens == 0
+
+
+def test_lookup_drafts_are_accepted_rejected_and_save_passes(tiny, steady_costs):
+    drafted = accepted = passes = plain_passes = 0
+    for seed in range(8):
+        spec, ms = _markov_run(tiny.tokenizer, seed, "lookup", GREEDY, max_tokens=300)
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, GREEDY, max_tokens=300)
+        drafted += spec[-1].drafted_tokens
+        accepted += spec[-1].accepted_tokens
+        passes, plain_passes = passes + ms.passes, plain_passes + mp.passes
+    assert 0 < accepted < drafted                  # partial acceptance happened
+    assert passes < plain_passes
+
+
+@pytest.mark.parametrize("kw", [dict(max_tokens=1), dict(max_tokens=0), dict(max_tokens=37),
+                                dict(eos="at30"), dict(stop="mid")])
+def test_lookup_ends_where_plain_decoding_ends(tiny, kw):
+    plain, _ = _markov_run(tiny.tokenizer, 5, None, GREEDY, max_tokens=100)
+    kw = dict(kw)
+    if kw.pop("eos", None):
+        kw["eos_ids"] = [plain[30].token]
+    if kw.pop("stop", None):
+        text = "".join(r.text for r in plain)
+        kw["stop"] = [text[len(text) // 2:len(text) // 2 + 2]]
+    kw.setdefault("max_tokens", 100)
+    a, ma = _markov_run(tiny.tokenizer, 5, None, GREEDY, **kw)
+    b, mb = _markov_run(tiny.tokenizer, 5, "lookup", GREEDY, **kw)
+    assert _tokens(a) == _tokens(b)
+    assert [r.text for r in a] == [r.text for r in b]
+    assert ma.seq == mb.seq
+
+
+def test_lookup_on_the_tiny_model_matches_plain(tiny, steady_costs):
+    prompt = _repetitive_prompt(2)
+    plain, cache_plain = _run(tiny, prompt, None, max_tokens=120, params=GREEDY, eos_ids=[])
+    spec, cache_spec = _run(tiny, prompt, "lookup", max_tokens=120, params=GREEDY, eos_ids=[])
+    assert _tokens(spec) == _tokens(plain)
+    assert cache_spec == cache_plain
+    assert spec[-1].accepted_tokens > 0
+
+
+def test_chat_turns_with_lookup_reuse_the_cache_like_plain(smollm2):
+    msgs = [{"role": "user", "content": "Say 'one two three four five' three times."}]
+    out = []
+    for spec in (None, "lookup"):
+        smollm2.reset()
+        r1 = smollm2.chat(msgs, max_tokens=40, temperature=0, speculative=spec)
+        r2 = smollm2.chat(msgs + [{"role": "assistant", "content": r1.text},
+                                  {"role": "user", "content": "Again, twice."}], max_tokens=40,
+                          temperature=0, speculative=spec)
+        out.append((r1.text, r2.text, r2.prompt_eval_tokens))
+    assert out[0] == out[1]
+
+
+def test_smollm2_stop_strings_and_logprobs_with_lookup(smollm2):
+    doc = ("Name: Ada Lovelace. Born: 10 December 1815, London. Known for: the first published "
+           "computer program, for Babbage's Analytical Engine. ")
+    msgs = [{"role": "user", "content": doc + "\nRepeat the text above word for word."}]
+    base = smollm2.chat(msgs, max_tokens=60, temperature=0)
+    for kw in (dict(stop=["1815"]), dict(stop=["Engine"], logprobs=2), dict(max_tokens=9),
+               dict(temperature=0.9, seed=3, top_p=0.9)):
+        kw = {"max_tokens": 60, "temperature": 0, **kw}
+        smollm2.reset()
+        a = smollm2.chat(msgs, **kw)
+        smollm2.reset()
+        b = smollm2.chat(msgs, speculative="lookup", **kw)
+        assert (a.text, a.finish_reason, a.generation_tokens, a.logprobs) == \
+            (b.text, b.finish_reason, b.generation_tokens, b.logprobs), kw
+    assert "1815" in base.text
+
+
+def test_smollm2_quoting_300_tokens_identical_and_accepted(smollm2, steady_costs):
+    code = (HERE.parent / "pyklei" / "chat.py").read_text()[:3000]
+    msgs = [{"role": "user", "content": "Copy this Python code exactly, renaming `history` to "
+                                        "`turns`:\n\n" + code}]
+    smollm2.reset()
+    plain = smollm2.chat(msgs, max_tokens=300, temperature=0)
+    smollm2.reset()
+    spec = smollm2.chat(msgs, max_tokens=300, temperature=0, speculative="lookup")
+    assert spec.text == plain.text
+    assert spec.generation_tokens == plain.generation_tokens == 300
+    assert spec.accepted_tokens > 100                # the reply quotes: most tokens come drafted
+
+
+def test_cli_generate_and_chat_lookup_print_the_plain_text():
+    import subprocess
+    import sys
+
+    def cli(*args, stdin=None):
+        r = subprocess.run([sys.executable, "-m", "pyklei", *map(str, args)], input=stdin,
+                           capture_output=True, text=True, timeout=120, cwd=HERE.parent)
+        assert r.returncode == 0, r.stderr
+        return r
+    gen = ["generate", SEED, "-p", "abc abc abc abc abc", "-n", "40", "--temperature", "0",
+           "-t", "1", "--stats"]
+    plain, spec = cli(*gen), cli(*gen, "--lookup")
+    assert spec.stdout == plain.stdout
+    assert "drafted" in spec.stderr and "drafted" not in plain.stderr
+    draft = cli(*gen, "--draft-model", SEED)
+    assert draft.stdout == plain.stdout and "drafted" in draft.stderr
+    chat = ["chat", SEED, "-n", "30", "--temperature", "0", "-t", "1"]
+    msg = "abc abc abc abc\n/stats\n"
+    a, b = cli(*chat, stdin=msg), cli(*chat, "--lookup", stdin=msg)
+    assert a.stdout.split("last reply:")[0] == b.stdout.split("last reply:")[0]
+
+
+# ---- the engine: drafts inside the batched steps ----------------------------------------------
+
+def _engine_texts(llm, prompts, spec, **kw):
+    from pyklei.engine import Engine
+    eng = Engine(llm.model, llm.tokenizer, n_parallel=llm.model.n_seq, max_queue=len(prompts))
+    try:
+        streams = [eng.submit(p, speculative=spec, **kw) for p in prompts]
+        out = []
+        for s in streams:
+            rs = list(s)
+            out.append(([r.token for r in rs], "".join(r.text for r in rs), rs[-1].finish_reason,
+                        rs[-1].drafted_tokens, rs[-1].accepted_tokens))
+        return out
+    finally:
+        eng.shutdown(cancel=True)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.8, seed=4)])
+def test_engine_lookup_gives_each_request_its_plain_tokens(params, steady_costs):
+    llm = LLM(SEED, n_threads=1, n_ctx=512, n_seq=3)
+    prompts = [_repetitive_prompt(s, n=20 + 7 * s) for s in range(5)]
+    kw = dict(max_tokens=60, params=params, eos_ids=[])
+    plain = _engine_texts(llm, prompts, None, **kw)
+    spec = _engine_texts(llm, prompts, "lookup", **kw)
+    assert [x[:3] for x in spec] == [x[:3] for x in plain]
+    alone = []
+    for p in prompts:
+        llm.reset()
+        rs = list(stream_generate(llm.model, llm.tokenizer, p, **kw))
+        alone.append([r.token for r in rs])
+    assert [x[0] for x in spec] == alone
+    if params is GREEDY:
+        assert sum(x[4] for x in spec) > 0
+
+
+def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2, steady_costs):
+    llm = smollm2
+    docs = ["The meeting is on Tuesday at 10:00 in room 4B. Bring the quarterly report and the "
+            "budget sheet.", "Alice Smith, 42 Elm Street, Springfield, phone 555-0134, "
+            "account number 88172.", "To reset the router, hold the power button for ten "
+            "seconds, wait for the light to blink twice, then release it."]
+    prompts = [llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": d + "\nRepeat the text above exactly."}],
+        add_generation_prompt=True, tokenize=True) for d in docs]
+    kw = dict(max_tokens=50, params=GREEDY, eos_ids=llm.eos_ids)
+    plain = _engine_texts(llm, prompts, None, **kw)
+    spec = _engine_texts(llm, prompts, "lookup", **kw)
+    assert [x[:3] for x in spec] == [x[:3] for x in plain]
+    assert sum(x[4] for x in spec) > 20
+
+
+# ---- a draft model -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_draft_model_gives_plain_tokens(tiny, seed, steady_costs):
+    for params in (GREEDY, SamplingParams(temperature=0.8, seed=seed)):
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, params)
+        spec, ms = _markov_run(tiny.tokenizer, seed, "draft", params)
+        assert _tokens(spec) == _tokens(plain)
+        assert ms.seq == mp.seq
+        if params is GREEDY:
+            assert 0 < spec[-1].accepted_tokens < spec[-1].drafted_tokens
+            assert ms.passes < mp.passes
+
+
+def test_smollm2_with_itself_as_draft_model(smollm2, steady_costs):
+    draft = LLM(SMOLLM2, n_threads=1, n_ctx=1024, n_seq=1)
+    msgs = [{"role": "user", "content": "Write a poem about rain."}]   # 60 tokens, not EOS
+    smollm2.reset()
+    plain = smollm2.chat(msgs, max_tokens=60, temperature=0)
+    smollm2.reset()
+    spec = smollm2.chat(msgs, max_tokens=60, temperature=0, speculative=draft)
+    assert spec.text == plain.text
+    assert spec.accepted_tokens == spec.drafted_tokens > 20     # its own drafts all hold
+    with pytest.raises(ValueError, match="the draft model is the model itself"):
+        smollm2.generate("Hi", max_tokens=2, speculative=smollm2)
+    from pyklei.engine import Engine
+    with pytest.raises(ValueError, match="the engine drafts by prompt lookup only"):
+        with Engine(smollm2.model, smollm2.tokenizer, n_parallel=1) as eng:
+            eng.submit([1, 2, 3], speculative=draft)
+
+
+def test_draft_model_needs_the_same_vocabulary(smollm2, tiny):
+    with pytest.raises(ValueError, match="the draft model's vocabulary has 384 tokens"):
+        smollm2.generate("Hi", max_tokens=2, speculative=tiny)
+
+
+def test_pass_cost_fit_prices_a_drafted_row_by_the_batch():
+    from pyklei.speculative import PassCost
+    c = PassCost()
+    assert c.row_cost(1) == pytest.approx(0.25)          # the prior: fixed = 3 rows
+    for rows in (8, 12, 16, 24, 8, 10) * 3:               # 14 ms fixed + 2.5 ms a row
+        c.add(rows, 0.014 + 0.0025 * rows)
+    assert c.row_cost(8) == pytest.approx(1 / (5.6 / 8 + 1), rel=1e-3)
+    assert c.row_cost(1) == pytest.approx(1 / 6.6, rel=1e-3)
+
+
+def test_serve_lookup_gives_the_plain_text_and_counts_drafts():
+    pytest.importorskip("uvicorn")
+    import httpx
+    from live_server import LiveServer     # tests/, on sys.path via conftest
+
+    body = {"model": "m", "prompt": "abc abc abc abc abc abc", "max_tokens": 40,
+            "temperature": 0}
+    texts = []
+    for extra in ((), ("--lookup",)):
+        with LiveServer(SEED, "--parallel", "2", "--model-id", "m", *extra) as srv:
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            texts.append(r.json()["choices"][0]["text"])
+            metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+        drafted = [line for line in metrics.splitlines()
+                   if line.startswith("pyklei_drafted_tokens_total")]
+        assert drafted and (float(drafted[0].split()[-1]) > 0) == bool(extra)
+        assert "pyklei_accepted_tokens_total" in metrics
+    assert texts[0] == texts[1]
+
+
+def test_a_stream_closed_mid_draft_leaves_a_cache_the_next_call_can_trust(smollm2, steady_costs):
+    msgs = [{"role": "user", "content": "Repeat exactly: red green blue, red green blue, red "
+                                        "green blue, red green blue."}]
+    smollm2.reset()
+    want = smollm2.chat(msgs, max_tokens=40, temperature=0)
+    it = smollm2.chat(msgs, max_tokens=40, temperature=0, speculative="lookup", stream=True)
+    for i, r in enumerate(it):
+        if r.drafted_tokens and i >= 3:
+            break
+    assert r.finish_reason is None            # stopped in the middle, after drafts ran
+    it.close()
+    cached = smollm2.model.cached_tokens
+    again = smollm2.chat(msgs, max_tokens=40, temperature=0)   # reuses the cached prefix
+    assert again.text == want.text
+    assert again.prompt_eval_tokens < again.prompt_tokens and len(cached) > again.prompt_tokens
