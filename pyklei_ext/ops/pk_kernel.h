@@ -5,9 +5,9 @@
  *
  *   formats, element getters, bf16      pk_format.h
  *   CPU feature bits of the records     pk_cpu.h
- *   operands                            pk_lhs (qai8dx activations), pk_rhs (a prepared weight)
+ *   operands                            pk_operands.h (pk_lhs: qai8dx activations, pk_rhs: a weight)
  *   the kernel record                   pk_kernel
- *   repacked weight layouts             pk_pack.h (p16, p4), included at the end
+ *   repacked weight layouts             pk_pack.h (p16, p4)
  *   the scalar reference                pk_scalar_run, the fallback of SIMD kernels
  *
  * Kernel names state the contract: qai8dx_<weight format>[p<layout>]_<MR>x<NR>_<isa>, e.g.
@@ -20,32 +20,8 @@
 
 #include "pk_cpu.h"
 #include "pk_format.h"
-
-/* qai8dx activations, canonical layout. */
-typedef struct {
-    int m, k;
-    const int8_t *q;       /* [m][ld] int8, row i at q + i*ld */
-    size_t ld;             /* row stride in bytes, >= k */
-    const float *scale;    /* [m] */
-    const int32_t *zp;     /* [m] */
-} pk_lhs;
-
-#define PK_MAX_PACKED 4
-
-/* A weight prepared for the kernels. The canonical arrays are borrowed (often straight
- * from the memory-mapped file); the row sums and any repacked copies are owned. */
-typedef struct pk_rhs {
-    pk_format fmt;
-    int n, k, bl;                   /* bl: block length (32 for qsi6c32); k for qsi8cx */
-    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi6c32: [n][3k/4]; qsi8cx: int8 [n][k] */
-    const void *scales;             /* qsi4c32, qsi6c32: bf16 [n][k/bl]; qsi8cx: float [n] */
-    float *rsum;                    /* qsi4c32, qsi6c32: [n] sum_k of the dequantized row */
-    int32_t *isum;                  /* qsi8cx:  [n] sum_k of the int8 row */
-    /* Kernel-specific repacked copies (e.g. tile-interleaved for AMX), made on prepare. */
-    const struct pk_kernel *packed_for[PK_MAX_PACKED];
-    void *packed[PK_MAX_PACKED];
-    size_t packed_bytes[PK_MAX_PACKED];
-} pk_rhs;
+#include "pk_operands.h"   /* pk_lhs, pk_rhs */
+#include "pk_pack.h"       /* the repacked layouts the kernels read */
 
 /* One micro-kernel. Any kernel computes correct results for every m >= 1 and any
  * [n0, n1) range; m_min only says from which m the dispatch prefers it. */
@@ -139,7 +115,5 @@ void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out);   /* isa/mat
 #elif defined(__aarch64__)
 void pk_f16_to_f32_neon(size_t n, const uint16_t *x, float *out);     /* isa/matmul_arm_neon.c */
 #endif
-
-#include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */
 
 #endif
