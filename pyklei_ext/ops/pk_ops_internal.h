@@ -24,6 +24,13 @@ int pk_force_names_isa(const char *list, const char *isa);
 
 /* ---- registry (pk_registry.c), a constant table ------------------------------------------ */
 
+/* The row helpers (pk_isa_helpers), widest first; the last one is the generic versions
+ * (isa "scalar", no features). Whether the CPU runs record i: its features bits. */
+int pk_isa_helpers_count(void);
+const pk_isa_helpers *pk_isa_helpers_at(int i);
+/* The record of ISA tag isa if this CPU runs it, else NULL. */
+const pk_isa_helpers *pk_isa_helpers_for(const char *isa);
+
 /* The scalar kernel of fmt: the reference the self-check compares with, and the kernel a
  * format falls back to when every other one failed. */
 const pk_kernel *pk_kernel_scalar_for(pk_format fmt);
