@@ -570,7 +570,7 @@ PK_I8MM static void qai8dx_qsi8cx_4x4_i8mm(int m, int n0, int n1, const pk_lhs *
  * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
  * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
  * of x before the next, as in the scalar loop. */
-void pk_fwht_neon(int p, float *x) {
+static void pk_fwht_neon(int p, float *x) {
     if (p < 4) {
         pk_fwht_scalar(p, x);
         return;
@@ -595,7 +595,7 @@ void pk_fwht_neon(int p, float *x) {
 /* f16 -> f32 (the f16 KV cache, ops/pk_nn.c), 8 per iteration with fcvtl / fcvtl2 (baseline
  * armv8-a AdvSIMD). Exact, as is every f16 -> f32 conversion; the tail goes through a
  * zero-padded vector so that every value takes the same instruction. */
-void pk_f16_to_f32_neon(size_t n, const uint16_t *x, float *out) {
+static void pk_f16_to_f32_neon(size_t n, const uint16_t *x, float *out) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(x + i));
@@ -646,4 +646,12 @@ const pk_kernel pk_kernels_arm_neon[] = {
      .run = qai8dx_qsi6c32_1x4_dotprod},
 };
 const int pk_kernels_arm_neon_count = sizeof pk_kernels_arm_neon / sizeof pk_kernels_arm_neon[0];
+
+const pk_isa_helpers pk_helpers_arm_neon = {
+    .isa = "neon",
+    .features = PK_CPU_NEON,
+    .fwht = pk_fwht_neon,
+    .f16_to_f32 = pk_f16_to_f32_neon,
+    .quantize_qai8dx_row = NULL,   /* the generic one (ops/pk_quantize.c) runs here */
+};
 #endif

@@ -129,7 +129,7 @@ Y_TARGET static void qai8dx_qsi6c32_1x4_avx2(int m, int n0, int n1, const pk_lhs
  * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
  * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
  * of x before the next, as in the scalar loop. */
-Y_TARGET void pk_fwht_avx2(int p, float *x) {
+Y_TARGET static void pk_fwht_avx2(int p, float *x) {
     if (p < 8) {
         pk_fwht_scalar(p, x);
         return;
@@ -156,7 +156,7 @@ Y_TARGET void pk_fwht_avx2(int p, float *x) {
 /* f16 -> f32 (the f16 KV cache, ops/pk_nn.c), 8 per vcvtph2ps (F16C). Exact, as is every
  * f16 -> f32 conversion; the tail goes through a zero-padded vector so that every value takes
  * the same instruction (a NaN is quieted the same way as in the vector part). */
-Y_TARGET void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out) {
+Y_TARGET static void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
@@ -171,7 +171,7 @@ Y_TARGET void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out) {
 
 /* qai8dx row quantizer, AVX2: byte-exact with pk_quantize_qai8dx_row_scalar (same min/max
  * semantics, vcvtps2dq = rint under round-to-nearest-even, no FMA, packs = the clamp). */
-Y_TARGET void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+Y_TARGET static void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
     __m256 vmn = _mm256_setzero_ps(), vmx = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= k; i += 8) {
@@ -227,4 +227,12 @@ const pk_kernel pk_kernels_x86_avx2[] = {
      .run = qai8dx_qsi6c32_1x4_avx2},
 };
 const int pk_kernels_x86_avx2_count = sizeof pk_kernels_x86_avx2 / sizeof pk_kernels_x86_avx2[0];
+
+const pk_isa_helpers pk_helpers_x86_avx2 = {
+    .isa = "avx2",
+    .features = PK_CPU_AVX2,
+    .fwht = pk_fwht_avx2,
+    .f16_to_f32 = pk_f16_to_f32_avx2,
+    .quantize_qai8dx_row = pk_quantize_qai8dx_row_avx2,
+};
 #endif

@@ -338,7 +338,7 @@ Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, cons
 
 /* f16 -> f32 (the f16 KV cache, ops/pk_nn.c), 16 per vcvtph2ps; the tail by a masked load
  * and store. Exact, as is every f16 -> f32 conversion. */
-Z_TARGET void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out) {
+Z_TARGET static void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out) {
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
@@ -353,7 +353,7 @@ Z_TARGET void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out) {
  * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
  * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
  * of x before the next, as in the scalar loop. */
-Z_TARGET void pk_fwht_avx512(int p, float *x) {
+Z_TARGET static void pk_fwht_avx512(int p, float *x) {
     if (p < 16) {
         pk_fwht_scalar(p, x);
         return;
@@ -384,7 +384,7 @@ Z_TARGET void pk_fwht_avx512(int p, float *x) {
  * min/max in the scalar loop's semantics (min_ps(x, m) = x < m ? x : m); rint(x * inv) by
  * vcvtps2dq under the default round-to-nearest-even; no FMA; saturation = the clamp.
  * ==================================================================================== */
-Z_TARGET void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+Z_TARGET static void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
     __m512 vmn = _mm512_setzero_ps(), vmx = _mm512_setzero_ps();
     int i = 0;
     for (; i + 16 <= k; i += 16) {
@@ -439,4 +439,14 @@ const pk_kernel pk_kernels_x86_avx512vnni[] = {
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_6x32_avx512vnni},
 };
 const int pk_kernels_x86_avx512vnni_count = sizeof pk_kernels_x86_avx512vnni / sizeof pk_kernels_x86_avx512vnni[0];
+
+/* The AVX-512 helpers use F + BW (+ VL) only; they sit under the avx512vnni tag and feature
+ * bit, as the kernels of this file do. */
+const pk_isa_helpers pk_helpers_x86_avx512vnni = {
+    .isa = "avx512vnni",
+    .features = PK_CPU_AVX512VNNI,
+    .fwht = pk_fwht_avx512,
+    .f16_to_f32 = pk_f16_to_f32_avx512,
+    .quantize_qai8dx_row = pk_quantize_qai8dx_row_avx512,
+};
 #endif

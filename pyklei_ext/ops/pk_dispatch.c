@@ -1,6 +1,7 @@
-/* Dispatch: the table of usable kernels per format, built once from the CPU features and
- * PYKLEI_KERNEL (forcing), then self-checked (pk_registry.c); per-thread error messages; the
- * PYKLEI_LOG=kernels log of which kernel ran which shape. */
+/* Dispatch: the table of usable kernels per format, built once from the registry
+ * (pk_registry.c), the CPU features and PYKLEI_KERNEL (forcing), less the kernels that fail
+ * the self-check (pk_selfcheck.c); per-thread error messages; the PYKLEI_LOG=kernels log of
+ * which kernel ran which shape. This file is the only writer of the table. */
 #include "pk_ops_internal.h"
 
 #include <pthread.h>
@@ -76,6 +77,36 @@ static int forced_match(const char *list, const pk_kernel *kern) {
     return 0;
 }
 
+/* Runs the self-check on the kernels the table can pick (those ranked above the scalar kernel
+ * of their format) and drops the ones that fail; a format left with none (PYKLEI_KERNEL forced
+ * only failing kernels) gets its scalar kernel, the reference, which never leaves. Tests only:
+ * PYKLEI_TEST_BREAK_KERNEL has the check run a corrupted copy of the kernel it names
+ * (pk_testhook.c), so that kernel fails; the table itself only ever holds registry records. */
+static void drop_failing_kernels(void) {
+    enum { N = PK_SELFCHECK_MAX };
+    const pk_kernel *all[N], *checked[N], *cand[N];
+    int n = 0, n_cand = 0, cand_at[N], failed[N], dropped[N] = {0};
+    for (int f = 0; f < PK_FMT_QUANT_COUNT; f++)
+        for (int i = 0; i < pk_n_usable[f]; i++) all[n++] = pk_usable[f][i];
+    pk_test_hook_kernels_to_check(n, all, checked);
+    for (int f = 0, at = 0; f < PK_FMT_QUANT_COUNT; at += pk_n_usable[f], f++)
+        for (int i = 0; i < pk_n_usable[f] && strcmp(pk_usable[f][i]->isa, "scalar"); i++) {
+            cand[n_cand] = checked[at + i];
+            cand_at[n_cand++] = at + i;
+        }
+    pk_self_check(n_cand, cand, failed, pk_log_kernels);
+    for (int c = 0; c < n_cand; c++) dropped[cand_at[c]] = failed[c];
+    for (int f = 0, at = 0; f < PK_FMT_QUANT_COUNT; f++) {
+        const int had = pk_n_usable[f];
+        int kept = 0;
+        for (int i = 0; i < had; i++)
+            if (!dropped[at + i]) pk_usable[f][kept++] = pk_usable[f][i];
+        if (kept == 0) pk_usable[f][kept++] = pk_kernel_scalar_for((pk_format)f);
+        pk_n_usable[f] = kept;
+        at += had;
+    }
+}
+
 static void build_dispatch(void) {
     const char *lv = getenv("PYKLEI_LOG");
     pk_log_kernels = lv && (strstr(lv, "kernel") || !strcmp(lv, "1"));
@@ -127,9 +158,7 @@ static void build_dispatch(void) {
     if (pk_log_kernels)
         fprintf(stderr, "pyklei: CPU features: %s%s%s\n", pk_cpu_features_string(pk_cpu_features()),
                 force ? "; PYKLEI_KERNEL=" : "", force ? force : "");
-    const char *brk = getenv("PYKLEI_TEST_BREAK_KERNEL");
-    if (brk && *brk) pk_break_kernel_for_test(brk);
-    pk_dispatch_self_check();
+    drop_failing_kernels();
 }
 
 int pk_dispatch_init(void) {

@@ -1,14 +1,17 @@
 /* The contract between the kernel layer (ops/pk_*.c) and the ISA files (isa/matmul_*.c):
  * everything an ISA file may see, and nothing more. An ISA file includes this header (and its
- * own template headers), fills one table of pk_kernel records, and may define SIMD activation
- * quantizers; the registry (ops/pk_registry.c) lists the tables declared here.
+ * own template headers), fills one table of pk_kernel records, and may fill one pk_isa_helpers
+ * record (SIMD FWHT, f16 conversion, activation quantizer); the registry (ops/pk_registry.c)
+ * lists the tables and records declared here, and the kernel layer reaches the ISA files only
+ * through them.
  *
  *   formats, element getters, bf16      pk_format.h
  *   CPU feature bits of the records     pk_cpu.h
- *   operands                            pk_lhs (qai8dx activations), pk_rhs (a prepared weight)
+ *   operands                            pk_operands.h (pk_lhs: qai8dx activations, pk_rhs: a weight)
  *   the kernel record                   pk_kernel
- *   repacked weight layouts             pk_pack.h (p16, p4), included at the end
+ *   repacked weight layouts             pk_pack.h (p16, p4)
  *   the scalar reference                pk_scalar_run, the fallback of SIMD kernels
+ *   row helpers                         pk_isa_helpers (FWHT, f16 -> f32, qai8dx quantizer)
  *
  * Kernel names state the contract: qai8dx_<weight format>[p<layout>]_<MR>x<NR>_<isa>, e.g.
  * qai8dx_qsi4c32p16_2x16_avx512vnni; docs/KERNELS.md lists them. */
@@ -20,32 +23,8 @@
 
 #include "pk_cpu.h"
 #include "pk_format.h"
-
-/* qai8dx activations, canonical layout. */
-typedef struct {
-    int m, k;
-    const int8_t *q;       /* [m][ld] int8, row i at q + i*ld */
-    size_t ld;             /* row stride in bytes, >= k */
-    const float *scale;    /* [m] */
-    const int32_t *zp;     /* [m] */
-} pk_lhs;
-
-#define PK_MAX_PACKED 4
-
-/* A weight prepared for the kernels. The canonical arrays are borrowed (often straight
- * from the memory-mapped file); the row sums and any repacked copies are owned. */
-typedef struct pk_rhs {
-    pk_format fmt;
-    int n, k, bl;                   /* bl: block length (32 for qsi6c32); k for qsi8cx */
-    const uint8_t *qs;              /* qsi4c32: [n][k/2] nibbles; qsi6c32: [n][3k/4]; qsi8cx: int8 [n][k] */
-    const void *scales;             /* qsi4c32, qsi6c32: bf16 [n][k/bl]; qsi8cx: float [n] */
-    float *rsum;                    /* qsi4c32, qsi6c32: [n] sum_k of the dequantized row */
-    int32_t *isum;                  /* qsi8cx:  [n] sum_k of the int8 row */
-    /* Kernel-specific repacked copies (e.g. tile-interleaved for AMX), made on prepare. */
-    const struct pk_kernel *packed_for[PK_MAX_PACKED];
-    void *packed[PK_MAX_PACKED];
-    size_t packed_bytes[PK_MAX_PACKED];
-} pk_rhs;
+#include "pk_operands.h"   /* pk_lhs, pk_rhs */
+#include "pk_pack.h"       /* the repacked layouts the kernels read */
 
 /* One micro-kernel. Any kernel computes correct results for every m >= 1 and any
  * [n0, n1) range; m_min only says from which m the dispatch prefers it. */
@@ -112,34 +91,44 @@ extern const int pk_kernels_arm_neon_count;
 void pk_scalar_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
                    float *dst, size_t ldd, float lo, float hi);
 
-/* ---- per-ISA activation quantizers, byte-exact with pk_quantize_qai8dx_row_scalar --------- */
+/* ---- helpers an ISA file may offer besides its kernels ---------------------------------- */
+
+/* x[p] <- x @ H_p, unnormalised, p a power of two: butterflies on pairs (i, i + h) in blocks of
+ * 2h, stage by stage. The reference every FWHT follows (the SIMD ones do the same additions in
+ * the same order, so they are bit-exact) and their fallback for p below one vector; here, in
+ * the contract, so that the ISA files need not call up into ops/ for it. */
+static inline void pk_fwht_scalar(int p, float *x) {
+    for (int h = 1; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+}
+
+/* SIMD versions of the kernel layer's row helpers, one record per ISA file that has any. Each
+ * is bit-exact (the quantizer byte-exact) with the generic version the kernel layer keeps
+ * (pk_fwht_scalar above, pk_f16_to_f32_scalar in ops/pk_nn.c, pk_quantize_qai8dx_row_scalar
+ * in ops/pk_quantize.c). The registry (ops/pk_registry.c) lists the records, widest first, and
+ * the ops files pick from that list by CPU feature (and, for the FWHT and the f16 conversion,
+ * by PYKLEI_KERNEL's ISA tags): they never name an ISA file's function, as with the kernels. */
+typedef struct {
+    const char *isa;          /* ISA tag as in PYKLEI_KERNEL: avx2, avx512vnni, neon */
+    uint32_t features;        /* PK_CPU_* bits required */
+    /* x[p] <- x @ H_p unnormalised, p a power of two (ops/pk_rotate.c, one per rotation) */
+    void (*fwht)(int p, float *x);
+    /* out[i] = x[i] as float, i < n (ops/pk_nn.c, the f16 KV cache, one per model) */
+    void (*f16_to_f32)(size_t n, const uint16_t *x, float *out);
+    /* qai8dx of one row (ops/pk_quantize.c); NULL: none for this ISA */
+    void (*quantize_qai8dx_row)(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+} pk_isa_helpers;
 
 #if defined(__x86_64__)
-/* isa/matmul_x86_avx2.c, isa/matmul_x86_avx512vnni.c */
-void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
-void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
-#endif
-
-/* ---- per-ISA fast Walsh-Hadamard transforms, bit-exact with pk_fwht_scalar -------------- */
-/* x[p] <- x @ H_p unnormalised, p a power of two (ops/pk_rotate.c picks one per rotation). */
-void pk_fwht_scalar(int p, float *x);                 /* ops/pk_rotate.c */
-#if defined(__x86_64__)
-void pk_fwht_avx2(int p, float *x);                   /* isa/matmul_x86_avx2.c */
-void pk_fwht_avx512(int p, float *x);                 /* isa/matmul_x86_avx512vnni.c */
+extern const pk_isa_helpers pk_helpers_x86_avx2;         /* isa/matmul_x86_avx2.c */
+extern const pk_isa_helpers pk_helpers_x86_avx512vnni;   /* isa/matmul_x86_avx512vnni.c */
 #elif defined(__aarch64__)
-void pk_fwht_neon(int p, float *x);                   /* isa/matmul_arm_neon.c */
+extern const pk_isa_helpers pk_helpers_arm_neon;         /* isa/matmul_arm_neon.c */
 #endif
-
-/* ---- per-ISA f16 -> f32 conversions (the f16 KV cache), bit-exact with the scalar one ---- */
-/* out[i] = x[i] as float, i < n (ops/pk_nn.c picks one per model). */
-void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out);   /* ops/pk_nn.c */
-#if defined(__x86_64__)
-void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out);     /* isa/matmul_x86_avx2.c */
-void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out);   /* isa/matmul_x86_avx512vnni.c */
-#elif defined(__aarch64__)
-void pk_f16_to_f32_neon(size_t n, const uint16_t *x, float *out);     /* isa/matmul_arm_neon.c */
-#endif
-
-#include "pk_pack.h"   /* the repacked layouts (needs pk_rhs, above) */
 
 #endif

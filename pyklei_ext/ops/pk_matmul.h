@@ -38,9 +38,9 @@ int pk_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The kernel the table picks for (fmt, m); NULL if init failed. */
 const pk_kernel *pk_dispatch_select(pk_format fmt, int m);
 
-/* Tests only: with PYKLEI_TEST_BREAK_KERNEL=<name>, the corrupted copy of that kernel which
- * was put into the table (and which the table's self-check then drops; docs/KERNELS.md), so
- * that a test can show it computes wrong results; NULL otherwise. */
+/* Tests only (ops/pk_testhook.c): with PYKLEI_TEST_BREAK_KERNEL=<name>, the corrupted copy of
+ * that kernel which the self-check ran in its place (and so dropped the kernel from the table;
+ * docs/KERNELS.md), so that a test can show it computes wrong results; NULL otherwise. */
 const pk_kernel *pk_test_broken_kernel(void);
 
 /* ---- weights ------------------------------------------------------------------------ */

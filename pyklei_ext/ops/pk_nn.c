@@ -6,8 +6,7 @@
 #include <string.h>
 
 #include "pk_format.h"
-#include "pk_kernel.h"         /* the per-ISA f16 conversions, pk_cpu_features */
-#include "pk_ops_internal.h"   /* pk_force_names_isa, pk_log_kernels */
+#include "pk_ops_internal.h"   /* the helper records, pk_force_names_isa, pk_log_kernels */
 
 /* IEEE half <-> float in plain C (the cache conversion is not on the hot path of the
  * matmuls; the compiler's _Float16 would need F16C for speed anyway). */
@@ -53,43 +52,31 @@ void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out) {
     for (size_t i = 0; i < n; i++) out[i] = f16_to_f32(x[i]);
 }
 
-/* The f16 -> f32 conversions, widest first: ISA tag, the CPU features it needs, the function. */
-static const struct {
-    const char *isa;
-    uint32_t features;
-    pk_f16_to_f32_fn fn;
-} f16_readers[] = {
-#if defined(__x86_64__)
-    {"avx512vnni", PK_CPU_AVX512VNNI, pk_f16_to_f32_avx512},
-    {"avx2", PK_CPU_AVX2, pk_f16_to_f32_avx2},
-#elif defined(__aarch64__)
-    {"neon", PK_CPU_NEON, pk_f16_to_f32_neon},
-#endif
-    {"scalar", 0, pk_f16_to_f32_scalar},
-};
-#define N_F16_READERS ((int)(sizeof f16_readers / sizeof f16_readers[0]))
-
+/* The f16 -> f32 conversions come from the registry's helper records (widest first, the
+ * generic one, pk_f16_to_f32_scalar, last). */
 pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa) {
-    for (int i = 0; i < N_F16_READERS; i++)
-        if (!strcmp(f16_readers[i].isa, isa) && (pk_cpu_features() & f16_readers[i].features) == f16_readers[i].features)
-            return f16_readers[i].fn;
-    return NULL;
+    const pk_isa_helpers *h = pk_isa_helpers_for(isa);
+    return h ? h->f16_to_f32 : NULL;
 }
 
 pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa) {
     const char *force = getenv("PYKLEI_KERNEL");
+    const int n_helpers = pk_isa_helpers_count();
     int named = 0;
-    for (int i = 0; force && *force && i < N_F16_READERS; i++) named |= pk_force_names_isa(force, f16_readers[i].isa);
-    int pick = N_F16_READERS - 1;   /* scalar, also when the forced ISAs cannot run here */
-    for (int i = 0; i < N_F16_READERS - 1; i++)
-        if ((!named || pk_force_names_isa(force, f16_readers[i].isa)) && pk_f16_to_f32_for_isa(f16_readers[i].isa)) {
-            pick = i;
+    for (int i = 0; force && *force && i < n_helpers; i++)
+        named |= pk_isa_helpers_at(i)->f16_to_f32 && pk_force_names_isa(force, pk_isa_helpers_at(i)->isa);
+    const pk_isa_helpers *pick = pk_isa_helpers_at(n_helpers - 1);   /* generic, also when the forced ISAs cannot run here */
+    for (int i = 0; i < n_helpers - 1; i++) {
+        const pk_isa_helpers *h = pk_isa_helpers_at(i);
+        if (h->f16_to_f32 && (!named || pk_force_names_isa(force, h->isa)) && pk_f16_to_f32_for_isa(h->isa)) {
+            pick = h;
             break;
         }
+    }
     if (pk_dispatch_init() == 0 && pk_log_kernels > 0)
-        fprintf(stderr, "pyklei: f16 KV cache read with f16_to_f32_%s\n", f16_readers[pick].isa);
-    if (isa) *isa = f16_readers[pick].isa;
-    return f16_readers[pick].fn;
+        fprintf(stderr, "pyklei: f16 KV cache read with f16_to_f32_%s\n", pick->isa);
+    if (isa) *isa = pick->isa;
+    return pick->f16_to_f32;
 }
 
 void pk_tensor_row_f32(const pk_tensor *t, int r, float *out) {

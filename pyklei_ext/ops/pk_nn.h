@@ -40,9 +40,11 @@ void pk_swiglu(int n, const float *gate, const float *up, float *out);
  * f16. */
 #define PK_KV_BLOCK 16
 
-/* out[i] = x[i] as float, i < n: reads an f16 cache (exact; per-ISA versions in
- * ops/pk_kernel.h, bit-identical, NaNs quieted). */
+/* out[i] = x[i] as float, i < n: reads an f16 cache (exact; per-ISA versions in the ISA
+ * files' helper records, ops/pk_kernel.h, bit-identical, NaNs quieted). */
 typedef void (*pk_f16_to_f32_fn)(size_t n, const uint16_t *x, float *out);
+/* The generic conversion, plain C: the reference of the per-ISA ones. */
+void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out);
 
 /* The widest conversion this CPU runs (only ISAs named in PYKLEI_KERNEL, if it names any;
  * scalar if none of those runs here), its ISA tag in *isa if isa is not NULL; with

@@ -1,6 +1,6 @@
-/* Shared between the files of the kernel layer (pk_registry.c, pk_dispatch.c, pk_weights.c,
- * pk_quantize.c, pk_matmul.c, pk_rotate.c, pk_nn.c); not for the ISA files (they see
- * ops/pk_kernel.h) nor for the layers above (ops/pk_matmul.h). */
+/* Shared between the files of the kernel layer (pk_registry.c, pk_dispatch.c, pk_selfcheck.c,
+ * pk_testhook.c, pk_weights.c, pk_quantize.c, pk_matmul.c, pk_rotate.c, pk_nn.c); not for the
+ * ISA files (they see ops/pk_kernel.h) nor for the layers above (ops/pk_matmul.h). */
 #ifndef PK_OPS_INTERNAL_H
 #define PK_OPS_INTERNAL_H
 
@@ -9,6 +9,7 @@
 #define fail pk_set_error
 
 /* ---- the dispatch table (pk_dispatch.c), built once by pk_dispatch_init ------------------ */
+/* Written only by pk_dispatch.c, inside its pthread_once; read-only everywhere after. */
 
 #define PK_MAX_KERNELS 64
 extern const pk_kernel *pk_usable[PK_FMT_QUANT_COUNT][PK_MAX_KERNELS];   /* best first */
@@ -21,12 +22,33 @@ void pk_log_call(const pk_kernel *kern, int m, int n, int k);
 /* Whether the PYKLEI_KERNEL list names ISA tag isa (as a tag or a kernel name's suffix). */
 int pk_force_names_isa(const char *list, const char *isa);
 
-/* ---- registry (pk_registry.c), run while the table is built ------------------------------ */
+/* ---- registry (pk_registry.c), a constant table ------------------------------------------ */
 
-/* Checks the table's SIMD kernels against the scalar ones; drops any that disagrees. */
-void pk_dispatch_self_check(void);
-/* PYKLEI_TEST_BREAK_KERNEL: replaces that kernel's entry by a corrupted copy. */
-void pk_break_kernel_for_test(const char *name);
+/* The row helpers (pk_isa_helpers), widest first; the last one is the generic versions
+ * (isa "scalar", no features). Whether the CPU runs record i: its features bits. */
+int pk_isa_helpers_count(void);
+const pk_isa_helpers *pk_isa_helpers_at(int i);
+/* The record of ISA tag isa if this CPU runs it, else NULL. */
+const pk_isa_helpers *pk_isa_helpers_for(const char *isa);
+
+/* The scalar kernel of fmt: the reference the self-check compares with, and the kernel a
+ * format falls back to when every other one failed. */
+const pk_kernel *pk_kernel_scalar_for(pk_format fmt);
+
+/* ---- self-check (pk_selfcheck.c), run once while the table is built ----------------------- */
+
+#define PK_SELFCHECK_MAX (PK_FMT_QUANT_COUNT * PK_MAX_KERNELS)
+
+/* Checks kernels[0..n) (n <= PK_SELFCHECK_MAX, any formats) against the scalar kernel of their
+ * format on small cases: failed[i] = 1, with a warning on stderr, for each that disagrees, else
+ * 0. log: one stderr line listing those that passed. Writes no table. */
+void pk_self_check(int n, const pk_kernel *const *kernels, int *failed, int log);
+
+/* ---- test hook (pk_testhook.c), tests only ------------------------------------------------ */
+
+/* checked[i] = the kernel record the self-check runs for kernels[i]: kernels[i] itself, except
+ * for the SIMD kernel that PYKLEI_TEST_BREAK_KERNEL names, whose corrupted copy stands in. */
+void pk_test_hook_kernels_to_check(int n, const pk_kernel *const *kernels, const pk_kernel **checked);
 
 /* ---- weights (pk_weights.c) -------------------------------------------------------------- */
 

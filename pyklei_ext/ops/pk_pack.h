@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pk_kernel.h"
+#include "pk_operands.h"   /* pk_rhs; not pk_kernel.h, which includes this file */
 
 /* ---- p16 ---------------------------------------------------------------------------- */
 typedef struct {

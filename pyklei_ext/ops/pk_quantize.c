@@ -1,6 +1,7 @@
 /* Activation quantizers: qai8dx (one int8 plane per row) and qai8dx2 (two planes), byte-exact
- * with the numpy reference (pyklei.formats); the SIMD row quantizers live in the ISA files
- * (ops/pk_kernel.h) and are picked here by CPU feature. */
+ * with the numpy reference (pyklei.formats); the SIMD row quantizers live in the ISA files and
+ * reach this file through the registry's helper records (ops/pk_kernel.h, pk_isa_helpers),
+ * picked by CPU feature. */
 #include "pk_ops_internal.h"
 
 #include <math.h>
@@ -8,28 +9,35 @@
 
 /* ---- activations ----------------------------------------------------------------------- */
 
+/* The widest quantizer among the registry's helper records that this CPU runs (the generic
+ * one, pk_quantize_qai8dx_row_scalar, last); all produce the same bytes, so PYKLEI_KERNEL does
+ * not steer this choice. A walk of a few records per row: noise next to quantizing k floats. */
 void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
-#if defined(__x86_64__)
     const uint32_t f = pk_cpu_features();
-    if (f & PK_CPU_AVX512VNNI) { pk_quantize_qai8dx_row_avx512(k, x, q, scale, zp); return; }
-    if (f & PK_CPU_AVX2) { pk_quantize_qai8dx_row_avx2(k, x, q, scale, zp); return; }
-#endif
-    pk_quantize_qai8dx_row_scalar(k, x, q, scale, zp);
+    for (int i = 0;; i++) {
+        const pk_isa_helpers *h = pk_isa_helpers_at(i);
+        if (h->quantize_qai8dx_row && (f & h->features) == h->features) {
+            h->quantize_qai8dx_row(k, x, q, scale, zp);
+            return;
+        }
+    }
 }
+
+/* The names tests pass (pk_matmul.h) and the helper record each one picks: "avx512" is the
+ * avx512vnni record's quantizer, which needs AVX-512 F + BW only. */
+static const struct { const char *impl, *isa; } quantizer_impls[] = {
+    {"scalar", "scalar"}, {"avx2", "avx2"}, {"avx512", "avx512vnni"},
+};
 
 int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
                                 int32_t *zp) {
-    if (!strcmp(impl, "scalar")) { pk_quantize_qai8dx_row_scalar(k, x, q, scale, zp); return 0; }
-#if defined(__x86_64__)
-    if (!strcmp(impl, "avx2") && (pk_cpu_features() & PK_CPU_AVX2)) {
-        pk_quantize_qai8dx_row_avx2(k, x, q, scale, zp);
+    for (size_t i = 0; i < sizeof quantizer_impls / sizeof quantizer_impls[0]; i++) {
+        if (strcmp(impl, quantizer_impls[i].impl)) continue;
+        const pk_isa_helpers *h = pk_isa_helpers_for(quantizer_impls[i].isa);
+        if (!h || !h->quantize_qai8dx_row) return -1;
+        h->quantize_qai8dx_row(k, x, q, scale, zp);
         return 0;
     }
-    if (!strcmp(impl, "avx512") && (pk_cpu_features() & PK_CPU_AVX512VNNI)) {
-        pk_quantize_qai8dx_row_avx512(k, x, q, scale, zp);
-        return 0;
-    }
-#endif
     return -1;
 }
 

@@ -1,13 +1,12 @@
-/* The kernel registry: the ISA files' tables (ops/pk_kernel.h) seen as one list, the check
- * that the kernels the dispatch table may pick agree with the scalar reference on this CPU,
- * and the test hook that breaks one on purpose. docs/KERNELS.md describes both. */
+/* The kernel registry: the ISA files' tables (ops/pk_kernel.h) seen as one constant list of
+ * what kernels exist and their contracts, and their row helpers (FWHT, f16 conversion,
+ * activation quantizer) as one list of records. Nothing here changes at run time: which of them the
+ * dispatch table uses is pk_dispatch.c's business, the start-up check of them pk_selfcheck.c's,
+ * and the test hook that breaks one on purpose pk_testhook.c's. */
+#include "pk_nn.h"   /* pk_f16_to_f32_scalar */
 #include "pk_ops_internal.h"
 
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* ---- registry: one table per ISA file ------------------------------------------------ */
 
@@ -23,6 +22,37 @@ static const struct { const pk_kernel *table; const int *count; } families[] = {
 #endif
 };
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
+
+/* The row helpers (pk_isa_helpers), widest first: the order the ops files pick in. The last
+ * record is the kernel layer's own generic versions, which run everywhere. */
+static const pk_isa_helpers generic_helpers = {
+    .isa = "scalar",
+    .features = 0,
+    .fwht = pk_fwht_scalar,
+    .f16_to_f32 = pk_f16_to_f32_scalar,
+    .quantize_qai8dx_row = pk_quantize_qai8dx_row_scalar,
+};
+
+static const pk_isa_helpers *const helpers[] = {
+#if defined(__x86_64__)
+    &pk_helpers_x86_avx512vnni,
+    &pk_helpers_x86_avx2,
+#elif defined(__aarch64__)
+    &pk_helpers_arm_neon,
+#endif
+    &generic_helpers,
+};
+
+int pk_isa_helpers_count(void) { return (int)(sizeof helpers / sizeof helpers[0]); }
+
+const pk_isa_helpers *pk_isa_helpers_at(int i) { return helpers[i]; }
+
+const pk_isa_helpers *pk_isa_helpers_for(const char *isa) {
+    for (int i = 0; i < pk_isa_helpers_count(); i++)
+        if (!strcmp(helpers[i]->isa, isa) && (pk_cpu_features() & helpers[i]->features) == helpers[i]->features)
+            return helpers[i];
+    return NULL;
+}
 
 int pk_kernel_count(void) {
     int n = 0;
@@ -48,289 +78,8 @@ int pk_kernel_supported(const pk_kernel *kern) {
     return (pk_cpu_features() & kern->features) == kern->features;
 }
 
-/* ---- self-check: the table's SIMD kernels against the scalar ones ---------------------- */
-
-/* Most SIMD kernels have only run on the CPUs where CI runs (the AMX ones only through their
- * emulated twin). So when the table is built, every kernel it could pick other than the
- * scalar ones computes a few small cases and must agree with the scalar kernel of its format
- * (pk_kernels_scalar). A kernel that does not (a code path wrong on this CPU, a compiler or
- * feature-detection surprise) leaves the table with a warning on stderr, and the next best
- * kernel takes its calls; the scalar kernel never leaves (it is the reference).
- *
- * Which kernels: those of pk_usable[fmt] ranked above the scalar kernel. The ones below it (the
- * priority -1 test twins, unless forced) are never picked, since the scalar kernel takes
- * every m; checking them would only cost time (the AMX twin is a slow C model of the tiles).
- *
- * Cases, per format: K = 256 (qsi4c32 with bl = 32 and bl = 128; qsi6c32) or K = 263 (qsi8cx
- * takes any K: a tail of 7); N = 2 n_step + 5 for the largest n_step among the checked
- * kernels (two panels and a ragged tail), computed in two calls split at the kernel's own
- * n_step, as threads split N; m = 1 and m = m_min; run_pairs with 2 and with m_min (rounded
- * up to even) rows. Data from a small LCG: every int8 / int4 / int6 value, zero points of
- * both signs, scales of both signs; the kernel's own rhs_pack makes its copy of the weight.
- *
- * Tolerance: kernels compute exact int32 block dots and differ from the scalar kernel only
- * in the float32 order of the block sums and of the zero-point term. Each result is within
- * (nb + 24) u T of the exact value (u = 2^-24; T the sum of the magnitudes of all terms; see
- * tolerance() in tests/test_kernels.py), so two kernels agree within 2 (nb + 24) u T. Here T
- * is bounded for all outputs at once by ascale_max * K * (128 + 128 + 256) * wmax; with this
- * data the bound is about 1e-4 of the largest output (the largest difference seen here: 2e-6,
- * 1/4000 of the bound), while one wrong product (one k of one output) moves that output by
- * about 1e-2 of it: a real bug lands far above the bound. A run_pairs output sums two
- * products: twice the bound.
- *
- * Cost: about a millisecond once per process (measured in docs/KERNELS.md, "Self-check"), so
- * no switch turns it off. */
-
-static uint32_t selfcheck_rand(uint32_t *state) {   /* LCG (Numerical Recipes); top 24 bits */
-    *state = *state * 1664525u + 1013904223u;
-    return *state >> 8;
-}
-
-static const pk_kernel *scalar_kernel(pk_format fmt) {
+const pk_kernel *pk_kernel_scalar_for(pk_format fmt) {
     for (int i = 0; i < pk_kernels_scalar_count; i++)
         if (pk_kernels_scalar[i].fmt == fmt) return &pk_kernels_scalar[i];
     return NULL;
-}
-
-/* The kernels of pk_usable[fmt] ranked above the scalar kernel (the ones the table can pick). */
-static int selfcheck_candidates(pk_format fmt, const pk_kernel **out) {
-    int n = 0;
-    for (int i = 0; i < pk_n_usable[fmt] && strcmp(pk_usable[fmt][i]->isa, "scalar"); i++) out[n++] = pk_usable[fmt][i];
-    return n;
-}
-
-/* Removes kern from pk_usable[fmt]. If that empties it (PYKLEI_KERNEL forced only failing
- * kernels of this format), the scalar kernel takes their place. */
-static void drop_usable(pk_format fmt, const pk_kernel *kern) {
-    int j = 0;
-    for (int i = 0; i < pk_n_usable[fmt]; i++)
-        if (pk_usable[fmt][i] != kern) pk_usable[fmt][j++] = pk_usable[fmt][i];
-    pk_n_usable[fmt] = j;
-    if (j == 0) pk_usable[fmt][pk_n_usable[fmt]++] = scalar_kernel(fmt);
-}
-
-typedef struct {
-    int m, n, k, bl;
-    uint8_t *qs;          /* canonical weight [n][row bytes] */
-    void *scales;         /* bf16 [n][k/bl] or f32 [n] (qsi8cx) */
-    int8_t *q;            /* activations [m][ld], ld = k rounded up to 64 (as pk_matmul_f32) */
-    float *ascale;        /* [m] */
-    int32_t *zp;          /* [m] */
-    pk_rhs rhs;           /* row sums only: each kernel repacks into its own buffer */
-    pk_lhs lhs;
-    float *ref;           /* [m][n] the scalar kernel, unclamped */
-    float *ref_pairs;     /* [m/2][n] ref rows 2t + 2t+1 */
-    float tol;            /* bound on |kernel - ref| for one product */
-} selfcheck_case;
-
-static void selfcheck_case_free(selfcheck_case *c) {
-    pk_rhs_release(&c->rhs);
-    free(c->qs);
-    free(c->scales);
-    free(c->q);
-    free(c->ascale);
-    free(c->zp);
-    free(c->ref);
-    free(c->ref_pairs);
-}
-
-/* m rows x n weight rows x k (m even); returns 0, or -1 when out of memory. */
-static int selfcheck_case_make(selfcheck_case *c, pk_format fmt, int m, int n, int k, int bl, uint32_t seed) {
-    const int blocks = fmt != PK_FMT_QSI8CX;
-    bl = blocks ? bl : k;
-    const int nb = k / bl;
-    const size_t row_bytes = pk_row_bytes(fmt, k), ld = ((size_t)k + 63) & ~(size_t)63;
-    *c = (selfcheck_case){.m = m, .n = n, .k = k, .bl = bl};
-    c->qs = malloc(row_bytes * (size_t)n);
-    c->scales = malloc(blocks ? sizeof(uint16_t) * (size_t)n * nb : sizeof(float) * (size_t)n);
-    if (posix_memalign((void **)&c->q, 64, ld * (size_t)m)) c->q = NULL;
-    c->ascale = malloc(sizeof(float) * (size_t)m);
-    c->zp = malloc(sizeof(int32_t) * (size_t)m);
-    c->ref = malloc(sizeof(float) * (size_t)m * n);
-    c->ref_pairs = malloc(sizeof(float) * (size_t)(m / 2) * n);
-    if (!c->qs || !c->scales || !c->q || !c->ascale || !c->zp || !c->ref || !c->ref_pairs) return -1;
-    uint32_t st = seed;
-    /* weights: any int4 / int6 byte; int8 in [-127, 127] (qsi8cx is symmetric); scales of
-     * both signs, |s| in [2^-7, 2^-6) (bf16) or [2^-10, 2^-9) (qsi8cx) */
-    for (size_t i = 0; i < row_bytes * (size_t)n; i++) {
-        const uint32_t r = selfcheck_rand(&st);
-        c->qs[i] = blocks ? (uint8_t)r : (uint8_t)(int8_t)((int)(r % 255) - 127);
-    }
-    float wmax;
-    if (blocks) {
-        for (int i = 0; i < n * nb; i++) {
-            const uint32_t r = selfcheck_rand(&st);
-            ((uint16_t *)c->scales)[i] = (uint16_t)((r & 0x8000) | (120u << 7) | (r & 0x7F));
-        }
-        wmax = ldexpf(1.0f, -6) * (fmt == PK_FMT_QSI4C32 ? 8.0f : 32.0f);
-    } else {
-        for (int i = 0; i < n; i++)
-            ((float *)c->scales)[i] = ldexpf(1.0f + (float)(selfcheck_rand(&st) & 0xFFFF) / 65536.0f, -10);
-        wmax = ldexpf(1.0f, -9) * 127.0f;
-    }
-    /* activations: any int8 (the padding too: kernels must not read it), zero points in
-     * [-128, 127], scales in [2^-6, 2^-5) */
-    for (size_t i = 0; i < ld * (size_t)m; i++) c->q[i] = (int8_t)selfcheck_rand(&st);
-    for (int i = 0; i < m; i++) {
-        c->ascale[i] = ldexpf(1.0f + (float)(selfcheck_rand(&st) & 0xFFFF) / 65536.0f, -6);
-        c->zp[i] = (int32_t)(selfcheck_rand(&st) & 255) - 128;
-    }
-    c->lhs = (pk_lhs){m, k, c->q, ld, c->ascale, c->zp};
-    const float t_max = ldexpf(1.0f, -5) * (float)k * 512.0f * wmax;
-    c->tol = 2.0f * (float)(nb + 24) * ldexpf(1.0f, -24) * t_max;
-    if (pk_rhs_prepare_canonical(&c->rhs, fmt, n, k, bl, c->qs, c->scales)) return -1;
-    scalar_kernel(fmt)->run(m, 0, n, &c->lhs, &c->rhs, NULL, c->ref, (size_t)n, -INFINITY, INFINITY);
-    for (int t = 0; t < m / 2; t++)
-        for (int j = 0; j < n; j++)
-            c->ref_pairs[(size_t)t * n + j] = c->ref[(size_t)(2 * t) * n + j] + c->ref[(size_t)(2 * t + 1) * n + j];
-    return 0;
-}
-
-/* Runs kern (run_pairs if pairs) on the first m activation rows into dst [rows][n], in two
- * calls split at its n_step; returns max |dst - want| (NaN counts as infinite) and where. */
-static float selfcheck_run(const pk_kernel *kern, int pairs, int m, const selfcheck_case *c, const void *packed,
-                           float *dst, int *at_row, int *at_col) {
-    const int n = c->n, step = kern->n_step > 0 && kern->n_step < n ? kern->n_step : 1;
-    pk_lhs lhs = c->lhs;
-    lhs.m = m;
-    if (pairs) {
-        kern->run_pairs(m, 0, step, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
-        kern->run_pairs(m, step, n, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
-    } else {
-        kern->run(m, 0, step, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
-        kern->run(m, step, n, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
-    }
-    const float *want = pairs ? c->ref_pairs : c->ref;
-    float worst = 0.0f;
-    *at_row = *at_col = 0;
-    for (int i = 0; i < (pairs ? m / 2 : m); i++)
-        for (int j = 0; j < n; j++) {
-            float d = fabsf(dst[(size_t)i * n + j] - want[(size_t)i * n + j]);
-            if (d != d) d = INFINITY;
-            if (d > worst) {
-                worst = d;
-                *at_row = i;
-                *at_col = j;
-            }
-        }
-    return worst;
-}
-
-/* Checks one kernel on case c; returns 0, or -1 after printing the warning. */
-static int selfcheck_kernel(const pk_kernel *kern, const selfcheck_case *c, float *dst) {
-    void *packed = NULL;
-    if (kern->rhs_pack) {
-        const size_t bytes = kern->rhs_packed_size(&c->rhs);
-        if (posix_memalign(&packed, 64, bytes ? bytes : 64)) return 0;   /* out of memory: unchecked */
-        kern->rhs_pack(&c->rhs, packed);
-    }
-    const int ms[2] = {1, kern->m_min > 1 ? kern->m_min : 1};
-    const int mps[2] = {2, kern->m_min > 2 ? (kern->m_min + 1) & ~1 : 2};
-    int rc = 0;
-    for (int pairs = 0; pairs < (kern->run_pairs ? 2 : 1) && !rc; pairs++)
-        for (int t = 0; t < 2 && !rc; t++) {
-            const int m = pairs ? mps[t] : ms[t];
-            if (t == 1 && m == (pairs ? mps[0] : ms[0])) break;
-            int row = 0, col = 0;
-            const float d = selfcheck_run(kern, pairs, m, c, packed, dst, &row, &col);
-            const float bound = pairs ? 2.0f * c->tol : c->tol;
-            if (!(d <= bound)) {
-                fprintf(stderr,
-                        "pyklei: warning: kernel %s failed its self-check against the scalar kernel "
-                        "(%s m=%d n=%d k=%d bl=%d: max |diff| %.3g at [%d][%d], bound %.3g); "
-                        "using the next best\n",
-                        kern->name, pairs ? "run_pairs" : "run", m, c->n, c->k, c->bl, d, row, col, bound);
-                rc = -1;
-            }
-        }
-    free(packed);
-    return rc;
-}
-
-void pk_dispatch_self_check(void) {
-    static const struct { pk_format fmt; int k, bl; } shapes[] = {
-        {PK_FMT_QSI4C32, 256, 32}, {PK_FMT_QSI4C32, 256, 128}, {PK_FMT_QSI6C32, 256, 32},
-        {PK_FMT_QSI8CX, 263, 0},
-    };
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const pk_format fmt = shapes[s].fmt;
-        const pk_kernel *cand[PK_MAX_KERNELS];
-        const int n_cand = selfcheck_candidates(fmt, cand);
-        if (!n_cand) continue;
-        int m = 2, n_step = 1;
-        for (int i = 0; i < n_cand; i++) {
-            m = (cand[i]->m_min + 1) / 2 * 2 > m ? (cand[i]->m_min + 1) / 2 * 2 : m;
-            n_step = cand[i]->n_step > n_step ? cand[i]->n_step : n_step;
-        }
-        selfcheck_case c;
-        float *dst = NULL;
-        /* out of memory while the table is built: the kernels stay unchecked */
-        if (!selfcheck_case_make(&c, fmt, m, 2 * n_step + 5, shapes[s].k, shapes[s].bl, 0x5EED0000u + (uint32_t)s) &&
-            (dst = malloc(sizeof(float) * (size_t)m * c.n)))
-            for (int i = 0; i < n_cand; i++)
-                if (selfcheck_kernel(cand[i], &c, dst)) drop_usable(fmt, cand[i]);
-        free(dst);
-        selfcheck_case_free(&c);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (!pk_log_kernels) return;
-    char line[2048] = "";
-    size_t len = 0;
-    for (int f = 0; f < PK_FMT_QUANT_COUNT; f++) {
-        const pk_kernel *cand[PK_MAX_KERNELS];
-        const int n_cand = selfcheck_candidates((pk_format)f, cand);
-        for (int i = 0; i < n_cand && len < sizeof line; i++)
-            len += (size_t)snprintf(line + len, sizeof line - len, "%s%s", len ? ", " : "", cand[i]->name);
-    }
-    fprintf(stderr, "pyklei: self-check passed (%.2f ms): %s\n",
-            (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6,
-            len ? line : "no SIMD kernel in the table");
-}
-
-/* ---- test hook: PYKLEI_TEST_BREAK_KERNEL ------------------------------------------------- */
-
-/* Tests only (docs/KERNELS.md): PYKLEI_TEST_BREAK_KERNEL=<kernel name> replaces that kernel's
- * entry in the table by a copy whose outputs are corrupted after the real kernel wrote them,
- * so that a test can watch the self-check catch a kernel that really computes wrong logits.
- * The table holds the copy instead of the kernel: no branch on any call when unset. */
-static const pk_kernel *broken_real;   /* the kernel whose entry was replaced */
-static pk_kernel broken_copy;          /* its replacement */
-
-static void corrupt_rows(int rows, int n0, int n1, float *dst, size_t ldd) {
-    for (int i = 0; i < rows; i++)   /* v + 1 + |v| != v for every finite v */
-        for (int j = n0; j < n1; j++) dst[(size_t)i * ldd + j] += 1.0f + fabsf(dst[(size_t)i * ldd + j]);
-}
-
-static void broken_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
-                       float *dst, size_t ldd, float lo, float hi) {
-    broken_real->run(m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
-    corrupt_rows(m, n0, n1, dst, ldd);
-}
-
-static void broken_run_pairs(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
-                             float *dst, size_t ldd, float lo, float hi) {
-    broken_real->run_pairs(m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
-    corrupt_rows(m / 2, n0, n1, dst, ldd);
-}
-
-void pk_break_kernel_for_test(const char *name) {
-    for (int f = 0; f < PK_FMT_QUANT_COUNT; f++)
-        for (int i = 0; i < pk_n_usable[f]; i++) {
-            const pk_kernel *kern = pk_usable[f][i];
-            if (strcmp(kern->name, name) || !strcmp(kern->isa, "scalar")) continue;
-            broken_real = kern;
-            broken_copy = *kern;
-            broken_copy.run = broken_run;
-            broken_copy.run_pairs = kern->run_pairs ? broken_run_pairs : NULL;
-            pk_usable[f][i] = &broken_copy;
-            return;
-        }
-    fprintf(stderr, "pyklei: warning: PYKLEI_TEST_BREAK_KERNEL=%s: no SIMD kernel of that name in the "
-                    "dispatch table; nothing broken\n", name);
-}
-
-const pk_kernel *pk_test_broken_kernel(void) {
-    return pk_dispatch_init() || !broken_real ? NULL : &broken_copy;
 }

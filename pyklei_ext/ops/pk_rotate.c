@@ -5,45 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pk_kernel.h"         /* the per-ISA FWHTs, pk_cpu_features */
-#include "pk_ops_internal.h"   /* pk_set_error, pk_log_kernels */
+#include "pk_ops_internal.h"   /* the helper records, pk_set_error, pk_log_kernels */
 
-/* x[p] <- x @ H_p, unnormalised: butterflies on pairs (i, i + h) in blocks of 2h, stage by
- * stage. The SIMD versions do the same additions in the same order, so they are bit-exact. */
-void pk_fwht_scalar(int p, float *x) {
-    for (int h = 1; h < p; h *= 2)
-        for (int i = 0; i < p; i += 2 * h)
-            for (int j = i; j < i + h; j++) {
-                const float a = x[j], b = x[j + h];
-                x[j] = a + b;
-                x[j + h] = a - b;
-            }
-}
-
-/* The FWHTs, widest first: ISA tag, the CPU features it needs, the function. */
-static const struct {
-    const char *isa;
-    uint32_t features;
-    pk_fwht_fn fn;
-} fwhts[] = {
-#if defined(__x86_64__)
-    {"avx512vnni", PK_CPU_AVX512VNNI, pk_fwht_avx512},
-    {"avx2", PK_CPU_AVX2, pk_fwht_avx2},
-#elif defined(__aarch64__)
-    {"neon", PK_CPU_NEON, pk_fwht_neon},
-#endif
-    {"scalar", 0, pk_fwht_scalar},
-};
-#define N_FWHTS ((int)(sizeof fwhts / sizeof fwhts[0]))
-
+/* The FWHTs come from the registry's helper records (widest first, the generic one last). */
 int pk_rotation_use(pk_rotation *r, const char *isa) {
-    for (int i = 0; i < N_FWHTS; i++)
-        if (!strcmp(fwhts[i].isa, isa) && (pk_cpu_features() & fwhts[i].features) == fwhts[i].features) {
-            r->fwht = fwhts[i].fn;
-            r->fwht_isa = fwhts[i].isa;
-            return 0;
-        }
-    return pk_set_error("rotation: no FWHT for ISA '%s' on this CPU", isa);
+    const pk_isa_helpers *h = pk_isa_helpers_for(isa);
+    if (!h || !h->fwht) return pk_set_error("rotation: no FWHT for ISA '%s' on this CPU", isa);
+    r->fwht = h->fwht;
+    r->fwht_isa = h->isa;
+    return 0;
 }
 
 int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix) {
@@ -58,9 +28,13 @@ int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix
     r->mix = mix;
     const char *force = getenv("PYKLEI_KERNEL");
     int named = 0;
-    for (int i = 0; force && *force && i < N_FWHTS; i++) named |= pk_force_names_isa(force, fwhts[i].isa);
-    for (int i = 0; i < N_FWHTS && !r->fwht; i++)
-        if (!named || pk_force_names_isa(force, fwhts[i].isa)) pk_rotation_use(r, fwhts[i].isa);
+    const int n_helpers = pk_isa_helpers_count();
+    for (int i = 0; force && *force && i < n_helpers; i++)
+        named |= pk_isa_helpers_at(i)->fwht && pk_force_names_isa(force, pk_isa_helpers_at(i)->isa);
+    for (int i = 0; i < n_helpers && !r->fwht; i++) {
+        const pk_isa_helpers *h = pk_isa_helpers_at(i);
+        if (h->fwht && (!named || pk_force_names_isa(force, h->isa))) pk_rotation_use(r, h->isa);
+    }
     if (!r->fwht) pk_rotation_use(r, "scalar");   /* the forced ISAs cannot run here */
     if (pk_dispatch_init() == 0 && pk_log_kernels > 0)
         fprintf(stderr, "pyklei: rotation of %d (%d x %d): fwht_%s\n", n, m, p, r->fwht_isa);
