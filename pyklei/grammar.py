@@ -127,7 +127,7 @@ def llg_tokenizer(tokenizer):
 CLOSE_WINDOW, CLOSE_EVERY = 96, 16
 #: At most this many grammar states are visited per search; past it the search gives up and the
 #: generation stops checking (a grammar whose completions this search cannot find cheaply).
-CLOSE_SEARCH_NODES = 300      # benchmarks/structured.py's searches that succeed visit <= 80
+CLOSE_SEARCH_NODES = 300      # every search on benchmarks/structured.py's replies that can succeed does
 
 # The characters a completion is spelled from, in the order they are tried among equal
 # candidates: what strings are usually made of first (a completion should read like a plain
@@ -136,6 +136,10 @@ CLOSE_SEARCH_NODES = 300      # benchmarks/structured.py's searches that succeed
 # the rest of printable ASCII but the backslash (an escape is never needed to close).
 _ALPHABET = "".join(dict.fromkeys('"a01@.-:,A_+/TZeEtrufnls \n}]{['
                                   + "".join(chr(c) for c in range(0x20, 0x7f)))).replace("\\", "")
+# Where two characters in a row changed nothing (more letters of a free string, more digits of
+# a long number), the search tries only these next: the marks that move a format on (an e-mail's
+# '@', a date's '-' and 'T', a time's ':') and the closers.
+_MARKS = frozenset(c.encode() for c in '"@.-:+/_TZ,}]')
 _CHAR_CACHE: dict[int, tuple[np.ndarray, tuple[bytes, ...]]] = {}
 
 
@@ -321,6 +325,8 @@ class _CompletionSearch:
             if i < len(kids):
                 frame[5] = i + 1
                 tok, piece = kids[i]
+                if len(deferred) >= 2 and piece not in _MARKS:
+                    continue   # two characters here changed nothing: only a format's marks might
                 nlx = None if lx is None else _json_lex(lx, piece)
                 child = m.deep_copy()
                 self.nodes += 1

@@ -108,9 +108,9 @@ MODEL_OPTIONS: tuple[Option, ...] = (
            "KV cache precision", choices=("f32", "f16")),
     Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx}", "activations",
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file) or qai8dx "
-           "(one plane, KleidiAI's scheme: twice the prefill speed, +0.7-4%% KL divergence on a "
-           "rotated file)", "default %(default)s: one plane on a rotated file, two on any "
-           "other; docs/QUALITY.md", choices=ACTIVATIONS),
+           "(one plane, KleidiAI's scheme: faster prefill, a little less accurate)",
+           "default %(default)s: one plane on a rotated file, two on any other; the figures in "
+           "docs/QUALITY.md", choices=ACTIVATIONS),
     Option("n_seq", int, 4, (), "N", "sequence count",      # no flag: serve's --parallel sets it
            "KV cache slots: sequences decoded together (pyklei.engine)", lo=1),
 )
