@@ -218,10 +218,12 @@ def test_doc_blocks_run_as_written(docs_model):
 
 
 def shape(line: str) -> str:
-    """A line as a pattern: its numbers any numbers, its runs of spaces any spaces."""
-    parts = re.split(r"(\d+(?:[.,]\d+)*|\s+)", line)
+    """A line as a pattern: its numbers any numbers, its runs of spaces any spaces, its runs
+    of dashes (a table's rule, as wide as its column) any dashes."""
+    parts = re.split(r"(\d+(?:[.,]\d+)*|\s+|-+)", line)
     return "".join(r"[\d.,]+" if re.fullmatch(r"\d+(?:[.,]\d+)*", p) else
-                   r"\s+" if p and p.isspace() else re.escape(p) for p in parts)
+                   r"\s+" if p and p.isspace() else
+                   "-+" if p and set(p) == {"-"} else re.escape(p) for p in parts)
 
 
 def test_shape_matches_other_numbers_only():
@@ -229,6 +231,7 @@ def test_shape_matches_other_numbers_only():
     assert re.fullmatch(shape(doc), "1        prefill 64    873.2      101      1.15      0.0159    0.38          219")
     assert not re.fullmatch(shape(doc), "1        decode 64    873.2      101      1.15      0.0159    0.38          219")
     assert not re.fullmatch(shape("time to first token: 25 ms"), "time to first token: 25 s")
+    assert re.fullmatch(shape("-------  -----  ---"), "-------  ------  ---")
 
 
 def test_cli_samples_are_what_their_commands_print(docs_model):
