@@ -137,11 +137,13 @@ class Session:
         child = pexpect.spawn("bash", ["-c", cmd], cwd=str(self.cwd), env=self.env,
                               encoding="utf-8", timeout=120, dimensions=(50, 200))
         child.logfile_read = transcript = io.StringIO()   # all it printed, the typing echoed
-        for text in typed:
-            child.expect_exact("\n" + CHAT_PROMPT)
-            child.send(text + "\n")
-        child.expect(pexpect.EOF)
-        child.close()
+        try:
+            for text in typed:
+                child.expect_exact("\n" + CHAT_PROMPT)
+                child.send(text + "\n")
+            child.expect(pexpect.EOF)
+        finally:
+            child.close(force=True)
         return self.tidy(transcript.getvalue())
 
 
