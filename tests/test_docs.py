@@ -175,8 +175,7 @@ class DocRunner:
         m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert m, f"{b}: {cmd} did not start: {line!r}"
         self.port = int(m.group(1))
-        # the socket listens: wait until the app answers (a SIGTERM before that hangs the
-        # server today, uvicorn's handlers not yet installed)
+        # the socket listens: wait until the app answers, as a user would before the next block
         deadline = time.monotonic() + 60
         while True:
             try:
