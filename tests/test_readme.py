@@ -2,8 +2,8 @@
 the real SmolLM2 converted by pyklei: the smollm2_q4 fixture, put where the README loads it
 from (~/.cache/pyklei/smollm2-135m-instruct-q4.gguf, under a HOME of the test's own).
 
-The bash blocks are not run here: they are the whole set-up (examples/convert_and_generate.py),
-the test suite, a server and a hub download.
+The README's other blocks are tests/test_docs.py's, which also checks that these three are
+the README's Python blocks.
 """
 from __future__ import annotations
 

@@ -304,6 +304,28 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(smollm2_q4):
         srv.stop()
 
 
+def test_sigterm_right_after_the_address_line_stops_the_server(tiny64):
+    """A SIGTERM as soon as the address line is printed (before uvicorn has installed its own
+    handlers) stops the server: it used to be swallowed, and the server ran on."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "pyklei", "serve", str(tiny64[1]), "--port",
+                             "0", "-t", "1", "--quiet"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert "http://127.0.0.1:" in proc.stdout.readline()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
 def test_serve_command_line_mistakes_exit_2(tiny64, tmp_path):
     import socket
     import subprocess

@@ -80,9 +80,9 @@ def _configure(p) -> None:
                                                         _recipes().items()))
     ladder.add_argument("--bits", type=float, default=None, metavar="B",
                         help="target bits per weight of the block linears (4.5 to 6.5 at "
-                             "group 32): ffn_down, then attn_v, attn_output, ... go to 6 "
-                             "bits layer by layer while the average stays within B "
-                             "(converters/recipes.py, docs/QUALITY.md)")
+                             "group 32): " + ", then ".join(_promotion_order()[:3]) + ", ... "
+                             "(the measured order) go to 6 bits layer by layer while the "
+                             "average stays within B (converters/recipes.py, docs/QUALITY.md)")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -91,6 +91,11 @@ def _configure(p) -> None:
 def _default_embedding_bits() -> int:
     from ..converters import DEFAULT_EMBEDDING_BITS
     return DEFAULT_EMBEDDING_BITS
+
+
+def _promotion_order():
+    from ..converters.recipes import PROMOTION_ORDER
+    return PROMOTION_ORDER
 
 
 def _recipes():

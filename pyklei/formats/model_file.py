@@ -181,7 +181,7 @@ def read_model(path) -> ModelFile:
     ver = md.get(K.KEY_FORMAT_VERSION)
     if ver is None:
         raise ModelFileError(f"{path} is not a pyklei model file (no {K.KEY_FORMAT_VERSION}); "
-                             f"convert it with `pyklei convert {path.name} -o OUT.gguf`")
+                             f"convert it with `pyklei convert {path} -o OUT.gguf`")
     if vtype(K.KEY_FORMAT_VERSION) not in _INT_TYPES or ver != K.FORMAT_VERSION:
         raise ModelFileError(f"{path} has pyklei format version {ver!r}; this pyklei reads "
                              f"version {K.FORMAT_VERSION} (re-convert the model)")

@@ -27,11 +27,14 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 @contextmanager
-def _signals_end_quietly():
+def _signals_end_quietly(stop):
+    """SIGTERM/SIGINT call stop() instead of killing the process: one that comes after the
+    address line but before uvicorn installs its own handlers must still stop the server."""
     caught = []
 
     def note(sig, frame):
         caught.append(sig)
+        stop()
 
     old = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -103,7 +106,7 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
         print(f"pyklei serve: warning: listening on {h} without --api-key: anyone who can reach "
               f"this port can use the model", file=sys.stderr, flush=True)
     try:
-        with _signals_end_quietly():
+        with _signals_end_quietly(lambda: setattr(server, "should_exit", True)):
             server.run(sockets=[sock])
     finally:
         engine.shutdown(cancel=True, timeout=drain_timeout)
