@@ -169,7 +169,7 @@ Z_TARGET static int z_qp16_lhs(const pk_lhs *lhs, int m, int k, int bl, int off,
     return 0;
 }
 
-/* GEMV (2 activation rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel;
+/* GEMV (2 output rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel;
  * pairs: two-plane rows summed in the kernel (pk_kernel.run_pairs). */
 Z_INLINE void z_qp16(const int BITS, int gemm, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                      const void *packed, float *dst, size_t ldd, float lo, float hi) {
@@ -183,7 +183,10 @@ Z_INLINE void z_qp16(const int BITS, int gemm, int pairs, int m, int n0, int n1,
     }
     if (gemm && pairs) z_qp16_run(BITS, ZMR, 2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
     else if (gemm) z_qp16_run(BITS, ZMR, 2, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else if (pairs) z_qp16_run(BITS, 2, 1, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    /* two planes: a tile of 4 rows is 2 output rows (two pairs), as one plane's tile of 2;
+     * a tile of one pair read each weight panel once per output row, so 2 output rows cost
+     * more than 3 (which take the 6x32 kernel): benchmarks/pass_rows.py */
+    else if (pairs) z_qp16_run(BITS, 4, 1, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
     else z_qp16_run(BITS, 2, 1, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
 }
 
