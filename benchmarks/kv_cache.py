@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from quality import log_softmax, reference, score, texts  # noqa: E402
 
 RESULTS = ROOT / "results"
-KINDS = ("f32", "f16")
+KINDS = ("f32", "f16", "q8")
 
 
 def vs_f32(base: np.ndarray, logits: np.ndarray) -> dict:
@@ -55,10 +55,11 @@ def speed(model: str, threads: int, depth: int, n_gen: int, reps: int) -> list[d
                 t0 = time.perf_counter()
                 logits = llm.model.eval(ids)
                 t1 = time.perf_counter()
+                kv_bytes = llm.model.kv_bytes_per_token
                 for _ in range(n_gen):
                     logits = llm.model.step(int(np.argmax(logits)))
                 t2 = time.perf_counter()
-            rows.append({"kv_cache": kind, "rep": rep, "load": load,
+            rows.append({"kv_cache": kind, "rep": rep, "load": load, "kv_bytes": kv_bytes,
                          f"pp{depth}": depth / (t1 - t0), f"tg{n_gen} @ {depth}": n_gen / (t2 - t1)})
             print(rows[-1], file=sys.stderr)
     return rows
@@ -126,19 +127,22 @@ def report(res: dict) -> str:
         lines.append(f"| {q['text']} | {q['tokens']} | {q['kv_cache']} | {q['kld']:.5f} | "
                      f"{q['top1']:.4f} | {q['ppl']:.3f} | {q['kld_vs_f32']:.2e} / "
                      f"{q['kld_vs_f32_p99']:.2e} | {q['top1_vs_f32']:.4f} |")
-    tests = sorted({k for r in res["speed"] for k in r if k not in ("kv_cache", "rep", "load")})
+    tests = sorted({k for r in res["speed"] for k in r if k not in ("kv_cache", "rep", "load", "kv_bytes")})
     lines += ["", f"Speed (tokens/s, {res['threads']} threads; rounds alternated; median of "
               f"{max(r['rep'] for r in res['speed']) + 1}):", "",
-              "| kv_cache | " + " | ".join(tests) + " | load during |",
-              "|---|" + "---|" * len(tests) + "---|"]
+              "| kv_cache | KV bytes/token | " + " | ".join(tests) + " | load during |",
+              "|---|---|" + "---|" * len(tests) + "---|"]
     med = {}
     for kind in KINDS:
         rs = [r for r in res["speed"] if r["kv_cache"] == kind]
         med[kind] = {t: float(np.median([r[t] for r in rs if r.get(t)])) for t in tests}
-        lines.append(f"| {kind} | " + " | ".join(f"{med[kind][t]:.1f}" for t in tests)
+        lines.append(f"| {kind} | {rs[0]['kv_bytes']} | " + " | ".join(f"{med[kind][t]:.1f}" for t in tests)
                      + f" | {min(r['load'] for r in rs):.1f}-{max(r['load'] for r in rs):.1f} |")
-    lines.append("| f16 / f32 | " + " | ".join(f"{med['f16'][t] / med['f32'][t]:.2f}x"
-                                               for t in tests) + " | |")
+    for kind in KINDS[1:]:
+        rs = [r for r in res["speed"] if r["kv_cache"] == kind]
+        base = [r for r in res["speed"] if r["kv_cache"] == "f32"][0]["kv_bytes"]
+        lines.append(f"| {kind} / f32 | {rs[0]['kv_bytes'] / base:.2f}x | "
+                     + " | ".join(f"{med[kind][t] / med['f32'][t]:.2f}x" for t in tests) + " | |")
     return "\n".join(lines) + "\n"
 
 

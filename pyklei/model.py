@@ -41,8 +41,9 @@ pyklei.engine decodes many requests so), and each row gets the same logits, bit 
 it would alone. `copy_seq` copies a slot's cached prefix into another. `verify` runs a drafted
 continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
 rejected tail (speculative decoding: pyklei.speculative). A slot costs memory only for the
-positions it has held: 2 * n_layer * n_head_kv * head_dim * 4 bytes per token (2 with
-kv_cache="f16"); SmolLM2: 45 KiB per token.
+positions it has held: 2 * n_layer * n_head_kv * head_dim bytes per token times 4 (f32), 2
+(kv_cache="f16", the default) or 1 + 2/32 (q8: int8 with an f16 scale per 32 values); SmolLM2:
+45, 22.5 or 12 KiB per token.
 
 `close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
 """
@@ -123,6 +124,10 @@ def _check_int(name: str, v, allow_none: bool = False) -> None:
         raise TypeError(f"{name} must be an integer, got {v!r}")
 
 
+#: bytes one cached K or V value takes, per kv_cache type (q8: int8 and an f16 scale per 32)
+KV_VALUE_BYTES = {"f32": 4.0, "f16": 2.0, "q8": 1.0 + 2.0 / 32}
+
+
 class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
@@ -180,13 +185,14 @@ class Model:
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
                      n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
-                     n_batch=n_batch, kv_f16=kv_cache == "f16", n_seq=n_seq)
+                     n_batch=n_batch, kv_cache=kv_cache, n_seq=n_seq)
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
                                          self.file.tensor(OUTPUT_NORM).data, rope_freqs,
                                          layers, {k: (r.signs, r.mix) for k, r in
                                                   self.file.rotations.items()})
         self._lock = threading.Lock()        # one evaluation at a time (see the module doc)
         self.n_seq = n_seq
+        self.kv_cache = kv_cache
         self._seqs: list[list[int]] = [[] for _ in range(n_seq)]   # per slot: tokens whose K/V
                                               # are in the cache, in order (slot 0: _cached)
         self._owner = None                    # who last wrote the cache (see "Owners" above)
@@ -215,6 +221,12 @@ class Model:
     @property
     def state_bytes(self) -> int:
         return self.runtime.state_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token takes in one slot (K and V of every layer and KV head)."""
+        hp = self.hparams
+        return round(2 * hp.n_layer * hp.n_head_kv * hp.head_dim * KV_VALUE_BYTES[self.kv_cache])
 
     @property
     def cached_tokens(self) -> list[int]:

@@ -104,8 +104,9 @@ MODEL_OPTIONS: tuple[Option, ...] = (
            "prompt tokens per forward pass (prefill chunk)", lo=1),
     # f16 by default, as llama.cpp: half the memory, the same speed (docs/KERNELS.md), KLD
     # within the noise of the activations' rounding (benchmarks/results/kv-cache.md)
-    Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16}", "KV cache type",
-           "KV cache precision", choices=("f32", "f16")),
+    Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16,q8}", "KV cache type",
+           "KV cache precision (q8: int8 with an f16 scale per 32 values, as llama.cpp's q8_0)",
+           choices=("f32", "f16", "q8")),
     Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx}", "activations",
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file) or qai8dx "
            "(one plane, KleidiAI's scheme: faster prefill, a little less accurate)",

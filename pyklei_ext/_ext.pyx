@@ -366,23 +366,32 @@ cdef extern from "ops/pk_nn.h":
     ctypedef void (*pk_f16_to_f32_fn)(size_t n, const uint16_t *x, float *out) noexcept nogil
     pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa)
     pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa)
-    void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                         pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores,
-                         float *out) nogil
-    void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb,
-                                   const void *v, int kv_f16, float scale, float *scores,
-                                   size_t ld_scores, float *out) nogil
+    ctypedef enum pk_kv_type:
+        PK_KV_F32, PK_KV_F16, PK_KV_Q8
+    ctypedef struct pk_kv_head:
+        pk_kv_type type
+        const void *k
+        const void *v
+        const uint16_t *k_scale
+        const uint16_t *v_scale
+        pk_f16_to_f32_fn f16
+    void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) nogil
+    void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                         float *scores, size_t ld_scores, float *out) nogil
+    void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv,
+                                   float scale, float *scores, size_t ld_scores, float *out) nogil
     void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
-                        const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale,
-                        float *scores, size_t ld_scores, float *out, size_t ldo) nogil
+                        const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out,
+                        size_t ldo) nogil
     int PK_KV_BLOCK
+    int PK_KV_Q8_GROUP
     int PK_ATTEND_ROWS
 
 cdef extern from "model/pk_llama.h":
     ctypedef struct pk_llama_hparams:
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff
         float rms_eps, rope_theta
-        int n_ctx, n_batch, kv_f16, n_seq
+        int n_ctx, n_batch, kv_type, n_seq
     ctypedef struct pk_llama_layer:
         const float *attn_norm
         const float *ffn_norm
@@ -471,7 +480,11 @@ cdef class LlamaRuntime:
         h.n_vocab, h.n_embd, h.n_layer = hp["n_vocab"], hp["n_embd"], hp["n_layer"]
         h.n_head, h.n_head_kv, h.head_dim, h.n_ff = hp["n_head"], hp["n_head_kv"], hp["head_dim"], hp["n_ff"]
         h.rms_eps, h.rope_theta = hp["rms_eps"], hp["rope_theta"]
-        h.n_ctx, h.n_batch, h.kv_f16 = hp["n_ctx"], hp["n_batch"], 1 if hp.get("kv_f16") else 0
+        h.n_ctx, h.n_batch = hp["n_ctx"], hp["n_batch"]
+        kv_types = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8}   # pyklei.options' names
+        if hp.get("kv_cache", "f32") not in kv_types:
+            raise ValueError(f"kv_cache must be one of {', '.join(kv_types)}, not {hp['kv_cache']!r}")
+        h.kv_type = kv_types[hp.get("kv_cache", "f32")]
         h.n_seq = hp.get("n_seq", 1)
         if len(layers) != h.n_layer:
             raise ValueError(f"{len(layers)} layers given, hparams say {h.n_layer}")
@@ -696,52 +709,94 @@ def f16_reader_isa():
     return isa.decode()
 
 
+def _position_blocked(a):
+    """Rows a [n, m] of K (or a q8 cache's K scales) as the cache holds them (pk_nn.h):
+    [ceil(n/16)][m][16], the last block padded with zeros."""
+    n, nb = a.shape[0], (a.shape[0] + PK_KV_BLOCK - 1) // PK_KV_BLOCK
+    pad = np.zeros((nb * PK_KV_BLOCK, a.shape[1]), a.dtype)
+    pad[:n] = a
+    return np.ascontiguousarray(pad.reshape(nb, PK_KV_BLOCK, a.shape[1]).transpose(0, 2, 1))
+
+
+def kv_q8_rows(x):
+    """Rows x [n, hd] (hd a multiple of 32) as a q8 KV cache holds them, by pk_kv_q8_row:
+    (int8 [n, hd], f16 scales [n, hd // 32]) (tests)."""
+    cdef float[:, ::1] xv = np.ascontiguousarray(x, np.float32)
+    cdef int n = xv.shape[0], hd = xv.shape[1], r
+    if hd % PK_KV_Q8_GROUP:
+        raise ValueError(f"head size {hd} is not a multiple of {PK_KV_Q8_GROUP}")
+    q = np.empty((n, hd), np.int8)
+    sc = np.empty((n, hd // PK_KV_Q8_GROUP), np.float16)
+    cdef int8_t[:, ::1] qv = q
+    cdef uint16_t[:, ::1] sv = sc.view(np.uint16)
+    with nogil:
+        for r in range(n):
+            pk_kv_q8_row(hd, &xv[r, 0], &qv[r, 0], &sv[r, 0])
+    return q, sc
+
+
 def attend_group(q, k, v, impl=None, n_pos=None):
     """Causal attention of the query heads q [group, hd] that share one K/V head, over the
-    cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache), by
-    pk_attend_group with scale 1/sqrt(hd) (tests). q [rows, group, hd] with n_pos (one count
-    per row, each <= n): rows of one sequence by pk_attend_rows, row r over positions
-    [0, n_pos[r]). impl: "reference" runs pk_attend_group_reference row by row; else, for an
-    f16 cache, the conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one
-    the forward pass picks; KernelError if this CPU cannot run it). -> float32, q's shape"""
+    cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache; a pair (int8 [n, hd],
+    float16 scales [n, hd // 32]) each: a q8 cache, as kv_q8_rows makes it), by pk_attend_group
+    with scale 1/sqrt(hd) (tests). q [rows, group, hd] with n_pos (one count per row, each <=
+    n): rows of one sequence by pk_attend_rows, row r over positions [0, n_pos[r]). impl:
+    "reference" runs pk_attend_group_reference row by row; else, for an f16 or q8 cache, the
+    conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one the forward
+    pass picks; KernelError if this CPU cannot run it). -> float32, q's shape"""
     qa = np.asarray(q, np.float32)
     one = qa.ndim == 2
     cdef float[:, :, ::1] qv = np.ascontiguousarray(qa[None] if one else qa)
-    ka, va = np.asarray(k), np.asarray(v)
-    if ka.dtype not in (np.float32, np.float16) or va.dtype != ka.dtype:
-        raise ValueError(f"k and v must both be float32 or both float16, got {ka.dtype} and {va.dtype}")
+    cdef pk_kv_type kt
+    if isinstance(k, tuple) or isinstance(v, tuple):
+        if not (isinstance(k, tuple) and isinstance(v, tuple) and len(k) == len(v) == 2):
+            raise ValueError("a q8 cache is given as (int8 values, float16 scales) for both k and v")
+        (ka, ks), (va, vs) = [(np.asarray(a), np.asarray(b)) for a, b in (k, v)]
+        if ka.dtype != np.int8 or va.dtype != np.int8 or ks.dtype != np.float16 or vs.dtype != np.float16:
+            raise ValueError("a q8 cache holds int8 values and float16 scales")
+        if ka.ndim != 2 or ka.shape[1] % PK_KV_Q8_GROUP or ks.shape != (ka.shape[0], ka.shape[1] // PK_KV_Q8_GROUP) \
+                or vs.shape != ks.shape:
+            raise ValueError(f"q8 shapes: values {list(ka.shape)}, scales {list(ks.shape)} and {list(vs.shape)}")
+        kt = PK_KV_Q8
+    else:
+        ka, va = np.asarray(k), np.asarray(v)
+        if ka.dtype not in (np.float32, np.float16) or va.dtype != ka.dtype:
+            raise ValueError(f"k and v must both be float32 or both float16, got {ka.dtype} and {va.dtype}")
+        kt = PK_KV_F16 if ka.dtype == np.float16 else PK_KV_F32
     cdef int rows = qv.shape[0], group = qv.shape[1], hd = qv.shape[2], n = ka.shape[0]
     if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n < 1 or group < 1 or rows < 1:
         raise ValueError(f"shapes: q {list(qa.shape)}, k {list(ka.shape)}, v {list(va.shape)}")
     cdef int[::1] npos = np.full(rows, n, np.int32) if n_pos is None else np.ascontiguousarray(n_pos, np.int32)
     if npos.shape[0] != rows or min(npos) < 1 or max(npos) > n:
         raise ValueError(f"n_pos must hold {rows} counts in [1, {n}]")
-    cdef int kv_f16 = ka.dtype == np.float16
-    cdef pk_f16_to_f32_fn fn = NULL
+    cdef pk_kv_head kv
     cdef const char *tag = NULL
-    if kv_f16 and impl != "reference":
-        fn = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
-        if fn == NULL:
+    kv.type = kt
+    kv.f16 = NULL
+    if kt != PK_KV_F32 and impl != "reference":
+        kv.f16 = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
+        if kv.f16 == NULL:
             raise KernelError(f"no f16 conversion {impl!r} on this CPU")
-    # K position-blocked as the cache holds it (pk_nn.h): [ceil(n/16)][hd][16], padded
-    nb = (n + PK_KV_BLOCK - 1) // PK_KV_BLOCK
-    kpad = np.zeros((nb * PK_KV_BLOCK, hd), ka.dtype)
-    kpad[:n] = ka
-    kb = np.ascontiguousarray(kpad.reshape(nb, PK_KV_BLOCK, hd).transpose(0, 2, 1))
-    vc = np.ascontiguousarray(va)
+    kb, vc = _position_blocked(ka), np.ascontiguousarray(va)
+    keep = [kb, vc]
+    kv.k_scale = kv.v_scale = NULL
+    if kt == PK_KV_Q8:
+        keep += [_position_blocked(ks).view(np.uint16), np.ascontiguousarray(vs).view(np.uint16)]
+        kv.k_scale = <const uint16_t *><size_t>keep[2].ctypes.data
+        kv.v_scale = <const uint16_t *><size_t>keep[3].ctypes.data
+    kv.k = <const void *><size_t>kb.ctypes.data
+    kv.v = <const void *><size_t>vc.ctypes.data
     cdef float[:, ::1] scores = np.empty((PK_ATTEND_ROWS * group, n), np.float32)
     cdef float[:, :, ::1] out = np.empty((rows, group, hd), np.float32)
-    cdef const void *kp = <const void *><size_t>kb.ctypes.data
-    cdef const void *vp = <const void *><size_t>vc.ctypes.data
     cdef float scale = 1.0 / np.sqrt(np.float32(hd))
     cdef bint ref = impl == "reference"
     cdef int r
     with nogil:
         if ref:
             for r in range(rows):
-                pk_attend_group_reference(group, hd, npos[r], &qv[r, 0, 0], kp, vp, kv_f16, scale,
-                                          &scores[0, 0], n, &out[r, 0, 0])
+                pk_attend_group_reference(group, hd, npos[r], &qv[r, 0, 0], &kv, scale, &scores[0, 0], n,
+                                          &out[r, 0, 0])
         else:
-            pk_attend_rows(rows, &npos[0], group, hd, &qv[0, 0, 0], group * hd, kp, vp, fn, scale,
+            pk_attend_rows(rows, &npos[0], group, hd, &qv[0, 0, 0], group * hd, &kv, scale,
                            &scores[0, 0], n, &out[0, 0, 0], group * hd)
     return np.asarray(out)[0] if one else np.asarray(out)

@@ -1,12 +1,13 @@
 """Attention over the KV cache (pyklei_ext/ops/pk_nn.c) through pyklei._ext.attend_group:
   (a) the C reference (pk_attend_group_reference) against a float64 numpy evaluation, for an
-      f32 cache and an f16 one;
+      f32 cache, an f16 one and a q8 one (of the values each holds);
   (b) the fast paths (GQA groups of 1-4 and by fours, head sizes 64 and 128; others fall back
-      to the reference) are bit-identical to the reference: the f32 cache, and the f16 cache
-      read by every f16 -> f32 conversion this CPU runs (scalar, avx2, avx512vnni, neon);
-  (c) several rows of one sequence at once (pk_attend_rows, as a prefill chunk runs them; the
-      f16 cache then converted once for all the rows) equal each row alone, bit for bit;
-  (d) PYKLEI_KERNEL forces the conversion and the PYKLEI_LOG=kernels line names it.
+      to the reference) are bit-identical to the reference: the f32 cache, and the f16 and q8
+      caches read by every f16 -> f32 conversion this CPU runs (scalar, avx2, avx512vnni, neon);
+  (c) several rows of one sequence at once (pk_attend_rows, as a prefill chunk runs them; a
+      converted cache then converted once for all the rows) equal each row alone, bit for bit;
+  (d) PYKLEI_KERNEL forces the conversion and the PYKLEI_LOG=kernels line names it;
+  (e) the q8 cache's rows (pk_kv_q8_row): llama.cpp's q8_0 rule, an f16 scale per 32 values.
 """
 from __future__ import annotations
 
@@ -20,26 +21,41 @@ F16_ISAS = ("scalar", "avx2", "avx512vnni", "neon")
 SHAPES = [(g, hd, n) for g in (1, 3, 4, 5, 8) for hd in (64, 128, 96) for n in (1, 16, 17, 300)]
 
 
-def _case(group, hd, n_pos, dtype, seed):
+def _case(group, hd, n_pos, cache, seed):
+    """q, and k, v as a cache of type cache ("f32", "f16", "q8") holds them."""
     rng = np.random.default_rng(seed)
     mag = 1.0 + 3.0 * rng.random()                       # up to peaked softmaxes
     q = (rng.standard_normal((group, hd)) * mag).astype(np.float32)
-    k = (rng.standard_normal((n_pos, hd)) * mag).astype(dtype)
-    v = rng.standard_normal((n_pos, hd)).astype(dtype)
-    return q, k, v
+    k = (rng.standard_normal((n_pos, hd)) * mag).astype(np.float32)
+    v = rng.standard_normal((n_pos, hd)).astype(np.float32)
+    if cache == "q8":
+        return q, _ext.kv_q8_rows(k), _ext.kv_q8_rows(v)
+    return (q, k, v) if cache == "f32" else (q, k.astype(np.float16), v.astype(np.float16))
+
+
+def _values(kv):
+    """The values a cache holds, as float64: a q8 pair is int8 times its group's scale."""
+    if isinstance(kv, tuple):
+        q8, scales = kv
+        return q8.astype(np.float64) * np.repeat(scales.astype(np.float64), 32, axis=1)
+    return np.asarray(kv, np.float64)
+
+
+def _rows(kv, n):
+    return tuple(a[:n] for a in kv) if isinstance(kv, tuple) else kv[:n]
 
 
 def _numpy_attention(q, k, v):
-    q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, k, v))
+    q64, k64, v64 = np.asarray(q, np.float64), _values(k), _values(v)
     s = q64 @ k64.T / np.sqrt(q.shape[1])
     p = np.exp(s - s.max(axis=1, keepdims=True))
     return (p / p.sum(axis=1, keepdims=True)) @ v64
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("cache", ["f32", "f16", "q8"])
 @pytest.mark.parametrize("group,hd,n_pos", SHAPES[::3])
-def test_reference_against_numpy(group, hd, n_pos, dtype):
-    q, k, v = _case(group, hd, n_pos, dtype, seed=group * 1000 + hd + n_pos)
+def test_reference_against_numpy(group, hd, n_pos, cache):
+    q, k, v = _case(group, hd, n_pos, cache, seed=group * 1000 + hd + n_pos)
     got = _ext.attend_group(q, k, v, impl="reference")
     # float32 scores reach |s| ~ 50 here: their rounding (~ 2^-24 |s| sqrt(hd)) moves the
     # weights by ~1e-5 relative; an error in the order of operations would be far larger
@@ -49,34 +65,35 @@ def test_reference_against_numpy(group, hd, n_pos, dtype):
 @pytest.mark.parametrize("group,hd,n_pos", SHAPES)
 def test_every_path_bit_identical_to_reference(group, hd, n_pos):
     seed = 7 + group * 1000 + hd + n_pos
-    q, k, v = _case(group, hd, n_pos, np.float32, seed)
+    q, k, v = _case(group, hd, n_pos, "f32", seed)
     assert np.array_equal(_ext.attend_group(q, k, v), _ext.attend_group(q, k, v, impl="reference"))
-    q, k, v = _case(group, hd, n_pos, np.float16, seed)
-    want = _ext.attend_group(q, k, v, impl="reference")
-    ran = []
-    for isa in F16_ISAS:
-        try:
-            got = _ext.attend_group(q, k, v, impl=isa)
-        except KernelError:
-            continue                                      # not this CPU
-        assert np.array_equal(got, want), isa
-        ran.append(isa)
-    assert "scalar" in ran and _ext.f16_reader_isa() in ran
-    assert np.array_equal(_ext.attend_group(q, k, v), want)   # the default conversion
+    for cache in ("f16", "q8"):
+        q, k, v = _case(group, hd, n_pos, cache, seed)
+        want = _ext.attend_group(q, k, v, impl="reference")
+        ran = []
+        for isa in F16_ISAS:
+            try:
+                got = _ext.attend_group(q, k, v, impl=isa)
+            except KernelError:
+                continue                                  # not this CPU
+            assert np.array_equal(got, want), (cache, isa)
+            ran.append(isa)
+        assert "scalar" in ran and _ext.f16_reader_isa() in ran
+        assert np.array_equal(_ext.attend_group(q, k, v), want)   # the default conversion
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 7, 11])
 @pytest.mark.parametrize("group,hd", [(3, 64), (4, 128), (8, 64), (5, 96)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_rows_equal_each_row_alone(rows, group, hd, dtype):
+@pytest.mark.parametrize("cache", ["f32", "f16", "q8"])
+def test_rows_equal_each_row_alone(rows, group, hd, cache):
     rng = np.random.default_rng(rows * 100 + group + hd)
-    n = 300                                               # more than one span of the f16 path
-    _, k, v = _case(group, hd, n, dtype, seed=rows + hd)
+    n = 300                                               # more than one span of the converted path
+    _, k, v = _case(group, hd, n, cache, seed=rows + hd)
     q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
     for n_pos in (np.arange(n - rows + 1, n + 1), rng.integers(1, n + 1, rows)):   # prefill; any
-        want = np.stack([_ext.attend_group(q[r], k[:n_pos[r]], v[:n_pos[r]], impl="reference")
+        want = np.stack([_ext.attend_group(q[r], _rows(k, n_pos[r]), _rows(v, n_pos[r]), impl="reference")
                          for r in range(rows)])
-        for isa in F16_ISAS if dtype == np.float16 else (None,):
+        for isa in F16_ISAS if cache != "f32" else (None,):
             try:
                 got = _ext.attend_group(q, k, v, impl=isa, n_pos=n_pos)
             except KernelError:
@@ -91,6 +108,24 @@ def test_pyklei_kernel_forces_the_f16_reader_and_the_log_says_which():
                         _ext.f16_reader_isa(), "f16 KV cache read with f16_to_f32_{}")
 
 
+def test_q8_rows_follow_q8_0():
+    """An f16 scale per 32 values, max |x| / 127 rounded to f16; each value the nearest step of
+    it (within half a step), in [-127, 127]; a group of zeros has scale 0."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((50, 128)) * np.logspace(-3, 3, 50)[:, None]).astype(np.float32)
+    x[7, 32:64] = 0.0                                      # an all-zero group
+    x[9, 5] = 1e4                                          # an outlier: its group's scale only
+    q, scales = _ext.kv_q8_rows(x)
+    groups = x.reshape(50, 4, 32)
+    np.testing.assert_array_equal(scales, (np.abs(groups).max(axis=2) / np.float32(127)).astype(np.float16))
+    d = np.repeat(scales.astype(np.float64), 32, axis=1)
+    assert np.abs(q).max() <= 127 and (q[7, 32:64] == 0).all()
+    assert (np.abs(q * d - x) <= 0.5 * d * (1 + 1e-3)).all()
+    assert np.abs(q[9, :32]).max() == 127 and np.abs(q[9, 32:]).max() >= 100
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _ext.kv_q8_rows(np.zeros((2, 48), np.float32))
+
+
 def test_bad_arguments():
     q = np.zeros((2, 64), np.float32)
     with pytest.raises(ValueError):
@@ -99,3 +134,8 @@ def test_bad_arguments():
         _ext.attend_group(q, np.zeros((3, 32), np.float32), np.zeros((3, 32), np.float32))
     with pytest.raises(KernelError):
         _ext.attend_group(q, np.zeros((3, 64), np.float16), np.zeros((3, 64), np.float16), impl="no_such_isa")
+    k8 = (np.zeros((3, 64), np.int8), np.ones((3, 2), np.float16))
+    with pytest.raises(ValueError, match="q8"):
+        _ext.attend_group(q, k8, np.zeros((3, 64), np.float16))
+    with pytest.raises(ValueError, match="q8 shapes"):
+        _ext.attend_group(q, k8, (np.zeros((3, 64), np.int8), np.ones((3, 3), np.float16)))

@@ -25,6 +25,14 @@ def _qmm(x, w):
     return dequantize_qai8dx(q, s, z) @ w.T
 
 
+def _q8_0(x):
+    """x [..., hd] rounded as a q8 KV cache holds it, in numpy (llama.cpp's q8_0 rule)."""
+    g = x.reshape(*x.shape[:-1], -1, 32)
+    d = (np.abs(g).max(-1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint(g * np.where(d > 0, 1 / np.where(d > 0, d, 1), 0)), -127, 127)
+    return (q * d).reshape(x.shape).astype(np.float32)
+
+
 def _rms(x, w, eps):
     ms = (x.astype(np.float64) ** 2).mean(-1, keepdims=True)
     return x / np.sqrt(ms + eps).astype(np.float32) * w
@@ -51,7 +59,7 @@ class TinyModel:
             self.layers.append(layer)
         self.out_norm = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
 
-    def runtime(self, n_threads=2, n_ctx=64, n_batch=8, kv_f16=False):
+    def runtime(self, n_threads=2, n_ctx=64, n_batch=8, kv_cache="f32"):
         V, D, L, H, KV, HD, F = self.dims
         ops = _ext.Ops(n_threads)
         layers = []
@@ -62,12 +70,12 @@ class TinyModel:
                 d[name] = _ext.QWeight("qsi4c32", qs, s, 32)
             layers.append(d)
         hp = dict(n_vocab=V, n_embd=D, n_layer=L, n_head=H, n_head_kv=KV, head_dim=HD, n_ff=F,
-                  rms_eps=1e-5, rope_theta=10000.0, n_ctx=n_ctx, n_batch=n_batch, kv_f16=kv_f16)
+                  rms_eps=1e-5, rope_theta=10000.0, n_ctx=n_ctx, n_batch=n_batch, kv_cache=kv_cache)
         lm_head = _ext.QWeight(self.emb_format, self.emb_qs, self.emb_s, 32)
         return _ext.LlamaRuntime(ops, hp, (self.emb_format, self.emb_qs, self.emb_s, 32), lm_head,
                                  self.out_norm, self.rope_freqs, layers)
 
-    def forward(self, toks, kv_f16=False):
+    def forward(self, toks, kv_cache="f32"):
         V, D, L, H, KV, HD, F = self.dims
         T = len(toks)
         x = self.emb[toks].copy()
@@ -88,8 +96,10 @@ class TinyModel:
             q = rope(_qmm(xn, r["wq"][2]).reshape(T, H, HD))
             k = rope(_qmm(xn, r["wk"][2]).reshape(T, KV, HD))
             v = _qmm(xn, r["wv"][2]).reshape(T, KV, HD)
-            if kv_f16:   # the cache stores K (after RoPE) and V rounded to f16
+            if kv_cache == "f16":   # the cache stores K (after RoPE) and V rounded to f16
                 k, v = (a.astype(np.float16).astype(np.float32) for a in (k, v))
+            elif kv_cache == "q8":  # or as int8 with an f16 scale per 32 values of a head
+                k, v = (_q8_0(a) for a in (k, v))
             att = np.zeros((T, H, HD), np.float32)
             for h in range(H):
                 sc = q[:, h] @ k[:, h // (H // KV)].T / np.sqrt(HD)
@@ -105,12 +115,12 @@ class TinyModel:
 
 @pytest.mark.parametrize("emb_format", ["qsi4c32", "qsi6c32"])
 @pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize("kv_f16", [False, True])
-def test_prefill_decode_match_numpy(n_threads, kv_f16, emb_format):
+@pytest.mark.parametrize("kv_cache", ["f32", "f16", "q8"])
+def test_prefill_decode_match_numpy(n_threads, kv_cache, emb_format):
     m = TinyModel(seed=n_threads, emb_format=emb_format)
     toks = np.random.default_rng(5).integers(0, 300, 20)
-    ref = m.forward(toks, kv_f16=kv_f16)
-    rt = m.runtime(n_threads=n_threads, kv_f16=kv_f16)
+    ref = m.forward(toks, kv_cache=kv_cache)
+    rt = m.runtime(n_threads=n_threads, kv_cache=kv_cache)
     close(rt.forward(toks, 0, all_logits=True), ref)
     close(rt.forward(toks[:12], 0), ref[11])
     for t in range(12, 20):                     # cached decode continues the prefill
@@ -140,3 +150,10 @@ def test_bad_positions_and_tokens():
     with pytest.raises(ValueError, match="no tokens"):
         rt.forward([], 0)
     assert rt.forward([1, 2], 0).shape == (300,)   # still usable after the errors
+
+
+def test_q8_cache_needs_head_size_multiple_of_32():
+    with pytest.raises(ValueError, match="q8 KV cache needs a head size that is a multiple of 32, not 16"):
+        TinyModel(HD=16, D=64).runtime(kv_cache="q8")
+    with pytest.raises(ValueError, match="kv_cache must be one of f32, f16, q8"):
+        TinyModel().runtime(kv_cache="q4")

@@ -17,7 +17,7 @@ def test_model_options_are_checked_by_their_rule():
            (dict(n_ctx="2048"), TypeError, r"n_ctx must be an integer or None"),
            (dict(n_batch=0), ValueError, r"n_batch must be >= 1"),
            (dict(n_threads=True), TypeError, r"n_threads must be an integer"),
-           (dict(kv_cache="q8_0"), ValueError, r"kv_cache must be one of f32, f16, got 'q8_0'"),
+           (dict(kv_cache="q8_0"), ValueError, r"kv_cache must be one of f32, f16, q8, got 'q8_0'"),
            (dict(kv_cache=16), TypeError, r"kv_cache must be a string"),
            (dict(activations="int8"), ValueError, r"activations must be one of auto, qai8dx2"),
            (dict(n_seq=0), ValueError, r"n_seq must be >= 1")]

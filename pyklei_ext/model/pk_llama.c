@@ -23,9 +23,12 @@ struct pk_llama {
     float *inv_freq;     /* [head_dim/2] */
     int ctx_pad;         /* n_ctx rounded up to PK_KV_BLOCK */
     /* Slot-major, so a slot's pages are touched only once it holds tokens (see pk_llama.h) */
-    void *k_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32 or f16 (pk_nn.h) */
-    void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32 or f16 */
-    pk_f16_to_f32_fn kv_read;   /* f16 cache: the conversion attention reads it with; f32: NULL */
+    void *k_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32, f16 or int8 (pk_nn.h) */
+    void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32, f16 or int8 */
+    uint16_t *k_scale;   /* q8: f16 scales, one per 32 elements of k_cache, in its order (pk_nn.h) */
+    uint16_t *v_scale;   /* q8: one per 32 elements of v_cache */
+    size_t kv_es;        /* bytes per element of k_cache / v_cache */
+    pk_f16_to_f32_fn kv_read;   /* f16 cache, q8's scales: the conversion attention reads with */
     int *seq_seen;       /* [n_seq] scratch of pk_llama_forward_batch's checks */
     /* scratch, n_batch rows each */
     int32_t *row_seq;    /* [B] slot of each row of a chunk */
@@ -61,6 +64,18 @@ static double now_s(void) {
 /* First element of (slot, layer, K/V head) in k_cache / v_cache */
 static size_t kv_head(const pk_llama *m, int seq, int layer, int h) {
     return ((((size_t)seq * m->hp.n_layer + layer) * m->hp.n_head_kv + h) * m->ctx_pad) * m->hp.head_dim;
+}
+
+/* (slot, layer, K/V head)'s cache as attention reads it */
+static pk_kv_head kv_view(const pk_llama *m, int seq, int layer, int h) {
+    const size_t e = kv_head(m, seq, layer, h);
+    const int q8 = m->hp.kv_type == PK_KV_Q8;
+    return (pk_kv_head){.type = (pk_kv_type)m->hp.kv_type,
+                        .k = (const char *)m->k_cache + e * m->kv_es,
+                        .v = (const char *)m->v_cache + e * m->kv_es,
+                        .k_scale = q8 ? m->k_scale + e / PK_KV_Q8_GROUP : NULL,
+                        .v_scale = q8 ? m->v_scale + e / PK_KV_Q8_GROUP : NULL,
+                        .f16 = m->kv_read};
 }
 
 /* Per-operation wall time: PROF(op) closes the interval that the previous PROF opened. */
@@ -146,8 +161,14 @@ static void *alloc(pk_llama *m, size_t bytes) {
 pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w, pk_ctx *ctx) {
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 512 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
-        hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_seq < 0) {
+        hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_seq < 0 ||
+        hp->kv_type < PK_KV_F32 || hp->kv_type > PK_KV_Q8) {
         err("invalid hyperparameters");
+        return NULL;
+    }
+    if (hp->kv_type == PK_KV_Q8 && hp->head_dim % PK_KV_Q8_GROUP) {
+        err("a q8 KV cache needs a head size that is a multiple of %d, not %d (use f16)", PK_KV_Q8_GROUP,
+            hp->head_dim);
         return NULL;
     }
     pk_llama *m = calloc(1, sizeof *m);
@@ -160,11 +181,15 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     const int hd = hp->head_dim, B = hp->n_batch, nt = pk_ctx_threads(ctx);
     m->ctx_pad = (hp->n_ctx + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
     const size_t kv_elems = (size_t)m->hp.n_seq * hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
-    const size_t es = hp->kv_f16 ? 2 : 4;
-    m->kv_read = hp->kv_f16 ? pk_f16_to_f32_pick(NULL) : NULL;
+    m->kv_es = hp->kv_type == PK_KV_F32 ? 4 : hp->kv_type == PK_KV_F16 ? 2 : 1;
+    m->kv_read = hp->kv_type != PK_KV_F32 ? pk_f16_to_f32_pick(NULL) : NULL;
     m->inv_freq = alloc(m, sizeof(float) * (hd / 2));
-    m->k_cache = alloc(m, kv_elems * es);
-    m->v_cache = alloc(m, kv_elems * es);
+    m->k_cache = alloc(m, kv_elems * m->kv_es);
+    m->v_cache = alloc(m, kv_elems * m->kv_es);
+    if (hp->kv_type == PK_KV_Q8) {
+        m->k_scale = alloc(m, sizeof(uint16_t) * (kv_elems / PK_KV_Q8_GROUP));
+        m->v_scale = alloc(m, sizeof(uint16_t) * (kv_elems / PK_KV_Q8_GROUP));
+    }
     m->x = alloc(m, sizeof(float) * B * hp->n_embd);
     m->xn = alloc(m, sizeof(float) * B * hp->n_embd);
     m->q = alloc(m, sizeof(float) * B * hp->n_head * hd);
@@ -191,7 +216,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     }
     if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen ||
         !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache ||
-        !m->v_cache || !m->x || !m->xn || !m->q ||
+        !m->v_cache || (hp->kv_type == PK_KV_Q8 && (!m->k_scale || !m->v_scale)) || !m->x || !m->xn || !m->q ||
         !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores) {
         pk_llama_destroy(m);
         err("out of memory allocating the KV cache and scratch (lower n_ctx or n_batch)");
@@ -216,6 +241,8 @@ void pk_llama_destroy(pk_llama *m) {
     free(m->inv_freq);
     free(m->k_cache);
     free(m->v_cache);
+    free(m->k_scale);
+    free(m->v_scale);
     free(m->x);
     free(m->xn);
     free(m->q);
@@ -271,7 +298,18 @@ static void job_rope_store(void *arg, int ith, int nth) {
             const size_t voff = head + (size_t)pos * hd;                            /* V row */
             const size_t kbase = head + (size_t)(pos / PK_KV_BLOCK) * PK_KV_BLOCK * hd + pos % PK_KV_BLOCK;
             const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
-            if (hp->kv_f16) {
+            if (hp->kv_type == PK_KV_Q8) {
+                /* K's scales follow its blocked order: group c of this position at
+                 * (block * hd/32 + c) * 16 + pos % 16, i.e. element offset / 32 + c * 16 */
+                int8_t k8[512];
+                uint16_t ks[512 / PK_KV_Q8_GROUP];
+                pk_kv_q8_row(hd, kh, k8, ks);
+                const size_t kblk = kbase - pos % PK_KV_BLOCK;   /* the block's first element */
+                for (int i = 0; i < hd; i++) ((int8_t *)m->k_cache)[kbase + (size_t)i * PK_KV_BLOCK] = k8[i];
+                for (int c = 0; c < hd / PK_KV_Q8_GROUP; c++)
+                    m->k_scale[kblk / PK_KV_Q8_GROUP + (size_t)c * PK_KV_BLOCK + pos % PK_KV_BLOCK] = ks[c];
+                pk_kv_q8_row(hd, vh, (int8_t *)m->v_cache + voff, m->v_scale + voff / PK_KV_Q8_GROUP);
+            } else if (hp->kv_type == PK_KV_F16) {
                 uint16_t k16[512];
                 pk_f32_to_f16_row(hd, kh, k16);
                 for (int i = 0; i < hd; i++) ((uint16_t *)m->k_cache)[kbase + (size_t)i * PK_KV_BLOCK] = k16[i];
@@ -299,7 +337,7 @@ static void job_attention(void *arg, int ith, int nth) {
     pk_llama *m = j->m;
     const pk_llama_hparams *hp = &m->hp;
     const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
-    const size_t es = hp->kv_f16 ? 2 : 4, ldq = (size_t)nh * hd;
+    const size_t ldq = (size_t)nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * hp->n_ctx;
     for (int idx = ith; idx < attention_items(m, j->n); idx += nth) {
@@ -308,11 +346,10 @@ static void job_attention(void *arg, int ith, int nth) {
         for (int t0 = w * PK_ATTEND_ROWS, t1; t0 < t_end; t0 = t1) {   /* runs of one slot */
             int n_pos[PK_ATTEND_ROWS];
             for (t1 = t0; t1 < t_end && j->seq[t1] == j->seq[t0]; t1++) n_pos[t1 - t0] = j->pos[t1] + 1;
-            const size_t base = kv_head(m, j->seq[t0], j->layer, kvh) * es;
+            const pk_kv_head kv = kv_view(m, j->seq[t0], j->layer, kvh);
             const size_t qoff = (size_t)t0 * ldq + (size_t)kvh * group * hd;
-            pk_attend_rows(t1 - t0, n_pos, group, hd, m->q + qoff, ldq, (const char *)m->k_cache + base,
-                           (const char *)m->v_cache + base, m->kv_read, scale, scores, hp->n_ctx, m->att + qoff,
-                           ldq);
+            pk_attend_rows(t1 - t0, n_pos, group, hd, m->q + qoff, ldq, &kv, scale, scores, hp->n_ctx,
+                           m->att + qoff, ldq);
         }
     }
 }
@@ -521,7 +558,7 @@ int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
         return err("kv copy: slots %d -> %d outside [0, %d)", src, dst, hp->n_seq);
     if (n < 0 || n > hp->n_ctx) return err("kv copy: %d positions outside [0, %d]", n, hp->n_ctx);
     if (src == dst || n == 0) return 0;
-    const size_t es = hp->kv_f16 ? 2 : 4, hd = (size_t)hp->head_dim;
+    const size_t es = m->kv_es, hd = (size_t)hp->head_dim;
     /* K is stored in blocks of PK_KV_BLOCK positions: copy whole blocks (the tail of the
      * last one is beyond n in both slots, and is rewritten before it is read) */
     const size_t k_pos = (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
@@ -530,6 +567,11 @@ int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
             const size_t s = kv_head(m, src, l, h) * es, d = kv_head(m, dst, l, h) * es;
             memcpy((char *)m->k_cache + d, (const char *)m->k_cache + s, k_pos * hd * es);
             memcpy((char *)m->v_cache + d, (const char *)m->v_cache + s, (size_t)n * hd * es);
+            if (hp->kv_type == PK_KV_Q8) {   /* and the scales of those elements */
+                const size_t ks = kv_head(m, src, l, h) / PK_KV_Q8_GROUP, kd = kv_head(m, dst, l, h) / PK_KV_Q8_GROUP;
+                memcpy(m->k_scale + kd, m->k_scale + ks, sizeof(uint16_t) * (k_pos * hd / PK_KV_Q8_GROUP));
+                memcpy(m->v_scale + kd, m->v_scale + ks, sizeof(uint16_t) * ((size_t)n * hd / PK_KV_Q8_GROUP));
+            }
         }
     return 0;
 }

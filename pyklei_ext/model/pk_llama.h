@@ -6,9 +6,9 @@
  * sequences in one pass: every linear sees all rows at once (one activation quantization, the
  * weights streamed once), while RoPE, the K/V store and attention use each row's own slot and
  * position. The kernels give a row the same bits whatever the row count, so a row computes
- * the same logits batched as alone. KV memory: 2 * n_layer * n_head_kv * head_dim * (4, or 2
- * with kv_f16) bytes per token per slot (SmolLM2, f32: 46080), allocated for n_seq * n_ctx
- * tokens at create but only made resident as positions are written. */
+ * the same logits batched as alone. KV memory: 2 * n_layer * n_head_kv * head_dim * (4 f32,
+ * 2 f16, 1 + 2/32 q8) bytes per token per slot (SmolLM2: 46080, 23040, 12240), allocated for
+ * n_seq * n_ctx tokens at create but only made resident as positions are written. */
 #ifndef PK_LLAMA_H
 #define PK_LLAMA_H
 
@@ -23,7 +23,7 @@ typedef struct {
     float rms_eps, rope_theta;
     int n_ctx;        /* KV cache length */
     int n_batch;      /* rows per prefill chunk (scratch is sized for it) */
-    int kv_f16;       /* KV cache in f16 instead of f32 */
+    int kv_type;      /* pk_kv_type (pk_nn.h): the KV cache's f32, f16 or q8 */
     int n_seq;        /* KV cache slots, each of n_ctx positions (0 means 1) */
 } pk_llama_hparams;
 

@@ -213,29 +213,90 @@ PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) 
     }
 }
 
+void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) {
+    for (int c = 0; c < hd / PK_KV_Q8_GROUP; c++) {
+        const float *xc = x + c * PK_KV_Q8_GROUP;
+        float amax = 0.0f;
+        for (int i = 0; i < PK_KV_Q8_GROUP; i++) amax = fabsf(xc[i]) > amax ? fabsf(xc[i]) : amax;
+        /* quantize with the scale as stored (rounded to f16), so value * scale is what the
+         * writer meant; the rounding may push |x| / d a little past 127: clamp */
+        scale[c] = f32_to_f16(amax / 127.0f);
+        const float d = f16_to_f32(scale[c]), id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int i = 0; i < PK_KV_Q8_GROUP; i++) {
+            const float r = rintf(xc[i] * id);
+            out[c * PK_KV_Q8_GROUP + i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+        }
+    }
+}
+
 /* The K cache is position-blocked (pk_nn.h): block jb holds positions 16jb..16jb+15 as
  * [head_dim][16], so the scores of 16 positions are one vector accumulated over head_dim from
  * contiguous memory. The fast path handles the G query heads that share one K/V head (GQA) in
  * one pass, each K and V row read once for all of them; `acc` stays in registers when HD is a
- * compile-time 64 or 128. An f16 cache is read one block of 16 positions at a time: the
- * block's K (and then its V rows) converted by the ISA's f16 -> f32 instruction into a tile
- * that stays in L1, and the same float code runs on the tile. The conversion is exact, and per
- * head the arithmetic and its order are those of the reference (pk_attend_group_reference),
- * so every path and both cache types agree with it bit for bit. Decode runs one row here; a
- * prefill window of an f16 cache goes through attend_rows_f16 below. */
-static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, int n_pos,
-                                                              const float *restrict q, const void *kb,
-                                                              const void *v, pk_f16_to_f32_fn f16,
-                                                              float scale, float *restrict scores,
-                                                              size_t ld_scores, float *restrict out) {
-    float tile[PK_KV_BLOCK * HD];   /* one block of K, or 16 rows of V, as f32 (f16 cache) */
+ * compile-time 64 or 128. An f16 or q8 cache is read one block of 16 positions at a time: the
+ * block's K (and then its V rows) converted into a tile that stays in L1 (f16 by the ISA's
+ * f16 -> f32 instruction; q8 as int8 times its group's scale), and the same float code runs on
+ * the tile. Both conversions are exact, and per head the arithmetic and its order are those
+ * of the reference (pk_attend_group_reference), so every path and every cache type agree with
+ * it bit for bit. Decode runs one row here; a prefill window of a converted cache goes
+ * through attend_rows_conv below. */
+
+/* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16]. */
+static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T, const int HD,
+                                                              const pk_kv_head *kv, size_t b0, size_t nb,
+                                                              float *restrict tile) {
+    const size_t e0 = b0 * PK_KV_BLOCK * HD;
+    if (T == PK_KV_F16) {
+        kv->f16(nb * PK_KV_BLOCK * HD, (const uint16_t *)kv->k + e0, tile);
+        return;
+    }
+    for (size_t b = 0; b < nb; b++) {
+        const int NS = HD / PK_KV_Q8_GROUP * PK_KV_BLOCK;
+        float sc[NS];   /* the block's scales, [HD/32][16] as K's blocked order */
+        const size_t eb = e0 + b * PK_KV_BLOCK * HD;
+        kv->f16(NS, kv->k_scale + eb / PK_KV_Q8_GROUP, sc);
+        const int8_t *restrict k8 = (const int8_t *)kv->k + eb;
+        float *restrict t = tile + b * PK_KV_BLOCK * HD;
+        for (int i = 0; i < HD; i++)
+            for (int l = 0; l < PK_KV_BLOCK; l++)
+                t[i * PK_KV_BLOCK + l] = (float)k8[i * PK_KV_BLOCK + l] * sc[i / PK_KV_Q8_GROUP * PK_KV_BLOCK + l];
+    }
+}
+
+/* V rows [j0, j0 + n) of a converted cache as f32, [n][HD]; n <= KV_SPAN. */
+#define KV_SPAN 128
+static inline __attribute__((always_inline)) void kv_v_to_f32(const pk_kv_type T, const int HD,
+                                                              const pk_kv_head *kv, size_t j0, size_t n,
+                                                              float *restrict tile) {
+    if (T == PK_KV_F16) {
+        kv->f16(n * HD, (const uint16_t *)kv->v + j0 * HD, tile);
+        return;
+    }
+    const int GPR = HD / PK_KV_Q8_GROUP;   /* groups per row */
+    float sc[KV_SPAN * GPR];
+    kv->f16(n * GPR, kv->v_scale + j0 * GPR, sc);
+    const int8_t *restrict v8 = (const int8_t *)kv->v + j0 * HD;
+    for (size_t j = 0; j < n; j++)
+        for (int c = 0; c < GPR; c++) {
+            const float s = sc[j * GPR + c];
+            for (int i = 0; i < PK_KV_Q8_GROUP; i++)
+                tile[j * HD + c * PK_KV_Q8_GROUP + i] = (float)v8[j * HD + c * PK_KV_Q8_GROUP + i] * s;
+        }
+}
+
+static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, const pk_kv_type T,
+                                                              int n_pos, const float *restrict q,
+                                                              const pk_kv_head *kv, float scale,
+                                                              float *restrict scores, size_t ld_scores,
+                                                              float *restrict out) {
+    float tile[PK_KV_BLOCK * HD];   /* one block of K, or 16 rows of V, as f32 (converted cache) */
     float qs[G][HD];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) qs[g][i] = q[g * HD + i] * scale;
     for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
         const float *restrict blk = tile;
-        if (f16) f16((size_t)HD * PK_KV_BLOCK, (const uint16_t *)kb + (size_t)j0 * HD, tile);
-        else blk = (const float *)kb + (size_t)j0 * HD;
+        if (T == PK_KV_F32) blk = (const float *)kv->k + (size_t)j0 * HD;
+        else kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, 1, tile);
         float s[G][PK_KV_BLOCK];
         for (int g = 0; g < G; g++)
             for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
@@ -257,8 +318,8 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
     for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
         const int nv = n_pos - j0 < PK_KV_BLOCK ? n_pos - j0 : PK_KV_BLOCK;
         const float *restrict vb = tile;
-        if (f16) f16((size_t)nv * HD, (const uint16_t *)v + (size_t)j0 * HD, tile);
-        else vb = (const float *)v + (size_t)j0 * HD;
+        if (T == PK_KV_F32) vb = (const float *)kv->v + (size_t)j0 * HD;
+        else kv_v_to_f32(T, HD, kv, (size_t)j0, (size_t)nv, tile);
         for (int jj = 0; jj < nv; jj++) {
             const float *restrict vj = vb + (size_t)jj * HD;
             for (int g = 0; g < G; g++) {
@@ -271,39 +332,37 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         for (int i = 0; i < HD; i++) out[g * HD + i] = acc[g][i];
 }
 
-/* One function per (G, HD) and cache type, so that the f32 one keeps no test of f16. */
+/* One function per (G, HD) and cache type, so that each keeps no test of the others. */
 #define ATTEND(G, HD)                                                                              \
-    PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const void *kb,       \
-                                                   const void *v, pk_f16_to_f32_fn f16, float scale, \
-                                                   float *scores, size_t ld_scores, float *out) {  \
-        (void)f16;                                                                                 \
-        attend_fast(G, HD, n_pos, q, kb, v, NULL, scale, scores, ld_scores, out);                  \
+    PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
+                                                   float scale, float *scores, size_t ld_scores, float *out) { \
+        attend_fast(G, HD, PK_KV_F32, n_pos, q, kv, scale, scores, ld_scores, out);                \
     }                                                                                              \
-    PK_CLONES static void attend_f16_g##G##_hd##HD(int n_pos, const float *q, const void *kb,       \
-                                                   const void *v, pk_f16_to_f32_fn f16, float scale, \
-                                                   float *scores, size_t ld_scores, float *out) {  \
-        attend_fast(G, HD, n_pos, q, kb, v, f16, scale, scores, ld_scores, out);                   \
+    PK_CLONES static void attend_f16_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
+                                                   float scale, float *scores, size_t ld_scores, float *out) { \
+        attend_fast(G, HD, PK_KV_F16, n_pos, q, kv, scale, scores, ld_scores, out);                \
+    }                                                                                              \
+    PK_CLONES static void attend_q8_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
+                                                  float scale, float *scores, size_t ld_scores, float *out) { \
+        attend_fast(G, HD, PK_KV_Q8, n_pos, q, kv, scale, scores, ld_scores, out);                 \
     }
 ATTEND(1, 64) ATTEND(2, 64) ATTEND(3, 64) ATTEND(4, 64)
 ATTEND(1, 128) ATTEND(2, 128) ATTEND(4, 128)
 #undef ATTEND
 
-/* The f16 cache in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one sequence (row r
- * sees positions [0, n_pos[r])) with G heads each, all over one K/V head. The cache is
- * converted once for all R rows, a span of KV_SPAN positions at a time (K, then V, into a
- * tile that stays in L2), and for each row the loops of attend_fast run on the span: the
- * conversion per row cost about as much as the 2G multiply-adds it feeds. A row's V sums go
- * back to memory only between spans. Per row and head the arithmetic and its order are
+/* A converted cache (f16 or q8) in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one
+ * sequence (row r sees positions [0, n_pos[r])) with G heads each, all over one K/V head. The
+ * cache is converted once for all R rows, a span of KV_SPAN positions at a time (K, then V,
+ * into a tile that stays in L2), and for each row the loops of attend_fast run on the span:
+ * the conversion per row cost about as much as the 2G multiply-adds it feeds. A row's V sums
+ * go back to memory only between spans. Per row and head the arithmetic and its order are
  * attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row, which
  * measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV cache"). */
-#define KV_SPAN 128
-static inline __attribute__((always_inline)) void attend_rows_f16(const int G, const int HD, int R,
-                                                                  const int *n_pos, const float *restrict q,
-                                                                  size_t ldq, const uint16_t *kb,
-                                                                  const uint16_t *v, pk_f16_to_f32_fn f16,
-                                                                  float scale, float *restrict scores,
-                                                                  size_t ld_scores, float *restrict out,
-                                                                  size_t ldo) {
+static inline __attribute__((always_inline)) void attend_rows_conv(const int G, const int HD, const pk_kv_type T,
+                                                                   int R, const int *n_pos, const float *restrict q,
+                                                                   size_t ldq, const pk_kv_head *kv, float scale,
+                                                                   float *restrict scores, size_t ld_scores,
+                                                                   float *restrict out, size_t ldo) {
     float tile[KV_SPAN * HD];   /* K blocks or V rows of one span, as f32 */
     float accs[PK_ATTEND_ROWS][G][HD];
     float inv[PK_ATTEND_ROWS][G];
@@ -313,7 +372,7 @@ static inline __attribute__((always_inline)) void attend_rows_f16(const int G, c
     for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
         /* K is padded to whole blocks: convert them all */
-        f16((size_t)(p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK * HD, kb + (size_t)p0 * HD, tile);
+        kv_k_to_f32(T, HD, kv, (size_t)p0 / PK_KV_BLOCK, (size_t)(p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
         for (int r = 0; r < R; r++) {
             float qs[G][HD];
             for (int g = 0; g < G; g++)
@@ -342,7 +401,7 @@ static inline __attribute__((always_inline)) void attend_rows_f16(const int G, c
         }
     for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
-        f16((size_t)(p1 - p0) * HD, v + (size_t)p0 * HD, tile);
+        kv_v_to_f32(T, HD, kv, (size_t)p0, (size_t)(p1 - p0), tile);
         for (int r = 0; r < R; r++) {
             const int end = n_pos[r] < p1 ? n_pos[r] : p1;
             if (end <= p0) continue;
@@ -368,84 +427,105 @@ static inline __attribute__((always_inline)) void attend_rows_f16(const int G, c
 
 #define ATTEND_ROWS(G, HD)                                                                         \
     PK_CLONES static void attend_rows_f16_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
-                                                        const void *kb, const void *v, pk_f16_to_f32_fn f16, \
-                                                        float scale, float *scores, size_t ld_scores, \
-                                                        float *out, size_t ldo) {                  \
-        attend_rows_f16(G, HD, R, n_pos, q, ldq, kb, v, f16, scale, scores, ld_scores, out, ldo);  \
+                                                        const pk_kv_head *kv, float scale, float *scores, \
+                                                        size_t ld_scores, float *out, size_t ldo) { \
+        attend_rows_conv(G, HD, PK_KV_F16, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo); \
+    }                                                                                              \
+    PK_CLONES static void attend_rows_q8_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
+                                                       const pk_kv_head *kv, float scale, float *scores, \
+                                                       size_t ld_scores, float *out, size_t ldo) { \
+        attend_rows_conv(G, HD, PK_KV_Q8, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo); \
     }
 ATTEND_ROWS(1, 64) ATTEND_ROWS(2, 64) ATTEND_ROWS(3, 64) ATTEND_ROWS(4, 64)
 ATTEND_ROWS(1, 128) ATTEND_ROWS(2, 128) ATTEND_ROWS(4, 128)
 #undef ATTEND_ROWS
 
-static inline float kv_get(const void *p, size_t i, int f16) {
-    return f16 ? f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+/* K of position j, dimension i, and V of (j, i), converted in plain C. */
+static inline float k_at(const pk_kv_head *kv, int hd, int j, int i) {
+    const size_t b = (size_t)(j / PK_KV_BLOCK), l = (size_t)(j % PK_KV_BLOCK);
+    const size_t e = (b * hd + i) * PK_KV_BLOCK + l;
+    switch (kv->type) {
+    case PK_KV_F32: return ((const float *)kv->k)[e];
+    case PK_KV_F16: return f16_to_f32(((const uint16_t *)kv->k)[e]);
+    default:
+        return (float)((const int8_t *)kv->k)[e] *
+               f16_to_f32(kv->k_scale[(b * (hd / PK_KV_Q8_GROUP) + i / PK_KV_Q8_GROUP) * PK_KV_BLOCK + l]);
+    }
 }
 
-/* One head, any head size, f32 or f16 cache: the reference order of the fast path above. */
-static void attend_head(int hd, int n_pos, const float *q, const void *kb, const void *v, int kv_f16,
-                        float scale, float *scores, float *out) {
+static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
+    const size_t e = (size_t)j * hd + i;
+    switch (kv->type) {
+    case PK_KV_F32: return ((const float *)kv->v)[e];
+    case PK_KV_F16: return f16_to_f32(((const uint16_t *)kv->v)[e]);
+    default:
+        return (float)((const int8_t *)kv->v)[e] * f16_to_f32(kv->v_scale[e / PK_KV_Q8_GROUP]);
+    }
+}
+
+/* One head, any head size and cache type: the reference order of the fast path above. */
+static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale, float *scores,
+                        float *out) {
     for (int j = 0; j < n_pos; j++) {
-        const size_t blk = (size_t)(j / PK_KV_BLOCK) * PK_KV_BLOCK * hd, l = (size_t)(j % PK_KV_BLOCK);
         float s = 0.0f;
-        for (int i = 0; i < hd; i++) s += (q[i] * scale) * kv_get(kb, blk + (size_t)i * PK_KV_BLOCK + l, kv_f16);
+        for (int i = 0; i < hd; i++) s += (q[i] * scale) * k_at(kv, hd, j, i);
         scores[j] = s;
     }
     const float inv = 1.0f / exp_sum(n_pos, scores, max_f32(n_pos, scores));
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int j = 0; j < n_pos; j++) {
         const float p = scores[j] * inv;
-        for (int i = 0; i < hd; i++) out[i] += p * kv_get(v, (size_t)j * hd + i, kv_f16);
+        for (int i = 0; i < hd; i++) out[i] += p * v_at(kv, hd, j, i);
     }
 }
 
-void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                               int kv_f16, float scale, float *scores, size_t ld_scores, float *out) {
+void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                               float *scores, size_t ld_scores, float *out) {
     (void)ld_scores;
     for (int g = 0; g < group; g++)
-        attend_head(hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, out + (size_t)g * hd);
+        attend_head(hd, n_pos, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd);
 }
 
-void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                     pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores, float *out) {
+void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                     float *scores, size_t ld_scores, float *out) {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
-        (kv_f16 ? attend_f16_g##G##_hd##HD : attend_f32_g##G##_hd##HD)(n_pos, q, kb, v, kv_f16, scale, \
-                                                                       scores, ld_scores, out);    \
+        (kv->type == PK_KV_F32 ? attend_f32_g##G##_hd##HD                                          \
+         : kv->type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(           \
+            n_pos, q, kv, scale, scores, ld_scores, out);                                          \
         return; }
     CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
 #undef CASE
     if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
         for (int g = 0; g < group; g += 4)
-            pk_attend_group(4, hd, n_pos, q + (size_t)g * hd, kb, v, kv_f16, scale, scores, ld_scores,
-                            out + (size_t)g * hd);
+            pk_attend_group(4, hd, n_pos, q + (size_t)g * hd, kv, scale, scores, ld_scores, out + (size_t)g * hd);
         return;
     }
-    pk_attend_group_reference(group, hd, n_pos, q, kb, v, kv_f16 != NULL, scale, scores, ld_scores, out);
+    pk_attend_group_reference(group, hd, n_pos, q, kv, scale, scores, ld_scores, out);
 }
 
 void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
-                    const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale, float *scores,
-                    size_t ld_scores, float *out, size_t ldo) {
+                    const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out, size_t ldo) {
     if (rows > PK_ATTEND_ROWS) {
         for (int r0 = 0; r0 < rows; r0 += PK_ATTEND_ROWS)
             pk_attend_rows(rows - r0 < PK_ATTEND_ROWS ? rows - r0 : PK_ATTEND_ROWS, n_pos + r0, group, hd,
-                           q + (size_t)r0 * ldq, ldq, kb, v, kv_f16, scale, scores, ld_scores,
-                           out + (size_t)r0 * ldo, ldo);
+                           q + (size_t)r0 * ldq, ldq, kv, scale, scores, ld_scores, out + (size_t)r0 * ldo, ldo);
         return;
     }
-    if (kv_f16 && rows > 1) {
+    if (kv->type != PK_KV_F32 && rows > 1) {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
-        attend_rows_f16_g##G##_hd##HD(rows, n_pos, q, ldq, kb, v, kv_f16, scale, scores, ld_scores, out, ldo); \
+        (kv->type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(   \
+            rows, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo);                          \
         return; }
         CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
 #undef CASE
         if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
             for (int g = 0; g < group; g += 4)
-                pk_attend_rows(rows, n_pos, 4, hd, q + (size_t)g * hd, ldq, kb, v, kv_f16, scale, scores, ld_scores,
+                pk_attend_rows(rows, n_pos, 4, hd, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
                                out + (size_t)g * hd, ldo);
             return;
         }
     }
     for (int r = 0; r < rows; r++)
-        pk_attend_group(group, hd, n_pos[r], q + (size_t)r * ldq, kb, v, kv_f16, scale, scores, ld_scores,
+        pk_attend_group(group, hd, n_pos[r], q + (size_t)r * ldq, kv, scale, scores, ld_scores,
                         out + (size_t)r * ldo);
 }

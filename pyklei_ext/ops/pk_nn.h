@@ -36,9 +36,14 @@ void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x);
 void pk_swiglu(int n, const float *gate, const float *up, float *out);
 
 /* KV cache of one K/V head: K position-blocked, [ceil(n_ctx/16)][head_dim][16] (positions
- * 16b..16b+15 of dimension i at (b*head_dim + i)*16 + pos%16), V [n_ctx][head_dim]; f32 or
- * f16. */
+ * 16b..16b+15 of dimension i at (b*head_dim + i)*16 + pos%16), V [n_ctx][head_dim]. */
 #define PK_KV_BLOCK 16
+
+/* The element types of a KV cache. q8: int8 values with one f16 scale per PK_KV_Q8_GROUP
+ * consecutive values of a position's head vector (llama.cpp's q8_0 block: 8.5 bits a value,
+ * 53% of f16); head_dim must be a multiple of the group. */
+typedef enum { PK_KV_F32 = 0, PK_KV_F16 = 1, PK_KV_Q8 = 2 } pk_kv_type;
+#define PK_KV_Q8_GROUP 32
 
 /* out[i] = x[i] as float, i < n: reads an f16 cache (exact; per-ISA versions in the ISA
  * files' helper records, ops/pk_kernel.h, bit-identical, NaNs quieted). */
@@ -54,27 +59,41 @@ pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa);
  * not runnable here (tests). */
 pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa);
 
+/* One K/V head's cache as attention reads it. */
+typedef struct {
+    pk_kv_type type;
+    const void *k;             /* [ceil(n/16)][hd][16]: float, f16 bits or int8 */
+    const void *v;             /* [n][hd] */
+    const uint16_t *k_scale;   /* q8: f16 [ceil(n/16)][hd/32][16] (K's blocked order); else NULL */
+    const uint16_t *v_scale;   /* q8: f16 [n][hd/32]; else NULL */
+    pk_f16_to_f32_fn f16;      /* f16 and q8: the conversion of the values / the scales */
+} pk_kv_head;
+
+/* One head vector x[hd] as a q8 cache holds it: scale[c] = f16(max |x| of group c / 127),
+ * out[i] = round(x[i] / scale) in [-127, 127] (0 where the scale is 0). hd % 32 == 0. */
+void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale);
+
 /* Causal attention of the `group` query heads q[group][hd] that share one K/V head (GQA) over
- * cache positions [0, n_pos): K and V are read once for all of them. kv_f16: NULL for an f32
- * cache, else the conversion an f16 cache is read with. scores: [group][ld_scores >= n_pos]
- * scratch; out: [group][hd]. Bit-identical to pk_attend_group_reference for every head size,
- * group and conversion (the fast paths keep its order of operations). */
-void pk_attend_group(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                     pk_f16_to_f32_fn kv_f16, float scale, float *scores, size_t ld_scores, float *out);
+ * cache positions [0, n_pos): K and V are read once for all of them. scores: [group][ld_scores
+ * >= n_pos] scratch; out: [group][hd]. Bit-identical to pk_attend_group_reference for every
+ * head size, group, cache type and conversion (the fast paths keep its order of operations,
+ * and a converted value, f16 or int8 times an f16 scale, is exact in f32). */
+void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                     float *scores, size_t ld_scores, float *out);
 /* The same for `rows` query rows of one sequence over the same K/V head (a prefill chunk):
  * row r's heads q + r * ldq ([group][hd]) see positions [0, n_pos[r]) and write out + r * ldo.
- * An f16 cache is converted once per block for up to PK_ATTEND_ROWS rows. scores:
+ * An f16 or q8 cache is converted once per span for up to PK_ATTEND_ROWS rows. scores:
  * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= max n_pos] scratch. Each row bit-identical
  * to pk_attend_group on it alone. */
 /* 8 rather than 4: the f16 cache's conversion shared by more rows (docs/KERNELS.md); the
  * forward pass holds [threads][8][group][n_ctx] floats of scores. */
 #define PK_ATTEND_ROWS 8
 void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
-                    const void *kb, const void *v, pk_f16_to_f32_fn kv_f16, float scale, float *scores,
-                    size_t ld_scores, float *out, size_t ldo);
-/* The reference: one head at a time, one position at a time, f16 converted in plain C. */
-void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const void *kb, const void *v,
-                               int kv_f16, float scale, float *scores, size_t ld_scores, float *out);
+                    const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out, size_t ldo);
+/* The reference: one head at a time, one position at a time, values converted in plain C
+ * (kv->f16 is not used). */
+void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                               float *scores, size_t ld_scores, float *out);
 
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
 

@@ -9,7 +9,7 @@
  *
  * For several configurations (embedding table f32 / f16 / bf16 / qsi4c32 / qsi8cx, tied
  * lm_head sharing the embedding bytes or not, qsi4c32 and qsi8cx layers, llama3 rope_freqs or
- * none, f32 or f16 KV cache, 1 or 2 activation planes, 1 or 2 threads, shapes whose N and K
+ * none, f32, f16 or q8 KV cache, 1 or 2 activation planes, 1 or 2 threads, shapes whose N and K
  * are not multiples of the kernels' tiles), checks:
  *  - prefill of the whole sequence with all_logits, in one chunk (n_batch >= n) and in chunks
  *    of 3, equals decoding the same tokens one by one from an empty cache (within a float
@@ -86,7 +86,7 @@ typedef struct {
     pk_format emb;          /* embedding table type */
     int tied;              /* lm_head = the embedding bytes (emb must be qsi4c32/qsi8cx) */
     int q8_layers;         /* layer weights qsi8cx instead of qsi4c32 */
-    int rope_freqs, kv_f16, planes, threads, bl;
+    int rope_freqs, kv_type, planes, threads, bl;   /* kv_type: pk_kv_type */
 } config;
 
 typedef struct {
@@ -191,7 +191,7 @@ static pk_llama *make_model_seq(fixture *f, int n_batch, int n_seq) {
         .n_vocab = f->c.n_vocab, .n_embd = f->c.n_embd, .n_layer = f->c.n_layer,
         .n_head = f->c.n_head, .n_head_kv = f->c.n_head_kv, .head_dim = f->c.head_dim,
         .n_ff = f->c.n_ff, .rms_eps = 1e-5f, .rope_theta = 10000.0f, .n_ctx = f->c.n_ctx,
-        .n_batch = n_batch, .kv_f16 = f->c.kv_f16, .n_seq = n_seq,
+        .n_batch = n_batch, .kv_type = f->c.kv_type, .n_seq = n_seq,
     };
     return pk_llama_create(&hp, &f->w, f->ctx);
 }
@@ -391,6 +391,8 @@ static void test_bad_hparams(void) {
     BAD(n_ctx, 0);
     BAD(n_batch, 0);
     BAD(n_ff, -5);
+    BAD(kv_type, 3);       /* no such cache type */
+    BAD(kv_type, 2);       /* q8 with head_dim 16: not a multiple of its group of 32 */
     BAD(n_vocab, 0);
     BAD(n_seq, -1);
 #undef BAD
@@ -417,7 +419,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     /* name, V, h, layers, heads, kv heads, hd, ff, n_ctx, emb, tied, q8 layers, rope_freqs,
-     * kv_f16, planes, threads, bl */
+     * kv_type (0 f32, 1 f16, 2 q8), planes, threads, bl */
     const config configs[] = {
         {"f32-emb q4 1thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_FMT_F32, 0, 0, 1, 0, 1, 1, 32},
         {"f16-emb q4 kvf16 2thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_FMT_F16, 0, 0, 0, 1, 2, 2, 32},
@@ -425,6 +427,10 @@ int main(int argc, char **argv) {
         {"tied q8-emb q4 bl64", 53, 128, 2, 4, 1, 32, 192, 10, PK_FMT_QSI8CX, 1, 0, 1, 0, 2, 2, 64},
         {"tied q4-emb q4", 29, 64, 1, 2, 2, 32, 64, 6, PK_FMT_QSI4C32, 1, 0, 0, 1, 1, 2, 32},
         {"hd128 gqa4 q8", 19, 128, 1, 4, 1, 128, 96, 5, PK_FMT_QSI8CX, 1, 1, 1, 0, 2, 1, 32},
+        /* q8 caches past one block of 16 positions: the blocked K scales of a later block */
+        {"kvq8 hd32 2thr", 29, 64, 2, 2, 2, 32, 64, 37, PK_FMT_QSI4C32, 1, 0, 0, 2, 1, 2, 32},
+        {"kvq8 hd64 gqa3", 31, 192, 1, 6, 2, 64, 128, 35, PK_FMT_F32, 0, 0, 1, 2, 1, 2, 32},
+        {"kvq8 hd128 gqa4", 19, 128, 1, 4, 1, 128, 96, 21, PK_FMT_QSI8CX, 1, 1, 1, 2, 2, 1, 32},
     };
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const int before = n_fail;

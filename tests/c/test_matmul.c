@@ -9,11 +9,12 @@
  * --seed N, --only SUBSTR (only kernels whose name contains SUBSTR), --verbose.
  *
  * Checks:
- *  - the f16 KV cache: every f16 -> f32 conversion this CPU runs equals the scalar one on all
- *    65536 values and on every tail length; attention (pk_attend_group: each group and head
- *    size, f32 cache and f16 read by each conversion; pk_attend_rows on several rows of one
- *    sequence) is bit-identical to the reference (pk_attend_group_reference) row by row, and
- *    the reference is within 1e-5 of a double evaluation;
+ *  - the KV cache: every f16 -> f32 conversion this CPU runs equals the scalar one on all
+ *    65536 values and on every tail length; pk_kv_q8_row keeps each value within half a step;
+ *    attention (pk_attend_group: each group and head size, f32 cache, f16 and q8 caches read
+ *    by each conversion; pk_attend_rows on several rows of one sequence) is bit-identical to
+ *    the reference (pk_attend_group_reference) row by row, and the reference is within 1e-5
+ *    of a double evaluation of the values the cache holds;
  *  - the thread pool (1-4 threads, 3000 jobs, slow shares now and then): each share of each
  *    job runs exactly once, never twice at once, and before pk_pool_run returns;
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
@@ -223,12 +224,92 @@ static void attend_double(int group, int hd, int n_pos, const float *q, const fl
     free(s);
 }
 
+/* A K/V head's cache of type t built from rows kf, vf [n_rows][hd] (n_rows a multiple of
+ * PK_KV_BLOCK): the stored buffers (K position-blocked, q8's K scales in the same order) and
+ * the values as the cache holds them, kl, vl [n_rows][hd] (rounded to f16, or int8 times its
+ * scale). */
+typedef struct {
+    void *k, *v;
+    uint16_t *ks, *vs;
+    float *kl, *vl;
+} kv_case;
+
+static const char *const kv_names[] = {"f32", "f16", "q8"};
+
+static void kv_case_make(kv_case *c, pk_kv_type t, int hd, int n_rows, const float *kf, const float *vf) {
+    const size_t ne = (size_t)n_rows * hd, es = t == PK_KV_F32 ? 4 : t == PK_KV_F16 ? 2 : 1;
+    const int ng = hd / PK_KV_Q8_GROUP;
+    c->kl = malloc(sizeof(float) * ne), c->vl = malloc(sizeof(float) * ne);
+    c->k = malloc(es * ne), c->v = malloc(es * ne);
+    c->ks = c->vs = NULL;
+    void *krows = malloc(es * ne);   /* K rows before blocking */
+    if (t == PK_KV_F32) {
+        memcpy(krows, kf, sizeof(float) * ne), memcpy(c->v, vf, sizeof(float) * ne);
+        memcpy(c->kl, kf, sizeof(float) * ne), memcpy(c->vl, vf, sizeof(float) * ne);
+    } else if (t == PK_KV_F16) {
+        pk_f32_to_f16_row((int)ne, kf, krows), pk_f32_to_f16_row((int)ne, vf, c->v);
+        pk_f16_to_f32_for_isa("scalar")(ne, krows, c->kl), pk_f16_to_f32_for_isa("scalar")(ne, c->v, c->vl);
+    } else {
+        uint16_t *ksr = malloc(sizeof(uint16_t) * ne / PK_KV_Q8_GROUP);
+        c->ks = malloc(sizeof(uint16_t) * ne / PK_KV_Q8_GROUP), c->vs = malloc(sizeof(uint16_t) * ne / PK_KV_Q8_GROUP);
+        float sk[512 / PK_KV_Q8_GROUP], sv[512 / PK_KV_Q8_GROUP];
+        for (int j = 0; j < n_rows; j++) {
+            pk_kv_q8_row(hd, kf + (size_t)j * hd, (int8_t *)krows + (size_t)j * hd, ksr + (size_t)j * ng);
+            pk_kv_q8_row(hd, vf + (size_t)j * hd, (int8_t *)c->v + (size_t)j * hd, c->vs + (size_t)j * ng);
+            pk_f16_to_f32_for_isa("scalar")(ng, ksr + (size_t)j * ng, sk);
+            pk_f16_to_f32_for_isa("scalar")(ng, c->vs + (size_t)j * ng, sv);
+            for (int i = 0; i < hd; i++) {
+                c->kl[(size_t)j * hd + i] = (float)((int8_t *)krows)[(size_t)j * hd + i] * sk[i / PK_KV_Q8_GROUP];
+                c->vl[(size_t)j * hd + i] = (float)((int8_t *)c->v)[(size_t)j * hd + i] * sv[i / PK_KV_Q8_GROUP];
+            }
+        }
+        for (int j = 0; j < n_rows; j++)   /* K's scales blocked as K: [blocks][hd/32][16] */
+            for (int g = 0; g < ng; g++)
+                c->ks[((size_t)(j / PK_KV_BLOCK) * ng + g) * PK_KV_BLOCK + j % PK_KV_BLOCK] = ksr[(size_t)j * ng + g];
+        free(ksr);
+    }
+    for (int j = 0; j < n_rows; j++)
+        for (int i = 0; i < hd; i++)
+            memcpy((char *)c->k + es * (((size_t)(j / PK_KV_BLOCK) * hd + i) * PK_KV_BLOCK + j % PK_KV_BLOCK),
+                   (const char *)krows + es * ((size_t)j * hd + i), es);
+    free(krows);
+}
+
+static pk_kv_head kv_case_head(const kv_case *c, pk_kv_type t, pk_f16_to_f32_fn f16) {
+    return (pk_kv_head){.type = t, .k = c->k, .v = c->v, .k_scale = c->ks, .v_scale = c->vs, .f16 = f16};
+}
+
+static void kv_case_free(kv_case *c) { free(c->k); free(c->v); free(c->ks); free(c->vs); free(c->kl); free(c->vl); }
+
+/* q8 rows: every value within half a step of its scale of the input, the scale f16(max/127) */
+static void test_kv_q8_row(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    for (int t = 0; t < 200; t++) {
+        const int hd = PK_KV_Q8_GROUP * rnd_int(1, 4);
+        float x[128], d[4];
+        int8_t q[128];
+        uint16_t sc[4];
+        const float mag = t % 10 == 0 ? 0.0f : powf(10.0f, (float)rnd_int(-3, 3));
+        for (int i = 0; i < hd; i++) x[i] = rndf() * mag;
+        if (t % 7 == 1) x[rnd_int(0, hd - 1)] = mag * 30.0f;   /* an outlier */
+        pk_kv_q8_row(hd, x, q, sc);
+        pk_f16_to_f32_for_isa("scalar")((size_t)(hd / PK_KV_Q8_GROUP), sc, d);
+        int ok = 1;
+        for (int i = 0; i < hd; i++) {
+            const float s = d[i / PK_KV_Q8_GROUP];
+            ok &= q[i] >= -127 && q[i] <= 127 && fabsf((float)q[i] * s - x[i]) <= 0.5f * s * 1.001f + 1e-30f;
+        }
+        CHECK(ok, "pk_kv_q8_row case %d (hd %d, magnitude %g): a value off by more than half a step", t, hd, mag);
+    }
+    printf("kv q8 rows: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
 static void test_attention(int quick) {
     static const int groups[] = {1, 2, 3, 4, 5, 8};
     static const int hds[] = {64, 128, 32, 96};
     static const int npos[] = {1, 2, 15, 16, 17, 33, 100, 257};
     const int p0 = n_pass, f0 = n_fail;
-    int runs[COUNT(f16_isas) + 1] = {0};
+    int runs[3][COUNT(f16_isas)] = {{0}};
     double worst = 0.0;
     for (int ig = 0; ig < COUNT(groups); ig++)
         for (int ih = 0; ih < COUNT(hds); ih++)
@@ -237,9 +318,7 @@ static void test_attention(int quick) {
                 const int nb = (n + PK_KV_BLOCK - 1) / PK_KV_BLOCK, ld = n + rnd_int(0, 5);
                 const size_t ne = (size_t)nb * PK_KV_BLOCK * hd;   /* K is padded to whole blocks */
                 float *q = malloc(sizeof(float) * (size_t)G * hd), *kf = malloc(sizeof(float) * ne);
-                float *vf = malloc(sizeof(float) * ne), *kb = malloc(sizeof(float) * ne);
-                float *kl = malloc(sizeof(float) * ne), *vl = malloc(sizeof(float) * ne);
-                uint16_t *kb16 = malloc(sizeof(uint16_t) * ne), *v16 = malloc(sizeof(uint16_t) * ne);
+                float *vf = malloc(sizeof(float) * ne);
                 float *scores = malloc(sizeof(float) * (size_t)G * ld);
                 float *want = malloc(sizeof(float) * (size_t)G * hd), *got = malloc(sizeof(float) * (size_t)G * hd);
                 double *exact = malloc(sizeof(double) * (size_t)G * hd);
@@ -247,41 +326,32 @@ static void test_attention(int quick) {
                 for (int i = 0; i < G * hd; i++) q[i] = rndf() * mag;
                 for (size_t i = 0; i < ne; i++) kf[i] = rndf() * mag, vf[i] = rndf();
                 const float scale = 1.0f / sqrtf((float)hd);
-                for (int c16 = 0; c16 < 2; c16++) {
-                    /* the rows as the cache holds them (rounded to f16 for an f16 cache); K
-                     * position-blocked, the padding of the last block filled too */
-                    for (size_t i = 0; i < ne; i++) kl[i] = kf[i], vl[i] = vf[i];
-                    if (c16) {
-                        pk_f32_to_f16_row((int)ne, kf, v16);
-                        pk_f16_to_f32_for_isa("scalar")(ne, v16, kl);
-                        pk_f32_to_f16_row((int)ne, vf, v16);
-                        pk_f16_to_f32_for_isa("scalar")(ne, v16, vl);
-                    }
-                    for (int j = 0; j < nb * PK_KV_BLOCK; j++)
-                        for (int i = 0; i < hd; i++)
-                            kb[((size_t)(j / PK_KV_BLOCK) * hd + i) * PK_KV_BLOCK + j % PK_KV_BLOCK] = kl[(size_t)j * hd + i];
-                    pk_f32_to_f16_row((int)ne, kb, kb16);
-                    const void *K = c16 ? (const void *)kb16 : kb, *V = c16 ? (const void *)v16 : vl;
-                    pk_attend_group_reference(G, hd, n, q, K, V, c16, scale, scores, ld, want);
-                    attend_double(G, hd, n, q, kl, vl, scale, exact);
+                for (int t = PK_KV_F32; t <= PK_KV_Q8; t++) {
+                    /* the rows as the cache holds them, the padding of the last block filled too */
+                    kv_case c;
+                    kv_case_make(&c, (pk_kv_type)t, hd, nb * PK_KV_BLOCK, kf, vf);
+                    const pk_kv_head ref = kv_case_head(&c, (pk_kv_type)t, NULL);
+                    pk_attend_group_reference(G, hd, n, q, &ref, scale, scores, ld, want);
+                    attend_double(G, hd, n, q, c.kl, c.vl, scale, exact);
                     double err = 0.0;
                     for (int i = 0; i < G * hd; i++) err = fmax(err, fabs(want[i] - exact[i]));
                     worst = fmax(worst, err);
                     CHECK(err <= 1e-5, "attention reference G=%d hd=%d n=%d %s: %.3g from double", G, hd, n,
-                          c16 ? "f16" : "f32", err);
-                    for (int ii = 0; ii < (c16 ? COUNT(f16_isas) : 1); ii++) {
-                        pk_f16_to_f32_fn fn = c16 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
-                        if (c16 && !fn) continue;
+                          kv_names[t], err);
+                    for (int ii = 0; ii < (t != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
+                        pk_f16_to_f32_fn fn = t != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                        if (t != PK_KV_F32 && !fn) continue;
+                        const pk_kv_head kv = kv_case_head(&c, (pk_kv_type)t, fn);
                         for (int i = 0; i < G * hd; i++) got[i] = NAN;
-                        pk_attend_group(G, hd, n, q, K, V, fn, scale, scores, ld, got);
+                        pk_attend_group(G, hd, n, q, &kv, scale, scores, ld, got);
                         CHECK(!memcmp(got, want, sizeof(float) * (size_t)G * hd),
-                              "pk_attend_group G=%d hd=%d n=%d %s%s differs from the reference", G, hd, n,
-                              c16 ? "f16 read by f16_to_f32_" : "f32", c16 ? f16_isas[ii] : "");
-                        runs[c16 ? 1 + ii : 0]++;
+                              "pk_attend_group G=%d hd=%d n=%d %s read by f16_to_f32_%s differs from the reference",
+                              G, hd, n, kv_names[t], f16_isas[ii]);
+                        runs[t][ii]++;
                     }
+                    kv_case_free(&c);
                 }
-                free(q); free(kf); free(vf); free(kb); free(kl); free(vl); free(kb16); free(v16);
-                free(scores); free(want); free(got); free(exact);
+                free(q); free(kf); free(vf); free(scores); free(want); free(got); free(exact);
             }
     /* pk_attend_rows: rows of one sequence (a prefill window: consecutive positions, or any),
      * up to past PK_ATTEND_ROWS, each row bit-identical to the reference on it alone */
@@ -292,42 +362,43 @@ static void test_attention(int quick) {
         int n_pos[PK_ATTEND_ROWS + 3];
         for (int r = 0; r < rows; r++)
             n_pos[r] = (t & 1) ? rnd_int(1, n_max) : (n_max - rows + 1 + r > 0 ? n_max - rows + 1 + r : 1);
-        const int ld = n_max + 3;
-        const size_t ne = (size_t)((n_max + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK) * hd;
+        const int ld = n_max + 3, n_rows = (n_max + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
+        const size_t ne = (size_t)n_rows * hd;
         const size_t ldq = (size_t)G * hd + (size_t)rnd_int(0, 9);
         float *q = malloc(sizeof(float) * ldq * rows), *kf = malloc(sizeof(float) * ne), *vf = malloc(sizeof(float) * ne);
-        uint16_t *k16 = malloc(sizeof(uint16_t) * ne), *v16 = malloc(sizeof(uint16_t) * ne);
         float *scores = malloc(sizeof(float) * (size_t)PK_ATTEND_ROWS * G * ld);
         float *want = malloc(sizeof(float) * ldq * rows), *got = malloc(sizeof(float) * ldq * rows);
         for (size_t i = 0; i < ldq * rows; i++) q[i] = rndf() * 3.0f;
         for (size_t i = 0; i < ne; i++) kf[i] = rndf() * 3.0f, vf[i] = rndf();
-        pk_f32_to_f16_row((int)ne, kf, k16);
-        pk_f32_to_f16_row((int)ne, vf, v16);
-        for (int c16 = 0; c16 < 2; c16++) {
-            const void *K = c16 ? (const void *)k16 : kf, *V = c16 ? (const void *)v16 : vf;
+        for (int kt = PK_KV_F32; kt <= PK_KV_Q8; kt++) {
+            kv_case c;
+            kv_case_make(&c, (pk_kv_type)kt, hd, n_rows, kf, vf);
+            const pk_kv_head ref = kv_case_head(&c, (pk_kv_type)kt, NULL);
             for (int r = 0; r < rows; r++)
-                pk_attend_group_reference(G, hd, n_pos[r], q + r * ldq, K, V, c16, 0.125f, scores, ld,
-                                          want + r * ldq);
-            for (int ii = 0; ii < (c16 ? COUNT(f16_isas) : 1); ii++) {
-                pk_f16_to_f32_fn fn = c16 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
-                if (c16 && !fn) continue;
+                pk_attend_group_reference(G, hd, n_pos[r], q + r * ldq, &ref, 0.125f, scores, ld, want + r * ldq);
+            for (int ii = 0; ii < (kt != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
+                pk_f16_to_f32_fn fn = kt != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                if (kt != PK_KV_F32 && !fn) continue;
+                const pk_kv_head kv = kv_case_head(&c, (pk_kv_type)kt, fn);
                 for (size_t i = 0; i < ldq * rows; i++) got[i] = NAN;
-                pk_attend_rows(rows, n_pos, G, hd, q, ldq, K, V, fn, 0.125f, scores, ld, got, ldq);
+                pk_attend_rows(rows, n_pos, G, hd, q, ldq, &kv, 0.125f, scores, ld, got, ldq);
                 int same = 1;
                 for (int r = 0; r < rows; r++)
                     same &= !memcmp(got + r * ldq, want + r * ldq, sizeof(float) * (size_t)G * hd);
-                CHECK(same, "pk_attend_rows rows=%d G=%d hd=%d n_max=%d %s%s differs from the reference", rows, G, hd,
-                      n_max, c16 ? "f16 read by f16_to_f32_" : "f32", c16 ? f16_isas[ii] : "");
+                CHECK(same, "pk_attend_rows rows=%d G=%d hd=%d n_max=%d %s read by f16_to_f32_%s differs from the "
+                      "reference", rows, G, hd, n_max, kv_names[kt], f16_isas[ii]);
                 row_runs++;
             }
+            kv_case_free(&c);
         }
-        free(q); free(kf); free(vf); free(k16); free(v16); free(scores); free(want); free(got);
+        free(q); free(kf); free(vf); free(scores); free(want); free(got);
     }
     printf("attention rows: %d pk_attend_rows cases bit-identical with the reference row by row%s\n", row_runs,
            n_fail > f0 ? " (FAILURES)" : "");
-    printf("attention: f32 %d cases", runs[0]);
-    for (int ii = 0; ii < COUNT(f16_isas); ii++)
-        if (runs[1 + ii]) printf(", f16_to_f32_%s %d cases", f16_isas[ii], runs[1 + ii]);
+    printf("attention: f32 %d cases", runs[0][0]);
+    for (int t = PK_KV_F16; t <= PK_KV_Q8; t++)
+        for (int ii = 0; ii < COUNT(f16_isas); ii++)
+            if (runs[t][ii]) printf(", %s by f16_to_f32_%s %d cases", kv_names[t], f16_isas[ii], runs[t][ii]);
     printf(" bit-identical with the reference (max %.2g from double); %d checks%s\n", worst, n_pass - p0,
            n_fail > f0 ? " (FAILURES)" : "");
 }
@@ -840,6 +911,7 @@ int main(int argc, char **argv) {
     test_quantize();
     test_rotate();
     test_f16_convert();
+    test_kv_q8_row();
     test_attention(quick);
     test_pool();
 
