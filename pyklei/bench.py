@@ -12,6 +12,8 @@ model, benchmarks/compare.py on pyklei, llama.cpp and transformers alike.
   median time of that pass and the choice of the first (greedy) token.
 - decode: N greedy steps after a prefill of `decode_context` tokens, sampling excluded;
   tok/s = N / the median time.
+- depth D (llama-bench's -d): every test starts from D tokens already in the cache, prefilled
+  untimed before each run: prefill of N tokens at positions D.., decode of N tokens from D.
 - cost: price per hour / 3600 / (tok/s) x 1e6 = USD per million tokens for the whole machine.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ._text import mb, plural, table
+from .options import model_default
 
 WARMUP_TOKENS = 8       # one prefill before the measured runs: touches the weights once
 DECODE_CONTEXT = 1      # prompt tokens before `pyklei bench`'s decode test
@@ -47,12 +50,17 @@ def measure_speed(prefill: Callable[[list[int]], np.ndarray], step: Callable[[in
                   tokens: Callable[[int], list[int]], prompt_lengths: Sequence[int], n_gen: int,
                   repeats: int = 3, decode_context: int = DECODE_CONTEXT,
                   warmup: int = WARMUP_TOKENS,
-                  progress: Callable[[int, int, str], None] | None = None) -> dict:
+                  progress: Callable[[int, int, str], None] | None = None, depth: int = 0,
+                  extend: Callable[[list[int]], np.ndarray] | None = None) -> dict:
     """Prefill speed and TTFT for each prompt length, and decode speed, each the median of
     `repeats` runs (see the module doc). tokens(n) gives n prompt tokens; it is called for every
-    run. progress(i, n, stage): i of n runs done, `stage` ("warm-up", "prefill 64",
-    "decode 128") next. -> {"prefill": [{"tokens", "tok_s", "ttft_s", "samples_s"}, ...],
-    "decode": {"tokens", "tok_s", "ms_per_token", "samples_s"} or None when n_gen is 0}."""
+    run. With depth > 0 each run first prefills `depth` tokens (untimed), and the timed prompt
+    goes through extend(ids) (the engine's eval continuing its cache); decode starts at depth.
+    progress(i, n, stage): i of n runs done, `stage` ("warm-up", "prefill 64", "decode 128")
+    next. -> {"prefill": [{"tokens", "tok_s", "ttft_s", "samples_s"}, ...], "decode":
+    {"tokens", "tok_s", "ms_per_token", "samples_s"} or None when n_gen is 0, "depth"}."""
+    if depth and extend is None:
+        raise ValueError("a depth needs extend(), the engine's eval continuing its cache")
     n_runs = 1 + repeats * (len(prompt_lengths) + (1 if n_gen else 0))
     done = 0
 
@@ -64,14 +72,17 @@ def measure_speed(prefill: Callable[[list[int]], np.ndarray], step: Callable[[in
 
     tick("warm-up")
     prefill(tokens(warmup))
-    res = {"prefill": [], "decode": None}
+    res = {"prefill": [], "decode": None, "depth": depth}
+    at = f" @ {depth}" if depth else ""
     for p in prompt_lengths:
         dts, ttfts = [], []
         for _ in range(repeats):
-            tick(f"prefill {p}")
+            tick(f"prefill {p}{at}")
+            if depth:
+                prefill(tokens(depth))
             toks = tokens(p)
             t = time.perf_counter()
-            logits = prefill(toks)
+            logits = extend(toks) if depth else prefill(toks)
             dts.append(time.perf_counter() - t)
             int(np.argmax(logits))                  # the first token (greedy)
             ttfts.append(time.perf_counter() - t)
@@ -80,8 +91,8 @@ def measure_speed(prefill: Callable[[list[int]], np.ndarray], step: Callable[[in
     if n_gen:
         times = []
         for _ in range(repeats):
-            tick(f"decode {n_gen}")
-            logits = prefill(tokens(decode_context))
+            tick(f"decode {n_gen}{at}")
+            logits = prefill(tokens(depth or decode_context))
             t = time.perf_counter()
             for _ in range(n_gen):
                 logits = step(int(np.argmax(logits)))
@@ -94,18 +105,23 @@ def measure_speed(prefill: Callable[[list[int]], np.ndarray], step: Callable[[in
     return res
 
 
-def _check_fits(n_ctx: int, prompt_lengths: Sequence[int], n_gen: int) -> None:
-    """Every test within the context, by token_budget's rule: a prefill of N tokens with
-    nothing generated, a decode of n_gen tokens after DECODE_CONTEXT."""
+def _longest_test(prompt_lengths: Sequence[int], n_gen: int, depth: int) -> int:
+    """Tokens the longest test holds: depth + a prompt, or depth (or DECODE_CONTEXT) + n_gen."""
+    return max(depth + max(prompt_lengths, default=0), (depth or DECODE_CONTEXT) + n_gen if n_gen else 0)
+
+
+def _check_fits(n_ctx: int, prompt_lengths: Sequence[int], n_gen: int, depth: int = 0) -> None:
+    """Every test within the context, by token_budget's rule: a prefill of depth + N tokens
+    with nothing generated, a decode of n_gen tokens after depth (or DECODE_CONTEXT)."""
     from .request import token_budget
 
     try:
         for p in prompt_lengths:
-            token_budget(n_ctx, p, 0)
+            token_budget(n_ctx, depth + p, 0)
         if n_gen:
-            token_budget(n_ctx, DECODE_CONTEXT, n_gen)
+            token_budget(n_ctx, depth or DECODE_CONTEXT, n_gen)
     except ValueError:
-        longest = max(max(prompt_lengths, default=0), DECODE_CONTEXT + n_gen)
+        longest = _longest_test(prompt_lengths, n_gen, depth)
         raise ValueError(f"--ctx-size {n_ctx} is smaller than the longest test ({longest} "
                          f"tokens)") from None
 
@@ -116,13 +132,15 @@ def _loadavg():
 
 def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int = 128,
               threads: Sequence[int] | None = None, repeats: int = 3, seed: int = 0,
-              price_per_hour: float | None = None, n_ctx: int | None = None, n_batch: int = 256,
-              kv_cache: str = "f32", activations: str = "auto",
-              progress: Callable[[int, int, str], None] | None = None) -> dict:
+              price_per_hour: float | None = None, n_ctx: int | None = None,
+              n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
+              activations: str = model_default("activations"),
+              progress: Callable[[int, int, str], None] | None = None, depth: int = 0) -> dict:
     """Loads the model once per thread count (default: the physical cores) and measures it
-    with measure_speed on random ordinary tokens (the same for every thread count: `seed`).
-    n_ctx defaults to the longest test. progress(i, n, stage) counts runs over all thread
-    counts. -> the report `pyklei bench --json` prints."""
+    with measure_speed on random ordinary tokens (the same for every thread count: `seed`),
+    every test at `depth` tokens of context (default 0). n_ctx defaults to the longest test.
+    progress(i, n, stage) counts runs over all thread counts. -> the report `pyklei bench
+    --json` prints."""
     import gc
 
     from .activation_policy import choose_activations
@@ -135,8 +153,10 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
 
     path = check_model_path(model_file(path))     # org/name:file.gguf: the hub cache's copy
     lengths = list(prompt_lengths)
-    n_ctx = n_ctx or max(max(lengths, default=1), DECODE_CONTEXT + n_gen, MIN_BENCH_CTX)
-    _check_fits(n_ctx, lengths, n_gen)
+    if depth < 0:
+        raise ValueError(f"depth must be >= 0, not {depth}")
+    n_ctx = n_ctx or max(_longest_test(lengths, n_gen, depth), MIN_BENCH_CTX)
+    _check_fits(n_ctx, lengths, n_gen, depth)
     if not lengths and n_gen == 0:
         raise ValueError("nothing to measure: give -p lengths or -n > 0")
     thread_counts = list(threads or [physical_cores()])
@@ -144,7 +164,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     n_runs = runs_per_thread * len(thread_counts)
     report = {"model": str(path), "name": None, "file_bytes": path.stat().st_size, "params": None,
               "activations": activations, "kv_cache": kv_cache, "batch_size": n_batch,
-              "ctx_size": n_ctx, "repeats": repeats, "price_per_hour_usd": price_per_hour,
+              "ctx_size": n_ctx, "depth": depth, "repeats": repeats, "price_per_hour_usd": price_per_hour,
               "cpu_features": cpu_features(), "kernels": {}, "cpu_count": os.cpu_count(),
               "loadavg": _loadavg(), "results": []}
     activations = report["activations"] = choose_activations(read_model(path), activations)
@@ -181,7 +201,8 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
                 progress(base + i, n_runs, f"{th} thread(s): {stage}")
 
         m = measure_speed(prefill, model.step, tokens, lengths, n_gen, repeats,
-                          warmup=min(WARMUP_TOKENS, n_ctx), progress=runs)
+                          warmup=min(WARMUP_TOKENS, n_ctx), progress=runs, depth=depth,
+                          extend=model.eval)
         for r in m["prefill"] + ([m["decode"]] if m["decode"] else []):
             r["usd_per_mtok"] = cost_per_mtok(price_per_hour, r["tok_s"])
         res = {"threads": th, "load_s": load_s, **m, "state_bytes": model.state_bytes,
@@ -198,7 +219,9 @@ def bench_text(rep: dict) -> str:
     price = rep["price_per_hour_usd"]
     head = (f"model: {rep['name'] or Path(rep['model']).name}  {mb(rep['file_bytes'])}, "
             f"{rep['params'] / 1e6:.1f} M params; activations {rep['activations']}, "
-            f"KV {rep['kv_cache']}, batch {rep['batch_size']}, ctx {rep['ctx_size']}")
+            f"KV {rep['kv_cache']}, batch {rep['batch_size']}, ctx {rep['ctx_size']}"
+            + (f", depth {rep['depth']}" if rep.get("depth") else ""))
+    at = f" @ {rep['depth']}" if rep.get("depth") else ""
     kd, kp = rep["kernels"]["decode"]["qsi4c32"], rep["kernels"]["prefill"]["qsi4c32"]
     cpu = (f"cpu: {' '.join(rep['cpu_features']) or 'baseline'} ({rep['cpu_count']} logical CPUs"
            + (f", 1-min load average {rep['loadavg'][0]:.1f} at the start" if rep.get("loadavg") else "")
@@ -210,11 +233,11 @@ def bench_text(rep: dict) -> str:
     cols += ["load s", "peak RSS MB"]
     rows = [cols]
     for r in rep["results"]:
-        tests = [(f"prefill {p['tokens']}", p, f"{p['ttft_s'] * 1e3:.0f}",
+        tests = [(f"prefill {p['tokens']}{at}", p, f"{p['ttft_s'] * 1e3:.0f}",
                   f"{p['ttft_s'] / p['tokens'] * 1e3:.2f}") for p in r["prefill"]]
         if r["decode"]:
             d = r["decode"]
-            tests.append((f"decode {d['tokens']}", d, "-", f"{d['ms_per_token']:.2f}"))
+            tests.append((f"decode {d['tokens']}{at}", d, "-", f"{d['ms_per_token']:.2f}"))
         for i, (name, t, ttft, ms) in enumerate(tests):
             row = [str(r["threads"]), name, f"{t['tok_s']:.1f}", ttft, ms]
             if price is not None:
@@ -224,7 +247,9 @@ def bench_text(rep: dict) -> str:
             rows.append(row)
     lines = [head, cpu, kern, ""] + table(rows, right=range(2, len(cols)), rule=True)
     notes = [f"median of {plural(rep['repeats'], 'run')}; TTFT = prefill of the prompt + the first "
-             f"(greedy) token; decode from an empty context, sampling excluded"]
+             f"(greedy) token; "
+             + (f"every test after {rep['depth']} tokens of context (prefilled untimed)"
+                if rep.get("depth") else "decode from an empty context") + ", sampling excluded"]
     if price is not None:
         notes.append(f"cost at ${price:g}/hour for the whole machine: $/M tokens = "
                      f"price / 3600 / (tok/s) x 1e6")

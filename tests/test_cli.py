@@ -126,6 +126,20 @@ def test_measure_speed_runs_any_engine():
     assert stages[0] == (0, 10, "warm-up") and stages[-1] == (10, 10, "done")
     assert measure_speed(prefill, step, lambda n: [1] * n, [4], n_gen=0, repeats=1)["decode"] is None
 
+    # at a depth: each run prefills `depth` tokens untimed, then extends by the prompt; decode
+    # starts from the depth
+    calls.clear()
+
+    def extend(ids):
+        calls.append(("extend", len(ids)))
+        return np.zeros(8, np.float32)
+
+    m = measure_speed(prefill, step, lambda n: [1] * n, [4], n_gen=2, repeats=2, depth=100, extend=extend)
+    assert calls[1:] == [("prefill", 100), ("extend", 4)] * 2 + [("prefill", 100), ("step", 0), ("step", 0)] * 2
+    assert m["depth"] == 100
+    with pytest.raises(ValueError, match="depth needs extend"):
+        measure_speed(prefill, step, lambda n: [1] * n, [4], n_gen=0, depth=10)
+
 # ---- generate -----------------------------------------------------------------------------
 
 def test_generate_streams_and_prints_stats(smollm2_q4):
@@ -298,6 +312,14 @@ def test_bench_json_and_table(smollm2_q4):
     assert r.returncode == 0, r.stderr
     for s in ("threads", "tok/s", "TTFT ms", "$/M tokens", "peak RSS MB", "prefill 16", "decode 8"):
         assert s in r.stdout, s
+
+    r = pyklei("bench", smollm2_q4, "-p", "16", "-n", "4", "-r", "1", "-t", "1", "-d", "40",
+               "--kv-cache", "q8")
+    assert r.returncode == 0, r.stderr
+    for s in ("KV q8", "ctx 56, depth 40", "prefill 16 @ 40", "decode 4 @ 40", "after 40 tokens"):
+        assert s in r.stdout, s
+    r = pyklei("bench", smollm2_q4, "-p", "16", "-n", "4", "-d", "40", "-c", "50")
+    assert r.returncode == 2 and "--ctx-size 50 is smaller than the longest test (56 tokens)" in r.stderr
 
 
 def test_perplexity(smollm2_q4, tmp_path):

@@ -15,13 +15,17 @@ def add_parser(sub):
         "machine: price / 3600 / (tok/s) x 1e6.",
         "examples:\n"
         "  pyklei bench m.gguf\n"
-        "  pyklei bench m.gguf -p 64,512 -n 64 --threads 1,2 --price-per-hour 0.04 --json")
+        "  pyklei bench m.gguf -p 64,512 -n 64 --threads 1,2 --price-per-hour 0.04 --json\n"
+        "  pyklei bench m.gguf -p 512 -n 64 -d 4096 --kv-cache q8")
     b.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
     b.add_argument("-p", "--prompt-lengths", type=_int_list(1, "prompt length"),
                    default=[64, 128, 512], metavar="N[,N...]",
                    help="prompt lengths to prefill (default 64,128,512)")
     b.add_argument("-n", "--n-gen", type=_int_at_least(0, "token count"), default=128,
                    metavar="N", help="tokens to decode (default %(default)s; 0 skips decode)")
+    b.add_argument("-d", "--depth", type=_int_at_least(0, "depth"), default=0, metavar="N",
+                   help="tokens already in the context when each test starts (prefilled "
+                        "untimed; llama-bench's -d) (default %(default)s)")
     b.add_argument("--threads", "-t", type=_int_list(1, "thread count"), default=None,
                    metavar="T[,T...]", help="thread counts to measure (default: the physical cores)")
     b.add_argument("-r", "--repeats", type=_int_at_least(1, "repeat count"), default=3, metavar="N",
@@ -43,7 +47,8 @@ def run(args) -> int:
     with _progress_bar(args, "bench", "run", leave=False) as progress:
         report = run_bench(args.model, args.prompt_lengths, args.n_gen, args.threads,
                            args.repeats, args.seed, args.price_per_hour, args.ctx_size,
-                           args.batch_size, args.kv_cache, args.activations, progress=progress)
+                           args.batch_size, args.kv_cache, args.activations, progress=progress,
+                           depth=args.depth)
     if args.json:
         _print_json(report)
     else:
