@@ -1,25 +1,35 @@
 """Prefill and decode speed of pyklei's default file beside llama.cpp's Q4_K_M and Q4_0 of the
-same weights, on this machine, in one run (issue 15's speed goal: decode >= 1.3x and prefill
->= 2x llama.cpp Q4_K_M).
+same weights, on this machine, in one run: at several depths of context and with each KV cache
+type beside llama.cpp's own (issue 24: f16 beside f16, q8 beside q8_0).
 
     python benchmarks/speed_vs_llamacpp.py                 # SmolLM2, 2 threads, 5 rounds
     python benchmarks/speed_vs_llamacpp.py --threads 1,2 --rounds 3
+    python benchmarks/speed_vs_llamacpp.py --depths 0,4096 --kv-caches f16,q8 --rounds 3
+    python benchmarks/speed_vs_llamacpp.py --busy 1 --out speed-vs-llamacpp-busy
 
 pyklei's file is what `pyklei convert` makes by default (rotation + GPTQ; the quality
-harness's cached "default" file, benchmarks/quality.py), measured by `pyklei bench` with two
-activation planes (the default) and with one; llama.cpp's files come from its own
-llama-quantize (benchmarks/llamacpp_quality.py's cache) and are measured by llama-bench. The
-engines alternate, round after round, each in its own process, so that a busy neighbour on a
-shared VM slows all of them alike; in each round an engine reports the median (pyklei bench) or
-the mean (llama-bench) of 3 runs, and each figure here is the median over the rounds. Quality of the
-same files: benchmarks/results/quality.md.
+harness's cached "default" file, benchmarks/quality.py), measured by `pyklei bench` with its
+default activations (one plane on a rotated file); llama.cpp's files come from its own
+llama-quantize (benchmarks/llamacpp_quality.py's cache) and are measured by llama-bench with
+flash attention on (`-fa 1`: its faster path at depth, and the one a quantized V cache needs)
+and the same cache type (`-ctk/-ctv`). At a depth D both engines prefill D tokens untimed
+before each test (`-d D`). The engines alternate, round after round, each in its own process,
+so that a busy neighbour on a shared VM slows all of them alike; in each round an engine
+reports the median (pyklei bench) or the mean (llama-bench) of its repetitions (3 at depth 0,
+1 at a depth), and each figure here is the median over the rounds, with the load average
+beside the run. Quality of the same files: benchmarks/results/quality.md and kv-cache.md.
 
-Results: benchmarks/results/speed-vs-llamacpp.md and .json.
+--busy N runs N busy loops (one process each, `while True: pass`) beside every measurement: the
+machine another job is using (issue 24: pyklei should keep >= 40% of its idle decode speed and
+never fall below llama.cpp under the same load).
+
+Results: benchmarks/results/speed-vs-llamacpp.md and .json (--out NAME: NAME.md / .json).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -32,26 +42,58 @@ RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def pyklei_run(path: Path, threads: int, pl: list[int], n_gen: int, act: str) -> dict:
+# pyklei's KV cache type -> llama.cpp's (-ctk / -ctv)
+LLAMACPP_KV = {"f32": "f32", "f16": "f16", "q8": "q8_0"}
+
+
+def _reps(depth: int) -> int:
+    return 1 if depth else 3      # a deep prefill before every repetition is the cost
+
+
+def _key(test: str, depth: int) -> str:
+    return f"{test} @ d{depth}" if depth else test
+
+
+def pyklei_run(path: Path, threads: int, pl: list[int], n_gen: int, act: str, depth: int,
+               kv: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "pyklei", "bench", str(path), "-t", str(threads),
-                          "-p", ",".join(map(str, pl)), "-n", str(n_gen), "-r", "3", "--json",
-                          "--no-progress", "--activations", act],
+                          "-p", ",".join(map(str, pl)), "-n", str(n_gen), "-r", str(_reps(depth)),
+                          "-d", str(depth), "--kv-cache", kv, "--json", "--no-progress",
+                          "--activations", act],
                          capture_output=True, text=True, check=True)
     res = json.loads(out.stdout)["results"][0]
-    got = {f"pp{r['tokens']}": r["tok_s"] for r in res["prefill"]}
-    got[f"tg{n_gen}"] = res["decode"]["tok_s"]
+    got = {_key(f"pp{r['tokens']}", depth): r["tok_s"] for r in res["prefill"]}
+    got[_key(f"tg{n_gen}", depth)] = res["decode"]["tok_s"]
     return got
 
 
-def llamacpp_run(bench: Path, path: Path, threads: int, pl: list[int], n_gen: int) -> dict:
+def llamacpp_run(bench: Path, path: Path, threads: int, pl: list[int], n_gen: int, depth: int,
+                 kv: str) -> dict:
     out = subprocess.run([str(bench), "-m", str(path), "-t", str(threads), "-p", ",".join(map(str, pl)),
-                          "-n", str(n_gen), "-r", "3", "-o", "json"], capture_output=True, text=True,
-                         check=True)
+                          "-n", str(n_gen), "-r", str(_reps(depth)), "-d", str(depth), "-fa", "1",
+                          "-ctk", LLAMACPP_KV[kv], "-ctv", LLAMACPP_KV[kv], "-o", "json"],
+                         capture_output=True, text=True, check=True)
     got = {}
     for r in json.loads(out.stdout):
         key = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-        got[key] = r["avg_ts"]
+        got[_key(key, depth)] = r["avg_ts"]
     return got
+
+
+def measure_rounds(args, engines, runs, depths, pl, bench, loads) -> None:
+    """Every (engine, threads, cache type) once per round, all depths in one go; fills runs
+    and loads (the 1-min load average after each)."""
+    for rnd in range(args.rounds):
+        for (e, t, kv) in runs:
+            kind, path, act = engines[e]
+            got = {}
+            for d in depths:
+                got.update(pyklei_run(path, int(t), pl, args.n_gen, act, d, kv) if kind == "pyklei"
+                           else llamacpp_run(bench, path, int(t), pl, args.n_gen, d, kv))
+            loads.append(os.getloadavg()[0])
+            runs[(e, t, kv)].append(got)
+            print(f"round {rnd + 1}: {e}, {t} threads, KV {kv}: {got} (load {loads[-1]:.1f})",
+                  file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -63,8 +105,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-lengths", default="128,512")
     ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--depths", default="0", help="comma list of context depths (default 0)")
+    ap.add_argument("--busy", type=int, default=0, help="busy-loop processes beside the engines")
+    ap.add_argument("--out", default="speed-vs-llamacpp", help="results file name (no suffix)")
+    ap.add_argument("--kv-caches", default="f16", help="comma list of pyklei KV cache types "
+                    "(f32, f16, q8; llama.cpp gets f32, f16, q8_0) (default f16)")
     args = ap.parse_args(argv)
     pl = [int(x) for x in args.prompt_lengths.split(",")]
+    depths = [int(x) for x in args.depths.split(",")]
+    kvs = args.kv_caches.split(",")
     bench = lcpp.LLAMACPP_BIN / "llama-bench"
     if lcpp.tools_missing() or not bench.is_file():
         print(f"llama.cpp's tools are missing ({', '.join(lcpp.tools_missing()) or bench}); "
@@ -79,42 +128,54 @@ def main(argv=None) -> int:
     convert_variant(hf, ours, VARIANTS["default"])
     theirs = lcpp.make_files(hf, cache_dir() / "llamacpp" / "smollm2", ["Q4_K_M", "Q4_0"],
                              log=lambda m: print(m, file=sys.stderr))
-    engines = {"pyklei default (2 planes)": ("pyklei", ours, "auto"),
-               "pyklei default, 1 plane": ("pyklei", ours, "qai8dx"),
+    engines = {"pyklei default": ("pyklei", ours, "auto"),
                "llama.cpp Q4_K_M": ("llamacpp", theirs["Q4_K_M"], None),
                "llama.cpp Q4_0": ("llamacpp", theirs["Q4_0"], None)}
-    runs = {(e, t): [] for e in engines for t in args.threads.split(",")}
-    for rnd in range(args.rounds):
-        for (e, t) in runs:
-            kind, path, act = engines[e]
-            got = (pyklei_run(path, int(t), pl, args.n_gen, act) if kind == "pyklei"
-                   else llamacpp_run(bench, path, int(t), pl, args.n_gen))
-            runs[(e, t)].append(got)
-            print(f"round {rnd + 1}: {e}, {t} threads: {got}", file=sys.stderr)
+    runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in engines}
+    loads = []
+    t_start = time.time()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        measure_rounds(args, engines, runs, depths, pl, bench, loads)
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
 
-    tests = [f"pp{p}" for p in pl] + [f"tg{args.n_gen}"]
+    tests = [_key(f"pp{p}", d) for d in depths for p in pl] + [_key(f"tg{args.n_gen}", d) for d in depths]
     med = {k: {x: statistics.median(r[x] for r in v) for x in tests} for k, v in runs.items()}
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor())
-    lines = [f"# pyklei's default file beside llama.cpp Q4_K_M / Q4_0: SmolLM2-135M-Instruct", "",
-             f"`python benchmarks/speed_vs_llamacpp.py --threads {args.threads} --rounds {args.rounds}`; "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu}. Tokens per second, "
-             f"median of {args.rounds} alternating rounds (pp = prefill of N tokens, tg = decode).", "",
-             "| engine | file | threads | " + " | ".join(tests) + " |",
-             "|---|---|---|" + "---|" * len(tests)]
-    for (e, t), m in med.items():
+    cmd = (f"python benchmarks/speed_vs_llamacpp.py --threads {args.threads} --rounds {args.rounds}"
+           + (f" --depths {args.depths}" if depths != [0] else "")
+           + (f" --kv-caches {args.kv_caches}" if kvs != ["f16"] else "")
+           + (f" --busy {args.busy}" if args.busy else "")
+           + (f" --out {args.out}" if args.out != "speed-vs-llamacpp" else ""))
+    lines = ["# pyklei's default file beside llama.cpp Q4_K_M / Q4_0: SmolLM2-135M-Instruct", "",
+             f"`{cmd}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu}; "
+             f"{time.time() - t_start:.0f} s; 1-min load average {min(loads):.1f}-{max(loads):.1f} "
+             f"during the run ({os.cpu_count()} CPUs, shared). Tokens per second, median of "
+             f"{args.rounds} alternating rounds (pp = prefill of N tokens, tg = decode; "
+             f"@ dD: after D tokens of context). KV: pyklei's cache type and llama.cpp's "
+             f"({', '.join(f'{k} = {LLAMACPP_KV[k]}' for k in kvs)}; llama.cpp with -fa 1)."
+             + (f" **{args.busy} busy-loop process{'es' if args.busy > 1 else ''} ran beside every "
+                f"measurement.**" if args.busy else ""), "",
+             "| engine | file | threads | KV | " + " | ".join(tests) + " |",
+             "|---|---|---|---|" + "---|" * len(tests)]
+    for (e, t, kv), m in med.items():
         size = engines[e][1].stat().st_size / 1e6
-        lines.append(f"| {e} | {size:.1f} MB | {t} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
-    lines += [""]
-    for t in args.threads.split(","):
-        for e in ("pyklei default (2 planes)", "pyklei default, 1 plane"):
+        lines.append(f"| {e} | {size:.1f} MB | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
+    lines += ["", "pyklei / llama.cpp, the same threads and cache type:", ""]
+    for kv in kvs:
+        for t in args.threads.split(","):
             for peer in ("llama.cpp Q4_K_M", "llama.cpp Q4_0"):
-                r = [f"{x} **{med[(e, t)][x] / med[(peer, t)][x]:.2f}**" for x in tests]
-                lines.append(f"- {e} / {peer}, {t} thread{'s' if t != '1' else ''}: " + ", ".join(r))
+                r = [f"{x} **{med[('pyklei default', t, kv)][x] / med[(peer, t, kv)][x]:.2f}**" for x in tests]
+                lines.append(f"- {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: " + ", ".join(r))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "speed-vs-llamacpp.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "speed-vs-llamacpp.json").write_text(json.dumps(
-        {"rounds": {f"{e} | {t}": v for (e, t), v in runs.items()}, "cpu": cpu}, indent=1))
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(
+        {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()}, "cpu": cpu,
+         "loadavg": loads, "command": cmd}, indent=1))
     print("\n".join(lines))
     return 0
 

@@ -18,7 +18,8 @@ from pyklei import _ext
 from pyklei._ext import KernelError
 
 F16_ISAS = ("scalar", "avx2", "avx512vnni", "neon")
-SHAPES = [(g, hd, n) for g in (1, 3, 4, 5, 8) for hd in (64, 128, 96) for n in (1, 16, 17, 300)]
+# 1100 positions: three chunks of PK_ATTEND_CHUNK (512), the last one partial
+SHAPES = [(g, hd, n) for g in (1, 3, 4, 5, 8) for hd in (64, 128, 96) for n in (1, 16, 17, 300, 1100)]
 
 
 def _case(group, hd, n_pos, cache, seed):
@@ -87,7 +88,7 @@ def test_every_path_bit_identical_to_reference(group, hd, n_pos):
 @pytest.mark.parametrize("cache", ["f32", "f16", "q8"])
 def test_rows_equal_each_row_alone(rows, group, hd, cache):
     rng = np.random.default_rng(rows * 100 + group + hd)
-    n = 300                                               # more than one span of the converted path
+    n = 1100                                              # spans of the converted path; chunks
     _, k, v = _case(group, hd, n, cache, seed=rows + hd)
     q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
     for n_pos in (np.arange(n - rows + 1, n + 1), rng.integers(1, n + 1, rows)):   # prefill; any

@@ -42,7 +42,12 @@ struct pk_llama {
     float *att;          /* [B][n_head*hd] attention output */
     float *gate;         /* [B][n_ff] */
     float *up;           /* [B][n_ff] */
-    float *scores;       /* [n_threads][PK_ATTEND_ROWS][n_head/n_head_kv][n_ctx] */
+    float *scores;       /* [n_threads][PK_ATTEND_ROWS][n_head/n_head_kv][ld_scores] */
+    int ld_scores;       /* min(n_ctx, PK_ATTEND_CHUNK): attention scores a row holds at once */
+    /* decode at depth split over threads by chunks (job_attention_split): each (row, K/V
+     * head) pair's chunk partials, [SPLIT_PAIRS(nt)][n_chunks][group * head_dim + 2 * group] */
+    float *parts;
+    int n_chunks;        /* ceil(n_ctx / PK_ATTEND_CHUNK) */
     float *rope_cs;      /* [B][head_dim]: cos/sin of each row's angles, shared by the layers */
     float *rot_scratch;  /* [n_threads][max(n_ff, n_embd)]: pk_rotate_row's scratch */
     float *ones;         /* [n_embd]: the gain of the final norm of a rotated file */
@@ -60,6 +65,10 @@ static double now_s(void) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
+
+/* The (row, K/V head) pairs of a pass that decode at depth may split by chunks over nt
+ * threads (split_attention); m->parts holds as many. */
+#define SPLIT_PAIRS(nt) (2 * (nt))
 
 /* First element of (slot, layer, K/V head) in k_cache / v_cache */
 static size_t kv_head(const pk_llama *m, int seq, int layer, int h) {
@@ -198,7 +207,12 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->att = alloc(m, sizeof(float) * B * hp->n_head * hd);
     m->gate = alloc(m, sizeof(float) * B * hp->n_ff);
     m->up = alloc(m, sizeof(float) * B * hp->n_ff);
-    m->scores = alloc(m, sizeof(float) * nt * PK_ATTEND_ROWS * (hp->n_head / hp->n_head_kv) * hp->n_ctx);
+    const int group = hp->n_head / hp->n_head_kv;
+    m->ld_scores = hp->n_ctx < PK_ATTEND_CHUNK ? hp->n_ctx : PK_ATTEND_CHUNK;
+    m->scores = alloc(m, sizeof(float) * nt * PK_ATTEND_ROWS * group * m->ld_scores);
+    m->n_chunks = (hp->n_ctx + PK_ATTEND_CHUNK - 1) / PK_ATTEND_CHUNK;
+    if (m->n_chunks > 1)
+        m->parts = alloc(m, sizeof(float) * SPLIT_PAIRS(nt) * m->n_chunks * ((size_t)group * hd + 2 * group));
     m->rope_cs = alloc(m, sizeof(float) * B * hd);
     m->row_seq = alloc(m, sizeof(int32_t) * B);
     m->row_pos = alloc(m, sizeof(int32_t) * B);
@@ -217,7 +231,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen ||
         !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache ||
         !m->v_cache || (hp->kv_type == PK_KV_Q8 && (!m->k_scale || !m->v_scale)) || !m->x || !m->xn || !m->q ||
-        !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores) {
+        !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores || (m->n_chunks > 1 && !m->parts)) {
         pk_llama_destroy(m);
         err("out of memory allocating the KV cache and scratch (lower n_ctx or n_batch)");
         return NULL;
@@ -252,6 +266,7 @@ void pk_llama_destroy(pk_llama *m) {
     free(m->gate);
     free(m->up);
     free(m->scores);
+    free(m->parts);
     free(m->rope_cs);
     free(m->row_seq);
     free(m->row_pos);
@@ -339,7 +354,7 @@ static void job_attention(void *arg, int ith, int nth) {
     const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
     const size_t ldq = (size_t)nh * hd;
     const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * hp->n_ctx;
+    float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * m->ld_scores;
     for (int idx = ith; idx < attention_items(m, j->n); idx += nth) {
         const int w = idx / nkv, kvh = idx % nkv;
         const int t_end = (w + 1) * PK_ATTEND_ROWS < j->n ? (w + 1) * PK_ATTEND_ROWS : j->n;
@@ -348,9 +363,58 @@ static void job_attention(void *arg, int ith, int nth) {
             for (t1 = t0; t1 < t_end && j->seq[t1] == j->seq[t0]; t1++) n_pos[t1 - t0] = j->pos[t1] + 1;
             const pk_kv_head kv = kv_view(m, j->seq[t0], j->layer, kvh);
             const size_t qoff = (size_t)t0 * ldq + (size_t)kvh * group * hd;
-            pk_attend_rows(t1 - t0, n_pos, group, hd, m->q + qoff, ldq, &kv, scale, scores, hp->n_ctx,
+            pk_attend_rows(t1 - t0, n_pos, group, hd, m->q + qoff, ldq, &kv, scale, scores, m->ld_scores,
                            m->att + qoff, ldq);
         }
+    }
+}
+
+/* Decode at depth: with few (row, K/V head) pairs, a thread each leaves threads idle or
+ * uneven (SmolLM2's 3 K/V heads on 2 threads: one does two), and each pair is a long read of
+ * the cache. Then each pair's chunks of PK_ATTEND_CHUNK positions are the work items (their
+ * partials into m->parts), and a second job folds each pair's partials in order: the same
+ * operations as pk_attend_rows on the row, so the same bits whatever the split. */
+static int split_attention(const pk_llama *m, int n, int nth) {
+    if (m->n_chunks < 2 || nth < 2 || n * m->hp.n_head_kv > SPLIT_PAIRS(nth)) return 0;
+    for (int t = 0; t < n; t++)
+        if (m->row_pos[t] >= PK_ATTEND_CHUNK) return 1;
+    return 0;
+}
+
+static void job_attention_split(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    pk_llama *m = j->m;
+    const pk_llama_hparams *hp = &m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    const size_t ldq = (size_t)nh * hd, part = (size_t)group * hd + 2 * group;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * m->ld_scores;
+    for (int idx = ith; idx < j->n * nkv * m->n_chunks; idx += nth) {
+        const int pair = idx / m->n_chunks, c = idx % m->n_chunks, t = pair / nkv, kvh = pair % nkv;
+        const int n_pos = j->pos[t] + 1, p0 = c * PK_ATTEND_CHUNK;
+        if (p0 >= n_pos) continue;
+        const pk_kv_head kv = kv_view(m, j->seq[t], j->layer, kvh);
+        float *o = m->parts + ((size_t)pair * m->n_chunks + c) * part;
+        pk_attend_part(group, hd, p0, n_pos - p0 < PK_ATTEND_CHUNK ? n_pos - p0 : PK_ATTEND_CHUNK,
+                       m->q + (size_t)t * ldq + (size_t)kvh * group * hd, &kv, scale, scores, m->ld_scores,
+                       o, o + (size_t)group * hd);
+    }
+}
+
+static void job_attention_fold(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    pk_llama *m = j->m;
+    const pk_llama_hparams *hp = &m->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
+    const size_t part = (size_t)group * hd + 2 * group;
+    for (int pair = ith; pair < j->n * nkv; pair += nth) {
+        const int t = pair / nkv, kvh = pair % nkv, n_pos = j->pos[t] + 1;
+        const float *p = m->parts + (size_t)pair * m->n_chunks * part;
+        float *out = m->att + (size_t)t * nh * hd + (size_t)kvh * group * hd, ml[2 * group];
+        memcpy(out, p, sizeof(float) * group * hd);
+        memcpy(ml, p + (size_t)group * hd, sizeof ml);
+        for (int c = 1; c * PK_ATTEND_CHUNK < n_pos; c++)
+            pk_attend_merge(group, hd, out, ml, p + c * part, p + c * part + (size_t)group * hd);
     }
 }
 
@@ -428,7 +492,12 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
         PROF(OP_QKV);
         run_rows(m, job_rope_store, &job, n);
         PROF(OP_ROPE);
-        run_rows(m, job_attention, &job, attention_items(m, n));
+        if (split_attention(m, n, pk_ctx_threads(m->ctx))) {
+            run_rows(m, job_attention_split, &job, n * hp->n_head_kv * m->n_chunks);
+            run_rows(m, job_attention_fold, &job, n * hp->n_head_kv);
+        } else {
+            run_rows(m, job_attention, &job, attention_items(m, n));
+        }
         if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_ATTN_OUT), m->att, n, qd);
         PROF(OP_ATTENTION);
         if (mm(m, L->wo, n, m->att, m->xn)) return -1;

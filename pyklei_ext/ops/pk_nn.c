@@ -288,7 +288,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
                                                               int n_pos, const float *restrict q,
                                                               const pk_kv_head *kv, float scale,
                                                               float *restrict scores, size_t ld_scores,
-                                                              float *restrict out) {
+                                                              float *restrict out, float *restrict ml) {
     float tile[PK_KV_BLOCK * HD];   /* one block of K, or 16 rows of V, as f32 (converted cache) */
     float qs[G][HD];
     for (int g = 0; g < G; g++)
@@ -310,7 +310,9 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
     float inv[G];
     for (int g = 0; g < G; g++) {
         float *sg = scores + g * ld_scores;
-        inv[g] = 1.0f / exp_sum(n_pos, sg, max_f32(n_pos, sg));
+        const float mx = max_f32(n_pos, sg), sum = exp_sum(n_pos, sg, mx);
+        inv[g] = 1.0f / sum;
+        ml[2 * g] = mx, ml[2 * g + 1] = sum;
     }
     float acc[G][HD];
     for (int g = 0; g < G; g++)
@@ -335,16 +337,19 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
 /* One function per (G, HD) and cache type, so that each keeps no test of the others. */
 #define ATTEND(G, HD)                                                                              \
     PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
-                                                   float scale, float *scores, size_t ld_scores, float *out) { \
-        attend_fast(G, HD, PK_KV_F32, n_pos, q, kv, scale, scores, ld_scores, out);                \
+                                                   float scale, float *scores, size_t ld_scores, float *out, \
+                                                   float *ml) {                                    \
+        attend_fast(G, HD, PK_KV_F32, n_pos, q, kv, scale, scores, ld_scores, out, ml);            \
     }                                                                                              \
     PK_CLONES static void attend_f16_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
-                                                   float scale, float *scores, size_t ld_scores, float *out) { \
-        attend_fast(G, HD, PK_KV_F16, n_pos, q, kv, scale, scores, ld_scores, out);                \
+                                                   float scale, float *scores, size_t ld_scores, float *out, \
+                                                   float *ml) {                                    \
+        attend_fast(G, HD, PK_KV_F16, n_pos, q, kv, scale, scores, ld_scores, out, ml);            \
     }                                                                                              \
     PK_CLONES static void attend_q8_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
-                                                  float scale, float *scores, size_t ld_scores, float *out) { \
-        attend_fast(G, HD, PK_KV_Q8, n_pos, q, kv, scale, scores, ld_scores, out);                 \
+                                                  float scale, float *scores, size_t ld_scores, float *out, \
+                                                  float *ml) {                                     \
+        attend_fast(G, HD, PK_KV_Q8, n_pos, q, kv, scale, scores, ld_scores, out, ml);             \
     }
 ATTEND(1, 64) ATTEND(2, 64) ATTEND(3, 64) ATTEND(4, 64)
 ATTEND(1, 128) ATTEND(2, 128) ATTEND(4, 128)
@@ -362,7 +367,8 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                                                                    int R, const int *n_pos, const float *restrict q,
                                                                    size_t ldq, const pk_kv_head *kv, float scale,
                                                                    float *restrict scores, size_t ld_scores,
-                                                                   float *restrict out, size_t ldo) {
+                                                                   float *restrict out, size_t ldo,
+                                                                   float *restrict ml) {
     float tile[KV_SPAN * HD];   /* K blocks or V rows of one span, as f32 */
     float accs[PK_ATTEND_ROWS][G][HD];
     float inv[PK_ATTEND_ROWS][G];
@@ -396,7 +402,9 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++) {
             float *sg = scores + ((size_t)r * G + g) * ld_scores;
-            inv[r][g] = 1.0f / exp_sum(n_pos[r], sg, max_f32(n_pos[r], sg));
+            const float mx = max_f32(n_pos[r], sg), sum = exp_sum(n_pos[r], sg, mx);
+            inv[r][g] = 1.0f / sum;
+            ml[(r * G + g) * 2] = mx, ml[(r * G + g) * 2 + 1] = sum;
             for (int i = 0; i < HD; i++) accs[r][g][i] = 0.0f;
         }
     for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
@@ -428,13 +436,13 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
 #define ATTEND_ROWS(G, HD)                                                                         \
     PK_CLONES static void attend_rows_f16_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
                                                         const pk_kv_head *kv, float scale, float *scores, \
-                                                        size_t ld_scores, float *out, size_t ldo) { \
-        attend_rows_conv(G, HD, PK_KV_F16, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo); \
+                                                        size_t ld_scores, float *out, size_t ldo, float *ml) { \
+        attend_rows_conv(G, HD, PK_KV_F16, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }                                                                                              \
     PK_CLONES static void attend_rows_q8_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
                                                        const pk_kv_head *kv, float scale, float *scores, \
-                                                       size_t ld_scores, float *out, size_t ldo) { \
-        attend_rows_conv(G, HD, PK_KV_Q8, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo); \
+                                                       size_t ld_scores, float *out, size_t ldo, float *ml) { \
+        attend_rows_conv(G, HD, PK_KV_Q8, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }
 ATTEND_ROWS(1, 64) ATTEND_ROWS(2, 64) ATTEND_ROWS(3, 64) ATTEND_ROWS(4, 64)
 ATTEND_ROWS(1, 128) ATTEND_ROWS(2, 128) ATTEND_ROWS(4, 128)
@@ -465,13 +473,14 @@ static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
 
 /* One head, any head size and cache type: the reference order of the fast path above. */
 static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale, float *scores,
-                        float *out) {
+                        float *out, float *ml) {
     for (int j = 0; j < n_pos; j++) {
         float s = 0.0f;
         for (int i = 0; i < hd; i++) s += (q[i] * scale) * k_at(kv, hd, j, i);
         scores[j] = s;
     }
-    const float inv = 1.0f / exp_sum(n_pos, scores, max_f32(n_pos, scores));
+    const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
+    ml[0] = mx, ml[1] = sum;
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int j = 0; j < n_pos; j++) {
         const float p = scores[j] * inv;
@@ -479,28 +488,119 @@ static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv,
     }
 }
 
-void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
-                               float *scores, size_t ld_scores, float *out) {
-    (void)ld_scores;
-    for (int g = 0; g < group; g++)
-        attend_head(hd, n_pos, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd);
+/* Long contexts are attended in chunks of PK_ATTEND_CHUNK positions, each with its own
+ * softmax (a partial: the normalised output and the (max, sum) of its scores), folded in
+ * order by pk_attend_merge. Every path (reference, fast, rows, and the forward pass's split
+ * of one decode row over threads) computes the same partials and folds them in the same
+ * order, so they agree bit for bit whatever the thread count or batch. */
+
+/* The cache of one head from position p0 on (p0 a multiple of PK_KV_BLOCK). */
+static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) {
+    const size_t es = kv->type == PK_KV_F32 ? 4 : kv->type == PK_KV_F16 ? 2 : 1;
+    const size_t e = (size_t)p0 * hd;   /* K's blocks and V's rows both start at element p0 * hd */
+    pk_kv_head r = *kv;
+    r.k = (const char *)kv->k + e * es;
+    r.v = (const char *)kv->v + e * es;
+    if (kv->type == PK_KV_Q8) {
+        r.k_scale = kv->k_scale + e / PK_KV_Q8_GROUP;
+        r.v_scale = kv->v_scale + e / PK_KV_Q8_GROUP;
+    }
+    return r;
 }
 
-void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
-                     float *scores, size_t ld_scores, float *out) {
+static void reference_part(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
+                           float *scores, float *out, float *ml) {
+    for (int g = 0; g < group; g++)
+        attend_head(hd, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
+}
+
+void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
+                    float *scores, size_t ld_scores, float *out, float *ml) {
+    const pk_kv_head c = kv_from(kv, hd, p0);
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
-        (kv->type == PK_KV_F32 ? attend_f32_g##G##_hd##HD                                          \
-         : kv->type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(           \
-            n_pos, q, kv, scale, scores, ld_scores, out);                                          \
+        (c.type == PK_KV_F32 ? attend_f32_g##G##_hd##HD                                            \
+         : c.type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(             \
+            n, q, &c, scale, scores, ld_scores, out, ml);                                          \
         return; }
     CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
 #undef CASE
     if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
         for (int g = 0; g < group; g += 4)
-            pk_attend_group(4, hd, n_pos, q + (size_t)g * hd, kv, scale, scores, ld_scores, out + (size_t)g * hd);
+            pk_attend_part(4, hd, p0, n, q + (size_t)g * hd, kv, scale, scores, ld_scores, out + (size_t)g * hd,
+                           ml + 2 * g);
         return;
     }
-    pk_attend_group_reference(group, hd, n_pos, q, kv, scale, scores, ld_scores, out);
+    reference_part(group, hd, n, q, &c, scale, scores, out, ml);
+}
+
+PK_CLONES void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml) {
+    for (int g = 0; g < group; g++) {
+        const float m0 = acc_ml[2 * g], l0 = acc_ml[2 * g + 1], m1 = ml[2 * g], l1 = ml[2 * g + 1];
+        const float m = m0 > m1 ? m0 : m1;
+        const float w0 = l0 * exp_nonpos(m0 - m), w1 = l1 * exp_nonpos(m1 - m), l = w0 + w1, inv = 1.0f / l;
+        float *a = acc + (size_t)g * hd;
+        const float *p = part + (size_t)g * hd;
+        for (int i = 0; i < hd; i++) a[i] = (a[i] * w0 + p[i] * w1) * inv;
+        acc_ml[2 * g] = m, acc_ml[2 * g + 1] = l;
+    }
+}
+
+/* Chunks after the first: their partials into a scratch and folded into out / ml. `part`
+ * is the partial function (fast or reference) of chunk [p0, p0 + n). */
+static void attend_chunks(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                          float *scores, size_t ld_scores, float *out, int reference) {
+    float ml[2 * group], tmp[(size_t)group * hd], tml[2 * group];
+    for (int p0 = 0; p0 < n_pos; p0 += PK_ATTEND_CHUNK) {
+        const int n = n_pos - p0 < PK_ATTEND_CHUNK ? n_pos - p0 : PK_ATTEND_CHUNK;
+        float *o = p0 ? tmp : out, *m = p0 ? tml : ml;
+        if (reference) {
+            const pk_kv_head c = kv_from(kv, hd, p0);
+            reference_part(group, hd, n, q, &c, scale, scores, o, m);
+        } else {
+            pk_attend_part(group, hd, p0, n, q, kv, scale, scores, ld_scores, o, m);
+        }
+        if (p0) pk_attend_merge(group, hd, out, ml, tmp, tml);
+    }
+}
+
+void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                               float *scores, size_t ld_scores, float *out) {
+    attend_chunks(group, hd, n_pos, q, kv, scale, scores, ld_scores, out, 1);
+}
+
+void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                     float *scores, size_t ld_scores, float *out) {
+    attend_chunks(group, hd, n_pos, q, kv, scale, scores, ld_scores, out, 0);
+}
+
+/* Rows r < rows over chunk [p0, p0 + PK_ATTEND_CHUNK): row r's n[r] positions of it (n[r] >= 1
+ * for every row, rows <= PK_ATTEND_ROWS), partials into out + r * ldo and ml + r * 2 * group.
+ * A converted cache is converted once for all rows. */
+static void attend_rows_part(int rows, const int *n, int group, int hd, int p0, const float *q, size_t ldq,
+                             const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out,
+                             size_t ldo, float *ml) {
+    if (kv->type != PK_KV_F32 && rows > 1) {
+        const pk_kv_head c = kv_from(kv, hd, p0);
+#define CASE(G, HD) if (group == G && hd == HD) {                                                  \
+        (c.type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(     \
+            rows, n, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml);                          \
+        return; }
+        CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
+#undef CASE
+        if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
+            float ml4[PK_ATTEND_ROWS][4][2];
+            for (int g = 0; g < group; g += 4) {
+                attend_rows_part(rows, n, 4, hd, p0, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
+                                 out + (size_t)g * hd, ldo, &ml4[0][0][0]);
+                for (int r = 0; r < rows; r++)
+                    memcpy(ml + ((size_t)r * group + g) * 2, ml4[r], sizeof ml4[r]);
+            }
+            return;
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        pk_attend_part(group, hd, p0, n[r], q + (size_t)r * ldq, kv, scale, scores, ld_scores, out + (size_t)r * ldo,
+                       ml + (size_t)r * 2 * group);
 }
 
 void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
@@ -511,21 +611,35 @@ void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *
                            q + (size_t)r0 * ldq, ldq, kv, scale, scores, ld_scores, out + (size_t)r0 * ldo, ldo);
         return;
     }
-    if (kv->type != PK_KV_F32 && rows > 1) {
-#define CASE(G, HD) if (group == G && hd == HD) {                                                  \
-        (kv->type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(   \
-            rows, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo);                          \
-        return; }
-        CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
-#undef CASE
-        if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
-            for (int g = 0; g < group; g += 4)
-                pk_attend_rows(rows, n_pos, 4, hd, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
-                               out + (size_t)g * hd, ldo);
-            return;
+    int n_max = 0;
+    for (int r = 0; r < rows; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
+    float ml[PK_ATTEND_ROWS * 2 * group], tml[PK_ATTEND_ROWS * 2 * group];
+    float tmp[n_max > PK_ATTEND_CHUNK ? (size_t)rows * group * hd : 1];
+    for (int p0 = 0; p0 < n_max; p0 += PK_ATTEND_CHUNK) {
+        /* the rows that reach this chunk (a prefill window's rows ascend: a tail of them),
+         * each with its positions in it */
+        int idx[PK_ATTEND_ROWS], n[PK_ATTEND_ROWS], k = 0;
+        for (int r = 0; r < rows; r++)
+            if (n_pos[r] > p0) {
+                idx[k] = r;
+                n[k++] = n_pos[r] - p0 < PK_ATTEND_CHUNK ? n_pos[r] - p0 : PK_ATTEND_CHUNK;
+            }
+        if (p0 == 0) {   /* every row: straight into out */
+            attend_rows_part(rows, n, group, hd, 0, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml);
+            continue;
         }
+        /* the reaching rows as a run from idx[0] when they are one (the usual case), else one by one */
+        const int run = idx[k - 1] - idx[0] + 1 == k;
+        if (run) {
+            attend_rows_part(k, n, group, hd, p0, q + (size_t)idx[0] * ldq, ldq, kv, scale, scores, ld_scores,
+                             tmp, (size_t)group * hd, tml);
+        } else {
+            for (int i = 0; i < k; i++)
+                pk_attend_part(group, hd, p0, n[i], q + (size_t)idx[i] * ldq, kv, scale, scores, ld_scores,
+                               tmp + (size_t)i * group * hd, tml + (size_t)i * 2 * group);
+        }
+        for (int i = 0; i < k; i++)
+            pk_attend_merge(group, hd, out + (size_t)idx[i] * ldo, ml + (size_t)idx[i] * 2 * group,
+                            tmp + (size_t)i * group * hd, tml + (size_t)i * 2 * group);
     }
-    for (int r = 0; r < rows; r++)
-        pk_attend_group(group, hd, n_pos[r], q + (size_t)r * ldq, kv, scale, scores, ld_scores,
-                        out + (size_t)r * ldo);
 }

@@ -75,7 +75,7 @@ void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale);
 
 /* Causal attention of the `group` query heads q[group][hd] that share one K/V head (GQA) over
  * cache positions [0, n_pos): K and V are read once for all of them. scores: [group][ld_scores
- * >= n_pos] scratch; out: [group][hd]. Bit-identical to pk_attend_group_reference for every
+ * >= min(n_pos, PK_ATTEND_CHUNK)] scratch; out: [group][hd]. Bit-identical to pk_attend_group_reference for every
  * head size, group, cache type and conversion (the fast paths keep its order of operations,
  * and a converted value, f16 or int8 times an f16 scale, is exact in f32). */
 void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
@@ -83,7 +83,7 @@ void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_h
 /* The same for `rows` query rows of one sequence over the same K/V head (a prefill chunk):
  * row r's heads q + r * ldq ([group][hd]) see positions [0, n_pos[r]) and write out + r * ldo.
  * An f16 or q8 cache is converted once per span for up to PK_ATTEND_ROWS rows. scores:
- * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= max n_pos] scratch. Each row bit-identical
+ * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= min(max n_pos, PK_ATTEND_CHUNK)] scratch. Each row bit-identical
  * to pk_attend_group on it alone. */
 /* 8 rather than 4: the f16 cache's conversion shared by more rows (docs/KERNELS.md); the
  * forward pass holds [threads][8][group][n_ctx] floats of scores. */
@@ -94,6 +94,20 @@ void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *
  * (kv->f16 is not used). */
 void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                                float *scores, size_t ld_scores, float *out);
+
+/* Chunks: every path above attends positions [0, n_pos) as chunks of PK_ATTEND_CHUNK
+ * positions, each a partial with its own softmax (pk_attend_part), folded in order by
+ * pk_attend_merge (the online softmax of flash attention's tiles). The scores scratch needs
+ * ld_scores >= min(n_pos, PK_ATTEND_CHUNK) only, and a decode row at depth can be split over
+ * threads by its chunks (pk_llama.c) with the same bits as one thread computing it. */
+#define PK_ATTEND_CHUNK 512
+/* The partial of positions [p0, p0 + n) (p0 a multiple of PK_ATTEND_CHUNK, n <= it): out
+ * [group][hd] the normalised attention over them alone, ml [group][2] the max of each head's
+ * scores and the sum of their exponentials from it. */
+void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
+                    float *scores, size_t ld_scores, float *out, float *ml);
+/* Folds a later chunk's partial (part, ml) into the result so far (acc, acc_ml), in place. */
+void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml);
 
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
 

@@ -431,6 +431,12 @@ int main(int argc, char **argv) {
         {"kvq8 hd32 2thr", 29, 64, 2, 2, 2, 32, 64, 37, PK_FMT_QSI4C32, 1, 0, 0, 2, 1, 2, 32},
         {"kvq8 hd64 gqa3", 31, 192, 1, 6, 2, 64, 128, 35, PK_FMT_F32, 0, 0, 1, 2, 1, 2, 32},
         {"kvq8 hd128 gqa4", 19, 128, 1, 4, 1, 128, 96, 21, PK_FMT_QSI8CX, 1, 1, 1, 2, 2, 1, 32},
+        /* past PK_ATTEND_CHUNK (512): chunked attention; with one K/V head and 2 threads the
+         * batched decode rows (3 pairs) are split by chunks over the threads, and must equal
+         * the solo prefill's rows bit for bit */
+        {"chunks kvq8 hd32 2thr", 23, 64, 1, 4, 1, 32, 64, 600, PK_FMT_QSI4C32, 1, 0, 0, 2, 1, 2, 32},
+        {"chunks f16 hd64 2thr", 23, 256, 1, 4, 1, 64, 64, 560, PK_FMT_F32, 0, 0, 0, 1, 1, 2, 32},
+        {"chunks f32 hd64 gqa2", 23, 128, 1, 4, 2, 64, 64, 530, PK_FMT_F32, 0, 0, 0, 0, 1, 2, 32},
     };
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const int before = n_fail;

@@ -307,7 +307,8 @@ static void test_kv_q8_row(void) {
 static void test_attention(int quick) {
     static const int groups[] = {1, 2, 3, 4, 5, 8};
     static const int hds[] = {64, 128, 32, 96};
-    static const int npos[] = {1, 2, 15, 16, 17, 33, 100, 257};
+    /* past PK_ATTEND_CHUNK: 530 (two chunks, kept by --quick), 1100 (three) */
+    static const int npos[] = {1, 2, 15, 16, 17, 33, 100, 530, 257, 1100};
     const int p0 = n_pass, f0 = n_fail;
     int runs[3][COUNT(f16_isas)] = {{0}};
     double worst = 0.0;
@@ -358,7 +359,7 @@ static void test_attention(int quick) {
     int row_runs = 0;
     for (int t = 0; t < (quick ? 40 : 120); t++) {
         const int G = groups[t % COUNT(groups)], hd = hds[(t / COUNT(groups)) % COUNT(hds)];
-        const int rows = rnd_int(1, PK_ATTEND_ROWS + 3), n_max = rnd_int(1, quick ? 200 : 700);
+        const int rows = rnd_int(1, PK_ATTEND_ROWS + 3), n_max = rnd_int(1, quick ? 600 : 1300);
         int n_pos[PK_ATTEND_ROWS + 3];
         for (int r = 0; r < rows; r++)
             n_pos[r] = (t & 1) ? rnd_int(1, n_max) : (n_max - rows + 1 + r > 0 ? n_max - rows + 1 + r : 1);
