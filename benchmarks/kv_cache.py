@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depth", type=int, default=2048, help="speed: prompt tokens before decoding")
     ap.add_argument("--n-gen", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
     args = ap.parse_args(argv)
     model = args.model or str(cache_dir() / "smollm2-135m-instruct-q4.gguf")
     hf = args.hf or smollm2_hf()
@@ -127,6 +127,8 @@ def report(res: dict) -> str:
         lines.append(f"| {q['text']} | {q['tokens']} | {q['kv_cache']} | {q['kld']:.5f} | "
                      f"{q['top1']:.4f} | {q['ppl']:.3f} | {q['kld_vs_f32']:.2e} / "
                      f"{q['kld_vs_f32_p99']:.2e} | {q['top1_vs_f32']:.4f} |")
+    if not res["speed"]:
+        return "\n".join(lines) + "\n"
     tests = sorted({k for r in res["speed"] for k in r if k not in ("kv_cache", "rep", "load", "kv_bytes")})
     lines += ["", f"Speed (tokens/s, {res['threads']} threads; rounds alternated; median of "
               f"{max(r['rep'] for r in res['speed']) + 1}):", "",

@@ -6,10 +6,14 @@ type beside llama.cpp's own (issue 24: f16 beside f16, q8 beside q8_0).
     python benchmarks/speed_vs_llamacpp.py --threads 1,2 --rounds 3
     python benchmarks/speed_vs_llamacpp.py --depths 0,4096 --kv-caches f16,q8 --rounds 3
     python benchmarks/speed_vs_llamacpp.py --busy 1 --out speed-vs-llamacpp-busy
+    python benchmarks/speed_vs_llamacpp.py --model llama32-1b --depths 0,4096,16384 --rounds 1
 
 pyklei's file is what `pyklei convert` makes by default (rotation + GPTQ; the quality
 harness's cached "default" file, benchmarks/quality.py), measured by `pyklei bench` with its
-default activations (one plane on a rotated file); llama.cpp's files come from its own
+default activations (one plane on a rotated file). --model llama32-1b: the random checkpoint
+of Llama 3.2 1B's shape (scripts/make_llama32_1b_random.py), converted rotated without
+calibration (`--no-calibrate --rotate`: the default file's format and speed; GPTQ's minutes
+buy nothing on random weights); llama.cpp's files come from its own
 llama-quantize (benchmarks/llamacpp_quality.py's cache) and are measured by llama-bench with
 flash attention on (`-fa 1`: its faster path at depth, and the one a quantized V cache needs)
 and the same cache type (`-ctk/-ctv`). At a depth D both engines prefill D tokens untimed
@@ -105,12 +109,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-lengths", default="128,512")
     ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--model", choices=("smollm2", "llama32-1b"), default="smollm2")
     ap.add_argument("--depths", default="0", help="comma list of context depths (default 0)")
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes beside the engines")
-    ap.add_argument("--out", default="speed-vs-llamacpp", help="results file name (no suffix)")
+    ap.add_argument("--out", default=None, help="results file name, no suffix (default "
+                    "speed-vs-llamacpp, -1b for the 1B-shaped model)")
     ap.add_argument("--kv-caches", default="f16", help="comma list of pyklei KV cache types "
                     "(f32, f16, q8; llama.cpp gets f32, f16, q8_0) (default f16)")
     args = ap.parse_args(argv)
+    default_out = "speed-vs-llamacpp" + ("-1b" if args.model == "llama32-1b" else "")
+    args.out = args.out or default_out
     pl = [int(x) for x in args.prompt_lengths.split(",")]
     depths = [int(x) for x in args.depths.split(",")]
     kvs = args.kv_caches.split(",")
@@ -123,11 +131,21 @@ def main(argv=None) -> int:
     from models import smollm2_hf_dir
 
     from pyklei.assets import cache_dir
-    hf = smollm2_hf_dir()
-    ours = cache_dir() / "quality" / "smollm2-default.gguf"
-    convert_variant(hf, ours, VARIANTS["default"])
-    theirs = lcpp.make_files(hf, cache_dir() / "llamacpp" / "smollm2", ["Q4_K_M", "Q4_0"],
-                             log=lambda m: print(m, file=sys.stderr))
+    if args.model == "smollm2":
+        hf, title = smollm2_hf_dir(), "SmolLM2-135M-Instruct"
+        ours = cache_dir() / "quality" / "smollm2-default.gguf"
+        convert_variant(hf, ours, VARIANTS["default"])
+    else:
+        hf, title = cache_dir() / "llama32-1b-random", "random Llama-3.2-1B-shaped"
+        if not (hf / "config.json").exists():
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py")], check=True)
+        ours = cache_dir() / "speed1b" / "pyklei-rotated.gguf"
+        if not ours.exists():
+            ours.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "--no-calibrate", "--rotate",
+                            "-o", str(ours), "--no-progress"], check=True)
+    theirs = lcpp.make_files(hf, cache_dir() / "llamacpp" / args.model,
+                             ["Q4_K_M", "Q4_0"], log=lambda m: print(m, file=sys.stderr))
     engines = {"pyklei default": ("pyklei", ours, "auto"),
                "llama.cpp Q4_K_M": ("llamacpp", theirs["Q4_K_M"], None),
                "llama.cpp Q4_0": ("llamacpp", theirs["Q4_0"], None)}
@@ -147,11 +165,12 @@ def main(argv=None) -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor())
     cmd = (f"python benchmarks/speed_vs_llamacpp.py --threads {args.threads} --rounds {args.rounds}"
+           + (f" --model {args.model}" if args.model != "smollm2" else "")
            + (f" --depths {args.depths}" if depths != [0] else "")
            + (f" --kv-caches {args.kv_caches}" if kvs != ["f16"] else "")
            + (f" --busy {args.busy}" if args.busy else "")
-           + (f" --out {args.out}" if args.out != "speed-vs-llamacpp" else ""))
-    lines = ["# pyklei's default file beside llama.cpp Q4_K_M / Q4_0: SmolLM2-135M-Instruct", "",
+           + (f" --out {args.out}" if args.out != default_out else ""))
+    lines = [f"# pyklei's default file beside llama.cpp Q4_K_M / Q4_0: {title}", "",
              f"`{cmd}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu}; "
              f"{time.time() - t_start:.0f} s; 1-min load average {min(loads):.1f}-{max(loads):.1f} "
              f"during the run ({os.cpu_count()} CPUs, shared). Tokens per second, median of "
