@@ -35,8 +35,8 @@ ext = Extension(
 )
 
 setup(
+    # pyklei_dev/ (the tests' and examples' model files) is left out on purpose: its __init__.py
     packages=["pyklei", "pyklei.formats", "pyklei.converters", "pyklei.cli", "pyklei.server"],
-    package_dir={"pyklei": "pyklei", "pyklei.converters": "converters"},
     package_data={"pyklei.server": ["static/*.html"]},   # the chat page of `pyklei serve`
     ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
 )

@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 
 
 def pyklei_run(path: Path, threads: int, pl: list[int], n_gen: int, act: str) -> dict:
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
 
     from models import smollm2_hf_dir
 
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     hf = smollm2_hf_dir()
     ours = cache_dir() / "quality" / "smollm2-default.gguf"
     convert_variant(hf, ours, VARIANTS["default"])

@@ -19,12 +19,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import pyklei
-from pyklei.assets import cache_dir
 from pyklei.converters import convert
-from pyklei.converters.gguf_to_hf import smollm2_hf
 from pyklei.pipeline import convert_gptq
+
+# The SmolLM2 checkpoint comes from the checkout's pyklei_dev/, which is not installed (its
+# __init__.py says why); appended, so the installed pyklei still comes first.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from pyklei_dev.assets import cache_dir  # noqa: E402
+from pyklei_dev.gguf_to_hf import smollm2_hf  # noqa: E402
 
 OUT_NAME = "smollm2-135m-instruct-q4.gguf"
 

@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 CLI_DOC = ROOT / "docs" / "CLI.md"
 # the model files a session's ~/.cache/pyklei holds (names as the docs write them)
 MODEL = "smollm2-135m-instruct-q4.gguf"
@@ -170,7 +171,7 @@ def regenerate(doc_text: str, session: Session) -> tuple[str, list[tuple[str, st
 
 
 def main(argv=None) -> int:
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="rewrite nothing; exit 1 if an exact sample differs from a fresh run")

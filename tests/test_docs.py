@@ -54,7 +54,7 @@ spec.loader.exec_module(update_cli_docs)
 def docs_model(smollm2_hf_path, tmp_path_factory):
     """The SmolLM2 file the docs show: rotated, GPTQ, as examples/convert_and_generate.py
     converts it (the smollm2_q4 fixture is the plain conversion, another file)."""
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     cached = cache_dir() / update_cli_docs.MODEL
     if cached.is_file():
         return cached
@@ -202,7 +202,7 @@ class DocRunner:
 
 
 def test_doc_blocks_run_as_written(docs_model):
-    from pyklei.assets import smollm2_gguf
+    from pyklei_dev.assets import smollm2_gguf
     ran, skipped, counted = [], [], 0
     cli_text = (ROOT / "docs" / "CLI.md").read_text()
     with update_cli_docs.Session(docs_model, smollm2_gguf(), cli_text) as session:
@@ -253,7 +253,7 @@ def test_shape_matches_other_numbers_only():
 def test_cli_samples_are_what_their_commands_print(docs_model):
     """The samples of docs/CLI.md against a fresh run of scripts/update_cli_docs.py's session
     on the docs' model file (python scripts/update_cli_docs.py rewrites them)."""
-    from pyklei.assets import smollm2_gguf
+    from pyklei_dev.assets import smollm2_gguf
     text = (ROOT / "docs" / "CLI.md").read_text()
     markers = re.findall(r"^<!-- sample: .*CPU (.*) -->$", text, re.M)
     with update_cli_docs.Session(docs_model, smollm2_gguf(), text) as session:
