@@ -158,3 +158,28 @@ def test_speed_table_is_the_results_file():
     if said not in text:
         bad.append(f"the one-plane sentence; the results say: {said}")
     assert not bad, "docs/QUALITY.md differs from speed-vs-llamacpp.json: " + "; ".join(bad)
+
+
+def _kld(name: str) -> dict:
+    rows = json.loads((ROOT / "benchmarks" / "results" / name).read_text())["rows"]
+    return {(r["bed"], r["text"], r["variant"]): r["kld"] for r in rows}
+
+
+def test_activation_costs_are_the_results_files():
+    """docs/QUALITY.md's "Activations" section: what one int8 plane costs against two, from
+    quality.json (the four cells) and from the re-measurement in quality-activations.json."""
+    text = " ".join((ROOT / "docs" / "QUALITY.md").read_text().split())
+    kld = _kld("quality.json")
+    pct = [f"{(kld[(b, t, 'pyklei default-qai8dx')] / kld[(b, t, 'pyklei default')] - 1) * 100:+.1f}%"
+           for b, t in CELLS]
+    said = (f"One plane costs, on the default file, {pct[0]} KLD against two planes (SmolLM2 "
+            f"langref), {pct[1]} (SmolLM2 gpl3), {pct[2]} (off-grid langref), {pct[3]} "
+            f"(off-grid gpl3)")
+    act = _kld("quality-activations.json")
+    one = [act[("smollm2", t, "pyklei default")] for t in ("langref", "gpl3")]
+    two = [act[("smollm2", t, "pyklei default-qai8dx2")] for t in ("langref", "gpl3")]
+    said2 = (f"one plane {one[0]:.4f} / {one[1]:.4f} against two planes {two[0]:.4f} / "
+             f"{two[1]:.4f} (langref {(one[0] / two[0] - 1) * 100:+.1f}%, gpl3 "
+             f"{(one[1] / two[1] - 1) * 100:+.1f}%)")
+    missing = [s for s in (said, said2) if s not in text]
+    assert not missing, f"docs/QUALITY.md should say, as the results files do: {missing}"
