@@ -8,7 +8,7 @@ import os
 
 import numpy
 from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 
 c_sources = sorted(glob.glob("pyklei_ext/ops/*.c") + glob.glob("pyklei_ext/isa/*.c")
                    + glob.glob("pyklei_ext/model/*.c"))
@@ -35,8 +35,9 @@ ext = Extension(
 )
 
 setup(
-    packages=["pyklei", "pyklei.formats", "pyklei.converters", "pyklei.cli", "pyklei.server"],
-    package_dir={"pyklei": "pyklei", "pyklei.converters": "converters"},
+    # every package under pyklei/, so a new one cannot be left out of a regular install;
+    # pyklei_dev/ (the tests' and examples' model files) stays out on purpose: its __init__.py
+    packages=find_packages(include=["pyklei", "pyklei.*"]),
     package_data={"pyklei.server": ["static/*.html"]},   # the chat page of `pyklei serve`
     ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
 )

@@ -5,7 +5,7 @@
 Each request: a different short prompt, max_tokens greedy tokens, EOS ignored (every request
 runs its whole budget). Aggregate tok/s = all generated tokens / wall time from the first
 submit to the last token; per-request decode tok/s and time to first token as the responses
-report them. Converts SmolLM2-135M-Instruct (pyklei.assets) when no model is given.
+report them. Converts SmolLM2-135M-Instruct (pyklei_dev.assets) when no model is given.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
 from pyklei.engine import Engine
 from pyklei.model import Model
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     path = a.model
     if path is None:
         from pyklei.converters import convert
-        from pyklei.converters.gguf_to_hf import smollm2_hf
+        from pyklei_dev.gguf_to_hf import smollm2_hf
         path = Path(tempfile.mkdtemp()) / "smollm2-q4.gguf"
         convert(smollm2_hf(), path, progress=False)
     model = Model(path, n_threads=a.threads, n_ctx=512, n_seq=max(ns))

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 RESULTS = ROOT / "benchmarks" / "results"
 LLAMA_CPP_VERSION = "0.3.36"
 
@@ -80,7 +81,7 @@ def pip(*args):
 
 
 def ensure_extras():
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     try:
         import torch  # noqa: F401
         import transformers  # noqa: F401
@@ -499,8 +500,8 @@ def main():
         print(json.dumps(out))
         return
     ensure_extras()
-    from pyklei.assets import cache_dir
-    from pyklei.converters.gguf_to_hf import smollm2_hf
+    from pyklei_dev.assets import cache_dir
+    from pyklei_dev.gguf_to_hf import smollm2_hf
     work = cache_dir() / "bench"
     RESULTS.mkdir(parents=True, exist_ok=True)
     reports = [] if args.only_1b else [bench_model("SmolLM2-135M-Instruct", smollm2_hf(), "smollm2", args, work)]

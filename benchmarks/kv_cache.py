@@ -25,6 +25,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT.parent))  # pyklei_dev/ (not installed: its __init__.py)
 
 from quality import log_softmax, reference, score, texts  # noqa: E402
 
@@ -66,8 +67,8 @@ def speed(model: str, threads: int, depth: int, n_gen: int, reps: int) -> list[d
 
 
 def main(argv=None) -> int:
-    from pyklei.assets import cache_dir
-    from pyklei.converters.gguf_to_hf import smollm2_hf
+    from pyklei_dev.assets import cache_dir
+    from pyklei_dev.gguf_to_hf import smollm2_hf
     from pyklei.llm import LLM
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -13,7 +13,7 @@ For each test bed, from the same weights pyklei converts:
 3. llama-quantize writes each file of KINDS, with that matrix for the "+imatrix" kinds.
 
 Each file is scored on its dequantized weights (the `gguf` package's dequantize, through
-converters/llamacpp_gguf.py; q/k rows back in Hugging Face order) loaded into a float32
+pyklei/converters/llamacpp_gguf.py; q/k rows back in Hugging Face order) loaded into a float32
 transformers LlamaForCausalLM: the numbers llama.cpp multiplies, without its activation
 rounding. An output.weight of its own becomes lm_head. quality.py scores the logits against
 transformers fp32 on the original weights, on the same token ids.
@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
 import numpy as np
 
@@ -134,7 +135,7 @@ def dequantized_model(gguf_path: Path, hf_dir: Path):
     import torch
     from transformers import AutoConfig, LlamaForCausalLM
 
-    from pyklei.converters.gguf_to_hf import _hf_name
+    from pyklei_dev.gguf_to_hf import _hf_name
     from pyklei.converters.hf_llama import unpermute_qk
     from pyklei.converters.llamacpp_gguf import gguf_source
 

@@ -18,17 +18,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 RESULTS = ROOT / "benchmarks" / "results"
 PROMPT = "Explain in a few sentences why the sky is blue, for a curious ten-year-old."
 
 
 def default_model() -> Path:
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     for p in (cache_dir() / "bench" / "smollm2-q4-g32.gguf", cache_dir() / "smollm2-135m-instruct-q4.gguf"):
         if p.exists():
             return p
     from pyklei.converters import convert
-    from pyklei.converters.gguf_to_hf import smollm2_hf
+    from pyklei_dev.gguf_to_hf import smollm2_hf
     out = cache_dir() / "bench" / "smollm2-q4-g32.gguf"
     out.parent.mkdir(parents=True, exist_ok=True)
     convert(smollm2_hf(), out, group_size=32)

@@ -30,6 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))          # tests/models.py: the test beds
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 RESULTS = ROOT / "benchmarks" / "results"
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
 
@@ -47,7 +48,8 @@ VARIANTS = {      # name -> how to convert (and "same": score another variant's 
     "rotate": {"rotate": True},                   # --no-calibrate --rotate
 }
 # The ladder's sensitivity study (--variants sensitivity --out sensitivity): the default with one
-# kind of block linear at qsi6c32 in every layer; converters/recipes.py's PROMOTION_ORDER ranks
+# kind of block linear at qsi6c32 in every layer; pyklei/converters/recipes.py's
+# PROMOTION_ORDER ranks
 # the kinds by the KLD this buys per byte.
 SENSITIVITY = {f"6bit-{part}": {"rotate": True, "gptq": True, "keep": [f"blk.*.{part}.weight=q6"]}
                for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
@@ -148,7 +150,7 @@ def main(argv=None) -> int:
 
     from models import smollm2_hf_dir, smollm2_offgrid_dir
 
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     from pyklei.llm import LLM
     from pyklei.tokenizer import Tokenizer
 

@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 RESULTS = ROOT / "benchmarks" / "results"
 PROMPTS = [
     "Once upon a time, in a small village by the sea,", "The history of the printing press",
@@ -273,7 +274,7 @@ def chart(report: dict, path: Path) -> bool:
 
 def default_model(work: Path) -> Path:
     from pyklei.converters import convert
-    from pyklei.converters.gguf_to_hf import smollm2_hf
+    from pyklei_dev.gguf_to_hf import smollm2_hf
 
     out = work / "smollm2-serve-q4.gguf"
     if not out.exists():
@@ -311,11 +312,11 @@ def main(argv=None):
         args.extra = {"json_schema": schema}
     levels = [int(x) for x in args.concurrency.split(",") if x]
 
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     model = Path(args.model) if args.model else default_model(cache_dir())
     servers = {"pyklei serve": lambda n: start_pyklei(model, n, args)}
     if args.llama_server:
-        from pyklei.assets import smollm2_gguf
+        from pyklei_dev.assets import smollm2_gguf
         lmodel = args.llama_model or smollm2_gguf()
         servers[f"llama-server ({lmodel.name})"] = (
             lambda n: start_llama_server(args.llama_server, lmodel, n, args))

@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 
 
 # pyklei's KV cache type -> llama.cpp's (-ctk / -ctv)
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
 
     from models import smollm2_hf_dir
 
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     if args.model == "smollm2":
         hf, title = smollm2_hf_dir(), "SmolLM2-135M-Instruct"
         ours = cache_dir() / "quality" / "smollm2-default.gguf"

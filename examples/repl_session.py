@@ -8,8 +8,10 @@ examples/convert_and_generate.py makes. Paste the `>>>` lines into `python` to t
 """
 import code
 import sys
+from pathlib import Path
 
-from pyklei.assets import cache_dir
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
+from pyklei_dev.assets import cache_dir  # noqa: E402
 
 STEPS = [
     "import pyklei, numpy as np",

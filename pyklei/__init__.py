@@ -3,7 +3,7 @@
 KleidiAI-style int8-activation x int4-weight kernels (qai8dx x qsi4c32) in a llama.cpp-like
 GGUF workflow. Layers, top to bottom: API/CLI (llm, cli) -> model runtime (model, generate,
 sampler, tokenizer) -> kernel layer (pyklei._ext over pyklei_ext/) -> ISA kernels; the
-converters and the runtime share the format layer (pyklei.formats).
+converters (pyklei.converters) and the runtime share the format layer (pyklei.formats).
 """
 __version__ = "0.1.0"
 

@@ -11,8 +11,7 @@ argument is a hub id (not an existing local path, and shaped `org/name`) and one
 that say what to do: a hub that cannot be reached gets the way to use a local directory
 instead.
 
-A leaf like pyklei.assets: the converters, the runtime and the CLI all call it; it imports
-nothing of pyklei.
+A leaf: the converters, the runtime and the CLI all call it; it imports nothing of pyklei.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
 
 tokenizes the calibration text with the checkpoint's own tokenizer (pyklei.tokenizer, built
 from the metadata the converter would write) and converts with GPTQ over those tokens
-(converters/gptq.py; the converter runs its own numpy forward pass, no draft file).
+(pyklei/converters/gptq.py; the converter runs its own numpy forward pass, no draft file).
 """
 from __future__ import annotations
 

@@ -6,9 +6,11 @@
 # For the CPython that runs it ($PYTHON, default python3; one wheel per Python version):
 #  x86_64   pip wheel, then auditwheel repair: a manylinux wheel (the glibc of the build machine
 #           sets its level: manylinux_2_34 on Debian 12, since pthread moved into libc 2.34).
-#           Checked: installed into a fresh venv, it imports its own extension and generates
-#           text with no C compiler on PATH ($PYKLEI_WHEEL_MODEL, default the cached SmolLM2
-#           file ~/.cache/pyklei/smollm2-135m-instruct-q4.gguf that examples/ writes).
+#           Checked: it holds pyklei alone (no pyklei_dev/, no tests); installed into a fresh
+#           venv, it imports its own extension and converters (scripts/ too take them from it,
+#           run from another directory) and generates text with no C compiler on PATH
+#           ($PYKLEI_WHEEL_MODEL, default the cached SmolLM2 file
+#           ~/.cache/pyklei/smollm2-135m-instruct-q4.gguf that examples/ writes).
 #  aarch64  the same build with Debian's cross compiler (aarch64-linux-gnu-gcc), then auditwheel
 #           repair for the aarch64 manylinux tag. The extension includes Python.h and no numpy
 #           header (_ext.pyx imports numpy only at the Python level), and the x86_64
@@ -29,6 +31,7 @@
 # missing. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECKOUT=$PWD
 
 ONLY=""
 OUT=/tmp/pyklei-wheels
@@ -187,6 +190,24 @@ for m in (pyklei, pyklei._ext, pyklei.converters):
 print("imports from the wheel:", pyklei._ext.__file__)
 print("cpu features:", pyklei.cpu_features())
 ') || die "x86_64: the installed wheel does not import from its venv"
+    # the wheel is pyklei alone: the checkout's development helpers (pyklei_dev/) and the tests
+    # stay out (pyklei.libs/ is where auditwheel would put a bundled library)
+    OTHER=$("$PYTHON" -m zipfile -l "$WHL" | awk 'NR > 1 {print $1}' \
+            | grep -vE '^(pyklei/|pyklei\.libs/|pyklei-[^/]*\.dist-info/)' || true)
+    [ -z "$OTHER" ] || die "x86_64: the wheel holds more than pyklei: $OTHER"
+    # a script of the checkout, run from another directory, takes the converters from the wheel
+    (cd "$WORK" && "${NOCC[@]}" "$WORK/venv/bin/python" -c '
+import runpy, sys
+script = sys.argv[1]
+sys.argv = [script, "--help"]          # imports everything it uses, writes nothing
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+m = sys.modules["pyklei.converters"]
+assert m.__file__.startswith(sys.prefix + "/"), f"{m.__name__} from {m.__file__}, not the wheel"
+' "$CHECKOUT/scripts/make_llama32_1b_random.py" >/dev/null) \
+        || die "x86_64: scripts/make_llama32_1b_random.py does not run on the installed wheel"
     GEN=$(cd "$WORK" && "${NOCC[@]}" "$WORK/venv/bin/pyklei" generate "$MODEL" \
           -p "The capital of France is" -n 8 --temperature 0 -t 1) \
         || die "x86_64: pyklei generate failed in the venv"

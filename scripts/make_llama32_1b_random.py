@@ -13,8 +13,9 @@ Output: $PYKLEI_CACHE/llama32-1b-random (default ~/.cache/pyklei), built in a te
 directory and renamed, skipped when it already exists. Used by the slow converter test and
 for measuring peak RSS / time of `pyklei convert`.
 
-Runs on the installed pyklei (`pip install -e .` in a checkout, or a regular install): the
-repository root is not a package root, since setup.py maps converters/ to pyklei.converters.
+Runs on the installed pyklei (`pip install -e .` in a checkout, or a regular install) and, with
+none installed, on the checkout's own: it needs only the converters and the format layer, which
+import without the compiled extension.
 """
 from __future__ import annotations
 
@@ -29,15 +30,12 @@ from pathlib import Path
 
 import numpy as np
 
-try:
-    from pyklei.assets import cache_dir
-    from pyklei.converters.safetensors_mmap import write_safetensors
-    from pyklei.formats import f32_to_bf16
-except ModuleNotFoundError as e:
-    if e.name not in ("pyklei", "pyklei.converters"):
-        raise
-    sys.exit(f"{Path(__file__).name}: pyklei is not installed ({e}); "
-             "from the repository root: pip install -e .")
+# The repository root, appended: pyklei_dev/ (not installed; its __init__.py says why), and the
+# checkout's pyklei when none is installed (an installed one comes first).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from pyklei.converters.safetensors_mmap import write_safetensors  # noqa: E402
+from pyklei.formats import f32_to_bf16  # noqa: E402
+from pyklei_dev.assets import cache_dir  # noqa: E402
 
 NAME = "llama32-1b-random"
 H, L, NH, NKV, HD, FF, V = 2048, 16, 32, 8, 64, 8192, 128256

@@ -16,7 +16,7 @@
 #     hypothesis, unpacked into a private site directory;
 #   - cythonizes pyklei_ext/_ext.pyx with the host's Cython and cross-compiles it with the C
 #     sources setup.py uses (aarch64-linux-gnu-gcc, the same flags);
-#   - stages a copy of pyklei/ (+ converters/ as pyklei.converters) and tests/ in a temp dir
+#   - stages a copy of pyklei/, pyklei_dev/ and tests/ in a temp dir
 #     (so the host's x86 pyklei/_ext never shadows the aarch64 one, and nothing is written
 #     into the checkout) and runs pytest in qemu-aarch64 -L <root>. sys.executable is a
 #     wrapper script (qemu -0), so the tests' subprocesses run emulated too.
@@ -97,7 +97,7 @@ STAGE=$WORK/stage
 mkdir -p "$STAGE/tests" "$WORK/bin"
 cp -r pyklei "$STAGE/pyklei"
 find "$STAGE/pyklei" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
-[ -d converters ] && cp -r converters "$STAGE/pyklei/converters"
+cp -r pyklei_dev "$STAGE/pyklei_dev"   # the tests' model files (not part of the package)
 cp tests/*.py "$STAGE/tests/"
 [ -d tests/data ] && cp -r tests/data "$STAGE/tests/"
 [ -d tests/fuzz_corpus ] && cp -r tests/fuzz_corpus "$STAGE/tests/"   # the self-check test's model

@@ -87,7 +87,7 @@ if [ $PYTHON_TESTS -eq 1 ]; then
     say "building pyklei._ext with PYKLEI_DEBUG_BUILD=-fsanitize=address,undefined (scratch copy)"
     SRC="$WORK/src"
     mkdir -p "$SRC"
-    cp -r setup.py pyproject.toml pyklei converters pyklei_ext tests "$SRC/"
+    cp -r setup.py pyproject.toml pyklei pyklei_dev pyklei_ext tests "$SRC/"
     rm -f "$SRC"/pyklei/_ext*.so "$SRC"/pyklei_ext/_ext.c
     rm -rf "$SRC/build"
     # LDFLAGS: setup.py puts the sanitizer flags on the compile line only; the link needs them

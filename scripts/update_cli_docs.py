@@ -1,7 +1,9 @@
-"""Regenerates the command-line samples of docs/CLI.md by running the commands they show.
+"""Regenerates the command-line samples of docs/CLI.md by running the commands they show, and
+the flag tables of docs/ from the commands' argparse parsers.
 
-    python scripts/update_cli_docs.py           # run every sample's commands, rewrite the doc
-    python scripts/update_cli_docs.py --check   # rewrite nothing; exit 1 if an exact sample is stale
+    python scripts/update_cli_docs.py           # run every sample's commands, rewrite the docs
+    python scripts/update_cli_docs.py --check   # rewrite nothing; exit 1 if an exact sample or a
+                                                # flag table is stale
 
 A sample is the fenced block after a marker line `<!-- sample: KIND; ... -->`. In it a line
 `$ COMMAND` (continued over the next lines while a quote is open or the line ends in `\\`) is
@@ -19,6 +21,12 @@ examples/convert_and_generate.py writes, and llama.cpp's SmolLM2 GGUF), `M` is w
 own `M=...` line sets, the working directory is an empty temporary one shared by every
 command, COLUMNS=100 fixes the help texts' width, and the temporary HOME is written back as
 `~` in the output. tests/test_docs.py runs the same session on the test's own model file.
+
+A flag table is the block between `<!-- flags: pyklei COMMAND ... -->` and `<!-- flags: end -->`
+(docs/SERVE.md's for `pyklei serve`): one row per option of the command's own argument groups,
+its flags and its help as `pyklei COMMAND --help` words it (defaults filled in), then one row
+naming the flags of the shared "model" group, which docs/CLI.md describes. The help strings in
+pyklei/cli/ are the one place of that text.
 """
 from __future__ import annotations
 
@@ -34,7 +42,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 CLI_DOC = ROOT / "docs" / "CLI.md"
+FLAG_DOCS = [ROOT / "docs" / "SERVE.md"]
 # the model files a session's ~/.cache/pyklei holds (names as the docs write them)
 MODEL = "smollm2-135m-instruct-q4.gguf"
 LLAMACPP_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -169,8 +179,59 @@ def regenerate(doc_text: str, session: Session) -> tuple[str, list[tuple[str, st
     return MARKER.sub(one, doc_text), samples
 
 
+FLAGS = re.compile(r"^(<!-- flags: pyklei (\w+)\b[^>]*-->\n)(.*?)^(<!-- flags: end -->\n)",
+                   re.S | re.M)
+# argparse's own groups: the positional MODEL and --help/--debug are not the command's options
+ARGPARSE_GROUPS = ("positional arguments", "options")
+SHARED_GROUP = "model"                  # pyklei/cli/_common.py's _add_model_options
+
+
+def command_parser(command: str):
+    """`pyklei COMMAND`'s argparse parser, as the CLI builds it."""
+    import argparse
+
+    from pyklei.cli import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
+def flags_table(command: str) -> str:
+    """The markdown table of `pyklei COMMAND`'s flags (see the module's docstring)."""
+    p = command_parser(command)
+    fmt = p._get_formatter()
+
+    def cell(text: str) -> str:
+        return " ".join(text.split()).replace("|", "\\|")
+
+    rows = ["| flag | what it does |", "|---|---|"]
+    for group in p._action_groups:
+        if group.title in ARGPARSE_GROUPS or not group._group_actions:
+            continue
+        if group.title == SHARED_GROUP:
+            flags = ", ".join(f"`{a.option_strings[0]}`" for a in group._group_actions)
+            rows.append(f"| {flags} | the model options of every command (docs/CLI.md) |")
+            continue
+        for a in group._group_actions:
+            invocation = fmt._format_action_invocation(a)        # "--parallel N, -np N"
+            flags = ", ".join(f"`{f}`" for f in invocation.split(", "))
+            rows.append(f"| {flags} | {cell(fmt._expand_help(a))} |")
+    return "\n".join(rows) + "\n"
+
+
+def regenerate_flags(doc_text: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """The doc with every flag table made again, and each table's (command, old, new)."""
+    tables = []
+
+    def one(m: re.Match) -> str:
+        new = flags_table(m.group(2))
+        tables.append((m.group(2), m.group(3), new))
+        return m.group(1) + new + m.group(4)
+
+    return FLAGS.sub(one, doc_text), tables
+
+
 def main(argv=None) -> int:
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="rewrite nothing; exit 1 if an exact sample differs from a fresh run")
@@ -182,13 +243,22 @@ def main(argv=None) -> int:
     with Session(args.model, args.llamacpp_gguf, text) as session:
         new_text, samples = regenerate(text, session)
     stale = [(old, new) for kind, old, new in samples if kind == "exact" and old != new]
+    flag_docs = {doc: regenerate_flags(doc.read_text()) for doc in FLAG_DOCS}
+    stale_tables = [(doc, command, old, new) for doc, (_, tables) in flag_docs.items()
+                    for command, old, new in tables if old != new]
     if args.check:
         for old, new in stale:
             print(f"stale sample:\n{old}---- now:\n{new}", file=sys.stderr)
-        return 1 if stale else 0
+        for doc, command, old, new in stale_tables:
+            print(f"stale flag table of pyklei {command} in {doc.relative_to(ROOT)}:\n{old}"
+                  f"---- now:\n{new}", file=sys.stderr)
+        return 1 if stale or stale_tables else 0
     CLI_DOC.write_text(new_text)
+    for doc, (doc_text, _) in flag_docs.items():
+        doc.write_text(doc_text)
     print(f"{len(samples)} samples regenerated in {CLI_DOC.relative_to(ROOT)} "
-          f"({len(stale)} exact ones changed)")
+          f"({len(stale)} exact ones changed); "
+          f"{sum(len(t) for _, t in flag_docs.values())} flag tables ({len(stale_tables)} changed)")
     return 0
 
 

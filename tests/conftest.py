@@ -1,6 +1,6 @@
 """Shared, session-scoped fixtures: real and tiny models, made once per test run.
 
-Real model files are cached under ~/.cache/pyklei (see pyklei.assets); converted files live
+Real model files are cached under ~/.cache/pyklei (see pyklei_dev.assets); converted files live
 in pytest's temporary directory so every run tests the current converter.
 """
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))   # tests/models.py, tests/hf_reference.py
+sys.path.append(str(Path(__file__).parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyklei.converters import ConversionError
-from pyklei.converters.gguf_to_hf import _hf_name as gguf_hf_name
+from pyklei_dev.gguf_to_hf import _hf_name as gguf_hf_name
 from pyklei.converters.hf_llama import unpermute_qk
 from pyklei.formats.model_file import read_model
 

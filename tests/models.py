@@ -165,8 +165,8 @@ def make_tiny_llama(dir, head_dim: int = 64, tied: bool = True, tokenizer: str =
 
 def smollm2_hf_dir() -> Path:
     """The real SmolLM2-135M-Instruct HF checkpoint (~/.cache/pyklei/SmolLM2-135M-Instruct-hf),
-    built from llama.cpp's Q4_1 GGUF on first use (see pyklei.converters.gguf_to_hf)."""
-    from pyklei.converters.gguf_to_hf import smollm2_hf
+    built from llama.cpp's Q4_1 GGUF on first use (see pyklei_dev.gguf_to_hf)."""
+    from pyklei_dev.gguf_to_hf import smollm2_hf
 
     return smollm2_hf()
 
@@ -232,7 +232,7 @@ def smollm2_offgrid_dir(sigma: float = 0.5) -> Path:
     import os
     import tempfile
 
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
 
     out = cache_dir() / f"SmolLM2-135M-Instruct-offgrid-s{sigma:g}"
     if not (out / "model.safetensors").is_file():

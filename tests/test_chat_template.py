@@ -59,7 +59,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_time", "description": "T
 @functools.lru_cache(maxsize=None)
 def _smollm2() -> Tokenizer:
     try:
-        from pyklei.assets import smollm2_gguf
+        from pyklei_dev.assets import smollm2_gguf
         path = smollm2_gguf()
     except Exception as e:
         pytest.skip(f"SmolLM2 GGUF unavailable ({e})")

@@ -352,7 +352,7 @@ def test_convert_command(tiny64, tmp_path):
 def not_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("notmodels")
     (d / "notes.txt").write_text("not a model\n")
-    from pyklei.assets import smollm2_gguf
+    from pyklei_dev.assets import smollm2_gguf
     return {"txt": d / "notes.txt", "dir": d, "llamacpp": smollm2_gguf()}
 
 

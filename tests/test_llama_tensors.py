@@ -2,7 +2,7 @@
 file holds exactly its tensors, the Hugging Face names a checkpoint has are its HF names, and
 the C model's layer fields and statistics sections are the ones it names."""
 from pyklei._native import load_ext
-from pyklei.converters.gguf_to_hf import _hf_name
+from pyklei_dev.gguf_to_hf import _hf_name
 from pyklei.converters.safetensors_mmap import SafetensorsModel
 from pyklei.formats import gguf_keys as K
 from pyklei.formats import llama_tensors as L

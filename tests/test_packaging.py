@@ -16,25 +16,34 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_scripts_run_on_a_regular_install_layout(tmp_path):
-    # A wheel's layout: converters/ sits inside the package as pyklei/converters (setup.py's
-    # package_dir). python -S keeps site's .pth files out, so no editable install's finder can
-    # map pyklei.converters back into some checkout; the dependencies come from this
-    # interpreter's path entries (none of them holding a pyklei) on PYTHONPATH.
+    # A wheel's layout: pyklei/ alone (pyklei_dev/ is not installed). python -S keeps site's .pth
+    # files out, so no editable install's finder can map pyklei into some checkout; the
+    # dependencies come from this interpreter's path entries (none of them holding a pyklei) on
+    # PYTHONPATH. The script runs from another directory, as a user would run it.
     site = tmp_path / "site"
-    skip = shutil.ignore_patterns("__pycache__", "*.so")
-    shutil.copytree(ROOT / "pyklei", site / "pyklei", ignore=skip)
-    shutil.copytree(ROOT / "converters", site / "pyklei" / "converters", ignore=skip)
+    shutil.copytree(ROOT / "pyklei", site / "pyklei",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     cache = tmp_path / "cache"
     (cache / "llama32-1b-random").mkdir(parents=True)
     # an existing checkpoint: the script imports everything it uses, then skips the 2.5 GB write
     (cache / "llama32-1b-random" / "model.safetensors.index.json").write_text("{}")
-    deps = [p for p in sys.path if p and Path(p).is_dir() and not (Path(p) / "pyklei").exists()]
+    deps = [p for p in sys.path if p and Path(p).is_dir() and not (Path(p) / "pyklei").exists()
+            and not (Path(p) / "pyklei_dev").exists()]
     env = {**os.environ, "PYKLEI_CACHE": str(cache),
            "PYTHONPATH": os.pathsep.join([str(site)] + deps)}
-    r = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "make_llama32_1b_random.py")],
+    script = ROOT / "scripts" / "make_llama32_1b_random.py"
+    # the script as `python script` runs it (its directory first on sys.path), then which
+    # copies of pyklei and pyklei_dev it ran on: the installed one, and the checkout's helpers
+    probe = (f"import runpy, sys; sys.path[0] = {str(script.parent)!r}; "
+             f"sys.argv = [{str(script)!r}]; runpy.run_path({str(script)!r}, run_name='__main__'); "
+             "print(sys.modules['pyklei'].__file__, sys.modules['pyklei_dev'].__file__)")
+    r = subprocess.run([sys.executable, "-S", "-c", probe],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(cache / "llama32-1b-random")
+    made, used = r.stdout.strip().splitlines()
+    assert made == str(cache / "llama32-1b-random")
+    assert used.split() == [str(site / "pyklei" / "__init__.py"),
+                            str(ROOT / "pyklei_dev" / "__init__.py")]
 
 
 def test_build_wheels_script_parses_and_refuses_unknown_targets(tmp_path):

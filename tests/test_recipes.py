@@ -1,4 +1,4 @@
-"""The size/quality ladder (converters/recipes.py) and the activation default
+"""The size/quality ladder (pyklei/converters/recipes.py) and the activation default
 (activation_policy.choose_activations)."""
 import math
 

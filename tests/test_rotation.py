@@ -1,4 +1,4 @@
-"""Rotations (pyklei.formats.rotation, converters/rotation.py, ops/pk_rotate.c).
+"""Rotations (pyklei.formats.rotation, pyklei/converters/rotation.py, ops/pk_rotate.c).
 
 - The numpy transform against the dense matrix it stands for, every size shape we support
   (power of two, odd factors 3, 7, 9, 11, 43): |x Q - apply(x)| <= 2e-6 for |x| ~ 1.

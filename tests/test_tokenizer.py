@@ -2,7 +2,7 @@
 
 The references are assembled here from each GGUF's vocabulary and merges with the pre-tokenizer,
 normalizer and decoder that the model's Hugging Face tokenizer.json uses; expected ids never
-come from pyklei. Vocabularies: SmolLM2-135M-Instruct (llama.cpp's GGUF, from pyklei.assets),
+come from pyklei. Vocabularies: SmolLM2-135M-Instruct (llama.cpp's GGUF, from pyklei_dev.assets),
 Llama 3 and Llama 2 (vocabulary-only GGUFs in ../shared/vocab beside the repository).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ CORPUS = _load_corpus()
 
 def _smollm2_path() -> Path:
     try:
-        from pyklei.assets import smollm2_gguf
+        from pyklei_dev.assets import smollm2_gguf
         return smollm2_gguf()
     except Exception as e:  # no network and no cache
         pytest.skip(f"SmolLM2 GGUF unavailable ({e})")

@@ -82,7 +82,8 @@ def _configure(p) -> None:
                         help="target bits per weight of the block linears (4.5 to 6.5 at "
                              "group 32): " + ", then ".join(_promotion_order()[:3]) + ", ... "
                              "(the measured order) go to 6 bits layer by layer while the "
-                             "average stays within B (converters/recipes.py, docs/QUALITY.md)")
+                             "average stays within B (pyklei/converters/recipes.py, "
+                             "docs/QUALITY.md)")
     p.add_argument("--name", help="general.name of the model (default: the input's name)")
     p.add_argument("--force", action="store_true", help="overwrite an existing output file")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

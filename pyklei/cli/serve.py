@@ -38,10 +38,13 @@ def add_parser(sub):
     p.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default %(default)s: this machine only)")
-    g.add_argument("--port", type=_port, default=8000, help="port; 0 picks a free one (default %(default)s)")
+                   help="address to listen on (default %(default)s: this machine only; 0.0.0.0 "
+                        "or :: exposes the server to the network)")
+    g.add_argument("--port", type=_port, default=8000,
+                   help="port; 0 picks a free one, which the first line printed names "
+                        "(default %(default)s)")
     g.add_argument("--parallel", "-np", type=_int_at_least(1, "parallel count"), default=4, metavar="N",
-                   help="sequences decoded together (default %(default)s)")
+                   help="sequences decoded together (pyklei.engine's n_parallel; default %(default)s)")
     g.add_argument("--max-queue", type=_int_at_least(1, "queue size"), default=64, metavar="N",
                    help="requests that may wait for a sequence; more get 429 (default %(default)s)")
     g.add_argument("--api-key", metavar="KEY", default=os.environ.get("PYKLEI_API_KEY"),
@@ -52,7 +55,7 @@ def add_parser(sub):
                         "repeatable (default: none)")
     g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the file name)")
     g.add_argument("--drain-timeout", type=_float_in(0, None, what="drain timeout"), default=30.0,
-                   metavar="S", help="on SIGTERM, seconds to let replies finish before cancelling "
+                   metavar="S", help="on SIGTERM or Ctrl-C, seconds to let replies finish before cancelling "
                                      "them (default %(default)s)")
     g.add_argument("--allow-host", metavar="NAME", action="append", default=[],
                    help="answer requests whose Host header is NAME, besides 127.0.0.1, localhost "

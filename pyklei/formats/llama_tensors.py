@@ -5,12 +5,12 @@ reads, and the field of the C model that holds it.
     for name, spec, layer in for_each_tensor(hp):      # hp: HParams, or anything with its dims
         spec.shape(hp), spec.kind, spec.hf_name(layer), spec.norm, spec.field
 
-The reader's checks (model_file), the importers (converters/hf_llama.py, llamacpp_gguf.py), the
-exporter the tests use (converters/gguf_to_hf.py), the rotation and the converter core, the
-imatrix, `pyklei info` and the runtime's weight hand-over (pyklei/model.py -> _ext.pyx) all
-walk this table, as gemma.cpp's loader and exporter walk its tensor registry: adding a tensor
-is one row here (and, for a tensor the C forward pass reads, one field of pk_llama.h).
-The names are llama.cpp's; docs/FORMAT.md ("GGUF container") is the specification.
+The reader's checks (model_file), the importers (pyklei/converters/hf_llama.py,
+llamacpp_gguf.py), the exporter the tests use (pyklei_dev/gguf_to_hf.py), the rotation and the
+converter core, the imatrix, `pyklei info` and the runtime's weight hand-over (pyklei/model.py
+-> _ext.pyx) all walk this table, as gemma.cpp's loader and exporter walk its tensor registry:
+adding a tensor is one row here (and, for a tensor the C forward pass reads, one field of
+pk_llama.h). The names are llama.cpp's; docs/FORMAT.md ("GGUF container") is the specification.
 """
 from __future__ import annotations
 

@@ -102,7 +102,7 @@ def choose_block_scales(xb, importance=None, divisors=SEARCH_DIVISORS, qmin: int
     bits uint16 [B]. importance: None or float [bl] / [B, bl] >= 0 weighting each element's
     squared error (normalised as in quantize_rows). Rounding with these scales
     (round half to even, clamp to [-8, 7]) gives what quantize_qsi4c32 would store; GPTQ
-    (converters/gptq.py) calls it for each group as its quantization reaches the group.
+    (pyklei/converters/gptq.py) calls it for each group as its quantization reaches the group.
     divisors: the candidates absmax / t searched (default SEARCH_DIVISORS). qmin, qmax: the
     integer range (qsi6c32 shares this search with [-32, 31] and its own divisors)."""
     xb = np.asarray(xb, dtype=np.float32)

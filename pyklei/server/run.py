@@ -99,14 +99,15 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
                               lambda: engine.shutdown(cancel=True, timeout=0))
     h, p = sock.getsockname()[:2]
     shown = f"[{h}]" if ":" in h else h
-    announce(f"serving {model_id} on http://{shown}:{p}/v1 (chat page: http://{shown}:{p}/; "
-             f"{n_parallel} parallel sequences, queue {max_queue})")
-    sys.stdout.flush()
-    if api_key is None and h not in ("127.0.0.1", "::1", "localhost"):
-        print(f"pyklei serve: warning: listening on {h} without --api-key: anyone who can reach "
-              f"this port can use the model", file=sys.stderr, flush=True)
     try:
+        # the handlers first: a signal sent as soon as the address line is read must find them
         with _signals_end_quietly(lambda: setattr(server, "should_exit", True)):
+            announce(f"serving {model_id} on http://{shown}:{p}/v1 (chat page: "
+                     f"http://{shown}:{p}/; {n_parallel} parallel sequences, queue {max_queue})")
+            sys.stdout.flush()
+            if api_key is None and h not in ("127.0.0.1", "::1", "localhost"):
+                print(f"pyklei serve: warning: listening on {h} without --api-key: anyone who "
+                      f"can reach this port can use the model", file=sys.stderr, flush=True)
             server.run(sockets=[sock])
     finally:
         engine.shutdown(cancel=True, timeout=drain_timeout)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))          # tests/models.py
+sys.path.append(str(HERE.parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
 
 def main() -> None:

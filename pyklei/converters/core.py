@@ -49,7 +49,7 @@ class SourceTensor:
     read: Callable[[int, int], np.ndarray]  # rows r0:r1 -> float32 array
     src_name: str = ""             # name in the source (HF name), for messages and --keep
     whole: bool = False            # must be read in one piece (e.g. q/k row permutation)
-    # (format name, block size) -> the stored arrays chosen elsewhere (GPTQ: converters/
+    # (format name, block size) -> the stored arrays chosen elsewhere (GPTQ:
     # calibration_forward.py), written as given; None (or returning None): rounded here.
     quantized: Callable[[str, int], tuple[np.ndarray, ...] | None] | None = None
 
@@ -62,7 +62,7 @@ class ModelSource:
     close: Callable[[], None] | None = None
     after_tensor: Callable[[], None] | None = None  # e.g. drop mmapped pages from RSS
     notes: list[str] = field(default_factory=list)   # said in the conversion summary
-    # A rotated source (converters/rotation.py): x -> x @ Q_f, the transform the forward pass
+    # A rotated source (rotation.py): x -> x @ Q_f, the transform the forward pass
     # applies to the SwiGLU output before down_proj; None when unrotated.
     ffn_down_input: Callable[[np.ndarray], np.ndarray] | None = None
     # Told {GGUF name: format} of every tensor before any is read: a source whose `quantized`

