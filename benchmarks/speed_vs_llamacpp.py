@@ -85,6 +85,32 @@ def llamacpp_run(bench: Path, path: Path, threads: int, pl: list[int], n_gen: in
     return got
 
 
+def llamacpp_files_from_pyklei_f16(hf: Path, work: Path, kinds: list[str]) -> dict[str, Path]:
+    """llama.cpp's files of a checkpoint its convert_hf_to_gguf.py refuses (the random 1B's
+    synthetic tokenizer has no pre-tokenizer hash it knows): pyklei's f16 GGUF, rewritten as a
+    plain llama.cpp one (benchmarks/compare.py), then llama-quantize. Cached in `work`."""
+    import llamacpp_quality as lcpp
+    from compare import llamacpp_f16
+
+    from pyklei.converters import convert
+    work.mkdir(parents=True, exist_ok=True)
+    files = {k: work / f"{k}.gguf" for k in kinds}
+    missing = [k for k, f in files.items() if not f.is_file()]
+    if missing:
+        f16 = work / "f16-pyklei.gguf"
+        if not f16.exists():
+            convert(hf, f16, progress=False, force=True, keep=["*=f16"], embedding_bits=16)
+        lc16 = llamacpp_f16(f16, work / "f16-llamacpp.gguf")
+        for k in missing:
+            tmp = work / f"{k}.part.gguf"
+            subprocess.run([str(lcpp.LLAMACPP_BIN / "llama-quantize"), str(lc16), str(tmp), k, "2"],
+                           check=True, capture_output=True)
+            tmp.rename(files[k])
+        f16.unlink()
+        lc16.unlink()
+    return files
+
+
 def measure_rounds(args, engines, runs, depths, pl, bench, loads) -> None:
     """Every (engine, threads, cache type) once per round, all depths in one go; fills runs
     and loads (the 1-min load average after each)."""
@@ -145,8 +171,9 @@ def main(argv=None) -> int:
             ours.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "--no-calibrate", "--rotate",
                             "-o", str(ours), "--no-progress"], check=True)
-    theirs = lcpp.make_files(hf, cache_dir() / "llamacpp" / args.model,
-                             ["Q4_K_M", "Q4_0"], log=lambda m: print(m, file=sys.stderr))
+    work = cache_dir() / "llamacpp" / args.model
+    theirs = (lcpp.make_files(hf, work, ["Q4_K_M", "Q4_0"], log=lambda m: print(m, file=sys.stderr))
+              if args.model == "smollm2" else llamacpp_files_from_pyklei_f16(hf, work, ["Q4_K_M", "Q4_0"]))
     engines = {"pyklei default": ("pyklei", ours, "auto"),
                "llama.cpp Q4_K_M": ("llamacpp", theirs["Q4_K_M"], None),
                "llama.cpp Q4_0": ("llamacpp", theirs["Q4_0"], None)}
