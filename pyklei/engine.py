@@ -465,30 +465,31 @@ class Engine:
         """Feeds r's rows of this step: its token's, then its draft's while the draft holds
         (pyklei.speculative); its slot keeps the positions of the rows fed."""
         draft = r.draft
+        r.gen.n_drafted += len(draft)
+        accepted_before = r.gen.n_accepted
         for i, row in enumerate(rows):
             r.done_pos += 1
-            self._feed(r, row, finished)
+            self._feed(r, row, finished, draft[i] if i < len(draft) else None)
             fed = not (r.stream.cancelled or r.failed)
             if not fed or r.gen.done or i == len(draft) or r.gen.token != draft[i]:
                 break
         if draft:
-            # rows 0..i-1 agreed; row i's token too when it ended the reply as drafted
-            n_ok = i + (fed and i < len(draft) and r.gen.token == draft[i])
-            r.gen.n_drafted += len(draft)
-            r.gen.n_accepted += n_ok
+            n_ok = r.gen.n_accepted - accepted_before
             r.draft_length.accepted(len(draft), n_ok)
             if n_ok < len(draft):
                 r.lookup.rejected()
             self.model.truncate_seq(r.slot, r.done_pos)
             r.draft = []
 
-    def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
-        """Samples r's next token. A failure here is r's alone (the model's step succeeded):
-        r ends with RequestFailedError and the batch runs on without it."""
+    def _feed(self, r: _Request, logits: np.ndarray, finished: list,
+              drafted: int | None = None) -> None:
+        """Samples r's next token (at a drafted position: `drafted`, see Generation.feed). A
+        failure here is r's alone (the model's step succeeded): r ends with RequestFailedError
+        and the batch runs on without it."""
         if r.stream.cancelled:     # ended at the top of the next step
             return
         try:
-            resp = r.gen.feed(logits)
+            resp = r.gen.feed(logits, drafted)
         except Exception as e:
             err = RequestFailedError(f"request {r.stream.id} failed while sampling: "
                                      f"{type(e).__name__}: {e}")

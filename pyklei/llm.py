@@ -117,7 +117,9 @@ class LLM:
         speculative="lookup": speculative decoding with prompt lookup (pyklei.speculative):
         the same tokens as without it, in fewer passes where the reply repeats text of its
         prompt; speculative=pyklei.load(small_model_path): a draft model of the same
-        vocabulary drafts instead. response.drafted_tokens / accepted_tokens count the drafts.
+        vocabulary drafts instead (greedy: the same tokens; sampling: speculative sampling's
+        rule, the model's own distribution but not the tokens a seed gives without it).
+        response.drafted_tokens / accepted_tokens count the drafts.
         A constrained reply decodes without speculation."""
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)

@@ -7,6 +7,7 @@ SmolLM2-135M-Instruct (stop strings, logprobs, chat turns and a 300-token quotin
 its file is cached."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -391,15 +392,139 @@ def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2, steady_costs):
 # ---- a draft model -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(4))
-def test_draft_model_gives_plain_tokens(tiny, seed, steady_costs):
-    for params in (GREEDY, SamplingParams(temperature=0.8, seed=seed)):
-        plain, mp = _markov_run(tiny.tokenizer, seed, None, params)
-        spec, ms = _markov_run(tiny.tokenizer, seed, "draft", params)
-        assert _tokens(spec) == _tokens(plain)
-        assert ms.seq == mp.seq
-        if params is GREEDY:
-            assert 0 < spec[-1].accepted_tokens < spec[-1].drafted_tokens
-            assert ms.passes < mp.passes
+def test_draft_model_greedy_gives_plain_tokens(tiny, seed, steady_costs):
+    plain, mp = _markov_run(tiny.tokenizer, seed, None, GREEDY)
+    spec, ms = _markov_run(tiny.tokenizer, seed, "draft", GREEDY)
+    assert _tokens(spec) == _tokens(plain)
+    assert ms.seq == mp.seq
+    assert 0 < spec[-1].accepted_tokens < spec[-1].drafted_tokens
+    assert ms.passes < mp.passes
+
+
+# ---- speculative sampling: the output follows the target's distribution ------------------------
+
+def _chi2_pvalue(samples, probs):
+    """Pearson's chi-square test of `samples` (ints) against the distribution `probs`, with the
+    cells expected fewer than 5 times pooled into one; 0 when a sample is one the distribution
+    cannot give (an index with probability 0, or beyond `probs`)."""
+    from scipy.stats import chisquare
+    n = len(samples)
+    counts = np.bincount(samples, minlength=len(probs)).astype(float)
+    if len(counts) > len(probs) or counts[probs == 0].sum():
+        return 0.0
+    big = probs * n >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(probs[big] * n, probs[~big].sum() * n)
+    keep = exp > 0
+    return chisquare(obs[keep], exp[keep]).pvalue
+
+
+def _accept_always(p, q, token, rng):
+    return int(token)
+
+
+def _resample_from_p(p, q, token, rng):
+    """A plausible mistake: the right acceptance test, but a rejection draws from p."""
+    if rng.random() * q[token] < p[token]:
+        return int(token)
+    return int(rng.choice(len(p), p=p))
+
+
+def test_speculative_choice_gives_p_not_q():
+    """On a 6-token vocabulary, q far from p (and each with a token the other cannot give):
+    the tokens chosen follow p; two wrong rules, run the same way, are caught."""
+    from pyklei.sampler import speculative_choice
+    p = np.array([0.40, 0.25, 0.15, 0.10, 0.10, 0.00])
+    q = np.array([0.05, 0.10, 0.30, 0.05, 0.00, 0.50])
+
+    def run(rule, n=30000):
+        rng = np.random.default_rng(1234)
+        drafts = rng.choice(6, size=n, p=q)
+        return np.array([rule(p, q, int(x), rng) for x in drafts])
+
+    assert _chi2_pvalue(run(speculative_choice), p) > 1e-3
+    for wrong in (_accept_always, _resample_from_p):
+        assert _chi2_pvalue(run(wrong), p) < 1e-6, wrong.__name__
+
+
+def _markov_pair(vocab, seed, scale):
+    m = MarkovModel(vocab, seed)
+    m.t1 *= scale
+    m.t2 *= scale
+    return m
+
+
+def _sampled_triples(tok, rule=None, runs=3000):
+    """Each run: a fresh 3-token reply of a MarkovModel target (sampling with top-k 3 and a
+    presence penalty) with a MarkovModel of other tables as its draft model: the first token by
+    plain sampling, the second drafted (accepted or resampled), the third the bonus row's (or
+    a plain step's, after a rejection).
+    Returns the replies as indices of (t1, t2, t3) (len(cells): one the target cannot give) and
+    the target's exact distribution of them, and the drafted / accepted counts."""
+    import pyklei.generate as generate
+    from pyklei.sampler import Sampler, apply_presence_frequency
+    vocab = tok.vocab_size
+    prompt = [7, 19, 3]
+    target = _markov_pair(vocab, 11, 0.3)
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0,
+                            presence_penalty=1.5)
+    probs = Sampler(params).probs
+
+    def dist(ctx, gen_toks):
+        counts = {}
+        for t in gen_toks:
+            counts[t] = counts.get(t, 0) + 1
+        return probs(apply_presence_frequency(target._logits(ctx), counts, 1.5, 0.0))
+
+    exact = {}
+    p1 = dist(prompt, [])
+    for a in np.flatnonzero(p1):
+        p2 = dist(prompt + [a], [a])
+        for b in np.flatnonzero(p2):
+            p3 = dist(prompt + [a, b], [a, b])
+            for c in np.flatnonzero(p3):
+                exact[(a, b, c)] = p1[a] * p2[b] * p3[c]
+    cells = sorted(exact)
+    redo = np.random.default_rng(5).random(vocab) < 0.3
+    redrawn = np.random.default_rng(6).normal(0, 1, (redo.sum(), vocab)).astype(np.float32)
+    index = {c: i for i, c in enumerate(cells)}
+    out, drafted, accepted = [], 0, 0
+    orig = generate.speculative_choice
+    if rule is not None:
+        generate.speculative_choice = rule
+    try:
+        for run in range(runs):
+            draft = _markov_pair(vocab, 11, 0.6)   # sharper than the target: q != p
+            draft.t1[redo] = redrawn                  # and elsewhere other tokens altogether
+            rs = list(stream_generate(target, tok, prompt, 3,
+                                      dataclasses.replace(params, seed=run), eos_ids=[],
+                                      logprobs=0, speculative=draft))
+            out.append(index.get(tuple(lp.token for r in rs for lp in r.logprobs), len(cells)))
+            drafted += rs[-1].drafted_tokens
+            accepted += rs[-1].accepted_tokens
+    finally:
+        generate.speculative_choice = orig
+    return np.array(out), np.array([exact[c] for c in cells]), drafted, accepted
+
+
+def test_draft_model_sampling_follows_the_target_distribution(tiny, steady_costs):
+    """The whole loop (draft model's q, the target's rows, acceptance, residual, bonus row): the
+    replies' distribution is the target's plain-sampling distribution, by a chi-square test
+    under fixed seeds; accepting every draft, run the same way, fails it."""
+    got, exact, drafted, accepted = _sampled_triples(tiny.tokenizer)
+    assert drafted == 3000                          # every run drafted its second token
+    assert 0.2 * drafted < accepted < 0.9 * drafted   # both acceptance and resampling happened
+    assert _chi2_pvalue(got, exact) > 1e-3
+    wrong, _, _, _ = _sampled_triples(tiny.tokenizer, rule=_accept_always, runs=1500)
+    assert _chi2_pvalue(wrong, exact) < 1e-6
+
+
+def test_draft_model_sampling_repeats_under_a_seed(tiny, steady_costs):
+    """With the draft lengths fixed (steady costs), one seed gives one text."""
+    a, _ = _markov_run(tiny.tokenizer, 3, "draft", SamplingParams(temperature=0.8, seed=5))
+    b, _ = _markov_run(tiny.tokenizer, 3, "draft", SamplingParams(temperature=0.8, seed=5))
+    assert _tokens(a) == _tokens(b)
+    assert 0 < a[-1].accepted_tokens < a[-1].drafted_tokens
 
 
 def test_smollm2_with_itself_as_draft_model(smollm2, steady_costs):
