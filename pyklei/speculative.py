@@ -302,15 +302,31 @@ class PassCost:
         for i, v in enumerate((1.0, rows, rows * rows, seconds, rows * seconds)):
             self.sums[i] = self.sums[i] * d + v
 
-    def row_cost(self, requests: int) -> float:
-        """A drafted row's time over a request's own row's, in a batch of `requests`."""
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed, per_row) seconds, or None before any pass. Until the row counts have varied
+        enough for the fit, per_row is the mean time over the mean rows plus the prior's fixed
+        rows."""
         w, x, xx, y, xy = self.sums
-        fixed_rows = self.PRIOR_FIXED_ROWS
+        if w <= 0:
+            return None
         if w >= 4 and w * xx - x * x > 0.05 * w * w:   # the row counts varied: the fit holds
             per_row = (w * xy - x * y) / (w * xx - x * x)
             fixed = (y - per_row * x) / w
             if per_row > 0:
-                fixed_rows = max(fixed, 0.0) / per_row
+                return max(fixed, 0.0), per_row
+        per_row = y / (x + self.PRIOR_FIXED_ROWS * w)
+        return self.PRIOR_FIXED_ROWS * per_row, per_row
+
+    def seconds_per_row(self, requests: int) -> float | None:
+        """A request's own row's time in a batch of `requests` (its share of the fixed cost
+        included), or None before any pass."""
+        f = self.fit()
+        return None if f is None else f[1] + f[0] / max(requests, 1)
+
+    def row_cost(self, requests: int) -> float:
+        """A drafted row's time over a request's own row's, in a batch of `requests`."""
+        f = self.fit()
+        fixed_rows = self.PRIOR_FIXED_ROWS if f is None else f[0] / f[1]
         return min(max(1.0 / (fixed_rows / max(requests, 1) + 1.0), 0.02), 2.0)
 
 
