@@ -510,12 +510,19 @@ class Engine:
         tokens, seqs, pos, rows, drafting = [], [], [], [], []
         own_row = self._pass_cost.seconds_per_row(n_decoding)
         drafted_row = self._draft_pass_cost.seconds_per_row(len(reqs))
+        starts = {}
         for r in reqs:
             text = r.gen.history          # the prompt and the reply so far (gen.token last)
-            if len(text) >= dm.n_ctx:     # its context, not the model's, may end first
-                continue
-            start = min(_common_prefix(dm.seq_tokens(r.slot), text), len(text) - 1)
-            end = min(len(text), start + self.prefill_chunk)   # a long catch-up goes in chunks
+            if len(text) < dm.n_ctx:      # its context, not the model's, may end first
+                starts[r] = min(_common_prefix(dm.seq_tokens(r.slot), text), len(text) - 1)
+        # A long catch-up (a new request's prompt) goes in chunks, prefill_chunk rows a step for
+        # all of them, as the model's own prefill does; the requests that lack a few tokens
+        # (their last step's) come first, so that they draft in every step.
+        budget = self.prefill_chunk
+        for r in sorted(starts, key=lambda r: len(r.gen.history) - starts[r]):
+            text, start = r.gen.history, starts[r]
+            end = min(len(text), start + max(budget, 0))
+            budget -= end - start
             k = 0
             if end == len(text):
                 r.draft_length.row_cost = row_cost
