@@ -24,7 +24,17 @@ over plain, and the wall-clock ratio is reported beside it. The load average of 
 is recorded too: on a shared machine compare the ratios, not the absolute figures.
 
 Engine: the quoting tasks twice each, 8 requests decoded together (pyklei.engine), plain
-batching vs lookup drafts inside the batched steps; aggregate tokens over CPU time.
+batching vs lookup drafts inside the batched steps; aggregate tokens over CPU time. With
+--engine-draft-model FILE, a third arm drafts with that model (a KV cache slot per request).
+
+llama.cpp (--llamacpp Q4_0, or another kind of benchmarks/llamacpp_quality.py; its tools from
+LLAMACPP_BIN, the file made by its own llama-quantize from the same HF weights, cached): each
+greedy task's prompt (the same chat-templated text) through `llama-lookup` with its n-gram
+drafting (--spec-draft-n-max 3, its default, 8 and 16) and with none (0: its plain decode, the
+same program), alternated with pyklei's arms in every rep. Its figures are its own decode speed
+("decoded N tokens in S seconds", wall clock), so pyklei's wall-clock figures stand beside
+them; the ratios: each engine's speculative over its plain, and pyklei lookup over llama.cpp's
+best setting for that task. Sampled tasks (t0.8) are not run there.
 
 --model may name another file: benchmarks/results/speculative-1b.md ran on the 1B-shaped random
 model (scripts/make_llama32_1b_random.py, then `pyklei convert DIR --no-calibrate -o
@@ -39,8 +49,11 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -133,17 +146,87 @@ def pass_costs(llm, contexts=(100, 1000, 4000), rows=(1, 2, 4, 8), reps=7) -> di
     return out
 
 
+LLAMACPP_DRAFTS = (3, 8, 16)     # llama-lookup's --spec-draft-n-max settings (3: its default)
+
+
+def llamacpp_file(kind: str) -> Path:
+    """llama.cpp's `kind` file of SmolLM2-135M-Instruct, made by its own tools (cached)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import llamacpp_quality as lcpp
+    from models import smollm2_hf_dir
+
+    from pyklei.assets import cache_dir
+    if not (lcpp.LLAMACPP_BIN / "llama-lookup").is_file():
+        raise SystemExit(f"no llama-lookup in {lcpp.LLAMACPP_BIN} (set LLAMACPP_BIN)")
+    return lcpp.make_files(smollm2_hf_dir(), cache_dir() / "llamacpp" / "smollm2", [kind],
+                           log=lambda m: print(m, file=sys.stderr))[kind]
+
+
+def llamacpp_lookup(path: Path, prompt: str, n_draft: int, max_tokens: int, threads: int,
+                    sampling: dict) -> dict:
+    """One greedy run of llama.cpp's llama-lookup (n_draft 0: no drafts, its plain decode):
+    its decode tokens/s (its own clock), generated / drafted / accepted tokens, and the reply
+    (stdout after the prompt)."""
+    import llamacpp_quality as lcpp
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write(prompt)
+        f.flush()
+        cmd = [lcpp.LLAMACPP_BIN / "llama-lookup", "-m", path, "-f", f.name, "-n", max_tokens,
+               "-t", threads, "-c", 8192, "-b", 8192,    # it evaluates the prompt as one batch
+               "--temp", 0, "--spec-draft-n-max", n_draft,
+               "--repeat-penalty", sampling.get("repetition_penalty", 1.0)]
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"llama-lookup failed (rc {r.returncode}): {r.stderr[-2000:]}")
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s",
+                  r.stderr)
+    num = lambda key: int(re.search(rf"{key}\s+= (\d+)", r.stderr).group(1))  # noqa: E731
+    marker = "<|im_start|>assistant\n"
+    text = r.stdout[r.stdout.rfind(marker) + len(marker):]
+    text = text[:-4] if text.endswith("\n" * 4) else text    # the two "\n\n" it ends with
+    return dict(tps=float(m.group(3)), generated=int(m.group(1)), drafted=num("n_drafted"),
+                accepted=num("n_accept"), text=text)
+
+
+def llamacpp_arms(rows: list[dict], runs: dict) -> None:
+    """Adds to each task's row llama.cpp's medians (runs: task -> arm -> list of results)."""
+    for row in rows:
+        got = runs.get(row["task"])
+        if not got:
+            continue
+        med = {arm: statistics.median(x["tps"] for x in rs) for arm, rs in got.items()}
+        plain = med.pop("plain")
+        best = max(med, key=med.get)
+        text = got["plain"][0]["text"]
+        last = got[best][-1]
+        n = min(len(text), len(last["text"]))
+        row["llamacpp"] = dict(
+            plain_tps=round(plain, 1), lookup_tps={a: round(v, 1) for a, v in med.items()},
+            best=best, best_tps=round(med[best], 1), ratio=round(med[best] / plain, 3),
+            drafted=last["drafted"], accepted=last["accepted"],
+            # it stops a few tokens past -n (a draft's tail): compare the common length
+            same_text=text[:n] == last["text"][:n],
+            pyklei_vs_llamacpp=round(row["wall_lookup_tps"] / med[best], 3),
+            plain_pyklei_vs_llamacpp=round(row["wall_plain_tps"] / plain, 3),
+            plain_all=[round(x["tps"], 1) for x in got["plain"]],
+            lookup_all={a: [round(x["tps"], 1) for x in rs] for a, rs in got.items()
+                        if a != "plain"})
+
+
 def engine_run(llm, prompts: list[list[int]], spec, max_tokens: int):
     """All prompts submitted at once to an Engine (one slot each), greedy: (texts, generated
-    tokens, CPU s, wall s, drafted, accepted)."""
+    tokens, CPU s, wall s, drafted, accepted). spec: None, "lookup" or a draft Model (with a
+    slot per prompt)."""
     from pyklei.engine import Engine
     from pyklei.sampler import SamplingParams
 
-    eng = Engine(llm.model, llm.tokenizer, n_parallel=len(prompts), max_queue=len(prompts))
+    eng = Engine(llm.model, llm.tokenizer, n_parallel=len(prompts), max_queue=len(prompts),
+                 speculative=spec)
     try:
         w, c = time.perf_counter(), time.process_time()
         streams = [eng.submit(p, max_tokens=max_tokens, params=SamplingParams(temperature=0.0),
-                              eos_ids=llm.eos_ids, speculative=spec) for p in prompts]
+                              eos_ids=llm.eos_ids) for p in prompts]
         lasts, texts = [], []
         for st in streams:
             rs = list(st)
@@ -158,34 +241,52 @@ def engine_run(llm, prompts: list[list[int]], spec, max_tokens: int):
 
 def engine_bench(args, reps: int, max_tokens: int) -> dict:
     """The quoting tasks, each twice (8 requests), decoded together by the engine: plain
-    batching vs lookup drafts inside the batched steps, alternated; aggregate tokens/s."""
+    batching vs lookup drafts inside the batched steps (and a draft model's, with
+    --engine-draft-model), alternated; aggregate tokens/s."""
     llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=8,
                       activations=args.activations)
     prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
                                                  add_generation_prompt=True, tokenize=True)
                for name, kind, msg, _ in tasks(llm) if kind == "quote"] * 2
-    engine_run(llm, prompts, None, 1)      # prefill: the slots keep the prompts
-    cpu = {"plain": [], "lookup": []}
-    wall = {"plain": [], "lookup": []}
+    arms = {"plain": None, "lookup": "lookup"}
+    if args.engine_draft_model:
+        arms["draft"] = pyklei.load(args.engine_draft_model, n_threads=args.threads, n_ctx=8192,
+                                    n_seq=8, activations=args.activations).model
+    # prefill: the slots keep the prompts. The draft model fills its slots while the requests
+    # decode (prefill_chunk rows a step, for all of them): 80 tokens give it the time to.
+    for arm, spec in arms.items():
+        engine_run(llm, prompts, spec, 80 if arm == "draft" else 1)
+    cpu, wall = {a: [] for a in arms}, {a: [] for a in arms}
     texts, counts = {}, {}
     for rep in range(reps):
-        for arm in (("plain", "lookup") if rep % 2 == 0 else ("lookup", "plain")):
-            t, n, c, w, d, a = engine_run(llm, prompts, "lookup" if arm == "lookup" else None,
-                                          max_tokens)
+        order = list(arms) if rep % 2 == 0 else list(reversed(arms))
+        for arm in order:
+            t, n, c, w, d, a = engine_run(llm, prompts, arms[arm], max_tokens)
             assert texts.setdefault(arm, t) == t
             cpu[arm].append(n / c)
             wall[arm].append(n / w)
             counts[arm] = (n, d, a)
-    assert texts["plain"] == texts["lookup"], "engine: lookup changed a text"
+    for arm in arms:
+        assert texts[arm] == texts["plain"], f"engine: {arm} changed a text"
     llm.close()
-    p, l = statistics.median(cpu["plain"]), statistics.median(cpu["lookup"])
-    wp, wl = statistics.median(wall["plain"]), statistics.median(wall["lookup"])
-    n, d, a = counts["lookup"]
-    return dict(requests=len(prompts), max_tokens=max_tokens, generated=n, plain_tps=round(p, 1),
-                lookup_tps=round(l, 1), ratio=round(l / p, 3), wall_plain_tps=round(wp, 1),
-                wall_lookup_tps=round(wl, 1), wall_ratio=round(wl / wp, 3), drafted=d,
-                accepted=a, plain_cpu_tps_all=[round(x, 1) for x in cpu["plain"]],
-                lookup_cpu_tps_all=[round(x, 1) for x in cpu["lookup"]])
+    p, wp = statistics.median(cpu["plain"]), statistics.median(wall["plain"])
+    out = dict(requests=len(prompts), max_tokens=max_tokens, generated=counts["plain"][0],
+               plain_tps=round(p, 1), wall_plain_tps=round(wp, 1),
+               plain_cpu_tps_all=[round(x, 1) for x in cpu["plain"]])
+    for arm in arms:
+        if arm == "plain":
+            continue
+        c, w = statistics.median(cpu[arm]), statistics.median(wall[arm])
+        n, d, a = counts[arm]
+        pre = "" if arm == "lookup" else "draft_"
+        out.update({f"{arm}_tps": round(c, 1), f"{pre}ratio": round(c / p, 3),
+                    f"wall_{arm}_tps": round(w, 1), f"{pre}wall_ratio": round(w / wp, 3),
+                    f"{pre}drafted": d, f"{pre}accepted": a,
+                    f"{arm}_cpu_tps_all": [round(x, 1) for x in cpu[arm]]})
+    if args.engine_draft_model:
+        out["draft_model"] = Path(args.engine_draft_model).name
+        arms["draft"].close()
+    return out
 
 
 def main() -> int:
@@ -199,6 +300,11 @@ def main() -> int:
     ap.add_argument("--engine-reps", type=int, default=2,
                     help="runs per arm of the 8-request engine batch (0: skip it)")
     ap.add_argument("--engine-max-tokens", type=int, default=200)
+    ap.add_argument("--engine-draft-model", metavar="FILE",
+                    help="a third engine arm: this draft model (same vocabulary)")
+    ap.add_argument("--llamacpp", metavar="KIND", default="",
+                    help="beside llama.cpp's llama-lookup on its own file of this kind "
+                         "(Q4_0, Q4_K_M: benchmarks/llamacpp_quality.py; SmolLM2 only)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
     ap.add_argument("--render", metavar="JSON", help="only write the .md of a results .json")
     args = ap.parse_args()
@@ -211,6 +317,8 @@ def main() -> int:
 
     llm = pyklei.load(args.model, n_threads=args.threads, n_ctx=8192, n_seq=1,
                       activations=args.activations)
+    lc_path = llamacpp_file(args.llamacpp) if args.llamacpp else None
+    lc_runs: dict = {}
     load0 = os.getloadavg()
     t_start = time.perf_counter()
     costs = pass_costs(llm)
@@ -225,9 +333,22 @@ def main() -> int:
         tps = {"plain": [], "lookup": []}
         cpu = {"plain": [], "lookup": []}
         texts, last = {}, {}
+        lc_arms = (["plain"] + [f"n{d}" for d in LLAMACPP_DRAFTS]
+                   if lc_path and "temperature" not in sampling else [])
+        if lc_arms:
+            text = llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
+                                                     add_generation_prompt=True, tokenize=False)
+            lc_runs[name] = {a: [] for a in lc_arms}
         for rep in range(args.reps):
-            arms = ("plain", "lookup") if rep % 2 == 0 else ("lookup", "plain")
+            arms = ["plain", "lookup"] + ["lc-" + a for a in lc_arms]
+            arms = arms[rep % len(arms):] + arms[:rep % len(arms)]   # each rep starts elsewhere
             for arm in arms:
+                if arm.startswith("lc-"):
+                    a = arm[3:]
+                    lc_runs[name][a].append(llamacpp_lookup(
+                        lc_path, text, 0 if a == "plain" else int(a[1:]), args.max_tokens,
+                        args.threads, sampling))
+                    continue
                 r, wall_tps, cpu_tps = run_task(llm, ids, "lookup" if arm == "lookup" else None,
                                                 args.max_tokens, sampling)
                 tps[arm].append(wall_tps)
@@ -254,10 +375,17 @@ def main() -> int:
                    lookup_wall_tps_all=[round(x, 1) for x in tps["lookup"]],
                    identical=True, reply_head=texts["plain"][:160])
         rows.append(row)
+        row["load"] = round(os.getloadavg()[0], 2)
         print(f"{name:16s} {row['generated']:4d} tok  cpu: plain {plain:6.1f}  lookup {spec:6.1f} "
               f"tok/s x{row['ratio']:.2f}  wall x{row['wall_ratio']:.2f}  accepted "
               f"{r.accepted_tokens}/{r.drafted_tokens}"
-              f"  load {os.getloadavg()[0]:.2f}", flush=True)
+              f"  load {row['load']:.2f}", flush=True)
+        if lc_arms:
+            llamacpp_arms([row], lc_runs)
+            lc = row["llamacpp"]
+            print(f"{'':16s} llama.cpp: plain {lc['plain_tps']:6.1f}  lookup {lc['best']} "
+                  f"{lc['best_tps']:6.1f} tok/s x{lc['ratio']:.2f}  pyklei lookup / llama.cpp "
+                  f"x{lc['pyklei_vs_llamacpp']:.2f}  same text {lc['same_text']}", flush=True)
     llm.close()
     engine = None
     if args.engine_reps:
@@ -266,6 +394,10 @@ def main() -> int:
               f"{engine['lookup_tps']} tok/s x{engine['ratio']:.2f}  "
               f"wall x{engine['wall_ratio']:.2f}"
               f"  accepted {engine['accepted']}/{engine['drafted']}", flush=True)
+        if "draft_ratio" in engine:
+            print(f"engine, draft model {engine['draft_model']}: cpu {engine['draft_tps']} tok/s "
+                  f"x{engine['draft_ratio']:.2f}  wall x{engine['draft_wall_ratio']:.2f}  "
+                  f"accepted {engine['draft_accepted']}/{engine['draft_drafted']}", flush=True)
     load1 = os.getloadavg()
     report = dict(command="python benchmarks/speculative.py " + " ".join(sys.argv[1:]),
                   model=Path(args.model).name, threads=args.threads, reps=args.reps,
@@ -274,7 +406,9 @@ def main() -> int:
                   processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
                   wall_s=round(time.perf_counter() - t_start, 1),
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), pass_costs_ms=costs,
-                  rows=rows, engine=engine)
+                  rows=rows, engine=engine, llamacpp=(
+                      dict(kind=args.llamacpp, file=lc_path.name,
+                           drafts=list(LLAMACPP_DRAFTS)) if lc_path else None))
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
@@ -324,6 +458,48 @@ def markdown(rep: dict) -> str:
                   f"x{e['ratio']:.2f} (wall x{e['wall_ratio']:.2f}); {e['accepted']} of "
                   f"{e['drafted']} drafted tokens accepted, {e['generated']} generated; every "
                   f"text the same as plain batching's (asserted)."]
+        if "draft_ratio" in e:
+            lines += ["", f"With the draft model {e['draft_model']} (a KV cache slot per "
+                      f"request, its passes batched before each step): {e['draft_tps']} tok/s, "
+                      f"x{e['draft_ratio']:.2f} plain batching (wall x{e['draft_wall_ratio']:.2f});"
+                      f" {e['draft_accepted']} of {e['draft_drafted']} drafted tokens accepted; "
+                      f"the same texts (asserted)."]
+            if e["draft_model"] == rep["model"]:
+                lines[-1] += (" The draft is the model itself (no smaller model of its vocabulary "
+                              "here): its drafts all hold, but drafting a token costs what "
+                              "decoding one does, so this shows what the mechanics cost, not "
+                              "what a small draft would gain.")
+    lc_rows = [r for r in rep["rows"] if r.get("llamacpp")]
+    if lc_rows:
+        lc = rep["llamacpp"]
+        sp = [r["llamacpp"]["ratio"] for r in lc_rows if r["kind"] == "quote"]
+        vs = [r["llamacpp"]["pyklei_vs_llamacpp"] for r in lc_rows if r["kind"] == "quote"]
+        mine = [r["wall_ratio"] for r in lc_rows if r["kind"] == "quote"]
+        lines += ["", f"## Beside llama.cpp's prompt lookup", "",
+                  f"llama.cpp's `llama-lookup` (n-gram drafting; greedy; 1 program for both arms: "
+                  f"--spec-draft-n-max 0 is its plain decode) on its own {lc['kind']} file of the "
+                  f"same weights ({lc['file']}, made by its llama-quantize), the same chat-"
+                  f"templated prompts, {rep['threads']} thread(s), alternated with pyklei's arms "
+                  f"in every rep. Decode tokens/s by the wall clock (llama.cpp's own decode "
+                  f"timer; pyklei's wall figures), medians; llama.cpp's best of draft lengths "
+                  f"{', '.join(map(str, lc['drafts']))} per task; \"same text\": its lookup reply "
+                  f"is its plain one (over their common length: it stops a few tokens past the "
+                  f"budget). Load average: the column.", "",
+                  f"Quoting tasks, geometric means: llama.cpp lookup / its plain "
+                  f"x{gmean(sp):.2f}; pyklei lookup / its plain (wall) x{gmean(mine):.2f}; "
+                  f"pyklei lookup / llama.cpp's best lookup x{gmean(vs):.2f}.", "",
+                  "| task | load | pyklei plain | pyklei lookup | ratio | llama.cpp plain | "
+                  "llama.cpp lookup (best n) | ratio | pyklei / llama.cpp, lookup | "
+                  "pyklei / llama.cpp, plain | llama.cpp accepted / drafted | "
+                  "llama.cpp same text |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in lc_rows:
+            x = r["llamacpp"]
+            lines.append(f"| {r['task']} | {r.get('load', '-')} | {r['wall_plain_tps']} | "
+                         f"{r['wall_lookup_tps']} | x{r['wall_ratio']:.2f} | {x['plain_tps']} | "
+                         f"{x['best_tps']} ({x['best']}) | x{x['ratio']:.2f} | "
+                         f"x{x['pyklei_vs_llamacpp']:.2f} | x{x['plain_pyklei_vs_llamacpp']:.2f} | "
+                         f"{x['accepted']} / {x['drafted']} | {'yes' if x['same_text'] else 'no'} |")
     costs = rep["pass_costs_ms"]
     ns = list(next(iter(costs.values())))
     lines += ["", "What a drafted token costs: CPU ms of one pass of n rows of one sequence (n = 1 "

@@ -24,14 +24,23 @@ Constrained requests (submit(constraint=), pyklei.grammar): each step, the gramm
 requests that sample in it are computed on a helper thread while model.batch runs (both release
 the GIL), and applied to their logits after it.
 
-Speculative decoding (submit(speculative="lookup"), or Engine(speculative="lookup") for every
-request; pyklei.speculative): a request drafts
-tokens by prompt lookup, and its draft runs as more rows of its slot in the same batch; its rows
-are fed in order while the draft holds (the same tokens as without drafts), and the slot drops
-the rejected tail. Its draft length adapts to its own acceptance rate and to what a drafted
-row costs beside a request's own row in this batch (pyklei.speculative.PassCost, fitted over
-the decode steps' times: in a big batch the weights are already shared, and a drafted row
-costs nearly what a request's own row does). A constrained request decodes without drafts.
+Speculative decoding (pyklei.speculative): submit(speculative="lookup"), or
+Engine(speculative="lookup") for every request, drafts by prompt lookup;
+Engine(speculative=draft_model) drafts with a draft model (a second Model of the same
+vocabulary with at least n_parallel slots: slot s of its KV cache drafts for the request in
+slot s of the model). A request's draft runs as more rows of its slot in the same batch; its
+rows are fed in order while the draft holds (greedy: the same tokens as without drafts; a
+sampled draft model's tokens by speculative sampling's rule, Generation.feed_drafted), and the
+slot drops the rejected tail. The draft model's passes come before the step: the first runs,
+for every request drafting with it, the tokens its slot lacks (what was accepted since its last
+draft, or a chunk of the prompt; from the first position where its slot differs from the
+request's text, which drops its own rejected drafts), then one pass per further drafted token,
+each with a row per request still drafting. A request's draft length adapts to its own
+acceptance rate and to what a drafted row costs beside a request's own row in this batch
+(pyklei.speculative.PassCost, fitted over the decode steps' times: in a big batch the weights
+are already shared, and a drafted row costs nearly what a request's own row does), and what
+drafting a token costs (the draft model's passes, fitted the same way). A constrained request
+decodes without drafts.
 
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
@@ -125,7 +134,7 @@ class RequestStream:
 
 class _Request:
     __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed",
-                 "after", "prefill_over", "lookup", "draft_length", "draft")
+                 "after", "prefill_over", "lookup", "draft_model", "draft_length", "draft", "q")
 
     def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation,
                  after: "_Request | None" = None):
@@ -138,21 +147,30 @@ class _Request:
         self.t_prefill = None      # when its first prefill chunk ran
         self.failed = False        # ended by RequestFailedError
         self.lookup: PromptLookup | None = None   # speculative="lookup": its drafter,
+        self.draft_model = False                  # or it drafts with the engine's draft model;
         self.draft_length: DraftLength | None = None   # its draft length,
-        self.draft: list[int] = []                # and the draft of the current step
+        self.draft: list[int] = []                # the draft of the current step,
+        self.q: list | None = None                # and its distributions (a sampled draft model)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    """The length of the longest common prefix, by bisection over slice comparisons (C loops:
+    the draft model's slots are compared with their requests' text every step)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 1:     # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class Engine:
     def __init__(self, model: Model, tokenizer, *, n_parallel: int = 4, max_queue: int = 64,
-                 prefill_chunk: int = 256, speculative: str | None = None):
+                 prefill_chunk: int = 256, speculative=None):
         for name, v in (("n_parallel", n_parallel), ("max_queue", max_queue),
                         ("prefill_chunk", prefill_chunk)):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -160,10 +178,18 @@ class Engine:
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         model.check_open()
-        self.speculative = self._check_speculative(speculative, model)   # submit's default
         if n_parallel > model.n_seq:
             raise ValueError(f"n_parallel={n_parallel} needs as many KV cache slots; the model has "
                              f"n_seq={model.n_seq} (load it with Model(..., n_seq={n_parallel}))")
+        self.draft_model = None
+        mode = check_speculative(speculative, model)
+        if mode is not None and mode != "lookup":
+            if mode.n_seq < n_parallel:
+                raise ValueError(f"the draft model drafts for {n_parallel} parallel sequences and "
+                                 f"needs as many KV cache slots; it has n_seq={mode.n_seq} (load "
+                                 f"it with n_seq={n_parallel})")
+            self.draft_model = mode
+        self.speculative = mode                   # submit's default
         self.model, self.tokenizer = model, tokenizer
         self.n_parallel, self.max_queue, self.prefill_chunk = n_parallel, max_queue, prefill_chunk
         self._cond = threading.Condition()
@@ -174,6 +200,7 @@ class Engine:
         self._closing = False
         self._mask_pool: ThreadPoolExecutor | None = None   # grammar masks during model.batch
         self._pass_cost = PassCost()              # decode steps' times: what drafts cost
+        self._draft_pass_cost = PassCost()        # the draft model's passes' times
         self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
                             prompt_eval_tokens=0, drafted_tokens=0, accepted_tokens=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
@@ -184,12 +211,12 @@ class Engine:
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False,
                logprobs: int | None = None, constraint=None,
-               speculative: str | None = None) -> RequestStream:
+               speculative=None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
         shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
-        the reply follows. speculative: "lookup" (see the module doc), or None: the engine's
-        default (Engine(speculative=))."""
+        the reply follows. speculative: "lookup", the engine's draft model (see the module
+        doc), or None: the engine's default (Engine(speculative=))."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
                                    eos_ids=eos_ids, trim=trim, logprobs=logprobs,
                                    constraint=constraint, speculative=speculative)[0]
@@ -198,13 +225,13 @@ class Engine:
                        max_tokens: int | None = 256, stop: Sequence[str] = (),
                        eos_ids: Sequence[int] | None = None, trim: bool = False,
                        logprobs: int | None = None, prompt_logprobs: bool = False,
-                       constraint=None, speculative: str | None = None) -> list[RequestStream]:
+                       constraint=None, speculative=None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
         own seed); see submit_requests. constraint: the first choice follows it, each other
         choice a fresh copy of it."""
         if self._closing:
             raise EngineClosedError("the engine is shut down")
-        mode = self._check_speculative(speculative, self.model) or self.speculative
+        mode = self._check_speculative(speculative) or self.speculative
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
         first = make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params[0],
@@ -235,15 +262,18 @@ class Engine:
                 raise ValueError(f"a request of {len(r.prompt)} prompt tokens and a budget of "
                                  f"{r.max_tokens} does not fit this engine's context of "
                                  f"{self.model.n_ctx} tokens")
-        modes = [self._check_speculative(r.speculative, self.model) or self.speculative
-                 for r in reqs]
+        modes = [self._check_speculative(r.speculative) or self.speculative for r in reqs]
         queued = []
         for req, mode in zip(reqs, modes):
             ids = list(req.prompt)
             r = _Request(RequestStream(self, len(ids)), ids, Generation(self.tokenizer, req),
                          after=queued[0] if queued else None)
-            if mode == "lookup" and req.constraint is None:
-                r.lookup, r.draft_length = PromptLookup(ids), DraftLength()
+            if mode is not None and req.constraint is None:
+                r.draft_length = DraftLength()
+                if mode == "lookup":
+                    r.lookup = PromptLookup(ids)
+                else:
+                    r.draft_model = True
             queued.append(r)
         if prompt_logprobs:
             queued[0].gen.prompt_logprobs = [None]
@@ -260,12 +290,12 @@ class Engine:
             self._cond.notify_all()
         return [r.stream for r in queued]
 
-    @staticmethod
-    def _check_speculative(speculative, model):
-        mode = check_speculative(speculative, model)
-        if mode is not None and mode != "lookup":
-            raise ValueError("the engine drafts by prompt lookup only (speculative='lookup'); "
-                             "a draft model runs with generate() and chat()")
+    def _check_speculative(self, speculative):
+        mode = check_speculative(speculative, self.model)
+        if mode is not None and mode != "lookup" and mode is not self.draft_model:
+            raise ValueError("a request drafts by prompt lookup ('lookup') or with the engine's "
+                             "own draft model (Engine(speculative=draft_model)), which has a "
+                             "KV cache slot per parallel sequence; this draft model is not it")
         return mode
 
     @property
@@ -367,13 +397,24 @@ class Engine:
             share[slot] = 0
         r.slot, r.done_pos = slot, share[slot]
         r.n_reused = share[slot]
+        if r.draft_model:   # its draft slot too starts from the longest prefix it can copy
+            dm = self.draft_model
+            d_share = {s: min(limit, _common_prefix(dm.seq_tokens(s), r.prompt))
+                       for s in range(self.n_parallel)}
+            d_src = max(range(self.n_parallel), key=lambda s: d_share[s])
+            if d_share[d_src] > d_share[slot]:
+                dm.copy_seq(d_src, slot, d_share[d_src])
 
     def _run_step(self) -> None:
         tokens, seqs, pos, rows = [], [], [], []
         decoding = [r for r in self._running if r.done_pos >= len(r.prompt)]
         row_cost = self._pass_cost.row_cost(len(decoding))
-        for r in decoding:   # its token, then its draft (if any), on consecutive rows
+        for r in decoding:
             r.draft = self._draft(r, row_cost)
+        if self.draft_model is not None:
+            self._draft_with_model([r for r in decoding if r.draft_model and
+                                    not r.stream.cancelled], len(decoding), row_cost)
+        for r in decoding:   # its token, then its draft (if any), on consecutive rows
             run = [r.gen.token] + r.draft
             rows += range(len(tokens), len(tokens) + len(run))
             tokens += run
@@ -454,41 +495,107 @@ class Engine:
         return self._mask_pool.submit(_fill_masks, gens)
 
     def _draft(self, r: _Request, row_cost: float) -> list[int]:
-        """r's draft for this step: none without speculation, or when it does not pay."""
+        """r's draft by prompt lookup for this step: none without it, or when it does not pay."""
         if r.lookup is None or r.stream.cancelled:
             return []
         r.draft_length.row_cost = row_cost
         k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1)
         return r.lookup.draft(k) if k else []
 
+    def _draft_with_model(self, reqs: list[_Request], n_decoding: int, row_cost: float) -> None:
+        """The drafts of `reqs` (requests drafting with the draft model) for this step, in the
+        draft model's batched passes (see the module doc): r.draft, and r.q for a sampling one.
+        n_decoding: the requests decoding in this step (what a request's own row costs)."""
+        dm = self.draft_model
+        tokens, seqs, pos, rows, drafting = [], [], [], [], []
+        own_row = self._pass_cost.seconds_per_row(n_decoding)
+        drafted_row = self._draft_pass_cost.seconds_per_row(len(reqs))
+        starts = {}
+        for r in reqs:
+            text = r.gen.history          # the prompt and the reply so far (gen.token last)
+            if len(text) < dm.n_ctx:      # its context, not the model's, may end first
+                starts[r] = min(_common_prefix(dm.seq_tokens(r.slot), text), len(text) - 1)
+        # A long catch-up (a new request's prompt) goes in chunks, prefill_chunk rows a step for
+        # all of them, as the model's own prefill does; the requests that lack a few tokens
+        # (their last step's) come first, so that they draft in every step.
+        budget = self.prefill_chunk
+        for r in sorted(starts, key=lambda r: len(r.gen.history) - starts[r]):
+            text, start = r.gen.history, starts[r]
+            end = min(len(text), start + max(budget, 0))
+            budget -= end - start
+            k = 0
+            if end == len(text):
+                r.draft_length.row_cost = row_cost
+                r.draft_length.draft_cost = (drafted_row / own_row if drafted_row and own_row
+                                             else 0.0)
+                k = min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1),
+                        dm.n_ctx - len(text))
+            if end < len(text) or k > 0:
+                tokens += text[start:end]
+                seqs += [r.slot] * (end - start)
+                pos += range(start, end)
+            if k > 0:
+                rows.append(len(tokens) - 1)
+                drafting.append((r, k))
+                r.q = []
+        while tokens:
+            t = time.perf_counter()
+            logits = dm.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
+                              np.array(pos, np.int32), np.array(rows, np.int32))
+            self._draft_pass_cost.add(len(tokens), time.perf_counter() - t)
+            going = []
+            for (r, k), row in zip(drafting, logits):
+                try:
+                    token, q = r.gen.draft_token(row, r.draft)
+                except Exception:   # a draft is only a guess: the request's own row decides
+                    continue        # (and reports the failure, if it is one there too)
+                r.draft.append(token)
+                r.q.append(q)
+                if len(r.draft) < k:
+                    going.append((r, k))
+            drafting = going
+            tokens = [r.draft[-1] for r, _ in drafting]
+            seqs = [r.slot for r, _ in drafting]
+            pos = [len(r.gen.history) + len(r.draft) - 1 for r, _ in drafting]
+            rows = list(range(len(drafting)))
+        for r in reqs:
+            if r.q is not None and (not r.q or r.q[0] is None):
+                r.q = None            # greedy drafts are checked by equality (Generation.feed)
+
     def _feed_rows(self, r: _Request, rows: np.ndarray, finished: list) -> None:
         """Feeds r's rows of this step: its token's, then its draft's while the draft holds
         (pyklei.speculative); its slot keeps the positions of the rows fed."""
-        draft = r.draft
+        draft, q = r.draft, r.q
+        r.gen.n_drafted += len(draft)
+        accepted_before = r.gen.n_accepted
         for i, row in enumerate(rows):
             r.done_pos += 1
-            self._feed(r, row, finished)
+            if i < len(draft):
+                self._feed(r, row, finished, draft[i], None if q is None else q[i])
+            else:
+                self._feed(r, row, finished)
             fed = not (r.stream.cancelled or r.failed)
             if not fed or r.gen.done or i == len(draft) or r.gen.token != draft[i]:
                 break
         if draft:
-            # rows 0..i-1 agreed; row i's token too when it ended the reply as drafted
-            n_ok = i + (fed and i < len(draft) and r.gen.token == draft[i])
-            r.gen.n_drafted += len(draft)
-            r.gen.n_accepted += n_ok
+            n_ok = r.gen.n_accepted - accepted_before
             r.draft_length.accepted(len(draft), n_ok)
-            if n_ok < len(draft):
+            if n_ok < len(draft) and r.lookup is not None:
                 r.lookup.rejected()
             self.model.truncate_seq(r.slot, r.done_pos)
-            r.draft = []
+            r.draft, r.q = [], None
 
-    def _feed(self, r: _Request, logits: np.ndarray, finished: list) -> None:
-        """Samples r's next token. A failure here is r's alone (the model's step succeeded):
-        r ends with RequestFailedError and the batch runs on without it."""
+    def _feed(self, r: _Request, logits: np.ndarray, finished: list,
+              drafted: int | None = None, q: np.ndarray | None = None) -> None:
+        """Samples r's next token (at a drafted position: `drafted`, see Generation.feed; drawn
+        from q by a sampled draft model: Generation.feed_drafted). A failure here is r's alone
+        (the model's step succeeded): r ends with RequestFailedError and the batch runs on
+        without it."""
         if r.stream.cancelled:     # ended at the top of the next step
             return
         try:
-            resp = r.gen.feed(logits)
+            resp = (r.gen.feed(logits, drafted) if q is None
+                    else r.gen.feed_drafted(logits, drafted, q))
         except Exception as e:
             err = RequestFailedError(f"request {r.stream.id} failed while sampling: "
                                      f"{type(e).__name__}: {e}")

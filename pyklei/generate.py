@@ -29,8 +29,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .request import GenerationRequest, make_request
-from .sampler import (SamplingParams, apply_logit_bias, apply_presence_frequency,
-                      apply_repetition_penalty, make_sampler)
+from .sampler import (SamplingParams, Sampler, apply_logit_bias, apply_presence_frequency,
+                      apply_repetition_penalty, speculative_choice)
 from .speculative import DraftModel, PromptLookup, check_speculative, stream_speculative
 
 
@@ -136,7 +136,7 @@ def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[Generat
     prompt, gen = list(req.prompt), Generation(tokenizer, req)
     if req.speculative is not None and req.constraint is None:
         drafter = (PromptLookup(prompt) if req.speculative == "lookup"
-                   else DraftModel(req.speculative, prompt))
+                   else DraftModel(req.speculative, prompt, gen))
         return stream_speculative(model, prompt, gen, drafter)
     return _stream(model, prompt, gen)
 
@@ -177,8 +177,8 @@ class Generation:
         self._logprobs: list[TokenLogprob] = []     # since the last response
         self.counts: dict[int, int] = {}            # generated tokens (presence/frequency)
         self.prompt_logprobs: list[TokenLogprob | None] | None = None   # set by the engine
-        self.sample = make_sampler(params.temperature, params.top_k, params.top_p, params.min_p,
-                                   params.seed)
+        self.sample = Sampler(params)
+        self._draft_rng = None            # draws a draft model's tokens (draft_token)
         self.detok = tokenizer.detokenizer()
         self.matcher = StopMatcher(req.stop)
         self.prompt_tokens = len(req.prompt)
@@ -190,7 +190,7 @@ class Generation:
         self.n_gen, self.ttft, self.t_first = 0, 0.0, self.t0
         self.token: int | None = None      # the last token sampled: the next one to run
         self.done = False
-        self.n_drafted = self.n_accepted = 0   # counted by pyklei.speculative's loop
+        self.n_drafted = self.n_accepted = 0   # drafted (counted by the drafting loop), accepted
         self._rss = [peak_rss_mb(), self.t0]   # VmHWM read at most every 0.25 s: /proc costs ~0.1 ms per read
 
     def prefilled(self, n_eval: int, t_start: float | None = None) -> None:
@@ -233,23 +233,68 @@ class Generation:
         self.done = True
         return self.response("", self.token, reason)
 
-    def feed(self, logits: np.ndarray) -> GenerationResponse | None:
+    def feed(self, logits: np.ndarray, drafted: int | None = None) -> GenerationResponse | None:
         """Samples the next token from `logits`; returns the response to yield (None when this
-        token adds no text yet). Sets `done` on the last one, else `token` is the next to run."""
+        token adds no text yet). Sets `done` on the last one, else `token` is the next to run.
+        drafted: the token a draft put at this position (speculative decoding: it counts in
+        n_accepted when the token sampled equals it)."""
+        token = self.sample(self.process(logits))
+        if self.constraint is not None and token not in self.eos:   # never cut an unclosed reply
+            token = self.constraint.fit_budget(token, self.max_tokens - self.n_gen - 1)
+        return self._take(token, logits, drafted)
+
+    def process(self, logits: np.ndarray, drafted: Sequence[int] = ()) -> np.ndarray:
+        """The logits the sampler draws from: penalties over the tokens so far (and `drafted`,
+        tokens that would follow them: a draft model's distribution at a drafted position),
+        logit bias, and the grammar mask (which only feed uses: drafting is off with one)."""
         p = self.params
-        raw = logits
-        logits = apply_repetition_penalty(logits, self.history, p.repetition_penalty,
+        history, counts = self.history, self.counts
+        if drafted:
+            history = history + list(drafted)
+            counts = dict(counts)
+            for t in drafted:
+                counts[t] = counts.get(t, 0) + 1
+        logits = apply_repetition_penalty(logits, history, p.repetition_penalty,
                                           p.repetition_window)
-        logits = apply_presence_frequency(logits, self.counts, p.presence_penalty,
+        logits = apply_presence_frequency(logits, counts, p.presence_penalty,
                                           p.frequency_penalty)
         logits = apply_logit_bias(logits, p.logit_bias)
         if self.constraint is not None:   # forbidden tokens -> -inf; EOS only where it accepts
             logits = self.constraint.apply(logits, self.eos, self.next_mask)
             self.next_mask = None
-        token = self.sample(logits)
-        if self.constraint is not None and token not in self.eos:   # never cut an unclosed reply
-            token = self.constraint.fit_budget(token, self.max_tokens - self.n_gen - 1)
+        return logits
+
+    # ---- speculative decoding with a draft model (pyklei.speculative) ----------------------
+    def draft_token(self, draft_logits: np.ndarray,
+                    drafted: Sequence[int]) -> tuple[int, np.ndarray | None]:
+        """A draft model's token after the tokens so far and `drafted`, from its logits
+        processed as the request's own (so its guesses follow the same penalties and bias), and
+        the distribution q it was drawn from: greedy requests take the argmax (q None: the
+        draft is checked by equality, exact for greedy); sampling ones draw from q with a
+        generator of their own (derived from the seed), for feed_drafted's rule."""
+        logits = self.process(draft_logits, drafted)
+        if self.sample.greedy:
+            return self.sample(logits), None
+        q = self.sample.probs(logits)
+        if self._draft_rng is None:
+            self._draft_rng = self.sample.rng.spawn(1)[0]   # leaves the request's stream as is
+        ids = np.flatnonzero(q)
+        return int(ids[self._draft_rng.choice(ids.size, p=q[ids])]), q
+
+    def feed_drafted(self, logits: np.ndarray, token: int,
+                     q: np.ndarray) -> GenerationResponse | None:
+        """feed() for the row that checks drafted `token`, drawn from distribution q (by
+        draft_token): speculative sampling's rule (pyklei.sampler.speculative_choice), so the
+        token that comes out follows the target's own distribution exactly. The token differs
+        from `token` when the draft is rejected."""
+        p = self.sample.probs(self.process(logits))
+        return self._take(speculative_choice(p, q, token, self.sample.rng), logits, token)
+
+    def _take(self, token: int, raw: np.ndarray, drafted: int | None) -> GenerationResponse | None:
+        """The sampled token joins the reply (raw: its row's logits, for logprobs; drafted: see
+        feed). n_accepted is counted first, so that the response carries it."""
         self.token = token
+        self.n_accepted += token == drafted
         self.counts[token] = self.counts.get(token, 0) + 1
         if self.logprobs is not None and token not in self.eos:
             self._note_logprob(raw, token)

@@ -117,7 +117,9 @@ class LLM:
         speculative="lookup": speculative decoding with prompt lookup (pyklei.speculative):
         the same tokens as without it, in fewer passes where the reply repeats text of its
         prompt; speculative=pyklei.load(small_model_path): a draft model of the same
-        vocabulary drafts instead. response.drafted_tokens / accepted_tokens count the drafts.
+        vocabulary drafts instead (greedy: the same tokens; sampling: speculative sampling's
+        rule, the model's own distribution but not the tokens a seed gives without it).
+        response.drafted_tokens / accepted_tokens count the drafts.
         A constrained reply decodes without speculation."""
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
@@ -136,8 +138,10 @@ class LLM:
         options apply to each prompt (the same seed gives each the text generate() gives it;
         a constraint is compiled once, and each prompt follows it on its own).
         speculative="lookup": each prompt drafts by prompt lookup, its drafts checked inside
-        the batched steps (pyklei.engine). Every prompt is checked before any runs."""
-        check_speculative(speculative, self.model)
+        the batched steps (pyklei.engine); a draft model (pyklei.load(small)) drafts for each
+        prompt in its own KV cache slot (it needs as many slots, n_seq, as the prompts decoded
+        together). Every prompt is checked before any runs."""
+        spec = check_speculative(speculative, self.model)
         if isinstance(prompts, str):
             raise TypeError("generate_batch takes a list of prompts; for one prompt use generate()")
         constrain = dict(response_format=response_format, json_schema=json_schema,
@@ -150,7 +154,7 @@ class LLM:
         if not reqs:
             return []
         engine = Engine(self.model, self.tokenizer, n_parallel=min(len(reqs), self.model.n_seq),
-                        max_queue=len(reqs))
+                        max_queue=len(reqs), speculative=None if spec == "lookup" else spec)
         try:
             streams = [engine.submit_requests([r])[0] for r in reqs]
             return [_collect(iter(s)) for s in streams]

@@ -5,7 +5,8 @@
 
 Filters apply in llama.cpp's usual order: repetition penalty (a logits processor), top-k,
 top-p, min-p, then temperature and a draw. temperature == 0 is greedy (argmax); the same
-seed gives the same tokens.
+seed gives the same tokens. A Sampler also gives the distribution it draws from (probs), and
+speculative_choice is speculative sampling's acceptance rule over two such distributions.
 
 SAMPLING_OPTIONS is the one schema of the generation options (max_tokens and SamplingParams'
 fields; pyklei.options.Option records): type, default, range, CLI flags and help.
@@ -185,20 +186,41 @@ def check_logits(logits: np.ndarray) -> None:
         raise NonFiniteLogitsError(f"the logits hold {what}: cannot sample a token")
 
 
-def make_sampler(temperature: float = _default("temperature"), top_k: int = _default("top_k"),
-                 top_p: float = _default("top_p"), min_p: float = _default("min_p"),
-                 seed: int | None = None) -> Callable[[np.ndarray], int]:
-    p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    if p.temperature == 0:
-        def greedy(logits: np.ndarray) -> int:
+class Sampler:
+    """Draws a token from logits: greedy (temperature 0: argmax) or from the distribution
+    probs() gives (top-k, top-p, min-p, then temperature), with the seeded generator `rng`.
+    The same seed gives the same tokens. probs() is for speculative sampling
+    (pyklei.speculative), which needs the distribution a draw comes from, not only the draw."""
+
+    def __init__(self, params: "SamplingParams"):
+        self.params = params
+        self.greedy = params.temperature == 0
+        self.rng = None if self.greedy else np.random.default_rng(
+            None if params.seed == -1 else params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        if self.greedy:
             token = int(np.argmax(logits))
             if not math.isfinite(logits[token]):    # NaN is its own argmax; +inf, all -inf
                 check_logits(logits)
             return token
-        return greedy
-    rng = np.random.default_rng(None if p.seed == -1 else p.seed)
+        idx, w = self._candidates(logits)
+        return int(idx[self.rng.choice(len(idx), p=w)])
 
-    def sample(logits: np.ndarray) -> int:
+    def probs(self, logits: np.ndarray) -> np.ndarray:
+        """float64 [n_vocab]: the probability that __call__ draws each token (one-hot at the
+        argmax when greedy)."""
+        out = np.zeros(np.shape(logits)[-1], np.float64)
+        if self.greedy:
+            out[self(logits)] = 1.0
+        else:
+            idx, w = self._candidates(logits)
+            out[idx] = w
+        return out
+
+    def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The token ids that may be drawn and their probabilities (summing to 1)."""
+        p = self.params
         logits = np.asarray(logits, dtype=np.float32)
         check_logits(logits)
         # candidates: the top_k logits (all when 0), sorted descending
@@ -217,6 +239,30 @@ def make_sampler(temperature: float = _default("temperature"), top_k: int = _def
             keep = min(keep, max(1, int(np.sum(probs >= p.min_p * probs[0]))))
         idx, z = idx[:keep], z[:keep]
         w = np.exp((z - z[0]) / p.temperature)
-        return int(idx[rng.choice(keep, p=w / w.sum())])
+        return idx, w / w.sum()
 
-    return sample
+
+def make_sampler(temperature: float = _default("temperature"), top_k: int = _default("top_k"),
+                 top_p: float = _default("top_p"), min_p: float = _default("min_p"),
+                 seed: int | None = None) -> Sampler:
+    return Sampler(SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                  min_p=min_p, seed=seed))
+
+
+def speculative_choice(p: np.ndarray, q: np.ndarray, token: int,
+                       rng: np.random.Generator) -> int:
+    """Speculative sampling's rule for one drafted position (Leviathan et al. 2023, Chen et al.
+    2023): `token` was drawn from the draft's distribution q; the target's is p (both
+    [n_vocab], the distributions the samplers actually draw from). Keeps `token` with
+    probability min(1, p[token] / q[token]); otherwise draws from the normalised residual
+    max(0, p - q). The token returned is distributed exactly as p, whatever q is; it differs
+    from `token` only when the draft was rejected (the residual is 0 where q >= p)."""
+    if rng.random() * q[token] < p[token]:
+        return int(token)
+    residual = np.maximum(p - q, 0.0)
+    ids = np.flatnonzero(residual)
+    if ids.size == 0:
+        # p == q up to rounding: a rejection then has probability ~1e-16, and p is the answer
+        ids, residual = np.flatnonzero(p), p
+    w = residual[ids]
+    return int(ids[rng.choice(ids.size, p=w / w.sum())])

@@ -18,23 +18,34 @@ reaches furthest back). While a draft keeps being accepted, the next one continu
 the last one left off in the source (a quote is copied on from the same place).
 
 Drafting by a draft model (DraftModel): a second, smaller pyklei model of the same vocabulary,
-in the same process with its own KV cache, drafts its greedy tokens; before each draft it runs
-what the target accepted since (one pass; its cache drops its own rejected tokens by prefix
-match, Model.eval). Its drafts are checked by the same rule as lookup's (below): the output is
-still plain decoding's, token for token. (With sampling, the min(1, p/q) rule of speculative
-sampling would accept more of a draft model's tokens; it is not implemented: the rule here
-needs no draft distribution and keeps the text identical to plain decoding under a seed.)
+in the same process with its own KV cache; before each draft it runs what the target accepted
+since (one pass; its cache drops its own rejected tokens by prefix match, Model.eval). Its
+logits go through the request's own processing (penalties, logit bias, temperature, top-k/p,
+min-p: Generation.draft_token): a greedy request drafts the argmax, a sampling one draws from
+that distribution q.
 
-Acceptance: each row of the checking pass goes through the request's own Generation.feed, with
-the same penalties, sampler and random stream as plain decoding, and the draft is accepted while
-the token sampled from a row equals the drafted token; the first row that disagrees gives the
-next token itself. A row's logits are bit for bit those of a decode step at that position
-(Model.verify), so the output is token for token plain decoding's: greedy, and with sampling
-under the same seed too (every token sampled consumes the random stream as plain decoding
-does). Prompt-lookup drafts have no distribution of their own, so this rule, not the
-min(1, p/q) rule of a draft model, is the exact one here. Stop strings, max_tokens, EOS and
-logprobs go through feed as in plain decoding. A request with a grammar constraint decodes
-without speculation (stream_generate's choice).
+Acceptance, greedy, and prompt lookup: each row of the checking pass goes through the request's
+own Generation.feed, with the same penalties, sampler and random stream as plain decoding, and
+the draft is accepted while the token sampled from a row equals the drafted token; the first
+row that disagrees gives the next token itself. A row's logits are bit for bit those of a
+decode step at that position (Model.verify), so the output is token for token plain
+decoding's: greedy, and with sampling under the same seed too (every token sampled consumes
+the random stream as plain decoding does). Prompt-lookup drafts have no distribution of their
+own, so this is the exact rule for them. For a greedy request a draft model's q is one-hot, and
+this rule is speculative sampling's (below).
+
+Acceptance, a draft model when sampling: speculative sampling (Generation.feed_drafted,
+pyklei.sampler.speculative_choice): with p the target's processed distribution at a drafted
+position, the drafted token x is kept with probability min(1, p(x)/q(x)); at the first
+rejection the token is drawn from the normalised residual max(0, p - q); when all are kept, the
+last row gives one more from p. The output follows the target's distribution exactly (p and q
+are the distributions the samplers draw from, penalties included: the draft's are computed
+over the same history), and a sampled draft model keeps far more of its drafts than equality
+would. Under a seed the text is repeatable only where the draft lengths are (they follow
+measured timings), and it is not plain decoding's text (a draw from the same distribution).
+Stop strings, max_tokens, EOS and logprobs go through feed as in plain decoding. A request with
+a grammar constraint decodes without speculation (stream_generate's and the engine's choice:
+its mask changes with every token, and a draft would need the grammar advanced along it).
 
 Draft length (DraftLength, per request): the k that maximises the expected tokens per pass,
 (1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
@@ -155,12 +166,16 @@ class PromptLookup:
 
 
 class DraftModel:
-    """Drafts the greedy tokens of a draft model (its own Model: slot 0 of its KV cache holds
-    the text so far and its own last draft, which the next eval cuts at the first difference)."""
+    """Drafts a draft model's tokens (its own Model: slot 0 of its KV cache holds the text so
+    far and its own last draft, which the next eval cuts at the first difference), each from
+    its logits processed as the request's (Generation.draft_token): the argmax for a greedy
+    request; for a sampling one, a draw from that distribution, which `q` keeps (one row per
+    drafted token) for the acceptance rule."""
 
-    def __init__(self, model, tokens: Sequence[int]):
-        self.model = model
+    def __init__(self, model, tokens: Sequence[int], gen):
+        self.model, self.gen = model, gen
         self.tokens = [int(t) for t in tokens]
+        self.q: list[np.ndarray] | None = None    # the last draft's distributions (sampling)
         self._owner = object()
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -175,9 +190,15 @@ class DraftModel:
         if k < 1:
             return []
         logits = m.eval(self.tokens, owner=self._owner)
-        out = [int(np.argmax(logits))]
-        while len(out) < k:
-            out.append(int(np.argmax(m.step(out[-1], owner=self._owner))))
+        out, qs = [], []
+        while True:
+            token, q = self.gen.draft_token(logits, out)
+            out.append(token)
+            qs.append(q)
+            if len(out) == k:
+                break
+            logits = m.step(token, owner=self._owner)
+        self.q = None if qs[0] is None else qs
         return out
 
 
@@ -281,15 +302,31 @@ class PassCost:
         for i, v in enumerate((1.0, rows, rows * rows, seconds, rows * seconds)):
             self.sums[i] = self.sums[i] * d + v
 
-    def row_cost(self, requests: int) -> float:
-        """A drafted row's time over a request's own row's, in a batch of `requests`."""
+    def fit(self) -> tuple[float, float] | None:
+        """(fixed, per_row) seconds, or None before any pass. Until the row counts have varied
+        enough for the fit, per_row is the mean time over the mean rows plus the prior's fixed
+        rows."""
         w, x, xx, y, xy = self.sums
-        fixed_rows = self.PRIOR_FIXED_ROWS
+        if w <= 0:
+            return None
         if w >= 4 and w * xx - x * x > 0.05 * w * w:   # the row counts varied: the fit holds
             per_row = (w * xy - x * y) / (w * xx - x * x)
             fixed = (y - per_row * x) / w
             if per_row > 0:
-                fixed_rows = max(fixed, 0.0) / per_row
+                return max(fixed, 0.0), per_row
+        per_row = y / (x + self.PRIOR_FIXED_ROWS * w)
+        return self.PRIOR_FIXED_ROWS * per_row, per_row
+
+    def seconds_per_row(self, requests: int) -> float | None:
+        """A request's own row's time in a batch of `requests` (its share of the fixed cost
+        included), or None before any pass."""
+        f = self.fit()
+        return None if f is None else f[1] + f[0] / max(requests, 1)
+
+    def row_cost(self, requests: int) -> float:
+        """A drafted row's time over a request's own row's, in a batch of `requests`."""
+        f = self.fit()
+        fixed_rows = self.PRIOR_FIXED_ROWS if f is None else f[0] / f[1]
         return min(max(1.0 / (fixed_rows / max(requests, 1) + 1.0), 0.02), 2.0)
 
 
@@ -308,9 +345,17 @@ def stream_speculative(model, prompt: list[int], gen, drafter,
     rows, draft = [logits], []
     while True:
         # rows[i] predicts the token after draft[:i]; feed them while the draft holds
+        q = getattr(drafter, "q", None) if draft else None
+        gen.n_drafted += len(draft)
+        accepted_before = gen.n_accepted
         out = []
         for i, row in enumerate(rows):
-            r = gen.feed(row)
+            if i == len(draft):
+                r = gen.feed(row)
+            elif q is None:
+                r = gen.feed(row, draft[i])
+            else:
+                r = gen.feed_drafted(row, draft[i], q[i])
             if r is not None:
                 out.append(r)
             if gen.done:
@@ -319,10 +364,7 @@ def stream_speculative(model, prompt: list[int], gen, drafter,
             if i == len(draft) or gen.token != draft[i]:
                 break
         if draft:
-            # rows 0..i-1 agreed; row i's token is accepted too when it ended the reply as drafted
-            n_ok = i + (i < len(draft) and gen.token == draft[i])
-            gen.n_drafted += len(draft)
-            gen.n_accepted += n_ok
+            n_ok = gen.n_accepted - accepted_before
             policy.accepted(len(draft), n_ok)
             if n_ok < len(draft):
                 drafter.rejected()

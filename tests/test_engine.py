@@ -317,10 +317,10 @@ def test_a_request_that_fails_to_sample_fails_alone(gguf, tok, monkeypatch):
     poisoned = prompts[2]
 
     class Poisoned(engine_mod.Generation):
-        def feed(self, logits):
+        def feed(self, logits, drafted=None):
             if self.history[:len(poisoned)] == poisoned and self.n_gen == 5:
                 logits = np.full_like(logits, np.nan)   # as a NaN from a penalty would
-            return super().feed(logits)
+            return super().feed(logits, drafted)
 
     monkeypatch.setattr(engine_mod, "Generation", Poisoned)
     m = Model(gguf, n_threads=2, n_ctx=128, n_seq=4)

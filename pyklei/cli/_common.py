@@ -178,7 +178,8 @@ def _add_constraint_options(p):
 def _add_speculative_options(p):
     """--lookup, --draft-model FILE: speculative decoding (pyklei.speculative)."""
     g = p.add_argument_group("speculative decoding (the same text, in fewer passes where the "
-                             "drafts hold; not with a constraint)")
+                             "drafts hold; with a draft model and sampling, the same "
+                             "distribution; not with a constraint)")
     x = g.add_mutually_exclusive_group()
     x.add_argument("--lookup", action="store_true",
                    help="draft tokens from n-grams of the prompt and the reply so far (faster "

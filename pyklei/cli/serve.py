@@ -74,10 +74,16 @@ def add_parser(sub):
                    default=5.0, metavar="S", help="seconds a kept-alive connection may wait for "
                    "its next request (default %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no request log")
-    g.add_argument("--lookup", action="store_true",
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--lookup", action="store_true",
                    help="speculative decoding with prompt lookup for every request (the same "
                         "text; drafts checked inside the batched steps; /metrics counts drafted "
                         "and accepted tokens)")
+    x.add_argument("--draft-model", metavar="FILE",
+                   help="speculative decoding with this smaller pyklei model of the same "
+                        "vocabulary for every request (loaded with the same model options and a "
+                        "KV cache slot per parallel sequence; greedy: the same text; sampling: "
+                        "the same distribution)")
     _add_model_options(p)
     p.set_defaults(func=run)
     return p
@@ -94,6 +100,9 @@ def run(args) -> int:
     from ..hub import split_file_ref
 
     llm = _load(args, n_seq=args.parallel)     # a KV cache slot per parallel sequence
+    speculative = "lookup" if args.lookup else None
+    if args.draft_model:      # its slot s drafts for the target's slot s, at the same positions
+        speculative = _load(args, model=args.draft_model, n_ctx=llm.n_ctx, n_seq=args.parallel)
     ref = split_file_ref(args.model)          # org/name:file.gguf: the file names the model
     model_id = args.model_id or Path(ref[1] if ref else args.model).stem
     return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
@@ -101,4 +110,4 @@ def run(args) -> int:
                  cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet,
                  timeout_header=args.timeout_header, timeout_body=args.timeout_body,
                  timeout_idle=args.timeout_idle, max_connections=args.max_connections,
-                 allow_hosts=args.allow_host, speculative="lookup" if args.lookup else None)
+                 allow_hosts=args.allow_host, speculative=speculative)

@@ -10,9 +10,10 @@ apps in one process (tests) do not share counters.
     pyklei_cancelled_total                           sequences the engine cancelled (disconnects)
     pyklei_failed_total                              sequences that failed alone (a sampling or
                                                      decoding error; the batch went on)
-    pyklei_drafted_tokens_total                      speculative decoding (serve --lookup): tokens
-    pyklei_accepted_tokens_total                     drafted for finished sequences, and of those
-                                                     accepted (acceptance rate: their ratio)
+    pyklei_drafted_tokens_total                      speculative decoding (serve --lookup or
+    pyklei_accepted_tokens_total                     --draft-model): tokens drafted for finished
+                                                     sequences, and of those accepted (acceptance
+                                                     rate: their ratio)
     pyklei_time_to_first_token_seconds               histogram, per request: submitted -> first
                                                      token, queue wait included
     pyklei_decode_tokens_per_second                  histogram, per request (after the first token)

@@ -70,8 +70,8 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
           allow_hosts=(), announce=print, speculative=None) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
-    names (app.create_app). speculative: "lookup" drafts every request by prompt lookup
-    (pyklei.engine)."""
+    names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
+    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine)."""
     import uvicorn
 
     from ..engine import Engine
