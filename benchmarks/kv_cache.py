@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=2048, help="speed: prompt tokens before decoding")
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
+    ap.add_argument("--keep-quality", action="store_true",
+                    help="speed only: keep the quality rows of the last results file (same model)")
     args = ap.parse_args(argv)
     model = args.model or str(cache_dir() / "smollm2-135m-instruct-q4.gguf")
     hf = args.hf or smollm2_hf()
@@ -87,7 +89,14 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()
 
     quality = []
-    for tname, text in texts().items():
+    last = RESULTS / "kv-cache.json"
+    if args.keep_quality:
+        old = json.loads(last.read_text())
+        if old["model"] != Path(model).name:
+            ap.error(f"--keep-quality: {last} measured {old['model']}, not {Path(model).name}")
+        quality = old["quality"]
+        args.tokens = quality[0]["tokens"]
+    for tname, text in ([] if args.keep_quality else texts().items()):
         with LLM(model, n_threads=args.threads, n_ctx=args.tokens, kv_cache="f32") as llm:
             ids = llm.tokenizer.encode(text, parse_special=False)[:args.tokens]
             base = llm.logits(ids)
@@ -104,7 +113,7 @@ def main(argv=None) -> int:
     rates = speed(model, args.threads, args.depth, args.n_gen, args.reps)
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": Path(model).name,
            "threads": args.threads, "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-           "wall_s": time.time() - t0, "quality": quality, "speed": rates,
+           "wall_s": time.time() - t0, "quality": quality, "speed": rates, "tokens": args.tokens,
            "depth": args.depth, "n_gen": args.n_gen}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "kv-cache.json").write_text(json.dumps(res, indent=1))

@@ -200,9 +200,14 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
             if progress:
                 progress(base + i, n_runs, f"{th} thread(s): {stage}")
 
+        def extend(ids):
+            # eval takes the whole context (it reuses the cached prefix): the cached tokens
+            # and the new ones, so only `ids` run
+            return model.eval(model.cached_tokens + ids)
+
         m = measure_speed(prefill, model.step, tokens, lengths, n_gen, repeats,
                           warmup=min(WARMUP_TOKENS, n_ctx), progress=runs, depth=depth,
-                          extend=model.eval)
+                          extend=extend)
         for r in m["prefill"] + ([m["decode"]] if m["decode"] else []):
             r["usd_per_mtok"] = cost_per_mtok(price_per_hour, r["tok_s"])
         res = {"threads": th, "load_s": load_s, **m, "state_bytes": model.state_bytes,

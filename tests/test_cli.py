@@ -322,6 +322,26 @@ def test_bench_json_and_table(smollm2_q4):
     assert r.returncode == 2 and "--ctx-size 50 is smaller than the longest test (56 tokens)" in r.stderr
 
 
+def test_bench_depth_runs_the_prompt_after_the_depth(smollm2_q4, monkeypatch):
+    """run_bench(depth=D): each timed prefill runs only its N new tokens, at positions D.., on
+    top of the D cached ones (Model.eval takes the whole context and reuses the cached prefix)."""
+    from pyklei.bench import run_bench
+    from pyklei.model import Model
+
+    runs = []
+    real = Model.eval
+
+    def eval_spy(self, tokens, owner=None):
+        out = real(self, tokens, owner)
+        runs.append((len(tokens), self.last_eval_tokens))
+        return out
+
+    monkeypatch.setattr(Model, "eval", eval_spy)
+    run_bench(smollm2_q4, prompt_lengths=[16], n_gen=0, threads=[1], repeats=2, depth=40)
+    # warm-up 8; then per repeat: the depth (40 run), then 56 tokens of context of which 16 run
+    assert runs == [(8, 8)] + [(40, 40), (56, 16)] * 2, runs
+
+
 def test_perplexity(smollm2_q4, tmp_path):
     f = tmp_path / "text.txt"
     f.write_text(TEXT, encoding="utf-8")
