@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -111,6 +112,32 @@ def llamacpp_files_from_pyklei_f16(hf: Path, work: Path, kinds: list[str]) -> di
     return files
 
 
+DOC = ROOT / "docs" / "QUALITY.md"
+DOC_BLOCK = re.compile(r"(<!-- speed-vs-llamacpp:begin -->\n).*?(<!-- speed-vs-llamacpp:end -->)", re.S)
+
+
+def doc_table(results: dict) -> str:
+    """docs/QUALITY.md's speed table from speed-vs-llamacpp.json: at depth 0 with the default
+    f16 cache, pyklei's default file against each llama.cpp file, per thread count (the
+    median over the rounds; tests/test_doc_figures.py checks the doc against this)."""
+    med = {}
+    for key, rounds in results["rounds"].items():
+        engine, threads, kv = key.split(" | ")
+        if kv == "f16":
+            med[(engine, threads)] = {t: statistics.median(r[t] for r in rounds) for t in rounds[0]}
+    tests = [t for t in next(iter(med.values())) if " @ " not in t]
+    names = {t: ("prefill " + t[2:]) if t.startswith("pp") else ("decode " + t[2:]) for t in tests}
+    lines = ["| tok/s, pyklei default / llama.cpp | " + " | ".join(names[t] for t in tests) + " |",
+             "|---|" + "---|" * len(tests)]
+    for (engine, threads), m in med.items():
+        if engine == "pyklei default":
+            continue
+        ours = med[("pyklei default", threads)]
+        lines.append(f"| {threads} thread{'s' if threads != '1' else ''}, {engine.split()[-1]} | "
+                     + " | ".join(f"{ours[t]:.0f} / {m[t]:.0f} = **{ours[t] / m[t]:.2f}x**" for t in tests) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def measure_rounds(args, engines, runs, depths, pl, bench, loads) -> None:
     """Every (engine, threads, cache type) once per round, all depths in one go; fills runs
     and loads (the 1-min load average after each)."""
@@ -137,6 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-lengths", default="128,512")
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--model", choices=("smollm2", "llama32-1b"), default="smollm2")
+    ap.add_argument("--peers", default="Q4_K_M,Q4_0", help="llama.cpp's files (default Q4_K_M,Q4_0)")
     ap.add_argument("--depths", default="0", help="comma list of context depths (default 0)")
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes beside the engines")
     ap.add_argument("--out", default=None, help="results file name, no suffix (default "
@@ -172,11 +200,11 @@ def main(argv=None) -> int:
             subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "--no-calibrate", "--rotate",
                             "-o", str(ours), "--no-progress"], check=True)
     work = cache_dir() / "llamacpp" / args.model
-    theirs = (lcpp.make_files(hf, work, ["Q4_K_M", "Q4_0"], log=lambda m: print(m, file=sys.stderr))
-              if args.model == "smollm2" else llamacpp_files_from_pyklei_f16(hf, work, ["Q4_K_M", "Q4_0"]))
+    peers = args.peers.split(",")
+    theirs = (lcpp.make_files(hf, work, peers, log=lambda m: print(m, file=sys.stderr))
+              if args.model == "smollm2" else llamacpp_files_from_pyklei_f16(hf, work, peers))
     engines = {"pyklei default": ("pyklei", ours, "auto"),
-               "llama.cpp Q4_K_M": ("llamacpp", theirs["Q4_K_M"], None),
-               "llama.cpp Q4_0": ("llamacpp", theirs["Q4_0"], None)}
+               **{f"llama.cpp {k}": ("llamacpp", theirs[k], None) for k in peers}}
     runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in engines}
     loads = []
     t_start = time.time()
@@ -194,11 +222,14 @@ def main(argv=None) -> int:
                platform.processor())
     cmd = (f"python benchmarks/speed_vs_llamacpp.py --threads {args.threads} --rounds {args.rounds}"
            + (f" --model {args.model}" if args.model != "smollm2" else "")
+           + (f" --peers {args.peers}" if args.peers != "Q4_K_M,Q4_0" else "")
+           + (f" --prompt-lengths {args.prompt_lengths} --n-gen {args.n_gen}"
+              if (args.prompt_lengths, args.n_gen) != ("128,512", 128) else "")
            + (f" --depths {args.depths}" if depths != [0] else "")
            + (f" --kv-caches {args.kv_caches}" if kvs != ["f16"] else "")
            + (f" --busy {args.busy}" if args.busy else "")
            + (f" --out {args.out}" if args.out != default_out else ""))
-    lines = [f"# pyklei's default file beside llama.cpp Q4_K_M / Q4_0: {title}", "",
+    lines = [f"# pyklei's default file beside llama.cpp {' / '.join(peers)}: {title}", "",
              f"`{cmd}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu}; "
              f"{time.time() - t_start:.0f} s; 1-min load average {min(loads):.1f}-{max(loads):.1f} "
              f"during the run ({os.cpu_count()} CPUs, shared). Tokens per second, median of "
@@ -215,14 +246,16 @@ def main(argv=None) -> int:
     lines += ["", "pyklei / llama.cpp, the same threads and cache type:", ""]
     for kv in kvs:
         for t in args.threads.split(","):
-            for peer in ("llama.cpp Q4_K_M", "llama.cpp Q4_0"):
+            for peer in (f"llama.cpp {k}" for k in peers):
                 r = [f"{x} **{med[('pyklei default', t, kv)][x] / med[(peer, t, kv)][x]:.2f}**" for x in tests]
                 lines.append(f"- {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: " + ", ".join(r))
     RESULTS.mkdir(parents=True, exist_ok=True)
+    results = {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()}, "cpu": cpu,
+               "loadavg": loads, "command": cmd}
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(
-        {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()}, "cpu": cpu,
-         "loadavg": loads, "command": cmd}, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1))
+    if args.out == "speed-vs-llamacpp" and "f16" in kvs and 0 in depths:   # the doc's table
+        DOC.write_text(DOC_BLOCK.sub(lambda m: m.group(1) + doc_table(results) + m.group(2), DOC.read_text()))
     print("\n".join(lines))
     return 0
 
