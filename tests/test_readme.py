@@ -42,7 +42,9 @@ def test_readme_python_snippets_run_as_written(smollm2_q4, tmp_path):
     quick, engine, structured = outs + [""] * (3 - len(outs))
     assert "Paris" in quick                       # greedy "The capital of France is ... Paris."
     assert re.search(r"\nlength [\d.]+ [\d.]+ [\d.]+ [\d.]+\n", quick), quick   # the stats line
-    assert len(engine.split()) >= 5, engine       # the joke: an instruct model, in its template
+    # the joke: an instruct model answers in its template (a bare prompt printed nothing); the
+    # reply is sampled without a seed, so a short one ("What's an idea?") is fair
+    assert len(engine.split()) >= 2, engine
     if not have_llg:
         return
     person, yes_no = structured.splitlines()      # the JSON-schema reply parsed, then the regex's
