@@ -9,7 +9,8 @@
 #   cortex-a53   features "neon"               -> neon kernels run, dotprod/i8mm skipped
 #   neoverse-n1  features "neon dotprod"       -> neon + dotprod kernels run, i8mm skipped
 #   max          features "neon dotprod i8mm"  -> every kernel runs
-# (each also runs the f16 KV cache's NEON conversion and attention against the reference)
+# (each also runs the KV cache's NEON f16 conversion and attention over f16 and q8 caches
+# against the reference)
 # then builds and runs the program natively (and once more with AddressSanitizer when the
 # compiler supports it). --full runs the large shape set under qemu too (slower).
 # --objects DIR links the test program with the aarch64 kernel objects of a wheel build
@@ -118,12 +119,12 @@ check_run() {
     done
     grep -qx "PYKLEI_KERNEL=(unset) qsi4c32: dispatch $want_default" "$log" \
         || { say "  $name: default dispatch is not '$want_default'"; bad=1; }
-    # the f16 KV cache: the NEON conversion (baseline AdvSIMD, every CPU model) ran and attention
+    # the KV cache: the NEON f16 conversion (baseline AdvSIMD, every CPU model) ran and attention
     # read through it matched the reference
     grep -qx "f16_to_f32_neon: 65536 values and tails bit-exact with scalar" "$log" \
         || { say "  $name: f16_to_f32_neon did not run or differs"; bad=1; }
-    grep -qE "^attention: f32 [1-9][0-9]* cases.*, f16_to_f32_neon [1-9][0-9]* cases bit-identical" "$log" \
-        || { say "  $name: attention with f16_to_f32_neon did not run or differs"; bad=1; }
+    grep -qE "^attention: f32 [1-9][0-9]* cases.*, f16 by f16_to_f32_neon [1-9][0-9]* cases.*, q8 by f16_to_f32_neon [1-9][0-9]* cases bit-identical" "$log" \
+        || { say "  $name: attention over f16 and q8 caches read by f16_to_f32_neon did not run or differs"; bad=1; }
     grep -qE "^attention rows: [1-9][0-9]* pk_attend_rows cases bit-identical" "$log" \
         || { say "  $name: pk_attend_rows did not run or differs"; bad=1; }
     line=$(tail -n 1 "$log")
