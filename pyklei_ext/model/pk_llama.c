@@ -27,7 +27,6 @@ struct pk_llama {
     void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32, f16 or int8 */
     uint16_t *k_scale;   /* q8: f16 scales, one per 32 elements of k_cache, in its order (pk_nn.h) */
     uint16_t *v_scale;   /* q8: one per 32 elements of v_cache */
-    size_t kv_es;        /* bytes per element of k_cache / v_cache */
     pk_f16_to_f32_fn kv_read;   /* f16 cache, q8's scales: the conversion attention reads with */
     int *seq_seen;       /* [n_seq] scratch of pk_llama_forward_batch's checks */
     /* scratch, n_batch rows each */
@@ -77,14 +76,9 @@ static size_t kv_head(const pk_llama *m, int seq, int layer, int h) {
 
 /* (slot, layer, K/V head)'s cache as attention reads it */
 static pk_kv_head kv_view(const pk_llama *m, int seq, int layer, int h) {
-    const size_t e = kv_head(m, seq, layer, h);
-    const int q8 = m->hp.kv_type == PK_KV_Q8;
-    return (pk_kv_head){.type = (pk_kv_type)m->hp.kv_type,
-                        .k = (const char *)m->k_cache + e * m->kv_es,
-                        .v = (const char *)m->v_cache + e * m->kv_es,
-                        .k_scale = q8 ? m->k_scale + e / PK_KV_Q8_GROUP : NULL,
-                        .v_scale = q8 ? m->v_scale + e / PK_KV_Q8_GROUP : NULL,
-                        .f16 = m->kv_read};
+    const pk_kv_head all = {.type = (pk_kv_type)m->hp.kv_type, .k = m->k_cache, .v = m->v_cache,
+                            .k_scale = m->k_scale, .v_scale = m->v_scale, .f16 = m->kv_read};
+    return pk_kv_head_at(&all, kv_head(m, seq, layer, h));
 }
 
 /* Per-operation wall time: PROF(op) closes the interval that the previous PROF opened. */
@@ -190,11 +184,10 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     const int hd = hp->head_dim, B = hp->n_batch, nt = pk_ctx_threads(ctx);
     m->ctx_pad = (hp->n_ctx + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
     const size_t kv_elems = (size_t)m->hp.n_seq * hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
-    m->kv_es = hp->kv_type == PK_KV_F32 ? 4 : hp->kv_type == PK_KV_F16 ? 2 : 1;
     m->kv_read = hp->kv_type != PK_KV_F32 ? pk_f16_to_f32_pick(NULL) : NULL;
     m->inv_freq = alloc(m, sizeof(float) * (hd / 2));
-    m->k_cache = alloc(m, kv_elems * m->kv_es);
-    m->v_cache = alloc(m, kv_elems * m->kv_es);
+    m->k_cache = alloc(m, kv_elems * pk_kv_value_bytes((pk_kv_type)hp->kv_type));
+    m->v_cache = alloc(m, kv_elems * pk_kv_value_bytes((pk_kv_type)hp->kv_type));
     if (hp->kv_type == PK_KV_Q8) {
         m->k_scale = alloc(m, sizeof(uint16_t) * (kv_elems / PK_KV_Q8_GROUP));
         m->v_scale = alloc(m, sizeof(uint16_t) * (kv_elems / PK_KV_Q8_GROUP));
@@ -627,7 +620,7 @@ int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
         return err("kv copy: slots %d -> %d outside [0, %d)", src, dst, hp->n_seq);
     if (n < 0 || n > hp->n_ctx) return err("kv copy: %d positions outside [0, %d]", n, hp->n_ctx);
     if (src == dst || n == 0) return 0;
-    const size_t es = m->kv_es, hd = (size_t)hp->head_dim;
+    const size_t es = pk_kv_value_bytes((pk_kv_type)hp->kv_type), hd = (size_t)hp->head_dim;
     /* K is stored in blocks of PK_KV_BLOCK positions: copy whole blocks (the tail of the
      * last one is beyond n in both slots, and is rewritten before it is read) */
     const size_t k_pos = (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;

@@ -494,19 +494,9 @@ static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv,
  * of one decode row over threads) computes the same partials and folds them in the same
  * order, so they agree bit for bit whatever the thread count or batch. */
 
-/* The cache of one head from position p0 on (p0 a multiple of PK_KV_BLOCK). */
-static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) {
-    const size_t es = kv->type == PK_KV_F32 ? 4 : kv->type == PK_KV_F16 ? 2 : 1;
-    const size_t e = (size_t)p0 * hd;   /* K's blocks and V's rows both start at element p0 * hd */
-    pk_kv_head r = *kv;
-    r.k = (const char *)kv->k + e * es;
-    r.v = (const char *)kv->v + e * es;
-    if (kv->type == PK_KV_Q8) {
-        r.k_scale = kv->k_scale + e / PK_KV_Q8_GROUP;
-        r.v_scale = kv->v_scale + e / PK_KV_Q8_GROUP;
-    }
-    return r;
-}
+/* The cache of one head from position p0 on (K's blocks and V's rows both start at element
+ * p0 * hd; p0 a multiple of PK_KV_BLOCK). */
+static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) { return pk_kv_head_at(kv, (size_t)p0 * hd); }
 
 static void reference_part(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
                            float *scores, float *out, float *ml) {

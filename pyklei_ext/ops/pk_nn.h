@@ -69,6 +69,22 @@ typedef struct {
     pk_f16_to_f32_fn f16;      /* f16 and q8: the conversion of the values / the scales */
 } pk_kv_head;
 
+/* Bytes one stored value of a cache of type t takes (q8's scales are apart). */
+static inline size_t pk_kv_value_bytes(pk_kv_type t) { return t == PK_KV_F32 ? 4 : t == PK_KV_F16 ? 2 : 1; }
+
+/* The view of kv from element e on (values and, for q8, their scales): a head's cache within
+ * the whole cache, or a head's positions from p0 on (e = p0 * hd, p0 a multiple of 16). */
+static inline pk_kv_head pk_kv_head_at(const pk_kv_head *kv, size_t e) {
+    pk_kv_head r = *kv;
+    r.k = (const char *)kv->k + e * pk_kv_value_bytes(kv->type);
+    r.v = (const char *)kv->v + e * pk_kv_value_bytes(kv->type);
+    if (kv->type == PK_KV_Q8) {
+        r.k_scale = kv->k_scale + e / PK_KV_Q8_GROUP;
+        r.v_scale = kv->v_scale + e / PK_KV_Q8_GROUP;
+    }
+    return r;
+}
+
 /* One head vector x[hd] as a q8 cache holds it: scale[c] = f16(max |x| of group c / 127),
  * out[i] = round(x[i] / scale) in [-127, 127] (0 where the scale is 0). hd % 32 == 0. */
 void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale);

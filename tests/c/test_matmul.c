@@ -237,7 +237,7 @@ typedef struct {
 static const char *const kv_names[] = {"f32", "f16", "q8"};
 
 static void kv_case_make(kv_case *c, pk_kv_type t, int hd, int n_rows, const float *kf, const float *vf) {
-    const size_t ne = (size_t)n_rows * hd, es = t == PK_KV_F32 ? 4 : t == PK_KV_F16 ? 2 : 1;
+    const size_t ne = (size_t)n_rows * hd, es = pk_kv_value_bytes(t);
     const int ng = hd / PK_KV_Q8_GROUP;
     c->kl = malloc(sizeof(float) * ne), c->vl = malloc(sizeof(float) * ne);
     c->k = malloc(es * ne), c->v = malloc(es * ne);
