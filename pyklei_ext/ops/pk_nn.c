@@ -153,8 +153,9 @@ void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x
  * reduction it may not reorder; a polynomial exp) and x86 picks an AVX-512 or AVX2 clone at
  * load time. In a 512-token prefill it was 40% of the time with scalar dot products and libm
  * expf. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(PK_NO_CLONES)   /* PK_NO_CLONES: one ISA's code (-march=...), for benchmarks */
 #define PK_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define PK_CLONES_ON 1
 #else
 #define PK_CLONES
 #endif
@@ -241,6 +242,85 @@ void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) {
  * it bit for bit. Decode runs one row here; a prefill window of a converted cache goes
  * through attend_rows_conv below. */
 
+/* Query-key scores on K's blocked layout: a block of 16 positions is 16 lanes per dimension.
+ * Every path sums over i in order, a rounded product then a rounded add (the reference's
+ * order; -ffp-contract=off keeps them apart). One block at a time leaves G independent sums
+ * (3 for SmolLM2), each add waiting on the one before: a third of the adders' rate on
+ * AVX-512. Where AVX-512 runs, qk_blocks sums G heads x QK_NB blocks at once in 16-float
+ * vector types (one zmm each: 12 chains for G = 3); elsewhere (AVX2 clones, NEON, where a
+ * 16-float vector takes 2 or 4 registers and 12 of them spill) the plain loops below, one block
+ * at a time, which the compiler vectorizes well. benchmarks: docs/KERNELS.md. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v16f_u __attribute__((vector_size(64), aligned(4)));   /* unaligned access */
+_Static_assert(PK_KV_BLOCK == 16, "a K block is one v16f per dimension");
+#define QK_NB 4
+
+/* Whether this clone runs on AVX-512: a clone cannot test its target at compile time, so the
+ * AVX-512 clone asks the CPU (a load and a predictable branch per call). */
+#if defined(PK_CLONES_ON)
+#define QK_WIDE() __builtin_cpu_supports("avx512f")
+#elif defined(__AVX512F__)
+#define QK_WIDE() 1
+#else
+#define QK_WIDE() 0
+#endif
+
+/* s[g][b * 16 + l] = sum_i qs[g][i] * K[b][i][l] for NB blocks of K as f32 ([NB][HD][16]). */
+static inline __attribute__((always_inline)) void qk_blocks(const int G, const int HD, const int NB,
+                                                            const float *restrict qs, const float *restrict blk,
+                                                            float *restrict s) {
+    /* fixed-size arrays (G <= 4, the fast paths' groups) in fully unrolled loops: GCC keeps
+     * them in registers; sized by G and NB they would be VLAs on the stack */
+    v16f acc[4][QK_NB], k[QK_NB];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) acc[g][b] = (v16f){0};
+    for (int i = 0; i < HD; i++) {
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) k[b] = *(const v16f_u *)(blk + ((size_t)b * HD + i) * PK_KV_BLOCK);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const float qv = qs[g * HD + i];
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) acc[g][b] += qv * k[b];
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++) *(v16f_u *)(s + (g * NB + b) * PK_KV_BLOCK) = acc[g][b];
+}
+
+/* scores[g * ld + j] for positions j in [j0, end) from the K blocks at blk (j0's block first,
+ * j0 a multiple of 16; K is padded to whole blocks, so the block of end - 1 is whole). */
+static inline __attribute__((always_inline)) void qk_span(const int G, const int HD, const float *restrict qs,
+                                                          const float *restrict blk, int j0, int end,
+                                                          float *restrict scores, size_t ld) {
+    const int wide = QK_WIDE();
+    for (int j = j0; j < end;) {
+        const int left = (end - j + PK_KV_BLOCK - 1) / PK_KV_BLOCK, nb = wide && left >= QK_NB ? QK_NB : 1;
+        const float *restrict kb = blk + (size_t)(j - j0) * HD;
+        const int nv = end - j < nb * PK_KV_BLOCK ? end - j : nb * PK_KV_BLOCK;
+        if (nb == QK_NB) {
+            float s[4 * QK_NB * PK_KV_BLOCK];
+            qk_blocks(G, HD, QK_NB, qs, kb, s);
+            for (int g = 0; g < G; g++)
+                for (int l = 0; l < nv; l++) scores[g * ld + j + l] = s[g * QK_NB * PK_KV_BLOCK + l];
+        } else {
+            float s[G][PK_KV_BLOCK];
+            for (int g = 0; g < G; g++)
+                for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
+            for (int i = 0; i < HD; i++)
+                for (int g = 0; g < G; g++)
+                    for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] += qs[g * HD + i] * kb[i * PK_KV_BLOCK + l];
+            for (int g = 0; g < G; g++)
+                for (int l = 0; l < nv; l++) scores[g * ld + j + l] = s[g][l];
+        }
+        j += nb * PK_KV_BLOCK;
+    }
+}
+
 /* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16]. */
 static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T, const int HD,
                                                               const pk_kv_head *kv, size_t b0, size_t nb,
@@ -289,23 +369,18 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
                                                               const pk_kv_head *kv, float scale,
                                                               float *restrict scores, size_t ld_scores,
                                                               float *restrict out, float *restrict ml) {
-    float tile[PK_KV_BLOCK * HD];   /* one block of K, or 16 rows of V, as f32 (converted cache) */
-    float qs[G][HD];
+    float tile[QK_NB * PK_KV_BLOCK * HD];   /* QK_NB blocks of K, or 16 rows of V, as f32 (converted cache) */
+    float qs[G * HD];
     for (int g = 0; g < G; g++)
-        for (int i = 0; i < HD; i++) qs[g][i] = q[g * HD + i] * scale;
-    for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
-        const float *restrict blk = tile;
-        if (T == PK_KV_F32) blk = (const float *)kv->k + (size_t)j0 * HD;
-        else kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, 1, tile);
-        float s[G][PK_KV_BLOCK];
-        for (int g = 0; g < G; g++)
-            for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
-        for (int i = 0; i < HD; i++)
-            for (int g = 0; g < G; g++)
-                for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] += qs[g][i] * blk[i * PK_KV_BLOCK + l];
-        const int nv = n_pos - j0 < PK_KV_BLOCK ? n_pos - j0 : PK_KV_BLOCK;
-        for (int g = 0; g < G; g++)
-            for (int l = 0; l < nv; l++) scores[g * ld_scores + j0 + l] = s[g][l];
+        for (int i = 0; i < HD; i++) qs[g * HD + i] = q[g * HD + i] * scale;
+    if (T == PK_KV_F32) {
+        qk_span(G, HD, qs, (const float *)kv->k, 0, n_pos, scores, ld_scores);
+    } else {
+        for (int j0 = 0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {
+            const int end = n_pos - j0 < QK_NB * PK_KV_BLOCK ? n_pos : j0 + QK_NB * PK_KV_BLOCK;
+            kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, (size_t)(end - j0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
+            qk_span(G, HD, qs, tile, j0, end, scores, ld_scores);
+        }
     }
     float inv[G];
     for (int g = 0; g < G; g++) {
@@ -380,23 +455,11 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
         /* K is padded to whole blocks: convert them all */
         kv_k_to_f32(T, HD, kv, (size_t)p0 / PK_KV_BLOCK, (size_t)(p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
         for (int r = 0; r < R; r++) {
-            float qs[G][HD];
+            float qs[G * HD];
             for (int g = 0; g < G; g++)
-                for (int i = 0; i < HD; i++) qs[g][i] = q[r * ldq + g * HD + i] * scale;
+                for (int i = 0; i < HD; i++) qs[g * HD + i] = q[r * ldq + g * HD + i] * scale;
             const int end = n_pos[r] < p1 ? n_pos[r] : p1;
-            for (int j0 = p0; j0 < end; j0 += PK_KV_BLOCK) {
-                const float *restrict blk = tile + (size_t)(j0 - p0) * HD;
-                float s[G][PK_KV_BLOCK];
-                for (int g = 0; g < G; g++)
-                    for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
-                for (int i = 0; i < HD; i++)
-                    for (int g = 0; g < G; g++)
-                        for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] += qs[g][i] * blk[i * PK_KV_BLOCK + l];
-                const int nv = end - j0 < PK_KV_BLOCK ? end - j0 : PK_KV_BLOCK;
-                float *sr = scores + (size_t)r * G * ld_scores;
-                for (int g = 0; g < G; g++)
-                    for (int l = 0; l < nv; l++) sr[g * ld_scores + j0 + l] = s[g][l];
-            }
+            if (end > p0) qk_span(G, HD, qs, tile, p0, end, scores + (size_t)r * G * ld_scores, ld_scores);
         }
     }
     for (int r = 0; r < R; r++)
