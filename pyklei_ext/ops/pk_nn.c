@@ -321,7 +321,11 @@ static inline __attribute__((always_inline)) void qk_span(const int G, const int
     }
 }
 
-/* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16]. */
+/* The most positions converted at once (a prefill window's span). */
+#define KV_SPAN 128
+
+/* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16];
+ * nb * 16 <= KV_SPAN. */
 static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T, const int HD,
                                                               const pk_kv_head *kv, size_t b0, size_t nb,
                                                               float *restrict tile) {
@@ -330,21 +334,20 @@ static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T
         kv->f16(nb * PK_KV_BLOCK * HD, (const uint16_t *)kv->k + e0, tile);
         return;
     }
+    const int NS = HD / PK_KV_Q8_GROUP * PK_KV_BLOCK;   /* scales per block, [HD/32][16] as K's blocked order */
+    float sc[KV_SPAN / PK_KV_BLOCK * NS];                 /* the scales of all nb blocks: one call */
+    kv->f16(nb * NS, kv->k_scale + e0 / PK_KV_Q8_GROUP, sc);
     for (size_t b = 0; b < nb; b++) {
-        const int NS = HD / PK_KV_Q8_GROUP * PK_KV_BLOCK;
-        float sc[NS];   /* the block's scales, [HD/32][16] as K's blocked order */
-        const size_t eb = e0 + b * PK_KV_BLOCK * HD;
-        kv->f16(NS, kv->k_scale + eb / PK_KV_Q8_GROUP, sc);
-        const int8_t *restrict k8 = (const int8_t *)kv->k + eb;
+        const int8_t *restrict k8 = (const int8_t *)kv->k + e0 + b * PK_KV_BLOCK * HD;
+        const float *restrict sb = sc + b * NS;
         float *restrict t = tile + b * PK_KV_BLOCK * HD;
         for (int i = 0; i < HD; i++)
             for (int l = 0; l < PK_KV_BLOCK; l++)
-                t[i * PK_KV_BLOCK + l] = (float)k8[i * PK_KV_BLOCK + l] * sc[i / PK_KV_Q8_GROUP * PK_KV_BLOCK + l];
+                t[i * PK_KV_BLOCK + l] = (float)k8[i * PK_KV_BLOCK + l] * sb[i / PK_KV_Q8_GROUP * PK_KV_BLOCK + l];
     }
 }
 
 /* V rows [j0, j0 + n) of a converted cache as f32, [n][HD]; n <= KV_SPAN. */
-#define KV_SPAN 128
 static inline __attribute__((always_inline)) void kv_v_to_f32(const pk_kv_type T, const int HD,
                                                               const pk_kv_head *kv, size_t j0, size_t n,
                                                               float *restrict tile) {
@@ -392,8 +395,8 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
     float acc[G][HD];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) acc[g][i] = 0.0f;
-    for (int j0 = 0; j0 < n_pos; j0 += PK_KV_BLOCK) {
-        const int nv = n_pos - j0 < PK_KV_BLOCK ? n_pos - j0 : PK_KV_BLOCK;
+    for (int j0 = 0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {   /* V rows QK_NB blocks at a time */
+        const int nv = n_pos - j0 < QK_NB * PK_KV_BLOCK ? n_pos - j0 : QK_NB * PK_KV_BLOCK;
         const float *restrict vb = tile;
         if (T == PK_KV_F32) vb = (const float *)kv->v + (size_t)j0 * HD;
         else kv_v_to_f32(T, HD, kv, (size_t)j0, (size_t)nv, tile);
