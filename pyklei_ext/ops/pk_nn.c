@@ -412,6 +412,21 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         for (int i = 0; i < HD; i++) out[g * HD + i] = acc[g][i];
 }
 
+/* The (query heads per K/V head, head size) pairs with compiled kernels; larger groups that
+ * are multiples of 4 run by fours, and any other shape takes the reference (correct, 50x
+ * slower). The family's shapes: SmolLM2 135M / 360M (3, 64), 1.7B (1, 64); Llama 3.2 1B (4,
+ * 64), 3B (3, 128); Llama 3.1 8B (4, 128); Llama 2 7B (1, 128); TinyLlama (8, 64). (3, 128)
+ * was missing until Llama 3.2 3B's attention was found on the reference: tests/c/test_matmul.c
+ * now asks pk_attend_is_fast for each of these. */
+#define PK_ATTEND_SHAPES(X) X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(1, 128) X(2, 128) X(3, 128) X(4, 128)
+
+int pk_attend_is_fast(int group, int hd) {
+#define SHAPE(G, HD) if (group == G && hd == HD) return 1;
+    PK_ATTEND_SHAPES(SHAPE)
+#undef SHAPE
+    return group % 4 == 0 && (hd == 64 || hd == 128);
+}
+
 /* One function per (G, HD) and cache type, so that each keeps no test of the others. */
 #define ATTEND(G, HD)                                                                              \
     PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
@@ -429,8 +444,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
                                                   float *ml) {                                     \
         attend_fast(G, HD, PK_KV_Q8, n_pos, q, kv, scale, scores, ld_scores, out, ml);             \
     }
-ATTEND(1, 64) ATTEND(2, 64) ATTEND(3, 64) ATTEND(4, 64)
-ATTEND(1, 128) ATTEND(2, 128) ATTEND(4, 128)
+PK_ATTEND_SHAPES(ATTEND)
 #undef ATTEND
 
 /* A converted cache (f16 or q8) in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one
@@ -510,8 +524,7 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                                                        size_t ld_scores, float *out, size_t ldo, float *ml) { \
         attend_rows_conv(G, HD, PK_KV_Q8, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }
-ATTEND_ROWS(1, 64) ATTEND_ROWS(2, 64) ATTEND_ROWS(3, 64) ATTEND_ROWS(4, 64)
-ATTEND_ROWS(1, 128) ATTEND_ROWS(2, 128) ATTEND_ROWS(4, 128)
+PK_ATTEND_SHAPES(ATTEND_ROWS)
 #undef ATTEND_ROWS
 
 /* K of position j, dimension i, and V of (j, i), converted in plain C. */
@@ -578,7 +591,7 @@ void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_k
          : c.type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(             \
             n, q, &c, scale, scores, ld_scores, out, ml);                                          \
         return; }
-    CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
+    PK_ATTEND_SHAPES(CASE)
 #undef CASE
     if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
         for (int g = 0; g < group; g += 4)
@@ -641,7 +654,7 @@ static void attend_rows_part(int rows, const int *n, int group, int hd, int p0, 
         (c.type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(     \
             rows, n, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml);                          \
         return; }
-        CASE(1, 64) CASE(2, 64) CASE(3, 64) CASE(4, 64) CASE(1, 128) CASE(2, 128) CASE(4, 128)
+        PK_ATTEND_SHAPES(CASE)
 #undef CASE
         if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
             float ml4[PK_ATTEND_ROWS][4][2];

@@ -111,6 +111,10 @@ void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *
 void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                                float *scores, size_t ld_scores, float *out);
 
+/* Whether attention of `group` query heads per K/V head of size hd runs a compiled kernel
+ * (else the plain reference, some 50x slower). */
+int pk_attend_is_fast(int group, int hd);
+
 /* Chunks: every path above attends positions [0, n_pos) as chunks of PK_ATTEND_CHUNK
  * positions, each a partial with its own softmax (pk_attend_part), folded in order by
  * pk_attend_merge (the online softmax of flash attention's tiles). The scores scratch needs

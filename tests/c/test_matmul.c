@@ -304,6 +304,18 @@ static void test_kv_q8_row(void) {
     printf("kv q8 rows: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
 }
 
+/* Every shape of the model family runs a compiled attention kernel (Llama 3.2 3B's (3, 128)
+ * once ran the reference, 50x slower, with the right results). */
+static void test_attention_shapes(void) {
+    static const struct { const char *model; int group, hd; } shapes[] = {
+        {"SmolLM2-135M/360M", 3, 64}, {"SmolLM2-1.7B", 1, 64}, {"Llama-3.2-1B", 4, 64}, {"Llama-3.2-3B", 3, 128},
+        {"Llama-3.1-8B", 4, 128}, {"Llama-2-7B", 1, 128}, {"TinyLlama-1.1B", 8, 64}, {"Llama-2-70B", 8, 128}};
+    for (int i = 0; i < COUNT(shapes); i++)
+        CHECK(pk_attend_is_fast(shapes[i].group, shapes[i].hd), "attention of %s (group %d, head size %d) "
+              "has no compiled kernel", shapes[i].model, shapes[i].group, shapes[i].hd);
+    CHECK(!pk_attend_is_fast(5, 64) && !pk_attend_is_fast(3, 96), "pk_attend_is_fast claims a shape it lacks");
+}
+
 static void test_attention(int quick) {
     static const int groups[] = {1, 2, 3, 4, 5, 8};
     static const int hds[] = {64, 128, 32, 96};
@@ -913,6 +925,7 @@ int main(int argc, char **argv) {
     test_rotate();
     test_f16_convert();
     test_kv_q8_row();
+    test_attention_shapes();
     test_attention(quick);
     test_pool();
 
