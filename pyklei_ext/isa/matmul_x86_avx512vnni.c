@@ -39,15 +39,30 @@
  * AVX-512 VNNI, GEMV and GEMM: qai8dx x qsi4c32 / qsi6c32 (p16 copy)
  * ==================================================================================== */
 
+/* acc + dot4(u, a) per int32 lane. GCC's _mm512_dpbusd_epi32 copied the accumulator into
+ * another register before nearly every vpdpbusd of a tile (one extra move each, and the 6x32
+ * tile ran slower: docs/KERNELS.md); the asm ties it to one register. Same instruction. */
+Z_INLINE __m512i z_dpbusd(__m512i acc, __m512i u, __m512i a) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(a));
+    return acc;
+}
+
 /* One k-octet (8 k) of the tile: wl / wh hold k-quads 0-3 / 4-7 of 16 weight rows per panel;
- * activation bytes k..k+7 of row i at ar[i] + ko. */
+ * activation bytes k..k+7 of row i at ar[i] + ko. With one panel the wh products go to
+ * acc[i][1], a second chain (summed per block: exact), so that 8 rows keep 16 vpdpbusd in
+ * flight rather than 8 chains of 2. */
 Z_INLINE void z_qp16_octet(const int MR, const int NP, __m512i acc[][2], const __m512i wl[2], const __m512i wh[2],
                            const int8_t *const ar[], size_t ko) {
     for (int i = 0; i < MR; i++) {
         const __m512i al = _mm512_set1_epi32(pk_load_i32(ar[i] + ko)), ah = _mm512_set1_epi32(pk_load_i32(ar[i] + ko + 4));
-        for (int p = 0; p < NP; p++) {
-            acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wl[p], al);
-            acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wh[p], ah);
+        if (NP == 1) {
+            acc[i][0] = z_dpbusd(acc[i][0], wl[0], al);
+            acc[i][1] = z_dpbusd(acc[i][1], wh[0], ah);
+        } else {
+            for (int p = 0; p < NP; p++) {
+                acc[i][p] = z_dpbusd(acc[i][p], wl[p], al);
+                acc[i][p] = z_dpbusd(acc[i][p], wh[p], ah);
+            }
         }
     }
 }
@@ -58,7 +73,7 @@ Z_INLINE void z_qp16_octet(const int MR, const int NP, __m512i acc[][2], const _
  *     f   = fma(float(acc), s_b[j], f)
  * then dst = scale_i * (f - zp_i * R_j). Every tile (GEMV: MR <= 8, NP = 1; GEMM: MR <= 6,
  * NP = 1 or 2) does exactly this, so a row's result is bit-identical whatever M is and whichever
- * tile computed it.
+ * tile computed it. (The int32 sums may be added in any order: they are exact.)
  * BITS 4: qsi4c32 (off 8, 64 bytes per k-octet); BITS 6: qsi6c32 (off 32, per 16 k two nibble
  * pieces and one piece of top bits, OR-ed into bits 4-5 of each unsigned byte). */
 Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0,
@@ -76,6 +91,8 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
         __m512i acc[ZQMR][2];
         for (int i = 0; i < MR; i++)
             for (int p = 0; p < NP; p++) acc[i][p] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nb + b]);
+        if (NP == 1)
+            for (int i = 0; i < MR; i++) acc[i][1] = _mm512_setzero_si512();
         if (BITS == 4) {
             for (int o = b * opb; o < (b + 1) * opb; o++) {   /* 64 bytes per panel and k-octet */
                 __m512i wl[2], wh[2];
@@ -102,6 +119,8 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
                 }
             }
         }
+        if (NP == 1)   /* the two chains; exact: int32 sums in any order */
+            for (int i = 0; i < MR; i++) acc[i][0] = _mm512_add_epi32(acc[i][0], acc[i][1]);
         for (int p = 0; p < NP; p++) {
             const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
                 _mm256_loadu_si256((const __m256i *)(s + p * panel_scales + (size_t)16 * b))), 16));
