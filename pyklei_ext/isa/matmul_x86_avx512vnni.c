@@ -30,6 +30,9 @@
 #define ZMR 6    /* GEMM tiles: 6 activation rows (x 32 weight rows) */
 #define ZVMR 8   /* p16 GEMV tiles: up to 8 activation rows x one 16-row panel */
 #define ZQMR 8   /* the most activation rows of any p16 tile */
+/* Software prefetch distance of the p16 kernels, in bytes of a panel ahead of the loads: the
+ * hardware prefetchers alone left a 1-8 row pass waiting on DRAM (docs/KERNELS.md). */
+#define ZPF 4096
 #include "x86_avx512_panel.h"   /* ZNR = 32-row weight panels */
 
 #define Z_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -97,6 +100,7 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
             for (int o = b * opb; o < (b + 1) * opb; o++) {   /* 64 bytes per panel and k-octet */
                 __m512i wl[2], wh[2];
                 for (int p = 0; p < NP; p++) {
+                    _mm_prefetch((const char *)(w + p * panel_bytes + (size_t)64 * o + ZPF), _MM_HINT_T0);
                     const __m512i v = _mm512_load_si512(w + p * panel_bytes + (size_t)64 * o);
                     wl[p] = _mm512_and_si512(v, m0f);
                     wh[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
@@ -109,6 +113,8 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
                     __m512i wl[2], wh[2];
                     for (int p = 0; p < NP; p++) {
                         const uint8_t *wp = w + p * panel_bytes + (size_t)96 * o2;
+                        _mm_prefetch((const char *)(wp + 64 * h + ZPF), _MM_HINT_T0);
+                        if (h == 0) _mm_prefetch((const char *)(wp + 128 + ZPF), _MM_HINT_T0);
                         const __m512i v = _mm512_load_si512(wp + 64 * h), t = _mm512_load_si512(wp + 128);
                         const __m512i tl = h ? t : _mm512_slli_epi16(t, 4);
                         const __m512i th = h ? _mm512_srli_epi16(t, 2) : _mm512_slli_epi16(t, 2);
