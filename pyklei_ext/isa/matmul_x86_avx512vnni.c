@@ -5,8 +5,9 @@
  * vpdpbusd multiplies unsigned bytes by signed bytes, four products per int32 lane.
  *
  * qsi4c32 / qsi6c32 (p16 copy: 16-row panels of unsigned w + off, off 8 or 32): one
- *   micro-kernel, z_qp16_tile, for the GEMV (2x16: up to 2 activation rows x one 16-row panel
- *   per weight load) and the GEMM (6x32: 6 rows x two panels). Weights are the unsigned
+ *   micro-kernel, z_qp16_tile, for the GEMV (8x16: up to 8 activation rows x one 16-row panel
+ *   per weight load, so m <= 8 reads the weights once) and the GEMM (6x32: 6 rows x two
+ *   panels, m >= 9); the rows left after whole tiles make one more tile. Weights are the unsigned
  *   operand, activations signed and broadcast 4 bytes at a time; each block's int32
  *   accumulator starts at -off * sum_{k in block} a. GEMV and GEMM do the same per-output
  *   arithmetic, so their results are bit-identical whatever M is.
@@ -26,22 +27,56 @@
 
 #include "x86_common.h"
 
-#define ZMR 6
+#define ZMR 6    /* GEMM tiles: 6 activation rows (x 32 weight rows) */
+#define ZVMR 8   /* p16 GEMV tiles: up to 8 activation rows x one 16-row panel */
+#define ZQMR 8   /* the most activation rows of any p16 tile */
+/* Software prefetch distance of the p16 kernels, in bytes of a panel ahead of the loads: the
+ * hardware prefetchers alone left a 1-8 row pass waiting on DRAM (docs/KERNELS.md). */
+#define ZPF 4096
 #include "x86_avx512_panel.h"   /* ZNR = 32-row weight panels */
 
 #define Z_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define Z_INLINE static inline __attribute__((always_inline)) Z_TARGET
 
 /* ====================================================================================
- * AVX-512 VNNI, GEMV: qai8dx x qsi4c32, 1 activation row x 4 weight rows
+ * AVX-512 VNNI, GEMV and GEMM: qai8dx x qsi4c32 / qsi6c32 (p16 copy)
  * ==================================================================================== */
+
+/* acc + dot4(u, a) per int32 lane. GCC's _mm512_dpbusd_epi32 copied the accumulator into
+ * another register before nearly every vpdpbusd of a tile (one extra move each, and the 6x32
+ * tile ran slower: docs/KERNELS.md); the asm ties it to one register. Same instruction. */
+Z_INLINE __m512i z_dpbusd(__m512i acc, __m512i u, __m512i a) {
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(a));
+    return acc;
+}
+
+/* One k-octet (8 k) of the tile: wl / wh hold k-quads 0-3 / 4-7 of 16 weight rows per panel;
+ * activation bytes k..k+7 of row i at ar[i] + ko. With one panel the wh products go to
+ * acc[i][1], a second chain (summed per block: exact), so that 8 rows keep 16 vpdpbusd in
+ * flight rather than 8 chains of 2. */
+Z_INLINE void z_qp16_octet(const int MR, const int NP, __m512i acc[][2], const __m512i wl[2], const __m512i wh[2],
+                           const int8_t *const ar[], size_t ko) {
+    for (int i = 0; i < MR; i++) {
+        const __m512i al = _mm512_set1_epi32(pk_load_i32(ar[i] + ko)), ah = _mm512_set1_epi32(pk_load_i32(ar[i] + ko + 4));
+        if (NP == 1) {
+            acc[i][0] = z_dpbusd(acc[i][0], wl[0], al);
+            acc[i][1] = z_dpbusd(acc[i][1], wh[0], ah);
+        } else {
+            for (int p = 0; p < NP; p++) {
+                acc[i][p] = z_dpbusd(acc[i][p], wl[p], al);
+                acc[i][p] = z_dpbusd(acc[i][p], wh[p], ah);
+            }
+        }
+    }
+}
 
 /* MR activation rows x NP panels (16 weight rows each) of the p16 copy (ops/pk_pack.h).
  * Per output (row i, weight row j), for every block b in order:
  *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + off, corr = -off sum a)
  *     f   = fma(float(acc), s_b[j], f)
- * then dst = scale_i * (f - zp_i * R_j). The GEMV (MR <= 2, NP = 1) and the GEMM (MR <= 6,
- * NP = 2) do exactly this, so their results are bit-identical whatever M is.
+ * then dst = scale_i * (f - zp_i * R_j). Every tile (GEMV: MR <= 8, NP = 1; GEMM: MR <= 6,
+ * NP = 1 or 2) does exactly this, so a row's result is bit-identical whatever M is and whichever
+ * tile computed it. (The int32 sums may be added in any order: they are exact.)
  * BITS 4: qsi4c32 (off 8, 64 bytes per k-octet); BITS 6: qsi6c32 (off 32, per 16 k two nibble
  * pieces and one piece of top bits, OR-ed into bits 4-5 of each unsigned byte). */
 Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0,
@@ -50,42 +85,48 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
                           float *dst, size_t ldd, float lo, float hi) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const int opb = bl / 8;   /* k-octets per block */
-    __m512 f[ZMR][2];
+    const int8_t *ar[ZQMR];
+    for (int i = 0; i < MR; i++) ar[i] = a + (size_t)(i0 + i) * lda;
+    __m512 f[ZQMR][2];
     for (int i = 0; i < MR; i++)
         for (int p = 0; p < NP; p++) f[i][p] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m512i acc[ZMR][2];
+        __m512i acc[ZQMR][2];
         for (int i = 0; i < MR; i++)
             for (int p = 0; p < NP; p++) acc[i][p] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nb + b]);
-        for (int o2 = b * opb; o2 < (b + 1) * opb; o2 += 2) {   /* two k-octets: 128 (q4) or 192 (q6) bytes */
-            __m512i top[2];
-            if (BITS == 6)
-                for (int p = 0; p < NP; p++) top[p] = _mm512_load_si512(w + p * panel_bytes + (size_t)96 * o2 + 128);
-            for (int o = o2; o < o2 + 2; o++) {
+        if (NP == 1)
+            for (int i = 0; i < MR; i++) acc[i][1] = _mm512_setzero_si512();
+        if (BITS == 4) {
+            for (int o = b * opb; o < (b + 1) * opb; o++) {   /* 64 bytes per panel and k-octet */
                 __m512i wl[2], wh[2];
                 for (int p = 0; p < NP; p++) {
-                    const uint8_t *wp = w + p * panel_bytes + (BITS == 6 ? (size_t)96 * o2 + 64 * (o & 1) : (size_t)64 * o);
-                    const __m512i v = _mm512_load_si512(wp);
+                    _mm_prefetch((const char *)(w + p * panel_bytes + (size_t)64 * o + ZPF), _MM_HINT_T0);
+                    const __m512i v = _mm512_load_si512(w + p * panel_bytes + (size_t)64 * o);
                     wl[p] = _mm512_and_si512(v, m0f);
                     wh[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
-                    if (BITS == 6) {   /* top bits: 0-1 / 2-3 of the piece for octet o2, 4-5 / 6-7 for o2+1 */
-                        const __m512i t = top[p];
-                        const __m512i tl = o & 1 ? t : _mm512_slli_epi16(t, 4);
-                        const __m512i th = o & 1 ? _mm512_srli_epi16(t, 2) : _mm512_slli_epi16(t, 2);
-                        wl[p] = _mm512_ternarylogic_epi32(wl[p], tl, m30, 0xF8);   /* a | (b & c) */
-                        wh[p] = _mm512_ternarylogic_epi32(wh[p], th, m30, 0xF8);
-                    }
                 }
-                for (int i = 0; i < MR; i++) {
-                    const int8_t *ai = a + (size_t)(i0 + i) * lda + 8 * (size_t)o;
-                    const __m512i al = _mm512_set1_epi32(pk_load_i32(ai)), ah = _mm512_set1_epi32(pk_load_i32(ai + 4));
+                z_qp16_octet(MR, NP, acc, wl, wh, ar, (size_t)8 * o);
+            }
+        } else {
+            for (int o2 = b * opb; o2 < (b + 1) * opb; o2 += 2) {   /* two k-octets: 192 bytes per panel */
+                for (int h = 0; h < 2; h++) {   /* top bits: 0-1 / 2-3 of the piece for octet o2, 4-5 / 6-7 for o2+1 */
+                    __m512i wl[2], wh[2];
                     for (int p = 0; p < NP; p++) {
-                        acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wl[p], al);
-                        acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], wh[p], ah);
+                        const uint8_t *wp = w + p * panel_bytes + (size_t)96 * o2;
+                        _mm_prefetch((const char *)(wp + 64 * h + ZPF), _MM_HINT_T0);
+                        if (h == 0) _mm_prefetch((const char *)(wp + 128 + ZPF), _MM_HINT_T0);
+                        const __m512i v = _mm512_load_si512(wp + 64 * h), t = _mm512_load_si512(wp + 128);
+                        const __m512i tl = h ? t : _mm512_slli_epi16(t, 4);
+                        const __m512i th = h ? _mm512_srli_epi16(t, 2) : _mm512_slli_epi16(t, 2);
+                        wl[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(v, m0f), tl, m30, 0xF8);   /* a | (b & c) */
+                        wh[p] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(v, 4), m0f), th, m30, 0xF8);
                     }
+                    z_qp16_octet(MR, NP, acc, wl, wh, ar, (size_t)8 * (o2 + h));
                 }
             }
         }
+        if (NP == 1)   /* the two chains; exact: int32 sums in any order */
+            for (int i = 0; i < MR; i++) acc[i][0] = _mm512_add_epi32(acc[i][0], acc[i][1]);
         for (int p = 0; p < NP; p++) {
             const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
                 _mm256_loadu_si256((const __m256i *)(s + p * panel_scales + (size_t)16 * b))), 16));
@@ -112,8 +153,9 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
     }
 }
 
-/* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time
- * (PAIRS: m even, rows taken two by two, output row = pair index). */
+/* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time, then
+ * the m % MR rows left as one tile, so each panel is streamed from memory once and re-read from
+ * L1 by the next tiles (PAIRS: m even, rows taken two by two, output row = pair index). */
 Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int PAIRS, int m, int n0, int n1, const pk_lhs *lhs,
                           const pk_rhs *rhs, const uint8_t *packed, const int8_t *a, size_t lda, const int32_t *corr,
                           float *dst, size_t ldd, float lo, float hi) {
@@ -127,14 +169,16 @@ Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int P
         const uint16_t *s = pk_p16_scales(packed, &g, p, 0);
         /* rsum is read for columns [c0, c1) only (masked loads) */
         int i0 = 0;
-#define Z_T(R, P) z_qp16_tile(BITS, R, P, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s, pscales, \
-                               rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi)
-        for (; i0 + MR <= m; i0 += MR) {
-            if (np == 2) Z_T(MR, 2); else Z_T(MR, 1);
-        }
-        for (; i0 < m; i0 += PAIRS ? 2 : 1) {   /* leftover rows: one (or one pair) at a time */
-            if (PAIRS) { if (np == 2) Z_T(2, 2); else Z_T(2, 1); }
-            else { if (np == 2) Z_T(1, 2); else Z_T(1, 1); }
+#define Z_T(R) do { if (np == 2) z_qp16_tile(BITS, R, 2, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, \
+                                             s, pscales, rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi);               \
+                    else z_qp16_tile(BITS, R, 1, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s,     \
+                                     pscales, rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi); } while (0)
+        for (; i0 + MR <= m; i0 += MR) Z_T(MR);
+        switch (m - i0) {   /* the rows left: one tile of them (PAIRS: an even count) */
+#define Z_TAIL(R) case R: if (R < MR && (!PAIRS || R % 2 == 0)) Z_T(R); break;
+        Z_TAIL(1) Z_TAIL(2) Z_TAIL(3) Z_TAIL(4) Z_TAIL(5) Z_TAIL(6) Z_TAIL(7)
+#undef Z_TAIL
+        default: break;
         }
 #undef Z_T
     }
@@ -169,9 +213,10 @@ Z_TARGET static int z_qp16_lhs(const pk_lhs *lhs, int m, int k, int bl, int off,
     return 0;
 }
 
-/* GEMV (2 output rows x 16 weight rows at a time) or GEMM (6 x 32): one micro-kernel;
- * pairs: two-plane rows summed in the kernel (pk_kernel.run_pairs). */
-Z_INLINE void z_qp16(const int BITS, int gemm, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+/* GEMV (tiles of up to 8 activation rows x 16 weight rows) or GEMM (6 x 32): one micro-kernel;
+ * pairs: two-plane rows summed in the kernel (pk_kernel.run_pairs); the GEMV's tile of 8 rows is
+ * then 4 output rows. */
+Z_INLINE void z_qp16(const int BITS, const int MR, const int NP, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                      const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int8_t *a;
     size_t lda;
@@ -181,28 +226,23 @@ Z_INLINE void z_qp16(const int BITS, int gemm, int pairs, int m, int n0, int n1,
         else pk_run_scalar_pairs(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
-    if (gemm && pairs) z_qp16_run(BITS, ZMR, 2, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else if (gemm) z_qp16_run(BITS, ZMR, 2, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    /* two planes: a tile of 4 rows is 2 output rows (two pairs), as one plane's tile of 2;
-     * a tile of one pair read each weight panel once per output row, so 2 output rows cost
-     * more than 3 (which take the 6x32 kernel): benchmarks/pass_rows.py */
-    else if (pairs) z_qp16_run(BITS, 4, 1, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else z_qp16_run(BITS, 2, 1, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    if (pairs) z_qp16_run(BITS, MR, NP, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else z_qp16_run(BITS, MR, NP, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
 }
 
-#define Z_QP16_ENTRY(NAME, BITS, GEMM, PAIRS)                                                      \
+#define Z_QP16_ENTRY(NAME, BITS, MR, NP, PAIRS)                                                      \
     Z_TARGET static void NAME(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,          \
                               const void *packed, float *dst, size_t ldd, float lo, float hi) {     \
-        z_qp16(BITS, GEMM, PAIRS, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                   \
+        z_qp16(BITS, MR, NP, PAIRS, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                   \
     }
-Z_QP16_ENTRY(qai8dx_qsi4c32p16_2x16_avx512vnni, 4, 0, 0)
-Z_QP16_ENTRY(qai8dx2_qsi4c32p16_2x16_avx512vnni, 4, 0, 1)
-Z_QP16_ENTRY(qai8dx_qsi4c32p16_6x32_avx512vnni, 4, 1, 0)
-Z_QP16_ENTRY(qai8dx2_qsi4c32p16_6x32_avx512vnni, 4, 1, 1)
-Z_QP16_ENTRY(qai8dx_qsi6c32p16_2x16_avx512vnni, 6, 0, 0)
-Z_QP16_ENTRY(qai8dx2_qsi6c32p16_2x16_avx512vnni, 6, 0, 1)
-Z_QP16_ENTRY(qai8dx_qsi6c32p16_6x32_avx512vnni, 6, 1, 0)
-Z_QP16_ENTRY(qai8dx2_qsi6c32p16_6x32_avx512vnni, 6, 1, 1)
+Z_QP16_ENTRY(qai8dx_qsi4c32p16_8x16_avx512vnni, 4, ZVMR, 1, 0)
+Z_QP16_ENTRY(qai8dx2_qsi4c32p16_8x16_avx512vnni, 4, ZVMR, 1, 1)
+Z_QP16_ENTRY(qai8dx_qsi4c32p16_6x32_avx512vnni, 4, ZMR, 2, 0)
+Z_QP16_ENTRY(qai8dx2_qsi4c32p16_6x32_avx512vnni, 4, ZMR, 2, 1)
+Z_QP16_ENTRY(qai8dx_qsi6c32p16_8x16_avx512vnni, 6, ZVMR, 1, 0)
+Z_QP16_ENTRY(qai8dx2_qsi6c32p16_8x16_avx512vnni, 6, ZVMR, 1, 1)
+Z_QP16_ENTRY(qai8dx_qsi6c32p16_6x32_avx512vnni, 6, ZMR, 2, 0)
+Z_QP16_ENTRY(qai8dx2_qsi6c32p16_6x32_avx512vnni, 6, ZMR, 2, 1)
 #undef Z_QP16_ENTRY
 
 /* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
@@ -422,17 +462,17 @@ Z_TARGET static void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t
 /* ---- table --------------------------------------------------------------------------- */
 #if defined(__x86_64__)
 const pk_kernel pk_kernels_x86_avx512vnni[] = {
-    {.name = "qai8dx_qsi4c32p16_2x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
+    {.name = "qai8dx_qsi4c32p16_8x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 16,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_2x16_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_2x16_avx512vnni},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_8x16_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_8x16_avx512vnni},
     {.name = "qai8dx_qsi4c32p16_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
-     .priority = 31, .m_min = ZMR, .n_step = ZNR,
+     .priority = 31, .m_min = ZVMR + 1, .n_step = ZNR,
      .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_6x32_avx512vnni},
-    {.name = "qai8dx_qsi6c32p16_2x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
+    {.name = "qai8dx_qsi6c32p16_8x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 16,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_2x16_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_2x16_avx512vnni},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_8x16_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_8x16_avx512vnni},
     {.name = "qai8dx_qsi6c32p16_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
-     .priority = 31, .m_min = ZMR, .n_step = ZNR,
+     .priority = 31, .m_min = ZVMR + 1, .n_step = ZNR,
      .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_6x32_avx512vnni},
     {.name = "qai8dx_qsi8cxp4_1x4_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 4,

@@ -14,7 +14,7 @@
  *   row helpers                         pk_isa_helpers (FWHT, f16 -> f32, qai8dx quantizer)
  *
  * Kernel names state the contract: qai8dx_<weight format>[p<layout>]_<MR>x<NR>_<isa>, e.g.
- * qai8dx_qsi4c32p16_2x16_avx512vnni; docs/KERNELS.md lists them. */
+ * qai8dx_qsi4c32p16_8x16_avx512vnni; docs/KERNELS.md lists them. */
 #ifndef PK_KERNEL_H
 #define PK_KERNEL_H
 
