@@ -27,7 +27,9 @@ beside the run. Quality of the same files: benchmarks/results/quality.md and kv-
 machine another job is using (issue 24: pyklei should keep >= 40% of its idle decode speed and
 never fall below llama.cpp under the same load).
 
-Results: benchmarks/results/speed-vs-llamacpp.md and .json (--out NAME: NAME.md / .json).
+Results: benchmarks/results/speed-vs-llamacpp.md and .json (--out NAME: NAME.md / .json); the
+run also rewrites README.md's block of the same name where there is one, and docs/QUALITY.md's
+speed table (SmolLM2 at depth 0).
 """
 from __future__ import annotations
 
@@ -135,6 +137,36 @@ def doc_table(results: dict) -> str:
         ours = med[("pyklei default", threads)]
         lines.append(f"| {threads} thread{'s' if threads != '1' else ''}, {engine.split()[-1]} | "
                      + " | ".join(f"{ours[t]:.0f} / {m[t]:.0f} = **{ours[t] / m[t]:.2f}x**" for t in tests) + " |")
+    return "\n".join(lines) + "\n"
+
+
+README = ROOT / "README.md"
+
+
+def readme_block(name: str) -> re.Pattern:
+    """README.md's generated block NAME (the results file's name)."""
+    return re.compile(rf"(<!-- {re.escape(name)}:begin -->\n).*?(<!-- {re.escape(name)}:end -->)", re.S)
+
+
+def readme_table(results: dict) -> str:
+    """README.md's block from a results file: every test and cache type, tok/s medians over the
+    rounds for each engine, and pyklei's ratio to each llama.cpp file in bold
+    (tests/test_doc_figures.py checks the README against the results files)."""
+    med = {}
+    for key, rounds in results["rounds"].items():
+        engine, threads, kv = key.split(" | ")
+        med[(engine, threads, kv)] = {t: statistics.median(r[t] for r in rounds) for t in rounds[0]}
+    tests = list(next(iter(med.values())))
+    lines = [f"{results['title']}, `{results['command']}`, {results['date']}, 1-min load average "
+             f"{min(results['loadavg']):.1f}-{max(results['loadavg']):.1f} (tok/s, medians of the rounds):", "",
+             "| engine | threads | KV | " + " | ".join(tests) + " |", "|---|---|---|" + "---|" * len(tests)]
+    for (e, t, kv), m in med.items():
+        lines.append(f"| {e} | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
+    for (e, t, kv), m in med.items():
+        if e != "pyklei default":
+            ours = med[("pyklei default", t, kv)]
+            lines.append(f"| pyklei / {e.split()[-1]} | {t} | {kv} | "
+                         + " | ".join(f"**{ours[x] / m[x]:.2f}x**" for x in tests) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -251,11 +283,15 @@ def main(argv=None) -> int:
                 lines.append(f"- {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: " + ", ".join(r))
     RESULTS.mkdir(parents=True, exist_ok=True)
     results = {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()}, "cpu": cpu,
-               "loadavg": loads, "command": cmd}
+               "loadavg": loads, "command": cmd, "title": title,
+               "date": time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1))
     if args.out == "speed-vs-llamacpp" and "f16" in kvs and 0 in depths:   # the doc's table
         DOC.write_text(DOC_BLOCK.sub(lambda m: m.group(1) + doc_table(results) + m.group(2), DOC.read_text()))
+    block = readme_block(args.out)
+    if block.search(README.read_text()):   # README.md shows this run (speed-vs-llamacpp, -1b)
+        README.write_text(block.sub(lambda m: m.group(1) + readme_table(results) + m.group(2), README.read_text()))
     print("\n".join(lines))
     return 0
 
