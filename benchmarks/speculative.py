@@ -156,7 +156,7 @@ def llamacpp_file(kind: str) -> Path:
     import llamacpp_quality as lcpp
     from models import smollm2_hf_dir
 
-    from pyklei.assets import cache_dir
+    from pyklei_dev.assets import cache_dir
     if not (lcpp.LLAMACPP_BIN / "llama-lookup").is_file():
         raise SystemExit(f"no llama-lookup in {lcpp.LLAMACPP_BIN} (set LLAMACPP_BIN)")
     return lcpp.make_files(smollm2_hf_dir(), cache_dir() / "llamacpp" / "smollm2", [kind],
