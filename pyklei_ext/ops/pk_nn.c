@@ -151,14 +151,8 @@ void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x
 
 /* Attention is written so the compiler vectorizes it (independent lanes instead of one
  * reduction it may not reorder; a polynomial exp) and x86 picks an AVX-512 or AVX2 clone at
- * load time. In a 512-token prefill it was 40% of the time with scalar dot products and libm
- * expf. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(PK_NO_CLONES)   /* PK_NO_CLONES: one ISA's code (-march=...), for benchmarks */
-#define PK_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#define PK_CLONES_ON 1
-#else
-#define PK_CLONES
-#endif
+ * load time (PK_CLONES, pk_ops_internal.h). In a 512-token prefill it was 40% of the time with
+ * scalar dot products and libm expf. */
 
 #define LANES 16
 

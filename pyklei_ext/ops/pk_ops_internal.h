@@ -8,6 +8,17 @@
 
 #define fail pk_set_error
 
+/* Plain C loops the compiler vectorizes (attention, SwiGLU, the rotation's element-wise
+ * steps): on x86 with GCC, an AVX-512 and an AVX2 clone beside the baseline one, picked at
+ * load time. Element-wise code gives the same bits in every clone; the attention keeps the
+ * reference's order of operations. PK_NO_CLONES: one ISA's code (-march=...), for benchmarks. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(PK_NO_CLONES)
+#define PK_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define PK_CLONES_ON 1
+#else
+#define PK_CLONES
+#endif
+
 /* ---- the dispatch table (pk_dispatch.c), built once by pk_dispatch_init ------------------ */
 /* Written only by pk_dispatch.c, inside its pthread_once; read-only everywhere after. */
 

@@ -42,7 +42,8 @@ int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix
 }
 
 /* y[c][:] = sum_a x[a][:] * (transpose ? mix[c][a] : mix[a][c]) for m groups of p. */
-static void mix_groups(const pk_rotation *r, int transpose, const float *x, float *y) {
+static inline __attribute__((always_inline)) void mix_groups(const pk_rotation *r, int transpose, const float *x,
+                                                              float *y) {
     const int m = r->m, p = r->p;
     for (int c = 0; c < m; c++) {
         float *yc = y + (size_t)c * p;
@@ -55,7 +56,9 @@ static void mix_groups(const pk_rotation *r, int transpose, const float *x, floa
     }
 }
 
-void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch) {
+/* Cloned (PK_CLONES): the sign, mix and scale loops are element-wise, so every clone gives
+ * the baseline's bits; at SSE2 they cost about as much as the FWHTs beside them. */
+PK_CLONES void pk_rotate_row(const pk_rotation *r, int transpose, float *x, float *scratch) {
     const int n = r->n, m = r->m, p = r->p;
     const float scale = 1.0f / sqrtf((float)p);
     if (!transpose) {   /* signs, then H within each group, then mix across groups */
