@@ -199,6 +199,13 @@ PK_CLONES static float exp_sum(int n, float *x, float mx) {
     return r;
 }
 
+/* x[i] *= c: the softmax's normalisation, done once per score (vectorized) rather than as
+ * a scalar multiply and a broadcast per position and head in the PV loops. The same product
+ * either way, so the same bits. */
+PK_CLONES static void scale_f32(int n, float *x, float c) {
+    for (int i = 0; i < n; i++) x[i] *= c;
+}
+
 /* silu(g) * u with silu(g) = g / (1 + e^-g), e^-|g| from the polynomial so it vectorizes:
  * g >= 0: g / (1 + e^-g); g < 0: g e^g / (1 + e^g). */
 PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) {
@@ -379,11 +386,10 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
             qk_span(G, HD, qs, tile, j0, end, scores, ld_scores);
         }
     }
-    float inv[G];
     for (int g = 0; g < G; g++) {
         float *sg = scores + g * ld_scores;
         const float mx = max_f32(n_pos, sg), sum = exp_sum(n_pos, sg, mx);
-        inv[g] = 1.0f / sum;
+        scale_f32(n_pos, sg, 1.0f / sum);
         ml[2 * g] = mx, ml[2 * g + 1] = sum;
     }
     float acc[G][HD];
@@ -397,7 +403,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         for (int jj = 0; jj < nv; jj++) {
             const float *restrict vj = vb + (size_t)jj * HD;
             for (int g = 0; g < G; g++) {
-                const float p = scores[g * ld_scores + j0 + jj] * inv[g];
+                const float p = scores[g * ld_scores + j0 + jj];   /* normalised above */
                 for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
             }
         }
@@ -457,7 +463,6 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                                                                    float *restrict ml) {
     float tile[KV_SPAN * HD];   /* K blocks or V rows of one span, as f32 */
     float accs[PK_ATTEND_ROWS][G][HD];
-    float inv[PK_ATTEND_ROWS][G];
     if (R < 1 || R > PK_ATTEND_ROWS) __builtin_unreachable();   /* pk_attend_rows splits larger sets */
     int n_max = 0;
     for (int r = 0; r < R; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
@@ -477,7 +482,7 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
         for (int g = 0; g < G; g++) {
             float *sg = scores + ((size_t)r * G + g) * ld_scores;
             const float mx = max_f32(n_pos[r], sg), sum = exp_sum(n_pos[r], sg, mx);
-            inv[r][g] = 1.0f / sum;
+            scale_f32(n_pos[r], sg, 1.0f / sum);
             ml[(r * G + g) * 2] = mx, ml[(r * G + g) * 2 + 1] = sum;
             for (int i = 0; i < HD; i++) accs[r][g][i] = 0.0f;
         }
@@ -494,7 +499,7 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
             for (int j = p0; j < end; j++) {
                 const float *restrict vj = tile + (size_t)(j - p0) * HD;
                 for (int g = 0; g < G; g++) {
-                    const float p = sr[g * ld_scores + j] * inv[r][g];
+                    const float p = sr[g * ld_scores + j];   /* normalised above */
                     for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
                 }
             }
