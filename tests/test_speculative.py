@@ -561,15 +561,16 @@ def test_pass_cost_fit_prices_a_drafted_row_by_the_batch():
     assert c.row_cost(1) == pytest.approx(1 / 6.6, rel=1e-3)
 
 
-def test_serve_lookup_gives_the_plain_text_and_counts_drafts():
-    pytest.importorskip("uvicorn")
+def _served_plain_and_drafting(*flags):
+    """One greedy completion from `pyklei serve` without and with the drafting flags: the two
+    texts, and the drafting server's /metrics (asserted: only that server drafted)."""
     import httpx
     from live_server import LiveServer     # tests/, on sys.path via conftest
 
     body = {"model": "m", "prompt": "abc abc abc abc abc abc", "max_tokens": 40,
             "temperature": 0}
     texts = []
-    for extra in ((), ("--lookup",)):
+    for extra in ((), flags):
         with LiveServer(SEED, "--parallel", "2", "--model-id", "m", *extra) as srv:
             r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
@@ -578,7 +579,13 @@ def test_serve_lookup_gives_the_plain_text_and_counts_drafts():
         drafted = [line for line in metrics.splitlines()
                    if line.startswith("pyklei_drafted_tokens_total")]
         assert drafted and (float(drafted[0].split()[-1]) > 0) == bool(extra)
-        assert "pyklei_accepted_tokens_total" in metrics
+    return texts, metrics
+
+
+def test_serve_lookup_gives_the_plain_text_and_counts_drafts():
+    pytest.importorskip("uvicorn")
+    texts, metrics = _served_plain_and_drafting("--lookup")
+    assert "pyklei_accepted_tokens_total" in metrics
     assert texts[0] == texts[1]
 
 
@@ -678,21 +685,7 @@ def test_generate_batch_and_serve_take_a_draft_model():
 
 def test_serve_draft_model_gives_the_plain_text_and_counts_drafts():
     pytest.importorskip("uvicorn")
-    import httpx
-    from live_server import LiveServer
-
-    body = {"model": "m", "prompt": "abc abc abc abc abc abc", "max_tokens": 40,
-            "temperature": 0}
-    texts = []
-    for extra in ((), ("--draft-model", TIED_Q6)):
-        with LiveServer(SEED, "--parallel", "2", "--model-id", "m", *extra) as srv:
-            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
-            assert r.status_code == 200, r.text
-            texts.append(r.json()["choices"][0]["text"])
-            metrics = httpx.get(srv.url + "/metrics", timeout=30).text
-        drafted = [line for line in metrics.splitlines()
-                   if line.startswith("pyklei_drafted_tokens_total")]
-        assert drafted and (float(drafted[0].split()[-1]) > 0) == bool(extra)
+    texts, _ = _served_plain_and_drafting("--draft-model", TIED_Q6)
     assert texts[0] == texts[1]
 
 
