@@ -210,9 +210,13 @@ def main(argv=None) -> int:
     depths = [int(x) for x in args.depths.split(",")]
     kvs = args.kv_caches.split(",")
     bench = lcpp.LLAMACPP_BIN / "llama-bench"
-    if lcpp.tools_missing() or not bench.is_file():
-        print(f"llama.cpp's tools are missing ({', '.join(lcpp.tools_missing()) or bench}); "
-              f"set LLAMACPP_SRC / LLAMACPP_BIN", file=sys.stderr)
+    # SmolLM2's files go through convert_hf_to_gguf.py and llama-imatrix; the 1B-shaped
+    # model's come from pyklei's f16 file and need llama-quantize alone
+    missing = ([str(p) for p in (bench, lcpp.LLAMACPP_BIN / "llama-quantize") if not p.is_file()]
+               if args.model == "llama32-1b" else lcpp.tools_missing() + [str(bench)] * (not bench.is_file()))
+    if missing:
+        print(f"llama.cpp's tools are missing ({', '.join(missing)}); set LLAMACPP_SRC / LLAMACPP_BIN",
+              file=sys.stderr)
         return 2
 
     from models import smollm2_hf_dir
