@@ -25,6 +25,7 @@ cdef extern from "ops/pk_matmul.h":
         size_t ld
         const float *scale
         const int32_t *zp
+        const int32_t *bsum32
     ctypedef struct pk_kernel:
         const char *name
         const char *isa
@@ -319,6 +320,7 @@ cdef class Ops:
         cdef float[:, ::1] ov = out
         cdef pk_lhs lhs
         lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], &sv[0], &zv[0]
+        lhs.bsum32 = NULL   # the kernels sum the rows themselves
         cdef const pk_kernel *kern = _kernel(kernel)
         cdef int rc
         if m == 0:
@@ -346,6 +348,7 @@ cdef class Ops:
             lo, hi = clamp
         cdef pk_lhs lhs
         lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], &sv[0], &zv[0]
+        lhs.bsum32 = NULL   # the kernels sum the rows themselves
         cdef const pk_kernel *kern = _kernel(kernel)
         cdef int rc
         with nogil:

@@ -70,6 +70,13 @@ Z_INLINE void z_qp16_octet(const int MR, const int NP, __m512i acc[][2], const _
     }
 }
 
+/* The per-block corrections of the activation rows: row i, block b is mul * v[i * ld + b]
+ * (mul 1: made by z_qp16_lhs; mul -off: the rows' block sums, pk_lhs.bsum32, as they are). */
+typedef struct {
+    const int32_t *v;
+    int ld, mul;
+} z_corr;
+
 /* MR activation rows x NP panels (16 weight rows each) of the p16 copy (ops/pk_pack.h).
  * Per output (row i, weight row j), for every block b in order:
  *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + off, corr = -off sum a)
@@ -80,7 +87,7 @@ Z_INLINE void z_qp16_octet(const int MR, const int NP, __m512i acc[][2], const _
  * BITS 4: qsi4c32 (off 8, 64 bytes per k-octet); BITS 6: qsi6c32 (off 32, per 16 k two nibble
  * pieces and one piece of top bits, OR-ed into bits 4-5 of each unsigned byte). */
 Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0,
-                          const int8_t *a, size_t lda, const int32_t *corr, int nb, int bl, const uint8_t *w,
+                          const int8_t *a, size_t lda, z_corr corr, int nb, int bl, const uint8_t *w,
                           size_t panel_bytes, const uint16_t *s, size_t panel_scales, const float *rs, int c0, int c1,
                           float *dst, size_t ldd, float lo, float hi) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
@@ -93,7 +100,7 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
     for (int b = 0; b < nb; b++) {
         __m512i acc[ZQMR][2];
         for (int i = 0; i < MR; i++)
-            for (int p = 0; p < NP; p++) acc[i][p] = _mm512_set1_epi32(corr[(size_t)(i0 + i) * nb + b]);
+            for (int p = 0; p < NP; p++) acc[i][p] = _mm512_set1_epi32(corr.mul * corr.v[(size_t)(i0 + i) * corr.ld + b]);
         if (NP == 1)
             for (int i = 0; i < MR; i++) acc[i][1] = _mm512_setzero_si512();
         if (BITS == 4) {
@@ -157,7 +164,7 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
  * the m % MR rows left as one tile, so each panel is streamed from memory once and re-read from
  * L1 by the next tiles (PAIRS: m even, rows taken two by two, output row = pair index). */
 Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int PAIRS, int m, int n0, int n1, const pk_lhs *lhs,
-                          const pk_rhs *rhs, const uint8_t *packed, const int8_t *a, size_t lda, const int32_t *corr,
+                          const pk_rhs *rhs, const uint8_t *packed, const int8_t *a, size_t lda, z_corr corr,
                           float *dst, size_t ldd, float lo, float hi) {
     const pk_p16_geom g = pk_p16_geometry(rhs);
     const size_t pscales = (size_t)16 * g.nb;
@@ -187,7 +194,13 @@ Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int P
 /* The activation side of the p16 kernels: signed rows and the per-block corrections
  * -off * sum_{k in block} a (off: the weights' offset, 8 or 32). */
 Z_TARGET static int z_qp16_lhs(const pk_lhs *lhs, int m, int k, int bl, int off, const int8_t **a, size_t *lda,
-                               int32_t **corr) {
+                               z_corr *corr) {
+    *a = lhs->q;
+    *lda = lhs->ld;
+    if (lhs->bsum32 && bl == 32) {   /* summed once per call by the quantizing stage */
+        *corr = (z_corr){lhs->bsum32, k / 32, -off};
+        return 0;
+    }
     const int nb = k / bl;
     int32_t *c = pk_scratch(1, sizeof(int32_t) * (size_t)m * nb);
     if (!c) return -1;
@@ -207,9 +220,7 @@ Z_TARGET static int z_qp16_lhs(const pk_lhs *lhs, int m, int k, int bl, int off,
         }
         for (int b = 0; b < nb; b++) ci[b] *= -off;
     }
-    *a = lhs->q;
-    *lda = lhs->ld;
-    *corr = c;
+    *corr = (z_corr){c, nb, 1};
     return 0;
 }
 
@@ -220,7 +231,7 @@ Z_INLINE void z_qp16(const int BITS, const int MR, const int NP, int pairs, int 
                      const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int8_t *a;
     size_t lda;
-    int32_t *corr;
+    z_corr corr;
     if (!packed || z_qp16_lhs(lhs, m, rhs->k, rhs->bl, BITS == 6 ? 32 : 8, &a, &lda, &corr)) {
         if (!pairs) pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         else pk_run_scalar_pairs(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);

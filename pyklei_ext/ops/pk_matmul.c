@@ -16,7 +16,8 @@ struct pk_ctx {
     int32_t *zp;         /* [planes*m] */
     float *resid;        /* [n_threads][k] residual rows (2 planes) */
     float *dst2;         /* [2m][n] per-plane products (2 planes) */
-    size_t cap_q, cap_scale, cap_zp, cap_resid, cap_dst2;
+    int32_t *bsum32;     /* [planes*m][k/32] block sums of the quantized rows */
+    size_t cap_q, cap_scale, cap_zp, cap_resid, cap_dst2, cap_bsum32;
 };
 
 void pk_ctx_set_act_planes(pk_ctx *ctx, int planes) { ctx->planes = planes == 2 ? 2 : 1; }
@@ -40,6 +41,7 @@ void pk_ctx_destroy(pk_ctx *ctx) {
     free(ctx->zp);
     free(ctx->resid);
     free(ctx->dst2);
+    free(ctx->bsum32);
     free(ctx);
 }
 
@@ -74,23 +76,37 @@ typedef struct {
     float *resid;        /* two planes: per-thread residual rows, else NULL */
 } matmul_job;
 
+/* out[b] = the sum of q[32b .. 32b + 31], k a multiple of 32. */
+PK_CLONES static void block_sums32(int k, const int8_t *q, int32_t *out) {
+    for (int b = 0; b < k / 32; b++) {
+        int32_t s = 0;
+        for (int i = 0; i < 32; i++) s += q[32 * b + i];
+        out[b] = s;
+    }
+}
+
 static void run_quantize(void *arg, int ith, int nth) {
     matmul_job *job = arg;
     const int m = job->lhs->m, k = job->lhs->k;
     const size_t ld = job->lhs->ld;
     float *sc = (float *)job->lhs->scale;
-    int32_t *zp = (int32_t *)job->lhs->zp;
+    int32_t *zp = (int32_t *)job->lhs->zp, *bs = (int32_t *)job->lhs->bsum32;
     if (!job->resid) {
-        for (int i = ith; i < m; i += nth)
+        for (int i = ith; i < m; i += nth) {
             pk_quantize_qai8dx_row(k, job->x + (size_t)i * job->ldx, job->q + (size_t)i * ld, sc + i, zp + i);
+            if (bs) block_sums32(k, job->q + (size_t)i * ld, bs + (size_t)i * (k / 32));
+        }
         return;
     }
     /* two planes: lhs rows 2i (plane 1) and 2i+1 (residual plane) */
     float *r = job->resid + (size_t)ith * k;
-    for (int i = ith; i < m / 2; i += nth)
+    for (int i = ith; i < m / 2; i += nth) {
         pk_quantize_qai8dx2_row(k, job->x + (size_t)i * job->ldx, r, job->q + (size_t)(2 * i) * ld,
                                 sc + 2 * i, zp + 2 * i, job->q + (size_t)(2 * i + 1) * ld,
                                 sc + 2 * i + 1, zp + 2 * i + 1);
+        for (int p = 0; bs && p < 2; p++)
+            block_sums32(k, job->q + (size_t)(2 * i + p) * ld, bs + (size_t)(2 * i + p) * (k / 32));
+    }
 }
 
 static void run_part(const matmul_job *job, const mm_part *p, int n0, int n1) {
@@ -204,7 +220,9 @@ int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m,
         grow((void **)&ctx->scale, &ctx->cap_scale, sizeof(float) * (size_t)rows) ||
         grow((void **)&ctx->zp, &ctx->cap_zp, sizeof(int32_t) * (size_t)rows))
         return -1;
-    pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp};
+    if (k % 32 == 0 && grow((void **)&ctx->bsum32, &ctx->cap_bsum32, sizeof(int32_t) * (size_t)rows * (k / 32)))
+        return -1;
+    pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp, k % 32 == 0 ? ctx->bsum32 : NULL};
     matmul_job job = {.lhs = &lhs, .lo = clamp_lo, .hi = clamp_hi, .x = x, .ldx = ldx, .q = ctx->q};
     if (plan_parts(&job, count, rhs, dst, ldd, kern, pk_pool_size(ctx->pool))) return -1;
     if (planes == 2) {

@@ -19,6 +19,9 @@ typedef struct {
     size_t ld;             /* row stride in bytes, >= k */
     const float *scale;    /* [m] */
     const int32_t *zp;     /* [m] */
+    /* [m][k/32] the sum of each 32 values of a row (made once per call by the quantizing
+     * stage, so that kernels do not sum the rows again in every chunk), or NULL */
+    const int32_t *bsum32;
 } pk_lhs;
 
 #define PK_MAX_PACKED 4

@@ -876,6 +876,28 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
                 snprintf(tmp, sizeof tmp, "%s", why);
                 snprintf(why, sizeof why, "direct run m=%d n=[%d,%d): %.200s", m, n0, n1, tmp);
             }
+            /* (3) with the rows' block sums given (pk_lhs.bsum32, as pk_matmul_f32 passes
+             * them): bit for bit what the kernel computes without them */
+            if (ok && K % 32 == 0) {
+                int32_t *bs = malloc(sizeof(int32_t) * (size_t)m * (K / 32));
+                for (int i = 0; i < m; i++)
+                    for (int b = 0; b < K / 32; b++) {
+                        int32_t t = 0;
+                        for (int j = 0; j < 32; j++) t += aq[(size_t)i * ld + 32 * b + j];
+                        bs[(size_t)i * (K / 32) + b] = t;
+                    }
+                pk_lhs with_sums = lhs;
+                with_sums.bsum32 = bs;
+                float *buf2 = guard_alloc(rows, ldd);
+                kern->run(m, n0, n1, &with_sums, r, packed, buf2 + 1, ldd, lo, hi);
+                for (size_t i = 0; ok && i < (size_t)m * ldd; i++)
+                    if (memcmp(&buf[1 + i], &buf2[1 + i], sizeof(float))) {
+                        snprintf(why, sizeof why, "with bsum32, element %zu differs: %.9g vs %.9g", i, buf2[1 + i], buf[1 + i]);
+                        ok = 0;
+                    }
+                free(buf2);
+                free(bs);
+            }
             free(buf);
         }
         CHECK(ok, "%s %s M=%d N=%d K=%d bl=%d: %s", kern->name, variant_name[v], M, N, K, bl, why);
