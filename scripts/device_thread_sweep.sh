@@ -10,6 +10,9 @@
 # Llama-3.2-1B-shaped checkpoint, pyklei's rotated file and llama.cpp's Q4_0 of the same
 # weights; then benchmarks/speed_vs_llamacpp.py over THREADS (default 1,2,4,8,16).
 # Every step's output stays under RESULTS_DIR (at most 8 files: the device tool's limit).
+# On the 16-core Xeon it took 15 min: builds 3, conversion 4, sweep 5.5. The lent machine goes
+# back after 30 s idle, taking everything with it: start this detached (setsid) in the first
+# call and poll it from calls issued back to back, with any further command written beforehand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 res=$(realpath -m "${1:?usage: $0 RESULTS_DIR [THREADS] [ROUNDS]}")
@@ -38,7 +41,7 @@ log "building llama.cpp and pyklei's extension"
 lcpp=$!
 python3 setup.py build_ext --inplace -q >"$work/ext-build.log" 2>&1 || { tail -30 "$work/ext-build.log" >>"$res/steps.log"; exit 1; }
 source scripts/cflags.sh
-gcc -O2 -Ipyklei_ext "${PK_CFLAGS[@]}" tests/c/test_matmul.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c -lm \
+gcc -O3 -Ipyklei_ext "${PK_CFLAGS[@]}" tests/c/test_matmul.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c -lm \
     -o "$work/test_matmul"
 gcc -O2 -march=native -pthread benchmarks/read_bandwidth.c -o "$work/read_bandwidth"
 wait $lcpp || { tail -30 "$work/llama-build.log" >>"$res/steps.log"; exit 1; }

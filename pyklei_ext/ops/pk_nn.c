@@ -151,7 +151,9 @@ void pk_rope_angles(int head_dim, int pos, const float *inv_freq, float *cs) {
     }
 }
 
-PK_CLONES void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x) {
+/* Not in the clones: their vectorizer turns this complex product into vfmaddsub (one rounding
+ * where the reference has two) despite -ffp-contract=off, and greedy replies changed. */
+void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x) {
     for (int h = 0; h < n_heads; h++)
         for (int i = 0; i < head_dim / 2; i++) {
             float *p = x + (size_t)h * head_dim + 2 * i;
@@ -704,7 +706,7 @@ void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *
     for (int p0 = 0; p0 < n_max; p0 += PK_ATTEND_CHUNK) {
         /* the rows that reach this chunk (a prefill window's rows ascend: a tail of them),
          * each with its positions in it */
-        int idx[PK_ATTEND_ROWS], n[PK_ATTEND_ROWS], k = 0;
+        int idx[PK_ATTEND_ROWS] = {0}, n[PK_ATTEND_ROWS], k = 0;   /* k >= 1: p0 < n_max */
         for (int r = 0; r < rows; r++)
             if (n_pos[r] > p0) {
                 idx[k] = r;

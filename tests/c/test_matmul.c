@@ -2,7 +2,7 @@
  * reference kernel (and the reference against an independent int64/double evaluation).
  *
  * Build (native, bash):  source scripts/cflags.sh   # the flags of pyklei_ext/cflags.txt
- *   gcc -O2 "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_matmul.c pyklei_ext/ops/pk_*.c \
+ *   gcc -O3 "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_matmul.c pyklei_ext/ops/pk_*.c \
  *       pyklei_ext/isa/matmul_*.c -lm -o test_matmul
  * (cross: aarch64-linux-gnu-gcc ... -static, run with qemu-aarch64 -cpu ...; see
  * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators),
@@ -302,6 +302,65 @@ static void test_kv_q8_row(void) {
         CHECK(ok, "pk_kv_q8_row case %d (hd %d, magnitude %g): a value off by more than half a step", t, hd, mag);
     }
     printf("kv q8 rows: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* Element-wise operations give the bits of their plain C order on every ISA: RoPE's two
+ * roundings per product (a cloned RoPE once became vfmaddsub, one rounding, and changed
+ * greedy replies), and f32 -> f16 rows equal to the element-at-a-time conversion below
+ * (IEEE round to nearest even, overflow to inf, a NaN to the quiet NaN 0x7E00). */
+static uint16_t f16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000, absu = u & 0x7FFFFFFF;
+    if (absu > 0x7F800000) return (uint16_t)(sign | 0x7E00);
+    if (absu >= 0x477FF000) return (uint16_t)(sign | 0x7C00);
+    if (absu < 0x38800000) return (uint16_t)(sign | (uint32_t)rintf(fabsf(f) * 16777216.0f));
+    return (uint16_t)(sign | ((absu + 0x0FFF + ((absu >> 13) & 1) - 0x38000000) >> 13));
+}
+
+static void test_elementwise_exact(void) {
+    enum { H = 5, HD = 128, N = 4096 };
+    float x[H * HD], want[H * HD], cs[HD];
+    int ok = 1;
+    for (int t = 0; t < 20 && ok; t++) {
+        for (int i = 0; i < H * HD; i++) x[i] = want[i] = rndf() * 8.0f;
+        for (int i = 0; i < HD / 2; i++) {
+            const float a = rndf() * 100.0f;
+            cs[2 * i] = cosf(a), cs[2 * i + 1] = sinf(a);
+        }
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < HD / 2; i++) {
+                float *p = want + h * HD + 2 * i;
+                const float a = p[0], b = p[1], c = cs[2 * i], sn = cs[2 * i + 1];
+                p[0] = a * c - b * sn;
+                p[1] = a * sn + b * c;
+            }
+        pk_rope_cs(H, HD, cs, x);
+        ok = !memcmp(x, want, sizeof x);
+    }
+    CHECK(ok, "pk_rope_cs differs from its plain C order");
+    static float f[N];
+    static uint16_t h[N];
+    const uint32_t special[] = {0x0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0x477FEFFF, 0x477FF000,
+                                0x387FFFFF, 0x38800000, 0x33000000, 0x33000001, 0x3F800FFF, 0x3F801000, 0x3F803000};
+    ok = 1;
+    for (int t = 0; t < 64 && ok; t++) {
+        for (int i = 0; i < N; i++) {
+            uint32_t u = (uint32_t)rnd();
+            if (i < COUNT(special)) u = special[i];
+            else if (t % 2) u = (u & 0x80000000) | (0x33000000 + u % 0x14800000);   /* f16's range */
+            memcpy(&f[i], &u, 4);
+        }
+        pk_f32_to_f16_row(N, f, h);
+        for (int i = 0; i < N && ok; i++)
+            if (h[i] != f16_of(f[i])) {
+                uint32_t u;
+                memcpy(&u, &f[i], 4);
+                CHECK(0, "pk_f32_to_f16_row(0x%08x) = 0x%04x, want 0x%04x", u, h[i], f16_of(f[i]));
+                ok = 0;
+            }
+    }
+    if (ok) CHECK(1, "pk_f32_to_f16_row");
 }
 
 /* Every shape of the model family runs a compiled attention kernel (Llama 3.2 3B's (3, 128)
@@ -948,6 +1007,7 @@ int main(int argc, char **argv) {
     test_f16_convert();
     test_kv_q8_row();
     test_attention_shapes();
+    test_elementwise_exact();
     test_attention(quick);
     test_pool();
 
