@@ -29,34 +29,22 @@ static inline float f16_to_f32(uint16_t h) {
     return v.f;
 }
 
+/* IEEE round to nearest even, overflow to inf, a NaN to the quiet NaN 0x7E00. The cases are
+ * selects, not branches, so that a loop of it vectorizes (pk_f32_to_f16_row: a prefill writes
+ * every K and V row through it; with branches it was half of the "rope" operation's time). */
 static inline uint16_t f32_to_f16(float f) {
     union { float f; uint32_t u; } v = {f};
-    const uint32_t sign = (v.u >> 16) & 0x8000;
-    const uint32_t absu = v.u & 0x7FFFFFFF;
-    if (absu > 0x7F800000) return (uint16_t)(sign | 0x7E00);           /* NaN */
-    if (absu >= 0x477FF000) return (uint16_t)(sign | 0x7C00);          /* overflow -> inf */
-    if (absu < 0x38800000) {                                           /* subnormal or zero */
-        const float a = fabsf(f) * 16777216.0f;                        /* / 2^-24 */
-        return (uint16_t)(sign | (uint32_t)rintf(a));
-    }
-    /* normal: round to nearest even on the 13 dropped bits */
-    uint32_t r = absu + 0x0FFF + ((absu >> 13) & 1);
-    return (uint16_t)(sign | ((r - 0x38000000) >> 13));
+    const uint32_t sign = (v.u >> 16) & 0x8000, absu = v.u & 0x7FFFFFFF;
+    const float small = absu < 0x38800000 ? fabsf(f) : 0.0f;             /* in range of the cast */
+    const uint32_t sub = (uint32_t)rintf(small * 16777216.0f);             /* subnormal: / 2^-24 */
+    const uint32_t normal = (absu + 0x0FFF + ((absu >> 13) & 1) - 0x38000000) >> 13;
+    const uint32_t h = absu > 0x7F800000 ? 0x7E00 : absu >= 0x477FF000 ? 0x7C00
+                     : absu < 0x38800000 ? sub : normal;
+    return (uint16_t)(sign | h);
 }
 
-/* f32_to_f16's cases as selects, so that the clones vectorize it (a prefill writes every K
- * and V row through here: with the branches it was half of the "rope" operation's time). */
 PK_CLONES void pk_f32_to_f16_row(int n, const float *x, uint16_t *out) {
-    for (int i = 0; i < n; i++) {
-        union { float f; uint32_t u; } v = {x[i]};
-        const uint32_t sign = (v.u >> 16) & 0x8000, absu = v.u & 0x7FFFFFFF;
-        const float small = absu < 0x38800000 ? fabsf(x[i]) : 0.0f;   /* in range of the cast */
-        const uint32_t sub = (uint32_t)rintf(small * 16777216.0f);
-        const uint32_t normal = (absu + 0x0FFF + ((absu >> 13) & 1) - 0x38000000) >> 13;
-        const uint32_t h = absu > 0x7F800000 ? 0x7E00 : absu >= 0x477FF000 ? 0x7C00
-                         : absu < 0x38800000 ? sub : normal;
-        out[i] = (uint16_t)(sign | h);
-    }
+    for (int i = 0; i < n; i++) out[i] = f32_to_f16(x[i]);
 }
 
 void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out) {
