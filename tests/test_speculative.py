@@ -617,7 +617,11 @@ def _engine_draft_texts(llm, prompts, draft, n_parallel=3, **kw):
     eng = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=len(prompts),
                  speculative=draft, prefill_chunk=kw.pop("prefill_chunk", 256))
     try:
-        streams = [eng.submit(p, **kw) for p in prompts]
+        # queued under the scheduler's lock, so that the first step sees them all: a sampled
+        # draft's text follows the draft lengths, and they follow the batch (PassCost per batch),
+        # which must not depend on how fast this thread submits on a loaded machine
+        with eng._cond:
+            streams = [eng.submit(p, **kw) for p in prompts]
         out = []
         for st in streams:
             rs = list(st)
