@@ -344,7 +344,8 @@ def _engine_texts(llm, prompts, spec, **kw):
     from pyklei.engine import Engine
     eng = Engine(llm.model, llm.tokenizer, n_parallel=llm.model.n_seq, max_queue=len(prompts))
     try:
-        streams = [eng.submit(p, speculative=spec, **kw) for p in prompts]
+        with eng._cond:   # the first step sees them all (see _engine_draft_texts)
+            streams = [eng.submit(p, speculative=spec, **kw) for p in prompts]
         out = []
         for s in streams:
             rs = list(s)
@@ -386,7 +387,10 @@ def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2, steady_costs):
     plain = _engine_texts(llm, prompts, None, **kw)
     spec = _engine_texts(llm, prompts, "lookup", **kw)
     assert [x[:3] for x in spec] == [x[:3] for x in plain]
-    assert sum(x[4] for x in spec) > 20
+    # a reply that repeats its document verbatim comes mostly from drafts (the others are the
+    # 135M model's refusals, whose length moves with the last bits of the logits)
+    quoted = [x for d, x in zip(docs, spec) if d in x[1]]
+    assert quoted and all(x[4] >= len(x[0]) // 2 for x in quoted), [x[3:] for x in spec]
 
 
 # ---- a draft model -----------------------------------------------------------------------------

@@ -252,16 +252,17 @@ void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) {
  * through attend_rows_conv below. */
 
 /* Query-key scores on K's blocked layout: a block of 16 positions is 16 lanes per dimension.
- * Every path sums over i in order, a rounded product then a rounded add (the reference's
- * order; -ffp-contract=off keeps them apart). One block at a time leaves G independent sums
+ * Every path sums over i in order, one fused multiply-add per term (__builtin_fmaf, written
+ * out: -ffp-contract=off fuses nothing by itself, so every path, the reference and -O1
+ * builds included, rounds alike). The V sums likewise. A separate product and add cost two
+ * instructions on the two FMA ports of an Intel core: attention at depth ran at half its
+ * rate. One block at a time leaves G independent sums
  * (3 for SmolLM2), each add waiting on the one before: a third of the adders' rate on
  * AVX-512. Where AVX-512 runs, qk_blocks sums G heads x QK_NB blocks at once in 16-float
  * vector types (one zmm each: 12 chains for G = 3); elsewhere (AVX2 clones, NEON, where a
  * 16-float vector takes 2 or 4 registers and 12 of them spill) the plain loops below, one block
  * at a time, which the compiler vectorizes well. benchmarks: docs/KERNELS.md. */
-typedef float v16f __attribute__((vector_size(64)));
-typedef float v16f_u __attribute__((vector_size(64), aligned(4)));   /* unaligned access */
-_Static_assert(PK_KV_BLOCK == 16, "a K block is one v16f per dimension");
+_Static_assert(PK_KV_BLOCK == 16, "a K block is one zmm per dimension");
 #define QK_NB 4
 
 /* Whether this clone runs on AVX-512: a clone cannot test its target at compile time, so the
@@ -274,32 +275,41 @@ _Static_assert(PK_KV_BLOCK == 16, "a K block is one v16f per dimension");
 #define QK_WIDE() 0
 #endif
 
-/* s[g][b * 16 + l] = sum_i qs[g][i] * K[b][i][l] for NB blocks of K as f32 ([NB][HD][16]). */
-static inline __attribute__((always_inline)) void qk_blocks(const int G, const int HD, const int NB,
-                                                            const float *restrict qs, const float *restrict blk,
-                                                            float *restrict s) {
+/* s[g][b * 16 + l] = sum_i qs[g][i] * K[b][i][l] for QK_NB blocks of K as f32 ([NB][HD][16]).
+ * AVX-512 intrinsics: GCC's vector types have no fused multiply-add (a lane-by-lane fmaf came
+ * out as lane inserts, 10x slower). Called from the clones under QK_WIDE() only; inlined into
+ * the AVX-512 one, an (unused) call in the others. */
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx512f"))) static inline void qk_blocks(const int G, const int HD,
+                                                                const float *restrict qs,
+                                                                const float *restrict blk,
+                                                                float *restrict s) {
     /* fixed-size arrays (G <= 4, the fast paths' groups) in fully unrolled loops: GCC keeps
      * them in registers; sized by G and NB they would be VLAs on the stack */
-    v16f acc[4][QK_NB], k[QK_NB];
+    __m512 acc[4][QK_NB], k[QK_NB];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) acc[g][b] = (v16f){0};
+        for (int b = 0; b < QK_NB; b++) acc[g][b] = _mm512_setzero_ps();
     for (int i = 0; i < HD; i++) {
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) k[b] = *(const v16f_u *)(blk + ((size_t)b * HD + i) * PK_KV_BLOCK);
+        for (int b = 0; b < QK_NB; b++) k[b] = _mm512_loadu_ps(blk + ((size_t)b * HD + i) * PK_KV_BLOCK);
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
-            const float qv = qs[g * HD + i];
+            const __m512 qv = _mm512_set1_ps(qs[g * HD + i]);
 #pragma GCC unroll 4
-            for (int b = 0; b < NB; b++) acc[g][b] += qv * k[b];
+            for (int b = 0; b < QK_NB; b++) acc[g][b] = _mm512_fmadd_ps(qv, k[b], acc[g][b]);
         }
     }
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-        for (int b = 0; b < NB; b++) *(v16f_u *)(s + (g * NB + b) * PK_KV_BLOCK) = acc[g][b];
+        for (int b = 0; b < QK_NB; b++) _mm512_storeu_ps(s + (g * QK_NB + b) * PK_KV_BLOCK, acc[g][b]);
 }
+#else
+#define qk_blocks(G, HD, qs, blk, s) __builtin_unreachable()   /* QK_WIDE() is 0 here */
+#endif
 
 /* scores[g * ld + j] for positions j in [j0, end) from the K blocks at blk (j0's block first,
  * j0 a multiple of 16; K is padded to whole blocks, so the block of end - 1 is whole). */
@@ -313,21 +323,42 @@ static inline __attribute__((always_inline)) void qk_span(const int G, const int
         const int nv = end - j < nb * PK_KV_BLOCK ? end - j : nb * PK_KV_BLOCK;
         if (nb == QK_NB) {
             float s[4 * QK_NB * PK_KV_BLOCK];
-            qk_blocks(G, HD, QK_NB, qs, kb, s);
+            qk_blocks(G, HD, qs, kb, s);
             for (int g = 0; g < G; g++)
                 for (int l = 0; l < nv; l++) scores[g * ld + j + l] = s[g * QK_NB * PK_KV_BLOCK + l];
         } else {
-            float s[G][PK_KV_BLOCK];
+            float s[4][PK_KV_BLOCK];   /* G <= 4; a fixed size, so that the fmaf loop vectorizes */
             for (int g = 0; g < G; g++)
                 for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] = 0.0f;
             for (int i = 0; i < HD; i++)
                 for (int g = 0; g < G; g++)
-                    for (int l = 0; l < PK_KV_BLOCK; l++) s[g][l] += qs[g * HD + i] * kb[i * PK_KV_BLOCK + l];
+                    for (int l = 0; l < PK_KV_BLOCK; l++)
+                        s[g][l] = __builtin_fmaf(qs[g * HD + i], kb[i * PK_KV_BLOCK + l], s[g][l]);
             for (int g = 0; g < G; g++)
                 for (int l = 0; l < nv; l++) scores[g * ld + j + l] = s[g][l];
         }
         j += nb * PK_KV_BLOCK;
     }
+}
+
+/* acc[g][i] += p[g][j] * V[j][i] for the n rows of V at v ([n][HD]) and their weights
+ * p[g][j] = sc[g * ld + j], j in order; acc in memory ([G][HD]), in registers meanwhile (a
+ * fixed-size copy: over a variable-length array GCC left the fmaf loop scalar). */
+static inline __attribute__((always_inline)) void pv_rows(const int G, const int HD, int n,
+                                                          const float *restrict sc, size_t ld,
+                                                          const float *restrict v, float *restrict acc) {
+    float a[4][128];   /* G <= 4, HD <= 128: the fast paths' shapes */
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < HD; i++) a[g][i] = acc[g * HD + i];
+    for (int j = 0; j < n; j++) {
+        const float *restrict vj = v + (size_t)j * HD;
+        for (int g = 0; g < G; g++) {
+            const float p = sc[g * ld + j];
+            for (int i = 0; i < HD; i++) a[g][i] = __builtin_fmaf(p, vj[i], a[g][i]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < HD; i++) acc[g * HD + i] = a[g][i];
 }
 
 /* The most positions converted at once (a prefill window's span). */
@@ -408,13 +439,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         const float *restrict vb = tile;
         if (T == PK_KV_F32) vb = (const float *)kv->v + (size_t)j0 * HD;
         else kv_v_to_f32(T, HD, kv, (size_t)j0, (size_t)nv, tile);
-        for (int jj = 0; jj < nv; jj++) {
-            const float *restrict vj = vb + (size_t)jj * HD;
-            for (int g = 0; g < G; g++) {
-                const float p = scores[g * ld_scores + j0 + jj];   /* normalised above */
-                for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
-            }
-        }
+        pv_rows(G, HD, nv, scores + j0, ld_scores, vb, &acc[0][0]);   /* scores normalised above */
     }
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) out[g * HD + i] = acc[g][i];
@@ -500,19 +525,8 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
         for (int r = 0; r < R; r++) {
             const int end = n_pos[r] < p1 ? n_pos[r] : p1;
             if (end <= p0) continue;
-            const float *sr = scores + (size_t)r * G * ld_scores;
-            float acc[G][HD];   /* this row's sums, in registers over the span */
-            for (int g = 0; g < G; g++)
-                for (int i = 0; i < HD; i++) acc[g][i] = accs[r][g][i];
-            for (int j = p0; j < end; j++) {
-                const float *restrict vj = tile + (size_t)(j - p0) * HD;
-                for (int g = 0; g < G; g++) {
-                    const float p = sr[g * ld_scores + j];   /* normalised above */
-                    for (int i = 0; i < HD; i++) acc[g][i] += p * vj[i];
-                }
-            }
-            for (int g = 0; g < G; g++)
-                for (int i = 0; i < HD; i++) accs[r][g][i] = acc[g][i];
+            /* this row's sums, in registers over the span; scores normalised above */
+            pv_rows(G, HD, end - p0, scores + (size_t)r * G * ld_scores + p0, ld_scores, tile, &accs[r][0][0]);
         }
     }
     for (int r = 0; r < R; r++)
@@ -562,7 +576,7 @@ static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv,
                         float *out, float *ml) {
     for (int j = 0; j < n_pos; j++) {
         float s = 0.0f;
-        for (int i = 0; i < hd; i++) s += (q[i] * scale) * k_at(kv, hd, j, i);
+        for (int i = 0; i < hd; i++) s = __builtin_fmaf(q[i] * scale, k_at(kv, hd, j, i), s);
         scores[j] = s;
     }
     const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
@@ -570,7 +584,7 @@ static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv,
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int j = 0; j < n_pos; j++) {
         const float p = scores[j] * inv;
-        for (int i = 0; i < hd; i++) out[i] += p * v_at(kv, hd, j, i);
+        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p, v_at(kv, hd, j, i), out[i]);
     }
 }
 
