@@ -258,10 +258,10 @@ void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) {
  * instructions on the two FMA ports of an Intel core: attention at depth ran at half its
  * rate. One block at a time leaves G independent sums
  * (3 for SmolLM2), each add waiting on the one before: a third of the adders' rate on
- * AVX-512. Where AVX-512 runs, qk_blocks sums G heads x QK_NB blocks at once in 16-float
- * vector types (one zmm each: 12 chains for G = 3); elsewhere (AVX2 clones, NEON, where a
- * 16-float vector takes 2 or 4 registers and 12 of them spill) the plain loops below, one block
- * at a time, which the compiler vectorizes well. benchmarks: docs/KERNELS.md. */
+ * AVX-512. Where AVX-512 runs, qk_blocks sums G heads x QK_NB blocks at once (one zmm each:
+ * 12 chains for G = 3); elsewhere (AVX2 clones, NEON, where 16 floats take 2 or 4 registers
+ * and 12 such sums spill) the plain loops below, one block at a time, which the compiler
+ * vectorizes well. benchmarks: docs/KERNELS.md. */
 _Static_assert(PK_KV_BLOCK == 16, "a K block is one zmm per dimension");
 #define QK_NB 4
 
