@@ -275,40 +275,99 @@ _Static_assert(PK_KV_BLOCK == 16, "a K block is one zmm per dimension");
 #define QK_WIDE() 0
 #endif
 
-/* s[g][b * 16 + l] = sum_i qs[g][i] * K[b][i][l] for QK_NB blocks of K as f32 ([NB][HD][16]).
- * AVX-512 intrinsics: GCC's vector types have no fused multiply-add (a lane-by-lane fmaf came
- * out as lane inserts, 10x slower). Called from the clones under QK_WIDE() only; inlined into
- * the AVX-512 one, an (unused) call in the others. */
+/* s[t][b * 16 + l] = sum_i qs[t][i] * K[b][i][l] for T query vectors qs[T][HD] (T <= QK_T: a
+ * row's G heads, or several rows' in attend_rows_conv) and QK_NB blocks of K as f32
+ * ([NB][HD][16]). AVX-512 intrinsics: GCC's vector types have no fused multiply-add (a
+ * lane-by-lane fmaf came out as lane inserts, 10x slower). Each K vector is loaded once into
+ * a register for all T sums (the empty asm keeps GCC from folding a load into every FMA that
+ * uses it: T loads per vector, and the loads, not the FMAs, set the pace). Called from the
+ * clones under QK_WIDE() only; inlined into the AVX-512 one, an (unused) call in the others. */
+#define QK_T 6   /* 6 x QK_NB = 24 sums in zmm registers, with 4 K vectors and a broadcast */
 #if defined(__x86_64__)
 #include <immintrin.h>
-__attribute__((target("avx512f"))) static inline void qk_blocks(const int G, const int HD,
+__attribute__((target("avx512f"))) static inline void qk_blocks(const int T, const int HD,
                                                                 const float *restrict qs,
                                                                 const float *restrict blk,
                                                                 float *restrict s) {
-    /* fixed-size arrays (G <= 4, the fast paths' groups) in fully unrolled loops: GCC keeps
-     * them in registers; sized by G and NB they would be VLAs on the stack */
-    __m512 acc[4][QK_NB], k[QK_NB];
+    /* fixed-size arrays in fully unrolled loops: GCC keeps them in registers; sized by T and
+     * NB they would be VLAs on the stack */
+    __m512 acc[QK_T][QK_NB], k[QK_NB];
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
-    for (int g = 0; g < G; g++)
-#pragma GCC unroll 4
-        for (int b = 0; b < QK_NB; b++) acc[g][b] = _mm512_setzero_ps();
+        for (int b = 0; b < QK_NB; b++) acc[t][b] = _mm512_setzero_ps();
     for (int i = 0; i < HD; i++) {
 #pragma GCC unroll 4
-        for (int b = 0; b < QK_NB; b++) k[b] = _mm512_loadu_ps(blk + ((size_t)b * HD + i) * PK_KV_BLOCK);
+        for (int b = 0; b < QK_NB; b++) {
+            k[b] = _mm512_loadu_ps(blk + ((size_t)b * HD + i) * PK_KV_BLOCK);
+            __asm__("" : "+v"(k[b]));
+        }
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            const __m512 qv = _mm512_set1_ps(qs[t * HD + i]);
 #pragma GCC unroll 4
-        for (int g = 0; g < G; g++) {
-            const __m512 qv = _mm512_set1_ps(qs[g * HD + i]);
-#pragma GCC unroll 4
-            for (int b = 0; b < QK_NB; b++) acc[g][b] = _mm512_fmadd_ps(qv, k[b], acc[g][b]);
+            for (int b = 0; b < QK_NB; b++) acc[t][b] = _mm512_fmadd_ps(qv, k[b], acc[t][b]);
         }
     }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
-    for (int g = 0; g < G; g++)
+        for (int b = 0; b < QK_NB; b++) _mm512_storeu_ps(s + (t * QK_NB + b) * PK_KV_BLOCK, acc[t][b]);
+}
+
+/* max_f32 on AVX-512: GCC leaves that loop scalar (it may not turn x > m ? x : m into a
+ * max without -ffast-math). _mm512_max_ps(x, m) is that same expression lane by lane (m when
+ * x is a NaN); a max is exact, so the order of the lanes' reduction does not change it. */
+__attribute__((target("avx512f"))) static inline float max_wide(int n, const float *x) {
+    const __m512 lo = _mm512_set1_ps(-INFINITY);
+    __m512 m[4] = {lo, lo, lo, lo};
+    int i = 0;
+    for (; i + 64 <= n; i += 64)
 #pragma GCC unroll 4
-        for (int b = 0; b < QK_NB; b++) _mm512_storeu_ps(s + (g * QK_NB + b) * PK_KV_BLOCK, acc[g][b]);
+        for (int u = 0; u < 4; u++) m[u] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * u), m[u]);
+    for (; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        m[0] = _mm512_max_ps(_mm512_mask_loadu_ps(lo, k, x + i), m[0]);
+    }
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3])));
+}
+
+/* acc[t][i] += p[t][j] * V[j][i] for T query vectors (their weights p[t][j] = sc[t * ld + j])
+ * over the n rows of V at v ([n][HD]), j in order: pv_rows' sums, T x HD / 16 <= 24 of them in
+ * zmm registers, each V vector loaded once for all T (as in qk_blocks). */
+__attribute__((target("avx512f"))) static inline void pv_tile(const int T, const int HD, int n,
+                                                              const float *restrict sc, size_t ld,
+                                                              const float *restrict v,
+                                                              float *restrict acc) {
+    /* T <= 6, HD <= 128, T * HD / 16 <= 24; zeroed for the out-of-line copy in the other clones,
+     * whose HD is not a constant (the inlined ones drop the stores) */
+    __m512 a[QK_T][8] = {{_mm512_setzero_ps()}}, vv[8];
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int c = 0; c < HD / 16; c++) a[t][c] = _mm512_loadu_ps(acc + t * HD + c * 16);
+    for (int j = 0; j < n; j++) {
+#pragma GCC unroll 8
+        for (int c = 0; c < HD / 16; c++) {
+            vv[c] = _mm512_loadu_ps(v + (size_t)j * HD + c * 16);
+            __asm__("" : "+v"(vv[c]));
+        }
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            const __m512 p = _mm512_set1_ps(sc[t * ld + j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < HD / 16; c++) a[t][c] = _mm512_fmadd_ps(p, vv[c], a[t][c]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 8
+        for (int c = 0; c < HD / 16; c++) _mm512_storeu_ps(acc + t * HD + c * 16, a[t][c]);
 }
 #else
-#define qk_blocks(G, HD, qs, blk, s) __builtin_unreachable()   /* QK_WIDE() is 0 here */
+#define qk_blocks(T, HD, qs, blk, s) __builtin_unreachable()   /* QK_WIDE() is 0 here */
+#define pv_tile(T, HD, n, sc, ld, v, acc) __builtin_unreachable()
+#define max_wide(n, x) (__builtin_unreachable(), 0.0f)
 #endif
 
 /* scores[g * ld + j] for positions j in [j0, end) from the K blocks at blk (j0's block first,
@@ -407,6 +466,21 @@ static inline __attribute__((always_inline)) void kv_v_to_f32(const pk_kv_type T
         }
 }
 
+/* Asks for values [e0, e0 + n) of a converted cache's K or V (f16, or int8 and its scales)
+ * ahead of their use: a decode row's attention streams its head's cache once, and reading it
+ * span by span between the arithmetic left it at about half of a core's read bandwidth
+ * (docs/KERNELS.md). */
+static inline __attribute__((always_inline)) void prefetch_kv(const pk_kv_type T, const void *values,
+                                                              const uint16_t *scales, size_t e0, size_t n) {
+    const size_t vb = pk_kv_value_bytes(T);
+    const char *p = (const char *)values + e0 * vb;
+    for (size_t b = 0; b < n * vb; b += 64) __builtin_prefetch(p + b, 0, 2);
+    if (T == PK_KV_Q8) {
+        const char *s = (const char *)(scales + e0 / PK_KV_Q8_GROUP);
+        for (size_t b = 0; b < n / PK_KV_Q8_GROUP * 2; b += 64) __builtin_prefetch(s + b, 0, 2);
+    }
+}
+
 static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, const pk_kv_type T,
                                                               int n_pos, const float *restrict q,
                                                               const pk_kv_head *kv, float scale,
@@ -422,12 +496,14 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         for (int j0 = 0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {
             const int end = n_pos - j0 < QK_NB * PK_KV_BLOCK ? n_pos : j0 + QK_NB * PK_KV_BLOCK;
             kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, (size_t)(end - j0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
+            if (end < n_pos) prefetch_kv(T, kv->k, kv->k_scale, (size_t)end * HD, (size_t)QK_NB * PK_KV_BLOCK * HD);
             qk_span(G, HD, qs, tile, j0, end, scores, ld_scores);
         }
     }
     for (int g = 0; g < G; g++) {
         float *sg = scores + g * ld_scores;
-        const float mx = max_f32(n_pos, sg), sum = exp_sum(n_pos, sg, mx);
+        const float mx = QK_WIDE() ? max_wide(n_pos, sg) : max_f32(n_pos, sg);
+        const float sum = exp_sum(n_pos, sg, mx);
         scale_f32(n_pos, sg, 1.0f / sum);
         ml[2 * g] = mx, ml[2 * g + 1] = sum;
     }
@@ -439,6 +515,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         const float *restrict vb = tile;
         if (T == PK_KV_F32) vb = (const float *)kv->v + (size_t)j0 * HD;
         else kv_v_to_f32(T, HD, kv, (size_t)j0, (size_t)nv, tile);
+        if (T != PK_KV_F32 && j0 + nv < n_pos) prefetch_kv(T, kv->v, kv->v_scale, (size_t)(j0 + nv) * HD, (size_t)nv * HD);
         pv_rows(G, HD, nv, scores + j0, ld_scores, vb, &acc[0][0]);   /* scores normalised above */
     }
     for (int g = 0; g < G; g++)
@@ -483,11 +560,16 @@ PK_ATTEND_SHAPES(ATTEND)
 /* A converted cache (f16 or q8) in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one
  * sequence (row r sees positions [0, n_pos[r])) with G heads each, all over one K/V head. The
  * cache is converted once for all R rows, a span of KV_SPAN positions at a time (K, then V,
- * into a tile that stays in L2), and for each row the loops of attend_fast run on the span:
- * the conversion per row cost about as much as the 2G multiply-adds it feeds. A row's V sums
- * go back to memory only between spans. Per row and head the arithmetic and its order are
- * attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row, which
- * measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV cache"). */
+ * into a tile that stays in L2): the conversion per row cost about as much as the 2G
+ * multiply-adds it feeds. On AVX-512 the R x G query vectors go through the span in tiles of
+ * up to QK_T (scores) and 24 / (HD / 16) (V sums) vectors, several rows' at once, so a K or V
+ * vector loaded into a register feeds up to 6 sums; elsewhere row by row, attend_fast's loops.
+ * A tile's V sums run jointly up to the shortest of its rows' positions in the span, then each
+ * vector alone to its own end: j in order either way. Per row and head the arithmetic and its
+ * order are attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row,
+ * which measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV
+ * cache"). */
+#define PV_T(HD) (24 / ((HD) / 16))   /* query vectors per V-sum tile: 6 for 64, 3 for 128 */
 static inline __attribute__((always_inline)) void attend_rows_conv(const int G, const int HD, const pk_kv_type T,
                                                                    int R, const int *n_pos, const float *restrict q,
                                                                    size_t ldq, const pk_kv_head *kv, float scale,
@@ -495,43 +577,92 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                                                                    float *restrict out, size_t ldo,
                                                                    float *restrict ml) {
     float tile[KV_SPAN * HD];   /* K blocks or V rows of one span, as f32 */
-    float accs[PK_ATTEND_ROWS][G][HD];
+    float accs[PK_ATTEND_ROWS * G][HD];   /* query vector t = r * G + g */
+    float qs[PK_ATTEND_ROWS * G][HD];
     if (R < 1 || R > PK_ATTEND_ROWS) __builtin_unreachable();   /* pk_attend_rows splits larger sets */
+    const int wide = QK_WIDE(), NQ = R * G;
     int n_max = 0;
     for (int r = 0; r < R; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
+    for (int r = 0; r < R; r++)
+        for (int g = 0; g < G; g++)
+            for (int i = 0; i < HD; i++) qs[r * G + g][i] = q[r * ldq + g * HD + i] * scale;
     for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
         /* K is padded to whole blocks: convert them all */
         kv_k_to_f32(T, HD, kv, (size_t)p0 / PK_KV_BLOCK, (size_t)(p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
-        for (int r = 0; r < R; r++) {
-            float qs[G * HD];
-            for (int g = 0; g < G; g++)
-                for (int i = 0; i < HD; i++) qs[g * HD + i] = q[r * ldq + g * HD + i] * scale;
+        if (p1 < n_max) prefetch_kv(T, kv->k, kv->k_scale, (size_t)p1 * HD, (size_t)KV_SPAN * HD);
+        int j = p0;   /* the positions before j are scored for every row; QK_NB whole blocks at a time */
+        if (wide)
+            for (; (p1 - j + PK_KV_BLOCK - 1) / PK_KV_BLOCK >= QK_NB; j += QK_NB * PK_KV_BLOCK)
+                for (int t0 = 0; t0 < NQ; t0 += QK_T) {
+                    float s[QK_T * QK_NB * PK_KV_BLOCK];
+                    const int nt = NQ - t0 < QK_T ? NQ - t0 : QK_T;
+                    const float *restrict kb = tile + (size_t)(j - p0) * HD;
+                    switch (nt) {   /* a constant T in each: its sums in registers */
+                    case 6: qk_blocks(6, HD, qs[t0], kb, s); break;
+                    case 5: qk_blocks(5, HD, qs[t0], kb, s); break;
+                    case 4: qk_blocks(4, HD, qs[t0], kb, s); break;
+                    case 3: qk_blocks(3, HD, qs[t0], kb, s); break;
+                    case 2: qk_blocks(2, HD, qs[t0], kb, s); break;
+                    default: qk_blocks(1, HD, qs[t0], kb, s); break;
+                    }
+                    for (int t = 0; t < nt; t++) {
+                        const int r = (t0 + t) / G, end = n_pos[r] < p1 ? n_pos[r] : p1;
+                        const int nv = end - j < QK_NB * PK_KV_BLOCK ? end - j : QK_NB * PK_KV_BLOCK;
+                        float *sg = scores + ((size_t)r * G + (t0 + t) % G) * ld_scores;
+                        for (int l = 0; l < nv; l++) sg[j + l] = s[t * QK_NB * PK_KV_BLOCK + l];
+                    }
+                }
+        for (int r = 0; r < R; r++) {   /* the rest, row by row */
             const int end = n_pos[r] < p1 ? n_pos[r] : p1;
-            if (end > p0) qk_span(G, HD, qs, tile, p0, end, scores + (size_t)r * G * ld_scores, ld_scores);
+            if (end > j)
+                qk_span(G, HD, qs[r * G], tile + (size_t)(j - p0) * HD, j, end, scores + (size_t)r * G * ld_scores,
+                        ld_scores);
         }
     }
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++) {
             float *sg = scores + ((size_t)r * G + g) * ld_scores;
-            const float mx = max_f32(n_pos[r], sg), sum = exp_sum(n_pos[r], sg, mx);
+            const float mx = wide ? max_wide(n_pos[r], sg) : max_f32(n_pos[r], sg);
+            const float sum = exp_sum(n_pos[r], sg, mx);
             scale_f32(n_pos[r], sg, 1.0f / sum);
             ml[(r * G + g) * 2] = mx, ml[(r * G + g) * 2 + 1] = sum;
-            for (int i = 0; i < HD; i++) accs[r][g][i] = 0.0f;
+            for (int i = 0; i < HD; i++) accs[r * G + g][i] = 0.0f;
         }
     for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
         kv_v_to_f32(T, HD, kv, (size_t)p0, (size_t)(p1 - p0), tile);
-        for (int r = 0; r < R; r++) {
-            const int end = n_pos[r] < p1 ? n_pos[r] : p1;
-            if (end <= p0) continue;
-            /* this row's sums, in registers over the span; scores normalised above */
-            pv_rows(G, HD, end - p0, scores + (size_t)r * G * ld_scores + p0, ld_scores, tile, &accs[r][0][0]);
+        if (p1 < n_max) prefetch_kv(T, kv->v, kv->v_scale, (size_t)p1 * HD, (size_t)KV_SPAN * HD);
+        for (int t0 = 0; t0 < NQ;) {
+            /* a tile of query vectors (all of them one by one without AVX-512); scores
+             * normalised above */
+            const int nt = !wide ? 1 : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
+            int joint = p1;   /* the positions of the span that all its rows see */
+            for (int t = t0; t < t0 + nt; t++) joint = n_pos[t / G] < joint ? n_pos[t / G] : joint;
+            const float *restrict st = scores + (size_t)t0 * ld_scores + p0;
+            if (wide && joint > p0) {
+                switch (nt) {
+                case 6: pv_tile(6, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                case 5: pv_tile(5, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                case 4: pv_tile(4, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                case 3: pv_tile(3, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                case 2: pv_tile(2, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                default: pv_tile(1, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                }
+            }
+            const int from = wide && joint > p0 ? joint : p0;
+            for (int t = t0; t < t0 + nt; t++) {   /* each vector on to its own end */
+                const int end = n_pos[t / G] < p1 ? n_pos[t / G] : p1;
+                if (end > from)
+                    pv_rows(1, HD, end - from, scores + (size_t)t * ld_scores + from, ld_scores,
+                            tile + (size_t)(from - p0) * HD, accs[t]);
+            }
+            t0 += nt;
         }
     }
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++)
-            for (int i = 0; i < HD; i++) out[r * ldo + g * HD + i] = accs[r][g][i];
+            for (int i = 0; i < HD; i++) out[r * ldo + g * HD + i] = accs[r * G + g][i];
 }
 
 #define ATTEND_ROWS(G, HD)                                                                         \
