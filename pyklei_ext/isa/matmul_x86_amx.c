@@ -174,15 +174,20 @@ static void emu_dpbssd(int c, int a, int b) {
 #endif /* __x86_64__ */
 
 #if defined(__x86_64__)
+/* m_min: the qsi4c32 kernel computes a whole 32-row tile plan, so its time barely moves from
+ * m = 16 to 32. Measured on a Xeon with AMX (1 thread, SmolLM2's and Llama 3.2 1B's shapes),
+ * against qai8dx_qsi4c32p16_6x32_avx512vnni: 0.70-0.85x at m = 16, about even at 24, 1.2-1.4x
+ * at 32 and 64. Below 32 rows (speculative verification passes, small engine batches) VNNI
+ * wins. The qsi8cx kernel (no per-block scales) already wins at 16: 1.5x on 2048 x 2048. */
 const pk_kernel pk_kernels_x86_amx[] = {
     {.name = "qai8dx_qsi4c32p16_32x32_amx", .isa = "amx", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI,
-     .priority = 40, .m_min = 16, .n_step = ZNR,
+     .priority = 40, .m_min = 32, .n_step = ZNR,
      .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx},
     {.name = "qai8dx_qsi8cxp4_32x32_amx", .isa = "amx", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI,
      .priority = 40, .m_min = 16, .n_step = ZNR,
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_32x32_amx},
     {.name = "qai8dx_qsi4c32p16_32x32_amx_emul", .isa = "amx_emul", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
-     .priority = -1, .m_min = 16, .n_step = ZNR,
+     .priority = -1, .m_min = 32, .n_step = ZNR,
      .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx_emul},
     {.name = "qai8dx_qsi8cxp4_32x32_amx_emul", .isa = "amx_emul", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
      .priority = -1, .m_min = 16, .n_step = ZNR,
