@@ -58,6 +58,7 @@ batches, a drafted row is priced beside a request's own row in that batch (PassC
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -92,12 +93,17 @@ def check_speculative(speculative, model=None):
 class PromptLookup:
     """Drafts the continuation of the text's last n-gram from an earlier occurrence.
 
-    index[n] maps an n-gram to the position of its last token, for occurrences that have a
-    next token (so the n-gram ending the text is not its own match): the latest one for
-    n < max_ngram, all of them for max_ngram; extend() keeps it current, in O(max_ngram) per
-    token. Among the occurrences of a max_ngram-gram (code repeats short patterns), the one
-    whose match with the text's end reaches furthest back wins (the latest on a tie): the
-    place the reply is copying from."""
+    index[n] maps an n-gram to the positions of its last token, for occurrences that have a
+    next token (so the n-gram ending the text is not its own match); extend() keeps it
+    current, in O(max_ngram) per token. Which occurrence: among those of a max_ngram-gram
+    (code repeats short patterns), the one whose match with the text's end reaches furthest
+    back wins (the latest on a tie): the place the reply is copying from. A shorter n-gram
+    (one word, after the reply left its source) is looked for from the cursor on: the place
+    in the source where the copy stopped agreeing (a draft's start, moved on by every token
+    of the text that equals the source's next one), since a reply that quotes goes forward
+    through its source; the latest occurrence when none lies ahead. Filling a form from a
+    biography, "... a PhD" + " from" continues from "from Yale" after the cursor, not from
+    the latest "from" in the text."""
 
     CANDIDATES = 32     # occurrences compared, the latest ones
     REACH = 64          # tokens compared backwards at most
@@ -109,19 +115,20 @@ class PromptLookup:
         self.tokens: list[int] = []
         self.index: list[dict] = [{} for _ in range(max_ngram + 1)]
         self.source = -1      # the position after the last draft in its source (-1: none)
+        self.cursor = -1      # the source position the text is expected to go on from (-1: none)
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
         toks = self.tokens
         for t in tokens:
-            toks.append(int(t))
+            t = int(t)
+            if 0 <= self.cursor < len(toks) and toks[self.cursor] == t:
+                self.cursor += 1
+            toks.append(t)
             j = len(toks) - 2          # the position that just got a next token
-            for n in range(self.min_ngram, self.max_ngram):
+            for n in range(self.min_ngram, self.max_ngram + 1):
                 if j - n + 1 < 0:
                     break
-                self.index[n][tuple(toks[j - n + 1:j + 1])] = j
-            n = self.max_ngram
-            if j - n + 1 >= 0:
                 self.index[n].setdefault(tuple(toks[j - n + 1:j + 1]), []).append(j)
 
     def draft(self, k: int) -> list[int]:
@@ -136,16 +143,23 @@ class PromptLookup:
         else:
             start = -1
             for n in range(min(m, len(toks)), self.min_ngram - 1, -1):
-                j = self.index[n].get(tuple(toks[-n:]))
-                if j is not None:
-                    start = (self._furthest_reach(j) if n == m else j) + 1
+                ends = self.index[n].get(tuple(toks[-n:]))
+                if ends:
+                    start = (self._furthest_reach(ends) if n == m else self._ahead(ends)) + 1
                     break
         if start < 0:
             self.source = -1
             return []
         out = toks[start:start + k]
         self.source = start + len(out)
+        self.cursor = start
         return out
+
+    def _ahead(self, ends: list[int]) -> int:
+        """The first occurrence whose next token is at the cursor or after it, else the
+        latest."""
+        i = bisect_left(ends, self.cursor - 1) if self.cursor >= 0 else len(ends)
+        return ends[i] if i < len(ends) else ends[-1]
 
     def rejected(self) -> None:
         """The last draft was cut short: the next one looks its source up afresh."""

@@ -137,6 +137,23 @@ def test_prompt_lookup_drafts_the_latest_longest_match():
         PromptLookup([1], max_ngram=1, min_ngram=2)
 
 
+def test_prompt_lookup_goes_on_from_where_the_copy_left_its_source():
+    # "20" occurs twice in the source; the reply copied "10 11", then left the source ("20"
+    # where the source has "12"): it goes on from the first "20" ahead of that place, not the
+    # latest one
+    pl = PromptLookup([10, 11, 12, 13, 20, 14, 15, 0, 16, 17, 20, 18, 19, 0, 10], max_ngram=2)
+    assert pl.draft(2) == [11, 12]
+    pl.extend([11, 20])                           # one drafted token accepted, then "20"
+    pl.rejected()
+    assert pl.draft(2) == [14, 15]                # not [18, 19] after the latest "20"
+    # none ahead of the cursor: the latest occurrence
+    pl = PromptLookup([20, 14, 15, 20, 18, 19, 7, 8, 9, 7], max_ngram=2)
+    assert pl.draft(2) == [8, 9]
+    pl.extend([8, 20])
+    pl.rejected()
+    assert pl.draft(1) == [18]
+
+
 def test_draft_length_grows_with_acceptance_and_switches_off():
     d = DraftLength(row_cost=0.25)
     for _ in range(20):
