@@ -634,13 +634,18 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
         kv_v_to_f32(T, HD, kv, (size_t)p0, (size_t)(p1 - p0), tile);
         if (p1 < n_max) prefetch_kv(T, kv->v, kv->v_scale, (size_t)p1 * HD, (size_t)KV_SPAN * HD);
         for (int t0 = 0; t0 < NQ;) {
-            /* a tile of query vectors (all of them one by one without AVX-512); scores
-             * normalised above */
-            const int nt = !wide ? 1 : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
+            /* a tile of query vectors (without AVX-512: one row's G, pv_rows' registers);
+             * scores normalised above */
+            const int nt = !wide ? G : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
             int joint = p1;   /* the positions of the span that all its rows see */
             for (int t = t0; t < t0 + nt; t++) joint = n_pos[t / G] < joint ? n_pos[t / G] : joint;
             const float *restrict st = scores + (size_t)t0 * ld_scores + p0;
-            if (wide && joint > p0) {
+            if (!wide) {
+                if (joint > p0) pv_rows(G, HD, joint - p0, st, ld_scores, tile, accs[t0]);
+                t0 += nt;
+                continue;
+            }
+            if (joint > p0) {
                 switch (nt) {
                 case 6: pv_tile(6, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
                 case 5: pv_tile(5, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
@@ -650,7 +655,7 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                 default: pv_tile(1, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
                 }
             }
-            const int from = wide && joint > p0 ? joint : p0;
+            const int from = joint > p0 ? joint : p0;
             for (int t = t0; t < t0 + nt; t++) {   /* each vector on to its own end */
                 const int end = n_pos[t / G] < p1 ? n_pos[t / G] : p1;
                 if (end > from)
