@@ -365,9 +365,10 @@ __attribute__((target("avx512f"))) static inline void pv_tile(const int T, const
         for (int c = 0; c < HD / 16; c++) _mm512_storeu_ps(acc + t * HD + c * 16, a[t][c]);
 }
 #else
-#define qk_blocks(T, HD, qs, blk, s) __builtin_unreachable()   /* QK_WIDE() is 0 here */
-#define pv_tile(T, HD, n, sc, ld, v, acc) __builtin_unreachable()
-#define max_wide(n, x) (__builtin_unreachable(), 0.0f)
+/* QK_WIDE() is 0 here: never called (the operands named, so that none is "unused") */
+#define qk_blocks(T, HD, qs, blk, s) ((void)(qs), (void)(blk), (void)(s), __builtin_unreachable())
+#define pv_tile(T, HD, n, sc, ld, v, acc) ((void)(sc), (void)(v), (void)(acc), __builtin_unreachable())
+#define max_wide(n, x) ((void)(x), __builtin_unreachable(), 0.0f)
 #endif
 
 /* scores[g * ld + j] for positions j in [j0, end) from the K blocks at blk (j0's block first,
