@@ -114,6 +114,24 @@ def tasks(llm) -> list[tuple[str, str, str, dict]]:
         (n + "-t0.8", "chat", m, {"temperature": 0.8, "seed": 1}) for n, m in chats[:2]]
 
 
+def reply_sources(prompt: list[int], reply: list[int], n: int = 4) -> tuple[float, float]:
+    """What a reply is made of, as lookup sees it: the shares of its tokens whose n-gram
+    (the token and the n - 1 before it) occurs in the prompt ("quoted"), or only earlier in
+    the reply ("repeated": a loop). The rest is new text, which no lookup can draft."""
+    text = list(prompt) + list(reply)
+    seen_prompt = {tuple(prompt[i:i + n]) for i in range(len(prompt) - n + 1)}
+    seen_reply: set = set()
+    quoted = repeated = 0
+    for i in range(len(prompt), len(text)):
+        g = tuple(text[i - n + 1:i + 1])
+        if g in seen_prompt:
+            quoted += 1
+        elif g in seen_reply:
+            repeated += 1
+        seen_reply.add(g)
+    return quoted / max(len(reply), 1), repeated / max(len(reply), 1)
+
+
 def run_task(llm, ids: list[int], spec, max_tokens: int, sampling: dict):
     """(response, decode tokens/s by the wall clock, by this process's CPU time). The prompt
     is cached after the first run, so a call is its decode (and a one-token prefill)."""
@@ -289,6 +307,22 @@ def engine_bench(args, reps: int, max_tokens: int) -> dict:
     return out
 
 
+def add_sources(rep: dict, args) -> None:
+    """The quoted / repeated shares of each task's reply, its greedy reply decoded again (the
+    same text as the run's: checked against its head)."""
+    llm = pyklei.load(args.model, n_threads=2, n_ctx=8192, n_seq=1, activations=args.activations)
+    by_name = {n: (m, samp) for n, _, m, samp in tasks(llm)}
+    for row in rep["rows"]:
+        msg, sampling = by_name[row["task"]]
+        ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
+                                                add_generation_prompt=True, tokenize=True)
+        r = llm.generate(ids, max_tokens=rep["max_tokens"], **{"temperature": 0.0, **sampling})
+        if r.text[:160] != row["reply_head"]:
+            raise SystemExit(f"{row['task']}: the reply decoded now is not the run's")
+        row["quoted"], row["repeated"] = reply_sources(ids, llm.encode(r.text, add_bos=False))
+    llm.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -307,11 +341,18 @@ def main() -> int:
                          "(Q4_0, Q4_K_M: benchmarks/llamacpp_quality.py; SmolLM2 only)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative"))
     ap.add_argument("--render", metavar="JSON", help="only write the .md of a results .json")
+    ap.add_argument("--sources", action="store_true",
+                    help="with --render: first add the replies' quoted / repeated shares to the "
+                         "json (a run from before they were recorded), decoding each greedy "
+                         "reply again with --model")
     args = ap.parse_args()
     if args.render:
         rep = json.loads(Path(args.render).read_text())
         rep["pass_costs_ms"] = {int(c): {int(n): v for n, v in row.items()}
                                 for c, row in rep["pass_costs_ms"].items()}
+        if args.sources:
+            add_sources(rep, args)
+            Path(args.render).write_text(json.dumps(rep, indent=1) + "\n")
         Path(args.render).with_suffix(".md").write_text(markdown(rep))
         return 0
 
@@ -374,6 +415,8 @@ def main() -> int:
                    plain_wall_tps_all=[round(x, 1) for x in tps["plain"]],
                    lookup_wall_tps_all=[round(x, 1) for x in tps["lookup"]],
                    identical=True, reply_head=texts["plain"][:160])
+        row["quoted"], row["repeated"] = reply_sources(
+            ids, llm.encode(texts["plain"], add_bos=False))
         rows.append(row)
         row["load"] = round(os.getloadavg()[0], 2)
         print(f"{name:16s} {row['generated']:4d} tok  cpu: plain {plain:6.1f}  lookup {spec:6.1f} "
@@ -437,17 +480,20 @@ def markdown(rep: dict) -> str:
         "Read with care (the replies are listed below): SmolLM2-135M's greedy replies loop, a "
         "random-weight model's are noise, and lookup drafts from a loop as well as from the "
         "prompt, so these ratios mix quoting with repetition, and free chat can gain too; the "
-        "sampled chats (t0.8) repeat least and are the off-switch's test.", "",
+        "sampled chats (t0.8) repeat least and are the off-switch's test. The last column "
+        "says which: the shares of the reply's tokens whose 4-gram is in the prompt (quoted) "
+        "or only earlier in the reply (repeated: a loop).", "",
         "| task | prompt tok | generated | plain tok/s | lookup tok/s | ratio | wall ratio | "
-        "drafted | accepted | accept rate | tokens from drafts |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "drafted | accepted | accept rate | tokens from drafts | reply quoted / repeated |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rep["rows"]:
         rate = f"{r['accept_rate']:.0%}" if r["accept_rate"] is not None else "-"
         lines.append(f"| {r['task']} | {r['prompt_tokens']} | {r['generated']} | "
                      f"{r['plain_tps']} | {r['lookup_tps']} | x{r['ratio']:.2f} | "
                      f"x{r['wall_ratio']:.2f} | {r['drafted']} | "
-                     f"{r['accepted']} | {rate} | {r['drafted_share']:.0%} |")
+                     f"{r['accepted']} | {rate} | {r['drafted_share']:.0%} | "
+                     + (f"{r['quoted']:.0%} / {r['repeated']:.0%} |" if 'quoted' in r else "- |"))
     e = rep.get("engine")
     if e:
         lines += ["", f"Engine (pyklei.engine, continuous batching): the {e['requests'] // 2} "
