@@ -346,6 +346,8 @@ def main() -> int:
                          "json (a run from before they were recorded), decoding each greedy "
                          "reply again with --model")
     args = ap.parse_args()
+    if args.sources and not args.render:
+        ap.error("--sources goes with --render FILE.json (it fills in a finished run's shares)")
     if args.render:
         rep = json.loads(Path(args.render).read_text())
         rep["pass_costs_ms"] = {int(c): {int(n): v for n, v in row.items()}
