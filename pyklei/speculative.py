@@ -119,6 +119,7 @@ class PromptLookup:
         self.index: list[dict] = [{} for _ in range(max_ngram + 1)]
         self.source = -1      # the position after the last draft in its source (-1: none)
         self.cursor = -1      # the source position the text is expected to go on from (-1: none)
+        self._start_memo: tuple = (None, -1)
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -135,7 +136,14 @@ class PromptLookup:
                 self.index[n].setdefault(tuple(toks[j - n + 1:j + 1]), []).append(j)
 
     def _start(self) -> int:
-        """Where the next draft would begin in the text (-1: nowhere)."""
+        """Where the next draft would begin in the text (-1: nowhere); agreement() and draft()
+        ask in turn, so the answer is kept while the text, source and cursor stay put."""
+        key = (len(self.tokens), self.source, self.cursor)
+        if self._start_memo[0] != key:
+            self._start_memo = (key, self._find_start())
+        return self._start_memo[1]
+
+    def _find_start(self) -> int:
         toks = self.tokens
         m = self.max_ngram
         # a copy in progress continues after the token that followed the last draft's source
