@@ -152,7 +152,7 @@ def main(argv=None) -> int:
 def report(res: dict) -> str:
     lines = ["# KV cache precision: quality and speed", "",
              f"Command: `python benchmarks/kv_cache.py --threads {res['threads']} --depth "
-             f"{res['depth']}`; {res['date']}; model {res['model']}; load average "
+             f"{res['depth']} --tokens {res['tokens']}`; {res['date']}; model {res['model']}; load average "
              f"{res['loadavg_start'][0]:.2f} at the start, {res['loadavg_end'][0]:.2f} at the end "
              f"(2 shared CPUs); {res['wall_s']:.0f} s.", "",
              "Quality: every position's logits against transformers fp32 (KLD = KL(fp32 || "
