@@ -349,7 +349,10 @@ def main() -> int:
     if args.sources and not args.render:
         ap.error("--sources goes with --render FILE.json (it fills in a finished run's shares)")
     if args.render:
-        rep = json.loads(Path(args.render).read_text())
+        try:
+            rep = json.loads(Path(args.render).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--render {args.render}: not a results file this script wrote ({e})")
         rep["pass_costs_ms"] = {int(c): {int(n): v for n, v in row.items()}
                                 for c, row in rep["pass_costs_ms"].items()}
         if args.sources:
