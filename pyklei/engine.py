@@ -499,7 +499,7 @@ class Engine:
         if r.lookup is None or r.stream.cancelled:
             return []
         r.draft_length.row_cost = row_cost
-        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.lookup.agreement())
+        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1)
         return r.lookup.draft(k) if k else []
 
     def _draft_with_model(self, reqs: list[_Request], n_decoding: int, row_cost: float) -> None:

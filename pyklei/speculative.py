@@ -47,16 +47,14 @@ Stop strings, max_tokens, EOS and logprobs go through feed as in plain decoding.
 a grammar constraint decodes without speculation (stream_generate's and the engine's choice:
 its mask changes with every token, and a draft would need the grammar advanced along it).
 
-Draft length (DraftLength, per request): the k that maximises the expected tokens per pass
-over the pass's cost in decode steps (measured per row count: the kernels' cost is not linear
-in the rows) plus k * draft_cost (drafting a token; ~0 for lookup, measured for a draft model).
-The expected tokens come from a drafted token's acceptance rate a (a running average): for a
-draft model (1 - a^(k+1)) / (1 - a); for a lookup draft, the rate is a prior that the draft's
-own evidence updates, the tokens before its source that agree with the text (a one-word match
-has none, a copy in progress all it has copied; DraftLength.expected). Where no k gains,
-drafting stops and is probed again after a pause that doubles while probes fail, so a reply
-that quotes nothing decodes at plain speed. In pyklei.engine's batches, a drafted row is
-priced beside a request's own row in that batch (PassCost).
+Draft length (DraftLength, per request): the k that maximises the expected tokens per pass,
+(1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
+pass's cost in decode steps (measured per row count: the kernels' cost is not linear in the
+rows) plus k * draft_cost (drafting a token; ~0 for lookup, measured for a draft model).
+Where no k gains, drafting stops and is probed again after a pause that doubles while probes
+fail (one that pays ends it), so a reply that quotes nothing decodes at plain speed. In
+pyklei.engine's batches, a drafted row is priced beside a request's own row in that batch
+(PassCost).
 """
 from __future__ import annotations
 
@@ -119,7 +117,6 @@ class PromptLookup:
         self.index: list[dict] = [{} for _ in range(max_ngram + 1)]
         self.source = -1      # the position after the last draft in its source (-1: none)
         self.cursor = -1      # the source position the text is expected to go on from (-1: none)
-        self._start_memo: tuple = (None, -1)
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -135,43 +132,22 @@ class PromptLookup:
                     break
                 self.index[n].setdefault(tuple(toks[j - n + 1:j + 1]), []).append(j)
 
-    def _start(self) -> int:
-        """Where the next draft would begin in the text (-1: nowhere); agreement() and draft()
-        ask in turn, so the answer is kept while the text, source and cursor stay put."""
-        key = (len(self.tokens), self.source, self.cursor)
-        if self._start_memo[0] != key:
-            self._start_memo = (key, self._find_start())
-        return self._start_memo[1]
-
-    def _find_start(self) -> int:
+    def draft(self, k: int) -> list[int]:
+        """Up to k tokens that may come next (none when no n-gram of the text recurs)."""
         toks = self.tokens
         m = self.max_ngram
         # a copy in progress continues after the token that followed the last draft's source
         # (the pass's own token), if the source still agrees with the text's last m tokens
         s = self.source + 1
         if m <= s < len(toks) and toks[s - m:s] == toks[-m:]:
-            return s
-        for n in range(min(m, len(toks)), self.min_ngram - 1, -1):
-            ends = self.index[n].get(tuple(toks[-n:]))
-            if ends:
-                return (self._furthest_reach(ends) if n == m else self._ahead(ends)) + 1
-        return -1
-
-    def agreement(self) -> int:
-        """The evidence for the next draft: how many tokens before its source position agree
-        with the end of the text (up to REACH; 0: no draft). One token is a chance match; a
-        copy in progress agrees over all it has copied."""
-        toks, start = self.tokens, self._start()
-        if start < 0:
-            return 0
-        n = 0
-        while n < self.REACH and start - n - 1 >= 0 and toks[start - n - 1] == toks[-n - 1]:
-            n += 1
-        return n
-
-    def draft(self, k: int) -> list[int]:
-        """Up to k tokens that may come next (none when no n-gram of the text recurs)."""
-        toks, start = self.tokens, self._start()
+            start = s
+        else:
+            start = -1
+            for n in range(min(m, len(toks)), self.min_ngram - 1, -1):
+                ends = self.index[n].get(tuple(toks[-n:]))
+                if ends:
+                    start = (self._furthest_reach(ends) if n == m else self._ahead(ends)) + 1
+                    break
         if start < 0:
             self.source = -1
             return []
@@ -223,10 +199,6 @@ class DraftModel:
     def rejected(self) -> None:
         pass
 
-    def agreement(self) -> None:
-        """No evidence per draft: the running acceptance rate sets the length (DraftLength)."""
-        return None
-
     def draft(self, k: int) -> list[int]:
         m = self.model
         k = min(k, m.n_ctx - len(self.tokens))    # its context, not the target's, may end first
@@ -256,8 +228,6 @@ class DraftLength:
     the value set by the caller: pyklei.engine sets it per batch). draft_cost: the time of
     drafting one token, in decode steps (~0 for lookup; measured for a draft model)."""
 
-    PRIOR_WEIGHT = 4.0   # tokens of evidence the running rate is worth (expected())
-
     def __init__(self, max_draft: int = 16, accept: float = 0.5, row_cost: float = 0.25,
                  weight: float = 0.15, max_pause: int = 32):
         self.max_draft = max_draft
@@ -278,41 +248,23 @@ class DraftLength:
             return t / step
         return 1 + self.row_cost * (rows - 1)
 
-    def expected(self, k: int, agree: int | None = None) -> float:
-        """Expected tokens from a pass that checks k drafted ones (its own token included).
-        Without evidence (a draft model) each drafted token is accepted with chance a, the
-        running rate, given those before it were. With a lookup draft's `agree` (the tokens
-        agreeing before its source, PromptLookup.agreement), the chance for the j-th drafted
-        token is (e + w a) / (e + w): the rate as a prior worth w = PRIOR_WEIGHT tokens, and
-        e = agree - 1 + j tokens of the copy already seen to agree (the first is only the
-        match). A copy in progress is drafted long, a one-word match short, whatever the
-        reply's average."""
-        a = min(self.accept, 0.999)
-        if agree is None:
-            return (1 - a ** (k + 1)) / (1 - a)
-        w, e0 = self.PRIOR_WEIGHT, max(agree - 1, 0)
-        total, p = 1.0, 1.0
-        for j in range(k):
-            p *= (e0 + j + w * a) / (e0 + j + w)
-            total += p
-        return total
-
-    def gain(self, k: int, agree: int | None = None) -> float:
+    def gain(self, k: int) -> float:
         """Expected tokens per pass over its cost in decode steps, drafting k."""
-        return self.expected(k, agree) / (self.cost(k + 1) + self.draft_cost * k)
+        a = min(self.accept, 0.999)
+        return (1 - a ** (k + 1)) / (1 - a) / (self.cost(k + 1) + self.draft_cost * k)
 
-    def length(self, room: int, agree: int | None = None) -> int:
+    def length(self, room: int) -> int:
         """The draft length for the next pass (0: take a plain step); room: drafted tokens
-        that could still be used; agree: a lookup draft's evidence (0: there is no draft)."""
+        that could still be used."""
         limit = min(self.max_draft, room)
-        if limit < 1 or agree == 0:
+        if limit < 1:
             return 0
         if self.wait > 0:
             self.wait -= 1
             return 0
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
-            g = self.gain(k, agree)
+            g = self.gain(k)
             if g > best:
                 best_k, best = k, g
         if best_k == 0:
@@ -437,7 +389,7 @@ def stream_speculative(model, prompt: list[int], gen, drafter,
         yield from out
         if gen.done:
             return
-        k = policy.length(gen.max_tokens - gen.n_gen - 1, drafter.agreement())
+        k = policy.length(gen.max_tokens - gen.n_gen - 1)
         t = time.perf_counter()
         draft = drafter.draft(k) if k else []
         if draft:

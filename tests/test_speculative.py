@@ -170,22 +170,6 @@ def test_draft_length_grows_with_acceptance_and_switches_off():
     assert drafted < 400 * 0.06                   # off, with a rare one-token probe
 
 
-def test_lookup_evidence_sets_the_draft_length():
-    # a copy in progress agrees over all it copied; a one-word match is only the match
-    pl = PromptLookup([5, 6, 7, 8, 9, 10, 11, 12, 13, 40, 41, 7], max_ngram=4)
-    assert pl.agreement() == 1 and pl.draft(3) == [8, 9, 10]
-    pl.extend([8, 9, 10, 11])
-    assert pl.agreement() == 5 and pl.draft(2) == [12, 13]       # 7 8 9 10 11
-    assert PromptLookup([1, 2, 3]).agreement() == 0            # nothing recurs: no draft
-    d = DraftLength(row_cost=0.25)                              # accept 0.5, its prior
-    weak, strong = d.length(100, agree=1), d.length(100, agree=30)
-    assert weak <= 2 and strong >= 8
-    assert d.length(100, agree=0) == 0
-    # the evidence outweighs the prior more, the more there is of it
-    assert d.expected(4, agree=30) > d.expected(4, agree=5) > d.expected(4, agree=1)
-    assert d.expected(4) == pytest.approx((1 - 0.5 ** 5) / 0.5)  # no evidence: a^j
-
-
 def test_a_probe_that_pays_is_followed_without_a_pause():
     d = DraftLength(row_cost=0.25)
     for _ in range(30):
