@@ -152,20 +152,22 @@ def main(argv=None) -> int:
 def report(res: dict) -> str:
     lines = ["# KV cache precision: quality and speed", "",
              f"Command: `python benchmarks/kv_cache.py --threads {res['threads']} --depth "
-             f"{res['depth']} --tokens {res['tokens']}`; {res['date']}; model {res['model']}; load average "
-             f"{res['loadavg_start'][0]:.2f} at the start, {res['loadavg_end'][0]:.2f} at the end "
-             f"(2 shared CPUs); {res['wall_s']:.0f} s.", "",
+             f"{res['depth']} --tokens {res['tokens']}`; {res['date']}; model {res['model']}; "
+             f"load average {res['loadavg_start'][0]:.2f} at the start, "
+             f"{res['loadavg_end'][0]:.2f} at the end (2 shared CPUs); {res['wall_s']:.0f} s.", "",
              "Quality: every position's logits against transformers fp32 (KLD = KL(fp32 || "
              "pyklei)) and against the f32 cache on the same file.", "",
              "| text | tokens | kv_cache | KLD vs fp32 | its change from the f32 cache's (95% "
-             "interval) | top-1 vs fp32 | PPL | KLD vs f32 cache (mean / p99) | top-1 vs f32 cache |",
+             "interval) | top-1 vs fp32 | PPL | KLD vs f32 cache (mean / p99) | top-1 vs f32 "
+             "cache |",
              "|---|---|---|---|---|---|---|---|---|"]
     for q in res["quality"]:
-        change = (f"{100 * q['kld_change']:+.2f}% ({100 * q['kld_change_lo']:+.2f}% to "
-                  f"{100 * q['kld_change_hi']:+.2f}%)" if "kld_change" in q and q["kv_cache"] != "f32"
-                  else "")
-        lines.append(f"| {q['text']} | {q['tokens']} | {q['kv_cache']} | {q['kld']:.5f} | {change} | "
-                     f"{q['top1']:.4f} | {q['ppl']:.3f} | {q['kld_vs_f32']:.2e} / "
+        change = ""
+        if "kld_change" in q and q["kv_cache"] != "f32":   # runs from before it have none
+            change = (f"{100 * q['kld_change']:+.2f}% ({100 * q['kld_change_lo']:+.2f}% to "
+                      f"{100 * q['kld_change_hi']:+.2f}%)")
+        lines.append(f"| {q['text']} | {q['tokens']} | {q['kv_cache']} | {q['kld']:.5f} | "
+                     f"{change} | {q['top1']:.4f} | {q['ppl']:.3f} | {q['kld_vs_f32']:.2e} / "
                      f"{q['kld_vs_f32_p99']:.2e} | {q['top1_vs_f32']:.4f} |")
     lines += ["", "The change's interval comes from resampling blocks of 128 positions' paired "
               "differences (kv_cache.paired_change): a small change to the cache moves each "
