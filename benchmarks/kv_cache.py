@@ -33,18 +33,18 @@ RESULTS = ROOT / "results"
 KINDS = ("f32", "f16", "q8")
 
 
-def vs_f32(base: np.ndarray, logits: np.ndarray) -> dict:
-    """KL(f32 cache || this cache) per position, mean and p99, and top-1 agreement."""
-    a, b = log_softmax(base[:-1]), log_softmax(logits[:-1])
-    kld = (np.exp(a) * (a - b)).sum(-1)
-    return {"kld_vs_f32": float(kld.mean()), "kld_vs_f32_p99": float(np.percentile(kld, 99)),
-            "top1_vs_f32": float((a.argmax(-1) == b.argmax(-1)).mean())}
-
-
 def kld_positions(ref: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """KL(fp32 || pyklei) at every position (benchmarks/quality.py's score, not averaged)."""
+    """KL(ref || logits) at every position (benchmarks/quality.py's score, not averaged)."""
     a, b = log_softmax(ref[:-1]), log_softmax(logits[:-1])
     return (np.exp(a) * (a - b)).sum(-1)
+
+
+def vs_f32(base: np.ndarray, logits: np.ndarray) -> dict:
+    """KL(f32 cache || this cache) per position, mean and p99, and top-1 agreement."""
+    kld = kld_positions(base, logits)
+    top1 = base[:-1].argmax(-1) == logits[:-1].argmax(-1)
+    return {"kld_vs_f32": float(kld.mean()), "kld_vs_f32_p99": float(np.percentile(kld, 99)),
+            "top1_vs_f32": float(top1.mean())}
 
 
 def paired_change(kld: np.ndarray, kld_f32: np.ndarray, block: int = 128, n: int = 2000,
