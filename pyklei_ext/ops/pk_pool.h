@@ -2,7 +2,10 @@
  * Workers spin briefly after each job (decode issues hundreds of small jobs per token, and
  * a futex wake-up costs more than the job) and then sleep on a condition variable. A job's
  * shares are claimed by whichever thread is running, so a worker that the OS has not
- * scheduled (a busy machine) does not hold the job up (pk_pool.c). */
+ * scheduled (a busy machine) does not hold the job up; and when the workers wait for a CPU
+ * (another process holds a core), fewer of them take shares, down to the caller alone, until
+ * a later trial finds the cores free (pk_pool.c; PYKLEI_POOL_ADAPT=0 turns that off,
+ * PYKLEI_LOG=pool logs each change). */
 #ifndef PK_POOL_H
 #define PK_POOL_H
 
@@ -14,11 +17,30 @@ typedef void (*pk_task_fn)(void *arg, int ith, int nth);
 pk_pool *pk_pool_create(int n_threads);   /* NULL on failure */
 void pk_pool_destroy(pk_pool *pool);
 int pk_pool_size(const pk_pool *pool);
+int pk_pool_active(const pk_pool *pool);  /* threads taking shares now, the caller included */
 
 /* Runs fn(arg, ith, nth) once for each ith in [0, nth), nth = the pool's size, on the
  * threads that claim them (the caller included; a thread may run several ith, one after the
  * other, never two at once), and returns when all have finished. Calls from different
  * threads are serialised. */
 void pk_pool_run(pk_pool *pool, pk_task_fn fn, void *arg);
+
+/* The contention policy (pk_pool.c), apart from the clock and /proc so that tests can drive it:
+ * each verdict takes the workers' time on a CPU and time runnable but waiting for one, in ns,
+ * since the current window began. */
+typedef struct {
+    int n;              /* the pool's threads */
+    int active;         /* threads that take shares now, the caller included */
+    int fit;            /* threads the last busy verdict found room for */
+    long long due;      /* when the current window's verdict, or the hold, ends (ns) */
+    long long hold;     /* the next hold's length (ns) */
+    double waited;      /* the last verdict's waiting share of runnable time */
+} pk_pool_policy;
+
+void pk_pool_policy_init(pk_pool_policy *p, int n, long long now);
+/* At `now` >= p->due: updates p. Returns 1 when a new window begins (take a new baseline of
+ * the times), 0 when the current one goes on (too little was seen for a verdict). */
+int pk_pool_policy_verdict(pk_pool_policy *p, long long now, unsigned long long on_cpu,
+                           unsigned long long waited);
 
 #endif

@@ -16,7 +16,11 @@
  *    the reference (pk_attend_group_reference) row by row, and the reference is within 1e-5
  *    of a double evaluation of the values the cache holds;
  *  - the thread pool (1-4 threads, 3000 jobs, slow shares now and then): each share of each
- *    job runs exactly once, never twice at once, and before pk_pool_run returns;
+ *    job runs exactly once, never twice at once, and before pk_pool_run returns; its
+ *    contention policy on made-up schedstat readings (fewer threads when the workers wait
+ *    for a CPU, a trial of all after a hold that doubles, the fit on 16 threads); and, where
+ *    Linux's schedstat can be read, a pool of 2 beside twice as many spinning threads as CPUs
+ *    drops to fewer threads with every share still run once;
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
  *    and on random rows (range and round-trip invariants);
  *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
@@ -44,7 +48,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ops/pk_cpu.h"
@@ -510,6 +516,101 @@ static void test_pool(void) {
         pk_pool_destroy(pool);
     }
     printf("pool: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* The contention policy on made-up readings (times in ms; the verdicts take ns). */
+static void test_pool_policy(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    const long long ms = 1000000LL;
+    pk_pool_policy p;
+    pk_pool_policy_init(&p, 2, 0);
+    CHECK(p.active == 2 && p.due == 100 * ms, "policy init: active %d, due %lld", p.active, p.due);
+    /* idle: the worker waits 5% of its runnable time */
+    CHECK(pk_pool_policy_verdict(&p, 100 * ms, 95 * ms, 5 * ms) == 1 && p.active == 2 && p.due == 200 * ms,
+          "policy: an idle window keeps all threads (active %d, due %lld)", p.active, p.due);
+    /* too little seen: the window goes on, nothing decided */
+    CHECK(pk_pool_policy_verdict(&p, 200 * ms, 10 * ms, 20 * ms) == 0 && p.active == 2,
+          "policy: 30 ms of runnable time is no verdict (active %d)", p.active);
+    /* busy: half of the runnable time waiting -> the caller alone for the first hold (100 ms) */
+    CHECK(pk_pool_policy_verdict(&p, 300 * ms, 50 * ms, 50 * ms) == 1 && p.active == 1 && p.fit == 1
+          && p.due == 400 * ms && p.hold == 200 * ms,
+          "policy: a busy window drops to 1 thread for 100 ms (active %d, due %lld, hold %lld)",
+          p.active, p.due, p.hold);
+    CHECK(pk_pool_policy_verdict(&p, 400 * ms, 0, 0) == 1 && p.active == 2 && p.due == 500 * ms,
+          "policy: the hold ends in a trial of all threads (active %d)", p.active);
+    CHECK(pk_pool_policy_verdict(&p, 500 * ms, 60 * ms, 40 * ms) == 1 && p.active == 1
+          && p.due == 700 * ms && p.hold == 400 * ms,
+          "policy: a busy trial holds twice as long (due %lld, hold %lld)", p.due, p.hold);
+    for (int i = 0; i < 10; i++) {     /* the machine stays busy: the hold stops at its cap */
+        pk_pool_policy_verdict(&p, p.due, 0, 0);
+        pk_pool_policy_verdict(&p, p.due, 50 * ms, 50 * ms);
+    }
+    CHECK(p.active == 1 && p.hold == 3200 * ms, "policy: the hold is capped (hold %lld)", p.hold);
+    pk_pool_policy_verdict(&p, p.due, 0, 0);
+    const long long t = p.due;
+    CHECK(pk_pool_policy_verdict(&p, t, 98 * ms, 2 * ms) == 1 && p.active == 2 && p.fit == 2
+          && p.hold == 100 * ms && p.due == t + 100 * ms,
+          "policy: a free trial keeps all threads and resets the hold (active %d, hold %lld)", p.active, p.hold);
+    /* 16 threads: one busy process beside (1/17 waiting) keeps all; 40% waiting leaves about
+     * 16 * 0.6 -> 10; those running freely through the hold bring a trial of all 16 */
+    pk_pool_policy_init(&p, 16, 0);
+    pk_pool_policy_verdict(&p, 100 * ms, 1600 * ms, 94 * ms);
+    CHECK(p.active == 16, "policy 16: 6%% waiting keeps all threads (active %d)", p.active);
+    pk_pool_policy_verdict(&p, 200 * ms, 900 * ms, 600 * ms);
+    CHECK(p.active == 10 && p.fit == 10 && p.due == 300 * ms, "policy 16: 40%% waiting -> 10 threads (active %d)", p.active);
+    pk_pool_policy_verdict(&p, 300 * ms, 900 * ms, 10 * ms);
+    CHECK(p.active == 16 && p.fit == 10, "policy 16: the 10 ran freely: a trial of 16 (active %d)", p.active);
+    pk_pool_policy_verdict(&p, 400 * ms, 900 * ms, 20 * ms);
+    CHECK(p.active == 16 && p.fit == 16 && p.hold == 100 * ms, "policy 16: the trial passed (fit %d)", p.fit);
+    printf("pool policy: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
+}
+
+static int spinners_stop;   /* atomic */
+static void *spinner(void *arg) {
+    (void)arg;
+    while (!__atomic_load_n(&spinners_stop, __ATOMIC_RELAXED)) { }
+    return NULL;
+}
+
+/* A pool of 2 beside 2 spinning threads per CPU: its worker waits for a CPU most of the time,
+ * so within a few verdicts (100 ms each) the pool must drop to the caller alone, and every
+ * share of every job must still run once. Skipped where schedstat cannot be read (the policy
+ * is off there). */
+static void test_pool_contention(void) {
+    const int p0 = n_pass, f0 = n_fail;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (!f) { printf("pool under contention: skipped (no /proc/thread-self/schedstat)\n"); return; }
+    fclose(f);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus < 1) cpus = 1;
+    const int n_spin = (int)(2 * cpus > 64 ? 64 : 2 * cpus);
+    pthread_t spin[64];
+    __atomic_store_n(&spinners_stop, 0, __ATOMIC_RELAXED);
+    int started = 0;
+    for (int i = 0; i < n_spin; i++) started += pthread_create(&spin[i], NULL, spinner, NULL) == 0;
+    pk_pool *pool = pk_pool_create(2);
+    CHECK(pool != NULL, "pk_pool_create(2)");
+    if (pool) {
+        pool_probe p = {{0}, {0}, 0, 0};
+        int ok = 1, dropped = 0;
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (p.job = 0;; p.job++) {
+            pk_pool_run(pool, pool_share, &p);
+            for (int i = 0; i < 2; i++) ok &= __atomic_load_n(&p.runs[i], __ATOMIC_ACQUIRE) == p.job + 1;
+            dropped |= pk_pool_active(pool) < 2;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            const double s = (double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec);
+            if ((dropped && p.job >= 2000) || s > 10.0) break;
+        }
+        CHECK(dropped, "pool of 2 beside %d spinning threads on %ld CPUs: still 2 threads after %d jobs",
+              started, cpus, p.job + 1);
+        CHECK(ok && !p.overlap, "pool under contention: a share ran twice, not at all, or late");
+        pk_pool_destroy(pool);
+    }
+    __atomic_store_n(&spinners_stop, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < started; i++) pthread_join(spin[i], NULL);
+    printf("pool under contention: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
 }
 
 /* ---- dispatch / PYKLEI_KERNEL (each check in a forked child) ---------------------------- */
@@ -1010,6 +1111,8 @@ int main(int argc, char **argv) {
     test_elementwise_exact();
     test_attention(quick);
     test_pool();
+    test_pool_policy();
+    test_pool_contention();
 
     const pk_kernel *ref[PK_FMT_QUANT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
