@@ -25,7 +25,9 @@ beside the run. Quality of the same files: benchmarks/results/quality.md and kv-
 
 --busy N runs N busy loops (one process each, `while True: pass`) beside every measurement: the
 machine another job is using (issue 24: pyklei should keep >= 40% of its idle decode speed and
-never fall below llama.cpp under the same load).
+never fall below llama.cpp under the same load). Each round then also measures every engine idle
+(the busy loops stopped with SIGSTOP for it: "... idle" rows), and the report gives each
+engine's busy / idle ratio.
 
 Results: benchmarks/results/speed-vs-llamacpp.md and .json (--out NAME: NAME.md / .json); the
 run also rewrites README.md's block of the same name where there is one, and docs/QUALITY.md's
@@ -38,6 +40,7 @@ import json
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -52,6 +55,7 @@ sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 
 # pyklei's KV cache type -> llama.cpp's (-ctk / -ctv)
 LLAMACPP_KV = {"f32": "f32", "f16": "f16", "q8": "q8_0"}
+IDLE = " idle"   # an engine name's suffix: measured with --busy's loops stopped
 
 
 def _reps(depth: int) -> int:
@@ -163,23 +167,31 @@ def readme_table(results: dict) -> str:
     for (e, t, kv), m in med.items():
         lines.append(f"| {e} | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
     for (e, t, kv), m in med.items():
-        if e != "pyklei default":
-            ours = med[("pyklei default", t, kv)]
+        if e.removesuffix(IDLE) != "pyklei default":
+            ours = med[("pyklei default" + IDLE * e.endswith(IDLE), t, kv)]
             lines.append(f"| pyklei / {e.split()[-1]} | {t} | {kv} | "
                          + " | ".join(f"**{ours[x] / m[x]:.2f}x**" for x in tests) + " |")
     return "\n".join(lines) + "\n"
 
 
-def measure_rounds(args, engines, runs, depths, pl, bench, loads) -> None:
+def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy) -> None:
     """Every (engine, threads, cache type) once per round, all depths in one go; fills runs
-    and loads (the 1-min load average after each)."""
+    and loads (the 1-min load average after each). An engine named "... idle" runs with the
+    busy loops stopped."""
     for rnd in range(args.rounds):
         for (e, t, kv) in runs:
-            kind, path, act = engines[e]
+            kind, path, act = engines[e.removesuffix(IDLE)]
             got = {}
-            for d in depths:
-                got.update(pyklei_run(path, int(t), pl, args.n_gen, act, d, kv) if kind == "pyklei"
-                           else llamacpp_run(bench, path, int(t), pl, args.n_gen, d, kv))
+            pause = e.endswith(IDLE) and busy
+            for b in busy if pause else ():
+                b.send_signal(signal.SIGSTOP)
+            try:
+                for d in depths:
+                    got.update(pyklei_run(path, int(t), pl, args.n_gen, act, d, kv) if kind == "pyklei"
+                               else llamacpp_run(bench, path, int(t), pl, args.n_gen, d, kv))
+            finally:
+                for b in busy if pause else ():
+                    b.send_signal(signal.SIGCONT)
             loads.append(os.getloadavg()[0])
             runs[(e, t, kv)].append(got)
             print(f"round {rnd + 1}: {e}, {t} threads, KV {kv}: {got} (load {loads[-1]:.1f})",
@@ -241,12 +253,13 @@ def main(argv=None) -> int:
               if args.model == "smollm2" else llamacpp_files_from_pyklei_f16(hf, work, peers))
     engines = {"pyklei default": ("pyklei", ours, "auto"),
                **{f"llama.cpp {k}": ("llamacpp", theirs[k], None) for k in peers}}
-    runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in engines}
+    names = [n for e in engines for n in ((e, e + IDLE) if args.busy else (e,))]
+    runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in names}
     loads = []
     t_start = time.time()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
-        measure_rounds(args, engines, runs, depths, pl, bench, loads)
+        measure_rounds(args, engines, runs, depths, pl, bench, loads, busy)
     finally:
         for b in busy:
             b.kill()
@@ -277,7 +290,7 @@ def main(argv=None) -> int:
              "| engine | file | threads | KV | " + " | ".join(tests) + " |",
              "|---|---|---|---|" + "---|" * len(tests)]
     for (e, t, kv), m in med.items():
-        size = engines[e][1].stat().st_size / 1e6
+        size = engines[e.removesuffix(IDLE)][1].stat().st_size / 1e6
         lines.append(f"| {e} | {size:.1f} MB | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
     lines += ["", "pyklei / llama.cpp, the same threads and cache type:", ""]
     for kv in kvs:
@@ -285,6 +298,13 @@ def main(argv=None) -> int:
             for peer in (f"llama.cpp {k}" for k in peers):
                 r = [f"{x} **{med[('pyklei default', t, kv)][x] / med[(peer, t, kv)][x]:.2f}**" for x in tests]
                 lines.append(f"- {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: " + ", ".join(r))
+    if args.busy:
+        lines += ["", "Busy / idle, each engine against itself in the same rounds:", ""]
+        for (e, t, kv), m in med.items():
+            if not e.endswith(IDLE):
+                idle = med[(e + IDLE, t, kv)]
+                lines.append(f"- {e}, {t} thread{'s' if t != '1' else ''}, KV {kv}: "
+                             + ", ".join(f"{x} **{m[x] / idle[x]:.2f}**" for x in tests))
     RESULTS.mkdir(parents=True, exist_ok=True)
     results = {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()}, "cpu": cpu,
                "loadavg": loads, "command": cmd, "title": title,

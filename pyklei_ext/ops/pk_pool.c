@@ -90,8 +90,11 @@ static void read_schedstat(const pk_pool *pool, uint64_t *on_cpu, uint64_t *wait
  * same nth, so results do not change with the number of threads that ran them. */
 #define WINDOW_NS     (100 * 1000000LL)  /* a verdict at most this often */
 #define MIN_SAMPLE_NS (40 * 1000000LL)   /* of the workers' runnable time, for a verdict */
-#define HOLD_MIN_NS   (100 * 1000000LL)
-#define HOLD_MAX_NS   (3200 * 1000000LL)
+/* A trial of all threads on a busy machine runs at the busy speed: it is kept short. */
+#define TRIAL_NS      (50 * 1000000LL)
+#define MIN_TRIAL_NS  (20 * 1000000LL)
+#define HOLD_MIN_NS   (250 * 1000000LL)
+#define HOLD_MAX_NS   (4000 * 1000000LL)
 /* On the shared 2-core VM two threads spinning alone waited up to 10% of a 100 ms window (up
  * to 21% of a 50 ms one); with one busy loop beside, a pool of 2's worker waited 42-57%. */
 #define CONTENDED     0.25
@@ -107,11 +110,12 @@ int pk_pool_policy_verdict(pk_pool_policy *p, long long now, unsigned long long 
                            unsigned long long waited) {
     if (p->active == 1) {              /* the hold on the caller alone ends: all on trial */
         p->active = p->n;
-        p->due = now + WINDOW_NS;
+        p->due = now + TRIAL_NS;
         return 1;
     }
-    if (on_cpu + waited < (uint64_t)MIN_SAMPLE_NS) {   /* too little seen: the window goes on */
-        p->due = now + WINDOW_NS;
+    const int trial = p->active == p->n && p->fit < p->n;
+    if (on_cpu + waited < (uint64_t)(trial ? MIN_TRIAL_NS : MIN_SAMPLE_NS)) {
+        p->due = now + (trial ? TRIAL_NS : WINDOW_NS);   /* too little seen: the window goes on */
         return 0;
     }
     p->waited = (double)waited / (double)(on_cpu + waited);
@@ -128,7 +132,7 @@ int pk_pool_policy_verdict(pk_pool_policy *p, long long now, unsigned long long 
         p->due = now + WINDOW_NS;
     } else {                           /* the fewer ran freely through their hold: all on trial */
         p->active = p->n;
-        p->due = now + WINDOW_NS;
+        p->due = now + TRIAL_NS;
     }
     return 1;
 }

@@ -531,25 +531,27 @@ static void test_pool_policy(void) {
     /* too little seen: the window goes on, nothing decided */
     CHECK(pk_pool_policy_verdict(&p, 200 * ms, 10 * ms, 20 * ms) == 0 && p.active == 2,
           "policy: 30 ms of runnable time is no verdict (active %d)", p.active);
-    /* busy: half of the runnable time waiting -> the caller alone for the first hold (100 ms) */
+    /* busy: half of the runnable time waiting -> the caller alone for the first hold (250 ms) */
     CHECK(pk_pool_policy_verdict(&p, 300 * ms, 50 * ms, 50 * ms) == 1 && p.active == 1 && p.fit == 1
-          && p.due == 400 * ms && p.hold == 200 * ms,
-          "policy: a busy window drops to 1 thread for 100 ms (active %d, due %lld, hold %lld)",
+          && p.due == 550 * ms && p.hold == 500 * ms,
+          "policy: a busy window drops to 1 thread for 250 ms (active %d, due %lld, hold %lld)",
           p.active, p.due, p.hold);
-    CHECK(pk_pool_policy_verdict(&p, 400 * ms, 0, 0) == 1 && p.active == 2 && p.due == 500 * ms,
-          "policy: the hold ends in a trial of all threads (active %d)", p.active);
-    CHECK(pk_pool_policy_verdict(&p, 500 * ms, 60 * ms, 40 * ms) == 1 && p.active == 1
-          && p.due == 700 * ms && p.hold == 400 * ms,
+    CHECK(pk_pool_policy_verdict(&p, 550 * ms, 0, 0) == 1 && p.active == 2 && p.due == 600 * ms,
+          "policy: the hold ends in a 50 ms trial of all threads (active %d, due %lld)", p.active, p.due);
+    CHECK(pk_pool_policy_verdict(&p, 600 * ms, 5 * ms, 10 * ms) == 0 && p.active == 2 && p.due == 650 * ms,
+          "policy: 15 ms of runnable time is no trial verdict (active %d)", p.active);
+    CHECK(pk_pool_policy_verdict(&p, 650 * ms, 15 * ms, 10 * ms) == 1 && p.active == 1
+          && p.due == 1150 * ms && p.hold == 1000 * ms,
           "policy: a busy trial holds twice as long (due %lld, hold %lld)", p.due, p.hold);
     for (int i = 0; i < 10; i++) {     /* the machine stays busy: the hold stops at its cap */
         pk_pool_policy_verdict(&p, p.due, 0, 0);
         pk_pool_policy_verdict(&p, p.due, 50 * ms, 50 * ms);
     }
-    CHECK(p.active == 1 && p.hold == 3200 * ms, "policy: the hold is capped (hold %lld)", p.hold);
+    CHECK(p.active == 1 && p.hold == 4000 * ms, "policy: the hold is capped (hold %lld)", p.hold);
     pk_pool_policy_verdict(&p, p.due, 0, 0);
     const long long t = p.due;
-    CHECK(pk_pool_policy_verdict(&p, t, 98 * ms, 2 * ms) == 1 && p.active == 2 && p.fit == 2
-          && p.hold == 100 * ms && p.due == t + 100 * ms,
+    CHECK(pk_pool_policy_verdict(&p, t, 49 * ms, 1 * ms) == 1 && p.active == 2 && p.fit == 2
+          && p.hold == 250 * ms && p.due == t + 100 * ms,
           "policy: a free trial keeps all threads and resets the hold (active %d, hold %lld)", p.active, p.hold);
     /* 16 threads: one busy process beside (1/17 waiting) keeps all; 40% waiting leaves about
      * 16 * 0.6 -> 10; those running freely through the hold bring a trial of all 16 */
@@ -557,11 +559,11 @@ static void test_pool_policy(void) {
     pk_pool_policy_verdict(&p, 100 * ms, 1600 * ms, 94 * ms);
     CHECK(p.active == 16, "policy 16: 6%% waiting keeps all threads (active %d)", p.active);
     pk_pool_policy_verdict(&p, 200 * ms, 900 * ms, 600 * ms);
-    CHECK(p.active == 10 && p.fit == 10 && p.due == 300 * ms, "policy 16: 40%% waiting -> 10 threads (active %d)", p.active);
-    pk_pool_policy_verdict(&p, 300 * ms, 900 * ms, 10 * ms);
-    CHECK(p.active == 16 && p.fit == 10, "policy 16: the 10 ran freely: a trial of 16 (active %d)", p.active);
-    pk_pool_policy_verdict(&p, 400 * ms, 900 * ms, 20 * ms);
-    CHECK(p.active == 16 && p.fit == 16 && p.hold == 100 * ms, "policy 16: the trial passed (fit %d)", p.fit);
+    CHECK(p.active == 10 && p.fit == 10 && p.due == 450 * ms, "policy 16: 40%% waiting -> 10 threads (active %d)", p.active);
+    pk_pool_policy_verdict(&p, 450 * ms, 2000 * ms, 10 * ms);
+    CHECK(p.active == 16 && p.fit == 10 && p.due == 500 * ms, "policy 16: the 10 ran freely: a trial of 16 (active %d)", p.active);
+    pk_pool_policy_verdict(&p, 500 * ms, 700 * ms, 20 * ms);
+    CHECK(p.active == 16 && p.fit == 16 && p.hold == 250 * ms, "policy 16: the trial passed (fit %d)", p.fit);
     printf("pool policy: %d checks%s\n", n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
 }
 
