@@ -143,6 +143,12 @@ static void watch_contention(pk_pool *pool) {
     if (now < pool->policy.due) return;
     uint64_t on_cpu, waited;
     read_schedstat(pool, &on_cpu, &waited);
+    if (on_cpu < pool->on_cpu0 || waited < pool->waited0) {   /* a read failed: start afresh */
+        pool->on_cpu0 = on_cpu;
+        pool->waited0 = waited;
+        pool->policy.due = now + WINDOW_NS;
+        return;
+    }
     const int before = pool->policy.active;
     if (!pk_pool_policy_verdict(&pool->policy, now, on_cpu - pool->on_cpu0, waited - pool->waited0)) return;
     pool->on_cpu0 = on_cpu;
@@ -207,6 +213,7 @@ static void *worker_main(void *p) {
             pthread_mutex_unlock(&pool->lock);
         }
         if (__atomic_load_n(&pool->stop, __ATOMIC_ACQUIRE)) break;
+        if (g == seen) continue;   /* no new job: woken to park (`active` fell) */
         seen = g;
         run_shares(pool, (uint32_t)g);
     }
@@ -236,6 +243,7 @@ pk_pool *pk_pool_create(int n_threads) {
     if (!pool) return NULL;
     pool->n = n_threads;
     pool->active = n_threads;
+    pool->claim = (uint64_t)n_threads;   /* generation 0: no job, every share taken */
     pool->workers = calloc((size_t)n_threads, sizeof(worker));
     if (!pool->workers) { free(pool); return NULL; }
     pthread_mutex_init(&pool->run_lock, NULL);
