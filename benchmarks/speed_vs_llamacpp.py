@@ -216,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-caches", default="f16", help="comma list of pyklei KV cache types "
                     "(f32, f16, q8; llama.cpp gets f32, f16, q8_0) (default f16)")
     args = ap.parse_args(argv)
+    if args.busy < 0 or args.rounds < 1:
+        ap.error(f"--busy must be >= 0 and --rounds >= 1 (got {args.busy}, {args.rounds})")
     default_out = "speed-vs-llamacpp" + ("-1b" if args.model == "llama32-1b" else "")
     args.out = args.out or default_out
     pl = [int(x) for x in args.prompt_lengths.split(",")]
