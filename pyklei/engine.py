@@ -211,21 +211,24 @@ class Engine:
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False,
                logprobs: int | None = None, constraint=None,
-               speculative=None) -> RequestStream:
+               speculative=None, prediction=None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
         shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
         the reply follows. speculative: "lookup", the engine's draft model (see the module
-        doc), or None: the engine's default (Engine(speculative=))."""
+        doc), or None: the engine's default (Engine(speculative=)). prediction: the reply's
+        expected text or token ids (OpenAI's predicted outputs): prompt lookup drafts from it."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
                                    eos_ids=eos_ids, trim=trim, logprobs=logprobs,
-                                   constraint=constraint, speculative=speculative)[0]
+                                   constraint=constraint, speculative=speculative,
+                                   prediction=prediction)[0]
 
     def submit_choices(self, prompt: Sequence[int], params: Sequence[SamplingParams | None], *,
                        max_tokens: int | None = 256, stop: Sequence[str] = (),
                        eos_ids: Sequence[int] | None = None, trim: bool = False,
                        logprobs: int | None = None, prompt_logprobs: bool = False,
-                       constraint=None, speculative=None) -> list[RequestStream]:
+                       constraint=None, speculative=None,
+                       prediction=None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
         own seed); see submit_requests. constraint: the first choice follows it, each other
         choice a fresh copy of it."""
@@ -235,7 +238,7 @@ class Engine:
         if not params:
             raise ValueError("submit_choices needs at least one SamplingParams")
         first = make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params[0],
-                             stop, eos_ids, logprobs, constraint, trim, mode)
+                             stop, eos_ids, logprobs, constraint, trim, mode, prediction)
         vocab = self.tokenizer.vocab_size
         reqs = [first] + [dataclasses.replace(first, params=check_params(p, vocab),
                                               constraint=None if constraint is None
@@ -268,10 +271,10 @@ class Engine:
             ids = list(req.prompt)
             r = _Request(RequestStream(self, len(ids)), ids, Generation(self.tokenizer, req),
                          after=queued[0] if queued else None)
-            if mode is not None and req.constraint is None:
+            if (mode is not None or req.prediction) and req.constraint is None:
                 r.draft_length = DraftLength()
-                if mode == "lookup":
-                    r.lookup = PromptLookup(ids)
+                if mode in (None, "lookup") or req.prediction:   # a prediction: lookup drafts
+                    r.lookup = PromptLookup(ids, prediction=req.prediction)
                 else:
                     r.draft_model = True
             queued.append(r)

@@ -118,15 +118,17 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
                     params: SamplingParams | None = None, stop: Sequence[str] = (),
                     eos_ids: Sequence[int] | None = None, trim: bool = False,
                     logprobs: int | None = None, constraint=None,
-                    speculative=None) -> Iterator[GenerationResponse]:
+                    speculative=None, prediction=None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
     pyklei.grammar.Constraint the reply must follow (it ends the reply when complete).
     speculative: None, "lookup" or a draft Model (pyklei.speculative: the same tokens, in
-    fewer passes where the drafts hold); a request with a constraint decodes without it."""
+    fewer passes where the drafts hold); a request with a constraint decodes without it.
+    prediction: the text (or token ids) the reply is expected to be, as OpenAI's predicted
+    outputs: prompt lookup drafts from it (and from the prompt), whatever `speculative` says."""
     return stream_request(model, tokenizer, make_request(
         model.n_ctx, tokenizer, prompt, max_tokens, params, stop, eos_ids, logprobs, constraint,
-        trim, check_speculative(speculative, model)))
+        trim, check_speculative(speculative, model), prediction))
 
 
 def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[GenerationResponse]:
@@ -134,8 +136,9 @@ def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[Generat
     if req.constraint is not None:
         req.constraint.claim()
     prompt, gen = list(req.prompt), Generation(tokenizer, req)
-    if req.speculative is not None and req.constraint is None:
-        drafter = (PromptLookup(prompt) if req.speculative == "lookup"
+    if (req.speculative is not None or req.prediction) and req.constraint is None:
+        drafter = (PromptLookup(prompt, prediction=req.prediction)
+                   if req.speculative in (None, "lookup") or req.prediction
                    else DraftModel(req.speculative, prompt, gen))
         return stream_speculative(model, prompt, gen, drafter)
     return _stream(model, prompt, gen)

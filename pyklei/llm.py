@@ -98,7 +98,7 @@ class LLM:
                  add_bos: bool | None = None, logprobs: int | None = None, *,
                  response_format: dict | None = None, json_schema=None,
                  grammar: str | None = None, regex: str | None = None,
-                 speculative=None,
+                 speculative=None, prediction: str | Sequence[int] | None = None,
                  **sampling) -> GenerationResponse | Iterator[GenerationResponse]:
         """Continue `prompt` (text, or token ids). With stream=True, yields responses as text
         arrives (each .text is the new text); else returns one response with the whole text.
@@ -119,12 +119,14 @@ class LLM:
         prompt; speculative=pyklei.load(small_model_path): a draft model of the same
         vocabulary drafts instead (greedy: the same tokens; sampling: speculative sampling's
         rule, the model's own distribution but not the tokens a seed gives without it).
-        response.drafted_tokens / accepted_tokens count the drafts.
+        response.drafted_tokens / accepted_tokens count the drafts. prediction: the text the
+        reply is expected to be (OpenAI's predicted outputs, e.g. the code an edit rewrites),
+        or its token ids: prompt lookup drafts from it first (the same tokens as without it).
         A constrained reply decodes without speculation."""
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         return self._generate(prompt, max_tokens, stream, stop, add_bos, False, sampling,
-                              constrain, logprobs, speculative)
+                              constrain, logprobs, speculative, prediction)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | None = 256,
                        stop: str | Sequence[str] = (), add_bos: bool | None = None,
@@ -162,7 +164,7 @@ class LLM:
             engine.shutdown(cancel=True)
 
     def _request(self, prompt, max_tokens, stop, add_bos, trim, sampling, logprobs=None,
-                 constraint=None, speculative=None) -> GenerationRequest:
+                 constraint=None, speculative=None, prediction=None) -> GenerationRequest:
         """One generation, checked (pyklei.request): text prompts are encoded first."""
         self.model.check_open()
         params = _sampling_params(sampling)
@@ -172,7 +174,7 @@ class LLM:
             prompt = self.tokenizer.encode(prompt, add_bos=add_bos, parse_special=True)
         return make_request(self.model.n_ctx, self.tokenizer, prompt, max_tokens, params, stop,
                             None, logprobs, constraint, trim,
-                            check_speculative(speculative, self.model))
+                            check_speculative(speculative, self.model), prediction)
 
     def _constraint(self, constrain: dict):
         """The pyklei.grammar.Constraint of json_schema / grammar / regex / response_format
@@ -183,9 +185,9 @@ class LLM:
         return constraint(self.tokenizer, **constrain)
 
     def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
-                  logprobs=None, speculative=None):
+                  logprobs=None, speculative=None, prediction=None):
         req = self._request(prompt, max_tokens, stop, add_bos, trim, sampling, logprobs,
-                            self._constraint(constrain), speculative)
+                            self._constraint(constrain), speculative, prediction)
         it = stream_request(self.model, self.tokenizer, req)
         if stream:
             return it
@@ -195,7 +197,8 @@ class LLM:
              stop: str | Sequence[str] = (), logprobs: int | None = None, *,
              response_format: dict | None = None, json_schema=None, grammar: str | None = None,
              regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
-             parallel_tool_calls: bool = True, speculative=None, **sampling):
+             parallel_tool_calls: bool = True, speculative=None,
+             prediction: str | Sequence[int] | None = None, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
@@ -209,7 +212,7 @@ class LLM:
         two constrain the reply to valid calls), and messages with role "tool" and assistant
         "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
         and its text is what is left; a streamed reply is raw text (pyklei.tools.parse_reply
-        parses it). speculative: as in generate()."""
+        parses it). speculative, prediction: as in generate()."""
         from . import tools as tool_calls
 
         offered = tool_calls.check_tools(list(tools or []))
@@ -229,7 +232,7 @@ class LLM:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                      tokenize=True)
         out = self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
-                             logprobs, speculative)
+                             logprobs, speculative, prediction)
         if stream or not offered:
             return out
         content, calls = tool_calls.parse_reply(out.text)

@@ -40,6 +40,8 @@ class GenerationRequest:
     constraint: object = None        # a fresh pyklei.grammar.Constraint the reply follows
     speculative: object = None       # None, "lookup" or a draft Model, checked against the
                                      # model (pyklei.speculative.check_speculative)
+    prediction: tuple[int, ...] = ()  # the reply's expected tokens (OpenAI's predicted outputs):
+                                     # drafted by prompt lookup (pyklei.speculative)
 
 
 def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
@@ -98,16 +100,33 @@ def check_params(params: SamplingParams | None, vocab_size: int) -> SamplingPara
     return params
 
 
+def prediction_ids(tokenizer, prediction) -> tuple[int, ...]:
+    """The token ids of a prediction: text (encoded as plain text, no BOS: it stands for the
+    reply), token ids, or None (none)."""
+    if prediction is None:
+        return ()
+    if isinstance(prediction, str):
+        return tuple(tokenizer.encode(prediction, add_bos=False, parse_special=False,
+                                      add_eos=False))
+    try:
+        return tuple(token_ids(prediction, tokenizer.vocab_size))
+    except TypeError:
+        raise TypeError(f"prediction must be the expected text (a str) or its token ids, got "
+                        f"{prediction!r}") from None
+
+
 def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,
                  params: SamplingParams | None = None, stop: str | Sequence[str] = (),
                  eos_ids: Sequence[int] | None = None, logprobs: int | None = None,
-                 constraint=None, trim: bool = False, speculative=None) -> GenerationRequest:
+                 constraint=None, trim: bool = False, speculative=None,
+                 prediction=None) -> GenerationRequest:
     """A GenerationRequest for a context of n_ctx tokens, or the TypeError / ValueError that
     names what is wrong. prompt: token ids. max_tokens: see token_budget (trim: cut to the
     room left instead of refusing). eos_ids: None for the tokenizer's. constraint: a fresh
     pyklei.grammar.Constraint (not claimed here: the generation that runs it claims it).
     speculative: what pyklei.speculative.check_speculative returned for the model (the caller
-    holds the model; this module does not)."""
+    holds the model; this module does not). prediction: the reply's expected text or token ids
+    (prediction_ids), drafted from by prompt lookup whatever `speculative` says."""
     vocab = tokenizer.vocab_size
     prompt = tuple(token_ids(prompt, vocab))
     if not prompt:
@@ -118,4 +137,5 @@ def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,
                              max_tokens=token_budget(n_ctx, len(prompt), max_tokens, trim=trim),
                              params=params, stop=check_stops(stop), eos_ids=eos,
                              logprobs=check_logprobs(logprobs), constraint=constraint,
-                             speculative=speculative)
+                             speculative=speculative,
+                             prediction=prediction_ids(tokenizer, prediction))

@@ -104,12 +104,16 @@ class PromptLookup:
     of the text that equals the source's next one), since a reply that quotes goes forward
     through its source; the latest occurrence when none lies ahead. Filling a form from a
     biography, "... a PhD" + " from" continues from "from Yale" after the cursor, not from
-    the latest "from" in the text."""
+    the latest "from" in the text.
+
+    prediction: token ids of the text the reply is expected to be (OpenAI's predicted outputs),
+    drafted from its start while the reply follows it, and a source like the text after."""
 
     CANDIDATES = 32     # occurrences compared, the latest ones
     REACH = 64          # tokens compared backwards at most
 
-    def __init__(self, tokens: Sequence[int], max_ngram: int = 4, min_ngram: int = 1):
+    def __init__(self, tokens: Sequence[int], max_ngram: int = 4, min_ngram: int = 1,
+                 prediction: Sequence[int] = ()):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -117,7 +121,15 @@ class PromptLookup:
         self.index: list[dict] = [{} for _ in range(max_ngram + 1)]
         self.source = -1      # the position after the last draft in its source (-1: none)
         self.cursor = -1      # the source position the text is expected to go on from (-1: none)
+        # A prediction (OpenAI's predicted outputs: the text the reply is expected to be, such
+        # as the file an edit rewrites) goes first in `tokens`, as text that may be copied but
+        # is not the model's context; `aligned` follows the reply through it from its start
+        # while every token agrees (-1 once one does not: then its n-grams find the way back).
+        self.aligned = -1
+        self.extend(prediction)
+        self.n_prediction = len(self.tokens)
         self.extend(tokens)
+        self.aligned = 0 if self.n_prediction else -1
 
     def extend(self, tokens: Sequence[int]) -> None:
         toks = self.tokens
@@ -125,6 +137,9 @@ class PromptLookup:
             t = int(t)
             if 0 <= self.cursor < len(toks) and toks[self.cursor] == t:
                 self.cursor += 1
+            if self.aligned >= 0:
+                ok = self.aligned < self.n_prediction and toks[self.aligned] == t
+                self.aligned = self.aligned + 1 if ok else -1
             toks.append(t)
             j = len(toks) - 2          # the position that just got a next token
             for n in range(self.min_ngram, self.max_ngram + 1):
@@ -139,7 +154,9 @@ class PromptLookup:
         # a copy in progress continues after the token that followed the last draft's source
         # (the pass's own token), if the source still agrees with the text's last m tokens
         s = self.source + 1
-        if m <= s < len(toks) and toks[s - m:s] == toks[-m:]:
+        if 0 <= self.aligned < self.n_prediction:   # the reply so far is the prediction's start
+            start = self.aligned
+        elif m <= s < len(toks) and toks[s - m:s] == toks[-m:]:
             start = s
         else:
             start = -1
@@ -151,7 +168,8 @@ class PromptLookup:
         if start < 0:
             self.source = -1
             return []
-        out = toks[start:start + k]
+        end = self.n_prediction if start < self.n_prediction else len(toks)   # not past its end
+        out = toks[start:min(start + k, end)]
         self.source = start + len(out)
         self.cursor = start
         return out

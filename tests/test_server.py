@@ -228,7 +228,6 @@ def test_bad_requests_get_400_naming_the_field(tight, path, body, param):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
 ])
@@ -238,6 +237,38 @@ def test_unsupported_fields_get_400_not_a_silent_200(tight, extra, param):
         client(tight, key=KEY).chat.completions.create(**kw)
     assert e.value.status_code == 400 and e.value.body["param"] == param
     assert "not supported" in e.value.body["message"]
+
+
+def test_prediction_gives_the_plain_reply_and_counts_its_drafts(server):
+    """OpenAI's predicted outputs: the reply of a plain request as the prediction of the same
+    request gives the same reply, mostly drafted; usage and timings count the drafts."""
+    c = client(server)
+    kw = dict(model="smollm2", messages=[{"role": "user", "content": "List the days of the week."}],
+              temperature=0, max_tokens=40)
+    plain = c.chat.completions.create(**kw)
+    text = plain.choices[0].message.content
+    assert plain.usage.completion_tokens_details is None     # nothing drafted
+    for pred in (text, [{"type": "text", "text": text}], text[:len(text) // 2] + " and so on"):
+        r = c.chat.completions.create(**kw, prediction={"type": "content", "content": pred})
+        assert r.choices[0].message.content == text
+        d = r.usage.completion_tokens_details
+        assert d.accepted_prediction_tokens > 0 and d.rejected_prediction_tokens >= 0
+        t = r.model_extra["timings"]
+        assert t["draft_n"] == d.accepted_prediction_tokens + d.rejected_prediction_tokens
+        assert t["draft_n_accepted"] == d.accepted_prediction_tokens
+        if pred is text:
+            assert d.accepted_prediction_tokens >= r.usage.completion_tokens // 2
+
+
+@pytest.mark.parametrize("prediction", [
+    "text", {"type": "text", "content": "x"}, {"type": "content"}, {"type": "content", "content": 3},
+    {"type": "content", "content": [{"type": "image_url"}]}, {"type": "content", "content": "x", "x": 1},
+    {"type": "content", "content": "word " * 3000},            # longer than the context
+])
+def test_bad_predictions_get_400(server, prediction):
+    r = post(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2,
+                                              "prediction": prediction})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prediction", r.text
 
 
 def test_no_op_values_of_unsupported_fields_are_accepted(tight):

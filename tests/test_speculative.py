@@ -154,6 +154,20 @@ def test_prompt_lookup_goes_on_from_where_the_copy_left_its_source():
     assert pl.draft(1) == [18]
 
 
+def test_prompt_lookup_drafts_a_prediction_from_its_start_and_finds_it_again():
+    pl = PromptLookup([100, 101, 102], prediction=[1, 2, 3, 4, 5, 6, 7, 8])
+    assert pl.draft(3) == [1, 2, 3]               # the reply is expected to be the prediction
+    pl.extend([1])
+    assert pl.draft(3) == [2, 3, 4]
+    pl.extend([2, 3, 4, 5])
+    assert pl.draft(10) == [6, 7, 8]              # never past its end into the prompt
+    pl.extend([9])                                # the reply leaves it (an edit) ...
+    assert pl.draft(3) == []
+    pl.extend([4, 5])                             # ... and comes back: its n-grams find it
+    assert pl.draft(3) == [6, 7, 8]
+    assert PromptLookup([1, 2, 1], prediction=[]).draft(2) == [2, 1]   # none: plain lookup
+
+
 def test_draft_length_grows_with_acceptance_and_switches_off():
     d = DraftLength(row_cost=0.25)
     for _ in range(20):
@@ -275,6 +289,38 @@ def test_lookup_drafts_are_accepted_rejected_and_save_passes(tiny, steady_costs)
         passes, plain_passes = passes + ms.passes, plain_passes + mp.passes
     assert 0 < accepted < drafted                  # partial acceptance happened
     assert passes < plain_passes
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_prediction_gives_plain_tokens_and_drafts_from_it(tiny, seed, steady_costs):
+    """Predicted outputs: greedy and sampled, the reply is plain decoding's whatever the
+    prediction says; a right prediction is mostly accepted, an edited one partly, and with
+    or without speculative="lookup" it drafts."""
+    for params in (GREEDY, SamplingParams(temperature=0.8, seed=seed)):
+        plain, mp = _markov_run(tiny.tokenizer, seed, None, params, max_tokens=120)
+        toks = mp.seq[70:]    # the reply's ids but its last (a response may carry several)
+        assert len(toks) == 119
+        edited = toks[:40] + [(t + 1) % tiny.tokenizer.vocab_size for t in toks[40:45]] + toks[45:]
+        for spec, pred in ((None, toks), ("lookup", toks), (None, edited), (None, toks[::-1])):
+            rs, m = _markov_run(tiny.tokenizer, seed, spec, params, max_tokens=120,
+                                prediction=pred)
+            assert _tokens(rs) == _tokens(plain)
+            assert m.seq == mp.seq
+            if pred is toks and params is GREEDY:
+                assert rs[-1].accepted_tokens >= 100 and m.passes < mp.passes / 4
+            if pred is edited and params is GREEDY:
+                assert rs[-1].accepted_tokens >= 80 and m.passes < mp.passes / 2
+
+
+def test_a_prediction_as_text_and_bad_predictions(tiny):
+    r = tiny.generate([1, 2, 3], max_tokens=20, temperature=0)
+    again = tiny.generate([1, 2, 3], max_tokens=20, temperature=0, prediction=r.text)
+    assert again.text == r.text and again.drafted_tokens > 0
+    for bad in (3, 1.5, b"abc", [1, "2"]):
+        with pytest.raises((TypeError, ValueError), match="prediction|token ids"):
+            tiny.generate([1, 2, 3], max_tokens=4, prediction=bad)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tiny.generate([1, 2, 3], max_tokens=4, prediction=[1, 10 ** 6])
 
 
 @pytest.mark.parametrize("kw", [dict(max_tokens=1), dict(max_tokens=0), dict(max_tokens=37),
@@ -403,6 +449,25 @@ def test_engine_lookup_gives_each_request_its_plain_tokens(params, steady_costs)
     assert [x[0] for x in spec] == alone
     if params is GREEDY:
         assert sum(x[4] for x in spec) > 0
+
+
+def test_engine_prediction_gives_each_request_its_plain_tokens(steady_costs):
+    llm = LLM(SEED, n_threads=1, n_ctx=512, n_seq=3)
+    prompts = [_repetitive_prompt(s, n=20 + 7 * s) for s in range(3)]
+    kw = dict(max_tokens=60, params=GREEDY, eos_ids=[])
+    plain = _engine_texts(llm, prompts, None, **kw)
+    from pyklei.engine import Engine
+    eng = Engine(llm.model, llm.tokenizer, n_parallel=3, max_queue=3)
+    try:
+        with eng._cond:
+            streams = [eng.submit(p, prediction=llm.encode(x[1], add_bos=False), **kw)
+                       for p, x in zip(prompts, plain)]
+        for s, x in zip(streams, plain):
+            rs = list(s)
+            assert [r.token for r in rs] == x[0]
+            assert rs[-1].accepted_tokens >= 40   # of at most 60 - its passes
+    finally:
+        eng.shutdown(cancel=True)
 
 
 def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2, steady_costs):

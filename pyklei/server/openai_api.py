@@ -10,9 +10,10 @@ Tokenizer.apply_chat_template: the same rules and messages as the Python API and
 Steering fields: logprobs/top_logprobs, n, logit_bias, presence/frequency penalties, echo;
 response_format and llama.cpp's json_schema / grammar fields become a pyklei.grammar constraint;
 tools / tool_choice / tool messages go through pyklei.tools (tool_choice "required" or a named
-function is a constraint too). Fields the server does not implement (the legacy functions,
-audio, prediction, ...) are a 400 unless they hold their no-op value: a client must never get
-a 200 that silently ignored what it asked for. Other unknown fields (`user`, `metadata`) are
+function is a constraint too); prediction (predicted outputs) drafts by prompt lookup from the
+predicted text, and usage.completion_tokens_details counts the drafted tokens accepted and
+rejected. Fields the server does not implement (suffix, audio, ...) are a 400 unless they hold
+their no-op value: a client must never get a 200 that silently ignored what it asked for. Other unknown fields (`user`, `metadata`) are
 ignored, as OpenAI-compatible servers commonly do.
 
 Chat responses, chunks and usage are built here too (`completion`, `chunk`, `usage`), so the
@@ -29,7 +30,7 @@ from dataclasses import replace
 
 from ..generate import GenerationResponse, TokenLogprob
 from ..request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_stops,
-                       token_budget)
+                       prediction_ids, token_budget)
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
 from ..tools import ToolError, check_tool_choice, check_tools, has_tool_turns
@@ -65,7 +66,6 @@ UNSUPPORTED = {
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
     "audio": (lambda v: False, "audio output is not supported"),
     "modalities": (lambda v: v == ["text"], "modalities other than text are not supported"),
-    "prediction": (lambda v: False, "predicted outputs are not supported"),
 }
 
 
@@ -88,6 +88,7 @@ class Request:
     legacy_functions: bool = False   # answer a call as message.function_call (legacy API)
     best_of: int | None = None   # completions: choices generated, of which n are returned
     n: int = 1
+    prediction: tuple[int, ...] = ()   # predicted outputs: the reply's expected token ids
 
     def generations(self, eos_ids) -> list[GenerationRequest]:
         """The engine's requests, one per choice (the first follows `constraint`, the others
@@ -96,7 +97,8 @@ class Request:
         c = self.constraint
         return [GenerationRequest(prompt=tuple(self.ids), max_tokens=self.max_tokens, params=p,
                                   stop=self.stop, eos_ids=tuple(eos_ids), logprobs=logprobs,
-                                  constraint=c if c is None or i == 0 else c.fresh())
+                                  constraint=c if c is None or i == 0 else c.fresh(),
+                                  prediction=self.prediction)
                 for i, p in enumerate(self.params)]
 
 
@@ -195,6 +197,32 @@ def stops_from(body: dict) -> tuple[str, ...]:
     except (TypeError, ValueError):
         raise APIError(f"'stop' must be a string or a list of up to {MAX_STOPS} strings",
                        "stop") from None
+
+
+def prediction_from(body: dict, tokenizer, n_ctx: int) -> tuple[int, ...]:
+    """OpenAI's predicted outputs: {"type": "content", "content": text or [text parts]}, the
+    reply's expected text (the code an edit rewrites): its token ids, drafted from by prompt
+    lookup. The reply is the same as without it (drafts are checked); it only comes sooner."""
+    p = body.get("prediction")
+    if p is None:
+        return ()
+    shape = "'prediction' must be {\"type\": \"content\", \"content\": the expected text}"
+    if not isinstance(p, dict) or p.get("type") != "content" or set(p) - {"type", "content"}:
+        raise APIError(shape, "prediction")
+    content = p.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(x, dict) and x.get("type") == "text" and isinstance(x.get("text"), str)
+                   for x in content):
+            raise APIError("'prediction.content' parts must be text parts ({\"type\": \"text\", "
+                           "\"text\": ...})", "prediction")
+        content = "".join(x["text"] for x in content)
+    if not isinstance(content, str):
+        raise APIError(shape, "prediction")
+    ids = prediction_ids(tokenizer, content)
+    if len(ids) > n_ctx:
+        raise APIError(f"'prediction' is {len(ids)} tokens, more than a reply can be in the "
+                       f"context of {n_ctx} tokens", "prediction")
+    return ids
 
 
 def _message_text(i: int, m: dict) -> str:
@@ -426,7 +454,8 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                    logprobs=logprobs, echo=echo, prompt_text=prompt_text, tools=tools,
                    tool_choice=tool_choice, parallel_tool_calls=parallel,
                    constraint=constrained, legacy_functions=legacy, best_of=best_of,
-                   n=_int_field(body, "n", 1, MAX_N, 1))
+                   n=_int_field(body, "n", 1, MAX_N, 1),
+                   prediction=prediction_from(body, tokenizer, n_ctx))
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -436,19 +465,31 @@ def new_id(kind: str) -> str:
 
 
 def usage(lasts: list[GenerationResponse]) -> dict:
-    """One request's usage: the prompt once, the tokens of every choice."""
+    """One request's usage: the prompt once, the tokens of every choice; where speculative
+    decoding drafted (serve --lookup, --draft-model, a prediction), completion_tokens_details
+    counts the drafted tokens accepted and rejected under OpenAI's predicted-outputs names
+    (the tokens generated are the same either way)."""
     prompt = lasts[0].prompt_tokens
     completion = sum(r.generation_tokens for r in lasts)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    out = {"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion}
+    drafted = sum(r.drafted_tokens for r in lasts)
+    if drafted:
+        accepted = sum(r.accepted_tokens for r in lasts)
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                            "rejected_prediction_tokens": drafted - accepted}
+    return out
 
 
 def timings(r: GenerationResponse) -> dict:
     """pyklei's extension beside usage: the speeds of this request (its first choice), as the
     server saw them."""
-    return {"time_to_first_token_s": r.time_to_first_token, "prompt_tok_s": r.prompt_tps,
-            "generation_tok_s": r.generation_tps, "prompt_cached_tokens":
-            r.prompt_tokens - r.prompt_eval_tokens}
+    out = {"time_to_first_token_s": r.time_to_first_token, "prompt_tok_s": r.prompt_tps,
+           "generation_tok_s": r.generation_tps, "prompt_cached_tokens":
+           r.prompt_tokens - r.prompt_eval_tokens}
+    if r.drafted_tokens:    # llama.cpp's server's names for its speculative decoding
+        out.update(draft_n=r.drafted_tokens, draft_n_accepted=r.accepted_tokens)
+    return out
 
 
 class Logprobs:
