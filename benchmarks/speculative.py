@@ -23,6 +23,9 @@ ran: robust on a machine shared with other work), the median of the reps; the ra
 over plain, and the wall-clock ratio is reported beside it. The load average of the machine
 is recorded too: on a shared machine compare the ratios, not the absolute figures.
 
+Predicted outputs: an edit of a Python file whose reply is mostly that file, plain, with
+lookup and with the file as OpenAI's `prediction` (drafts from its start), alternated.
+
 Engine: the quoting tasks twice each, 8 requests decoded together (pyklei.engine), plain
 batching vs lookup drafts inside the batched steps; aggregate tokens over CPU time. With
 --engine-draft-model FILE, a third arm drafts with that model (a KV cache slot per request).
@@ -323,6 +326,46 @@ def add_sources(rep: dict, args) -> None:
     llm.close()
 
 
+def edit_task(llm) -> tuple[str, str]:
+    """(user message, prediction) of the predicted-outputs task: edit a Python file (the first
+    ~1,200 tokens of pyklei/sampler.py) and output all of it; the prediction is the file as it
+    is, what a client that knows the reply is mostly that file sends (OpenAI's predicted
+    outputs)."""
+    code = _head((ROOT / "pyklei" / "sampler.py").read_text(), llm, 1200)
+    msg = ("Here is a Python file.\n\n```python\n" + code + "```\n\nAdd a comment line "
+           "'# checked' at the top. Output only the complete code.")
+    return msg, "```python\n# checked\n" + code + "```"
+
+
+def prediction_bench(llm, reps: int, max_tokens: int) -> dict:
+    """The edit task (edit_task) plain, with speculative="lookup", and with the prediction,
+    alternated; greedy; the same text in all three (asserted). CPU tok/s, medians."""
+    msg, pred = edit_task(llm)
+    ids = llm.tokenizer.apply_chat_template([{"role": "user", "content": msg}],
+                                            add_generation_prompt=True, tokenize=True)
+    llm.generate(ids, max_tokens=1)
+    arms = ["plain", "lookup", "prediction"]
+    cpu = {a: [] for a in arms}
+    texts, last = {}, {}
+    for rep in range(reps):
+        for arm in arms[rep % 3:] + arms[:rep % 3]:
+            c = time.process_time()
+            r = llm.generate(ids, max_tokens=max_tokens, temperature=0.0,
+                             speculative="lookup" if arm == "lookup" else None,
+                             prediction=pred if arm == "prediction" else None)
+            cpu[arm].append(r.generation_tokens / (time.process_time() - c))
+            texts[arm], last[arm] = r.text, r
+    assert texts["plain"] == texts["lookup"] == texts["prediction"], "a draft changed the text"
+    med = {a: statistics.median(v) for a, v in cpu.items()}
+    return dict(prompt_tokens=len(ids), prediction_tokens=len(llm.encode(pred, add_bos=False)),
+                generated=last["plain"].generation_tokens,
+                tps={a: round(v, 1) for a, v in med.items()},
+                ratio={a: round(med[a] / med["plain"], 3) for a in arms[1:]},
+                drafted={a: last[a].drafted_tokens for a in arms[1:]},
+                accepted={a: last[a].accepted_tokens for a in arms[1:]},
+                reply_head=texts["plain"][:160])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(DEFAULT_MODEL))
@@ -334,6 +377,8 @@ def main() -> int:
     ap.add_argument("--engine-reps", type=int, default=2,
                     help="runs per arm of the 8-request engine batch (0: skip it)")
     ap.add_argument("--engine-max-tokens", type=int, default=200)
+    ap.add_argument("--prediction-reps", type=int, default=3,
+                    help="runs per arm of the predicted-outputs task (0: skip it)")
     ap.add_argument("--engine-draft-model", metavar="FILE",
                     help="a third engine arm: this draft model (same vocabulary)")
     ap.add_argument("--llamacpp", metavar="KIND", default="",
@@ -434,6 +479,13 @@ def main() -> int:
             print(f"{'':16s} llama.cpp: plain {lc['plain_tps']:6.1f}  lookup {lc['best']} "
                   f"{lc['best_tps']:6.1f} tok/s x{lc['ratio']:.2f}  pyklei lookup / llama.cpp "
                   f"x{lc['pyklei_vs_llamacpp']:.2f}  same text {lc['same_text']}", flush=True)
+    predicted = None
+    if args.prediction_reps:
+        predicted = prediction_bench(llm, args.prediction_reps, args.max_tokens)
+        print(f"predicted outputs (edit): plain {predicted['tps']['plain']} tok/s, lookup "
+              f"x{predicted['ratio']['lookup']:.2f}, prediction x{predicted['ratio']['prediction']:.2f}"
+              f"  accepted {predicted['accepted']['prediction']}/{predicted['drafted']['prediction']}",
+              flush=True)
     llm.close()
     engine = None
     if args.engine_reps:
@@ -454,7 +506,7 @@ def main() -> int:
                   processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
                   wall_s=round(time.perf_counter() - t_start, 1),
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), pass_costs_ms=costs,
-                  rows=rows, engine=engine, llamacpp=(
+                  rows=rows, engine=engine, predicted=predicted, llamacpp=(
                       dict(kind=args.llamacpp, file=lc_path.name,
                            drafts=list(LLAMACPP_DRAFTS)) if lc_path else None))
     out = Path(args.out)
@@ -481,7 +533,7 @@ def markdown(rep: dict) -> str:
         f"alternated; ratio = lookup / plain; the wall-clock ratio beside it. Every lookup "
         f"reply is the plain reply, character for character (asserted).", "",
         f"Geometric mean of the ratios: quoting tasks x{gmean(quote):.2f}, free-form chat "
-        f"x{gmean(chat):.2f}; lowest x{min(quote + chat):.2f}.", "",
+        f"x{gmean(chat):.2f}; lowest x{min(quote + chat, default=float('nan')):.2f}.", "",
         "Read with care (the replies are listed below): SmolLM2-135M's greedy replies loop, a "
         "random-weight model's are noise, and lookup drafts from a loop as well as from the "
         "prompt, so these ratios mix quoting with repetition, and free chat can gain too; the "
@@ -520,6 +572,21 @@ def markdown(rep: dict) -> str:
                               "here): its drafts all hold, but drafting a token costs what "
                               "decoding one does, so this shows what the mechanics cost, not "
                               "what a small draft would gain.")
+    pr = rep.get("predicted")
+    if pr:
+        lines += ["", "Predicted outputs (OpenAI's `prediction`; pyklei.request's prediction=): "
+                  f"edit a Python file ({pr['prompt_tokens']} prompt tokens) and output all of "
+                  f"it, the file as it was ({pr['prediction_tokens']} tokens) the prediction; "
+                  f"{pr['generated']} tokens generated, greedy, the three arms alternated, "
+                  f"the same text in all (asserted). CPU tok/s, medians:", "",
+                  "| plain | lookup | ratio | accepted / drafted | prediction | ratio | "
+                  "accepted / drafted |", "|---:|---:|---:|---:|---:|---:|---:|",
+                  f"| {pr['tps']['plain']} | {pr['tps']['lookup']} | x{pr['ratio']['lookup']:.2f} | "
+                  f"{pr['accepted']['lookup']} / {pr['drafted']['lookup']} | "
+                  f"{pr['tps']['prediction']} | x{pr['ratio']['prediction']:.2f} | "
+                  f"{pr['accepted']['prediction']} / {pr['drafted']['prediction']} |", "",
+                  "Reply: `" + pr["reply_head"][:160].replace("\n", " / ").replace("`", "'")
+                  + "`"]
     lc_rows = [r for r in rep["rows"] if r.get("llamacpp")]
     if lc_rows:
         lc = rep["llamacpp"]
