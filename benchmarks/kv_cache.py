@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", type=int, default=2048, help="speed: prompt tokens before decoding")
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
+    ap.add_argument("--out", default="kv-cache",
+                    help="results name in benchmarks/results (.md and .json)")
     ap.add_argument("--keep-quality", action="store_true",
                     help="speed only: keep the quality rows of the last results file (same model)")
     args = ap.parse_args(argv)
@@ -114,7 +116,7 @@ def main(argv=None) -> int:
     load0 = os.getloadavg()
 
     quality = []
-    last = RESULTS / "kv-cache.json"
+    last = RESULTS / f"{args.out}.json"
     if args.keep_quality:
         old = json.loads(last.read_text())
         if old["model"] != Path(model).name:
@@ -141,18 +143,19 @@ def main(argv=None) -> int:
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "model": Path(model).name,
            "threads": args.threads, "loadavg_start": load0, "loadavg_end": os.getloadavg(),
            "wall_s": time.time() - t0, "quality": quality, "speed": rates, "tokens": args.tokens,
-           "depth": args.depth, "n_gen": args.n_gen}
+           "depth": args.depth, "n_gen": args.n_gen,
+           "command": "python benchmarks/kv_cache.py " + " ".join(argv or sys.argv[1:])}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kv-cache.json").write_text(json.dumps(res, indent=1))
-    (RESULTS / "kv-cache.md").write_text(report(res))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(res, indent=1))
+    (RESULTS / f"{args.out}.md").write_text(report(res))
     print(report(res))
     return 0
 
 
 def report(res: dict) -> str:
     lines = ["# KV cache precision: quality and speed", "",
-             f"Command: `python benchmarks/kv_cache.py --threads {res['threads']} --depth "
-             f"{res['depth']} --tokens {res['tokens']}`; {res['date']}; model {res['model']}; "
+             f"Command: `{res.get('command') or ('python benchmarks/kv_cache.py --threads ' + str(res['threads']) + ' --depth ' + str(res['depth']) + ' --tokens ' + str(res['tokens']))}`; "
+             f"{res['date']}; model {res['model']}; "
              f"load average {res['loadavg_start'][0]:.2f} at the start, "
              f"{res['loadavg_end'][0]:.2f} at the end (2 shared CPUs); {res['wall_s']:.0f} s.", "",
              "Quality: every position's logits against transformers fp32 (KLD = KL(fp32 || "

@@ -108,11 +108,14 @@ def prediction_ids(tokenizer, prediction) -> tuple[int, ...]:
     if isinstance(prediction, str):
         return tuple(tokenizer.encode(prediction, add_bos=False, parse_special=False,
                                       add_eos=False))
+    if isinstance(prediction, dict):    # OpenAI's HTTP shape, {"type": "content", ...}
+        raise TypeError("prediction must be the expected text (a str) or its token ids; the "
+                        "{\"type\": \"content\", ...} object is the HTTP API's shape")
     try:
         return tuple(token_ids(prediction, tokenizer.vocab_size))
-    except TypeError:
-        raise TypeError(f"prediction must be the expected text (a str) or its token ids, got "
-                        f"{prediction!r}") from None
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"prediction must be the expected text (a str) or its token ids: "
+                      f"{e}") from None
 
 
 def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,

@@ -126,8 +126,8 @@ class PromptLookup:
         # is not the model's context; `aligned` follows the reply through it from its start
         # while every token agrees (-1 once one does not: then its n-grams find the way back).
         self.aligned = -1
+        self.n_prediction = len(prediction)
         self.extend(prediction)
-        self.n_prediction = len(self.tokens)
         self.extend(tokens)
         self.aligned = 0 if self.n_prediction else -1
 
@@ -142,6 +142,8 @@ class PromptLookup:
                 self.aligned = self.aligned + 1 if ok else -1
             toks.append(t)
             j = len(toks) - 2          # the position that just got a next token
+            if j == self.n_prediction - 1:   # the prediction's end: the prompt is not its sequel
+                continue
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if j - n + 1 < 0:
                     break
@@ -165,6 +167,8 @@ class PromptLookup:
                 if ends:
                     start = (self._furthest_reach(ends) if n == m else self._ahead(ends)) + 1
                     break
+        if start == self.n_prediction > 0:   # a copy of the prediction ran to its end
+            start = -1
         if start < 0:
             self.source = -1
             return []

@@ -166,6 +166,12 @@ def test_prompt_lookup_drafts_a_prediction_from_its_start_and_finds_it_again():
     pl.extend([4, 5])                             # ... and comes back: its n-grams find it
     assert pl.draft(3) == [6, 7, 8]
     assert PromptLookup([1, 2, 1], prediction=[]).draft(2) == [2, 1]   # none: plain lookup
+    pl = PromptLookup([1, 50, 51, 52, 53], prediction=[10, 11, 12, 13, 14])
+    pl.extend([10, 11, 12, 13, 14])               # the reply reached the prediction's end:
+    assert pl.draft(8) == []                      # the prompt is not its continuation
+    pl = PromptLookup([1, 5, 6, 7, 8], prediction=[5, 6])
+    pl.extend([5, 6])
+    assert pl.draft(2) == [7, 8]                  # the prompt's own occurrence, not the boundary
 
 
 def test_draft_length_grows_with_acceptance_and_switches_off():
@@ -316,7 +322,7 @@ def test_a_prediction_as_text_and_bad_predictions(tiny):
     r = tiny.generate([1, 2, 3], max_tokens=20, temperature=0)
     again = tiny.generate([1, 2, 3], max_tokens=20, temperature=0, prediction=r.text)
     assert again.text == r.text and again.drafted_tokens > 0
-    for bad in (3, 1.5, b"abc", [1, "2"]):
+    for bad in (3, 1.5, b"abc", [1, "2"], {"type": "content", "content": "x"}):
         with pytest.raises((TypeError, ValueError), match="prediction|token ids"):
             tiny.generate([1, 2, 3], max_tokens=4, prediction=bad)
     with pytest.raises(ValueError, match="outside the vocabulary"):

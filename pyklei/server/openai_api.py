@@ -218,6 +218,9 @@ def prediction_from(body: dict, tokenizer, n_ctx: int) -> tuple[int, ...]:
         content = "".join(x["text"] for x in content)
     if not isinstance(content, str):
         raise APIError(shape, "prediction")
+    if len(content) > tokenizer.max_token_chars * n_ctx:   # found before tokenizing (check_length)
+        raise APIError(f"'prediction' has {len(content)} characters, more than a reply can be "
+                       f"in the context of {n_ctx} tokens", "prediction")
     ids = prediction_ids(tokenizer, content)
     if len(ids) > n_ctx:
         raise APIError(f"'prediction' is {len(ids)} tokens, more than a reply can be in the "
