@@ -8,6 +8,7 @@ its file is cached."""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -413,6 +414,11 @@ def test_cli_generate_and_chat_lookup_print_the_plain_text():
     plain, spec = cli(*gen), cli(*gen, "--lookup")
     assert spec.stdout == plain.stdout
     assert "drafted" in spec.stderr and "drafted" not in plain.stderr
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:   # the reply as the prediction
+        f.write(plain.stdout.rstrip("\n"))
+        f.flush()
+        pred = cli(*gen, "--prediction", f.name)
+    assert pred.stdout == plain.stdout and "drafted" in pred.stderr
     draft = cli(*gen, "--draft-model", SEED)
     assert draft.stdout == plain.stdout and "drafted" in draft.stderr
     chat = ["chat", SEED, "-n", "30", "--temperature", "0", "-t", "1"]

@@ -33,7 +33,11 @@ def add_parser(sub):
                         "to stderr")
     _add_sampling_options(g)
     _add_constraint_options(g)
-    _add_speculative_options(g)
+    sp = _add_speculative_options(g)
+    sp.add_argument("--prediction", metavar="FILE",
+                    help="the text the reply is expected to be (e.g. the file an edit "
+                         "rewrites): drafts come from it, the reply is the same (OpenAI's "
+                         "predicted outputs)")
     _add_model_options(g)
     g.set_defaults(func=run)
     return g
@@ -67,6 +71,7 @@ def run(args) -> int:
     prompt = args.prompt if args.prompt is not None else _read_text(args.file, "prompt")
     if not prompt:
         raise CLIError("the prompt is empty")
+    prediction = _read_text(args.prediction, "prediction") if args.prediction else None
     constrain = _constraint(args)
     llm = _load(args)
     _check_constraint(llm, constrain)
@@ -81,7 +86,7 @@ def run(args) -> int:
     out = sys.stdout
     last, wrote, interrupted = None, "", False
     it = llm.generate(ids, max_tokens=max_tokens, stream=True, stop=args.stop, **constrain,
-                      speculative=_speculative(args), **_sampling(args))
+                      speculative=_speculative(args), prediction=prediction, **_sampling(args))
     try:
         for r in it:
             if r.text:
