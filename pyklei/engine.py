@@ -71,7 +71,7 @@ from .generate import Generation, GenerationResponse, token_logprob
 from .request import GenerationRequest, check_params, make_request
 from .model import Model
 from .sampler import SamplingParams
-from .speculative import DraftLength, PassCost, PromptLookup, check_speculative
+from .speculative import DraftLength, PassCost, PromptLookup, check_speculative, drafting
 
 
 class QueueFullError(RuntimeError):
@@ -271,9 +271,10 @@ class Engine:
             ids = list(req.prompt)
             r = _Request(RequestStream(self, len(ids)), ids, Generation(self.tokenizer, req),
                          after=queued[0] if queued else None)
-            if (mode is not None or req.prediction) and req.constraint is None:
+            how = drafting(mode, req.prediction, req.constraint)
+            if how is not None:
                 r.draft_length = DraftLength()
-                if mode in (None, "lookup") or req.prediction:   # a prediction: lookup drafts
+                if how == "lookup":
                     r.lookup = PromptLookup(ids, prediction=req.prediction)
                 else:
                     r.draft_model = True

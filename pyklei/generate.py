@@ -31,7 +31,8 @@ import numpy as np
 from .request import GenerationRequest, make_request
 from .sampler import (SamplingParams, Sampler, apply_logit_bias, apply_presence_frequency,
                       apply_repetition_penalty, speculative_choice)
-from .speculative import DraftModel, PromptLookup, check_speculative, stream_speculative
+from .speculative import (DraftModel, PromptLookup, check_speculative, drafting,
+                          stream_speculative)
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,9 @@ def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[Generat
     if req.constraint is not None:
         req.constraint.claim()
     prompt, gen = list(req.prompt), Generation(tokenizer, req)
-    if (req.speculative is not None or req.prediction) and req.constraint is None:
-        drafter = (PromptLookup(prompt, prediction=req.prediction)
-                   if req.speculative in (None, "lookup") or req.prediction
+    how = drafting(req.speculative, req.prediction, req.constraint)
+    if how is not None:
+        drafter = (PromptLookup(prompt, prediction=req.prediction) if how == "lookup"
                    else DraftModel(req.speculative, prompt, gen))
         return stream_speculative(model, prompt, gen, drafter)
     return _stream(model, prompt, gen)

@@ -91,6 +91,15 @@ def check_speculative(speculative, model=None):
                      f" (prompt lookup) or a draft model (pyklei.load(...)), got {speculative!r}")
 
 
+def drafting(speculative, prediction, constraint) -> str | None:
+    """How a request drafts: None (no speculative and no prediction, or a constraint: its mask
+    changes with every token), "lookup" (prompt lookup, over the prediction when there is one:
+    a prediction drafts by lookup whatever `speculative` says) or "model" (a draft model)."""
+    if constraint is not None or (speculative is None and not prediction):
+        return None
+    return "lookup" if speculative in (None, "lookup") or prediction else "model"
+
+
 class PromptLookup:
     """Drafts the continuation of the text's last n-gram from an earlier occurrence.
 

@@ -175,6 +175,17 @@ def test_prompt_lookup_drafts_a_prediction_from_its_start_and_finds_it_again():
     assert pl.draft(2) == [7, 8]                  # the prompt's own occurrence, not the boundary
 
 
+def test_which_requests_draft_and_how():
+    from pyklei.speculative import drafting
+    draft_model, constraint = object(), object()
+    assert drafting(None, (), None) is None
+    assert drafting("lookup", (), None) == "lookup"
+    assert drafting(None, (5, 6), None) == "lookup"            # a prediction drafts by itself
+    assert drafting(draft_model, (), None) == "model"
+    assert drafting(draft_model, (5, 6), None) == "lookup"     # ... even beside a draft model
+    assert drafting("lookup", (5, 6), constraint) is None      # a constrained reply never drafts
+
+
 def test_draft_length_grows_with_acceptance_and_switches_off():
     d = DraftLength(row_cost=0.25)
     for _ in range(20):
