@@ -13,8 +13,8 @@ tools / tool_choice / tool messages go through pyklei.tools (tool_choice "requir
 function is a constraint too); prediction (predicted outputs) drafts by prompt lookup from the
 predicted text, and usage.completion_tokens_details counts the drafted tokens accepted and
 rejected. Fields the server does not implement (suffix, audio, ...) are a 400 unless they hold
-their no-op value: a client must never get a 200 that silently ignored what it asked for. Other unknown fields (`user`, `metadata`) are
-ignored, as OpenAI-compatible servers commonly do.
+their no-op value: a client must never get a 200 that silently ignored what it asked for.
+Other unknown fields (`user`, `metadata`) are ignored, as OpenAI-compatible servers commonly do.
 
 Chat responses, chunks and usage are built here too (`completion`, `chunk`, `usage`), so the
 HTTP layer (app.py) only moves bytes.
