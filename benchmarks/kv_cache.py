@@ -193,6 +193,10 @@ def report(res: dict) -> str:
         base = [r for r in res["speed"] if r["kv_cache"] == "f32"][0]["kv_bytes"]
         lines.append(f"| {kind} / f32 | {rs[0]['kv_bytes'] / base:.2f}x | "
                      + " | ".join(f"{med[kind][t] / med['f32'][t]:.2f}x" for t in tests) + " | |")
+    if "q8" in med and "f16" in med:   # the default's question: the smaller cache against f16
+        rs = {k: [r for r in res["speed"] if r["kv_cache"] == k][0]["kv_bytes"] for k in ("q8", "f16")}
+        lines.append(f"| q8 / f16 | {rs['q8'] / rs['f16']:.2f}x | "
+                     + " | ".join(f"{med['q8'][t] / med['f16'][t]:.2f}x" for t in tests) + " | |")
     return "\n".join(lines) + "\n"
 
 

@@ -424,6 +424,47 @@ static inline __attribute__((always_inline)) void pv_rows(const int G, const int
 /* The most positions converted at once (a prefill window's span). */
 #define KV_SPAN 128
 
+/* A q8 cache's values as f32 on AVX-512: 16 int8 widened in one instruction, converted and
+ * multiplied by their scales, one zmm at a time. GCC vectorized the plain loops below at 256
+ * bits, widening int8 through int16 with lane extracts: the q8 cache's attention ran at half
+ * the f16 cache's read rate and decoded slower than it at depth 4096 (docs/KERNELS.md). The
+ * products are the plain loops' (exact in f32), so the bits do not change. K: nb blocks of
+ * [HD][16] with scales sc [nb][HD/32][16]; V: n rows of [HD] with scales sc [n][HD/32]. */
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static inline void q8_k_wide(const int HD, size_t nb,
+                                                                const int8_t *restrict k8,
+                                                                const float *restrict sc,
+                                                                float *restrict tile) {
+    for (size_t g = 0; g < nb * (HD / PK_KV_Q8_GROUP); g++) {   /* a group: 32 dimensions x 16 positions */
+        const __m512 s = _mm512_loadu_ps(sc + g * PK_KV_BLOCK);
+        const int8_t *x = k8 + g * PK_KV_Q8_GROUP * PK_KV_BLOCK;
+        float *t = tile + g * PK_KV_Q8_GROUP * PK_KV_BLOCK;
+#pragma GCC unroll 4
+        for (int i = 0; i < PK_KV_Q8_GROUP; i++)
+            _mm512_storeu_ps(t + i * PK_KV_BLOCK, _mm512_mul_ps(
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + i * PK_KV_BLOCK)))), s));
+    }
+}
+__attribute__((target("avx512f"))) static inline void q8_v_wide(const int HD, size_t n,
+                                                                const int8_t *restrict v8,
+                                                                const float *restrict sc,
+                                                                float *restrict tile) {
+    const int GPR = HD / PK_KV_Q8_GROUP;
+    for (size_t j = 0; j < n; j++)
+        for (int c = 0; c < GPR; c++) {
+            const __m512 s = _mm512_set1_ps(sc[j * GPR + c]);
+            const int8_t *x = v8 + j * HD + c * PK_KV_Q8_GROUP;
+            float *t = tile + j * HD + c * PK_KV_Q8_GROUP;
+            for (int h = 0; h < PK_KV_Q8_GROUP; h += 16)
+                _mm512_storeu_ps(t + h, _mm512_mul_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + h)))), s));
+        }
+}
+#else
+#define q8_k_wide(HD, nb, k8, sc, tile) ((void)(k8), (void)(sc), (void)(tile), __builtin_unreachable())
+#define q8_v_wide(HD, n, v8, sc, tile) ((void)(v8), (void)(sc), (void)(tile), __builtin_unreachable())
+#endif
+
 /* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16];
  * nb * 16 <= KV_SPAN. */
 static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T, const int HD,
@@ -437,6 +478,10 @@ static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T
     const int NS = HD / PK_KV_Q8_GROUP * PK_KV_BLOCK;   /* scales per block, [HD/32][16] as K's blocked order */
     float sc[KV_SPAN / PK_KV_BLOCK * NS];                 /* the scales of all nb blocks: one call */
     kv->f16(nb * NS, kv->k_scale + e0 / PK_KV_Q8_GROUP, sc);
+    if (QK_WIDE()) {
+        q8_k_wide(HD, nb, (const int8_t *)kv->k + e0, sc, tile);
+        return;
+    }
     for (size_t b = 0; b < nb; b++) {
         const int8_t *restrict k8 = (const int8_t *)kv->k + e0 + b * PK_KV_BLOCK * HD;
         const float *restrict sb = sc + b * NS;
@@ -459,6 +504,10 @@ static inline __attribute__((always_inline)) void kv_v_to_f32(const pk_kv_type T
     float sc[KV_SPAN * GPR];
     kv->f16(n * GPR, kv->v_scale + j0 * GPR, sc);
     const int8_t *restrict v8 = (const int8_t *)kv->v + j0 * HD;
+    if (QK_WIDE()) {
+        q8_v_wide(HD, n, v8, sc, tile);
+        return;
+    }
     for (size_t j = 0; j < n; j++)
         for (int c = 0; c < GPR; c++) {
             const float s = sc[j * GPR + c];
