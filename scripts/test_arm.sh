@@ -192,6 +192,25 @@ else
     tail -n 1 "$WORK/native.log" | sed 's/^/    | /'
 fi
 
+# The plain C loops (attention, SwiGLU, the rotation) run as the clone of the CPU's widest ISA;
+# on an AVX-512 machine the AVX2 clone's code would otherwise never run here. One ISA's code:
+# -DPK_NO_CLONES -march=x86-64-v3 (the quick shape set: the kernels above ran in full).
+if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo \
+   && grep -qw f16c /proc/cpuinfo; then
+    say "native run of the AVX2 code (-march=x86-64-v3, no clones; quick shape set)"
+    gcc "${CFLAGS[@]}" -DPK_NO_CLONES -march=x86-64-v3 "${SRCS[@]}" -lm -o "$WORK/test_matmul_v3"
+    rc=0
+    "$WORK/test_matmul_v3" --quick >"$WORK/v3.log" 2>&1 || rc=$?
+    if [ $rc -eq 0 ] && tail -n 1 "$WORK/v3.log" | grep -qE '^[0-9]+ passed, 0 failed$'; then
+        say "  x86-64-v3: ok: $(tail -n 1 "$WORK/v3.log")"
+    else
+        FAILED=1
+        say "  x86-64-v3: FAILED (exit $rc)"
+        grep -E "^FAIL" "$WORK/v3.log" | head -20 | sed 's/^/    | /'
+        tail -n 1 "$WORK/v3.log" | sed 's/^/    | /'
+    fi
+fi
+
 if echo 'int main(void){return 0;}' | gcc -fsanitize=address,undefined -x c - -o "$WORK/asan_probe" 2>/dev/null \
    && "$WORK/asan_probe" 2>/dev/null; then
     say "native run with AddressSanitizer + UBSan (quick shape set)"
