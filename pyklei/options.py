@@ -103,7 +103,8 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     Option("n_batch", int, 256, ("-b", "--batch-size"), "N", "batch size",
            "prompt tokens per forward pass (prefill chunk)", lo=1),
     # f16 by default, as llama.cpp: half the memory, the same speed (docs/KERNELS.md), KLD
-    # within the noise of the activations' rounding (benchmarks/results/kv-cache.md)
+    # within the noise of the activations' rounding (benchmarks/results/kv-cache.md); q8 is
+    # smaller and faster but costs about +1% KLD against f16 (docs/CLI.md)
     Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16,q8}", "KV cache type",
            "KV cache precision (q8: int8 with an f16 scale per 32 values, as llama.cpp's q8_0)",
            choices=("f32", "f16", "q8")),
