@@ -381,20 +381,24 @@ __attribute__((target("avx512f"))) static inline void pv_tile(const int T, const
 #endif
 
 /* scores[g * ld + j] for positions j in [j0, end) from the K blocks at blk (j0's block first,
- * j0 a multiple of 16; K is padded to whole blocks, so the block of end - 1 is whole). */
+ * j0 a multiple of 16; K is padded to whole blocks, so the block of end - 1 is whole). padded:
+ * blk holds whole groups of QK_NB blocks (a converted tile, its blocks past end zeroed), so
+ * that the tail of the span goes through qk_blocks too; the plain loop below, one block at a
+ * time, came out as scalar FMAs and lane inserts in the AVX-512 clone. Scores past end are
+ * computed and dropped: each lane's sum is its own, so the others' bits do not change. */
 static inline __attribute__((always_inline)) void qk_span(const int G, const int HD, const float *restrict qs,
                                                           const float *restrict blk, int j0, int end,
-                                                          float *restrict scores, size_t ld) {
+                                                          float *restrict scores, size_t ld, const int padded) {
     const int wide = QK_WIDE();
     for (int j = j0; j < end;) {
-        const int left = (end - j + PK_KV_BLOCK - 1) / PK_KV_BLOCK, nb = wide && left >= QK_NB ? QK_NB : 1;
+        const int left = (end - j + PK_KV_BLOCK - 1) / PK_KV_BLOCK;
+        const int nb = wide && (padded || left >= QK_NB) ? QK_NB : 1;
         const float *restrict kb = blk + (size_t)(j - j0) * HD;
         const int nv = end - j < nb * PK_KV_BLOCK ? end - j : nb * PK_KV_BLOCK;
         if (nb == QK_NB) {
             float s[4 * QK_NB * PK_KV_BLOCK];
             qk_blocks(G, HD, qs, kb, s);
-            for (int g = 0; g < G; g++)
-                for (int l = 0; l < nv; l++) scores[g * ld + j + l] = s[g * QK_NB * PK_KV_BLOCK + l];
+            for (int g = 0; g < G; g++) memcpy(scores + g * ld + j, s + g * QK_NB * PK_KV_BLOCK, sizeof(float) * nv);
         } else {
             float s[4][PK_KV_BLOCK];   /* G <= 4; a fixed size, so that the fmaf loop vectorizes */
             for (int g = 0; g < G; g++)
@@ -584,6 +588,14 @@ static inline __attribute__((always_inline)) void prefetch_kv(const pk_kv_type T
     }
 }
 
+/* Zeroes the blocks of a K tile from block nb up to the next multiple of QK_NB (where
+ * AVX-512 runs: qk_span's padded tiles). A tile holds whole groups of QK_NB blocks. */
+static inline __attribute__((always_inline)) void tile_pad(const int HD, int nb, float *restrict tile) {
+    if (!QK_WIDE() || nb % QK_NB == 0) return;
+    const int to = (nb + QK_NB - 1) / QK_NB * QK_NB;
+    memset(tile + (size_t)nb * PK_KV_BLOCK * HD, 0, sizeof(float) * (size_t)(to - nb) * PK_KV_BLOCK * HD);
+}
+
 static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, const pk_kv_type T,
                                                               int n_pos, const float *restrict q,
                                                               const pk_kv_head *kv, float scale,
@@ -594,13 +606,15 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) qs[g * HD + i] = q[g * HD + i] * scale;
     if (T == PK_KV_F32) {
-        qk_span(G, HD, qs, (const float *)kv->k, 0, n_pos, scores, ld_scores);
+        qk_span(G, HD, qs, (const float *)kv->k, 0, n_pos, scores, ld_scores, 0);
     } else {
         for (int j0 = 0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {
             const int end = n_pos - j0 < QK_NB * PK_KV_BLOCK ? n_pos : j0 + QK_NB * PK_KV_BLOCK;
-            kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, (size_t)(end - j0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
+            const int nb = (end - j0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK;
+            kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, (size_t)nb, tile);
             if (end < n_pos) prefetch_kv(T, kv->k, kv->k_scale, (size_t)end * HD, (size_t)QK_NB * PK_KV_BLOCK * HD);
-            qk_span(G, HD, qs, tile, j0, end, scores, ld_scores);
+            tile_pad(HD, nb, tile);
+            qk_span(G, HD, qs, tile, j0, end, scores, ld_scores, 1);
         }
     }
     for (int g = 0; g < G; g++) {
@@ -692,11 +706,13 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
     for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
         /* K is padded to whole blocks: convert them all */
-        kv_k_to_f32(T, HD, kv, (size_t)p0 / PK_KV_BLOCK, (size_t)(p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, tile);
+        const int nbk = (p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK;
+        kv_k_to_f32(T, HD, kv, (size_t)p0 / PK_KV_BLOCK, (size_t)nbk, tile);
         if (p1 < n_max) prefetch_kv(T, kv->k, kv->k_scale, (size_t)p1 * HD, (size_t)KV_SPAN * HD);
-        int j = p0;   /* the positions before j are scored for every row; QK_NB whole blocks at a time */
+        tile_pad(HD, nbk, tile);
+        int j = p0;   /* the positions before j are scored for every row; QK_NB blocks at a time */
         if (wide)
-            for (; (p1 - j + PK_KV_BLOCK - 1) / PK_KV_BLOCK >= QK_NB; j += QK_NB * PK_KV_BLOCK)
+            for (; j < p1; j += QK_NB * PK_KV_BLOCK)
                 for (int t0 = 0; t0 < NQ; t0 += QK_T) {
                     float s[QK_T * QK_NB * PK_KV_BLOCK];
                     const int nt = NQ - t0 < QK_T ? NQ - t0 : QK_T;
@@ -713,14 +729,14 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                         const int r = (t0 + t) / G, end = n_pos[r] < p1 ? n_pos[r] : p1;
                         const int nv = end - j < QK_NB * PK_KV_BLOCK ? end - j : QK_NB * PK_KV_BLOCK;
                         float *sg = scores + ((size_t)r * G + (t0 + t) % G) * ld_scores;
-                        for (int l = 0; l < nv; l++) sg[j + l] = s[t * QK_NB * PK_KV_BLOCK + l];
+                        if (nv > 0) memcpy(sg + j, s + t * QK_NB * PK_KV_BLOCK, sizeof(float) * nv);
                     }
                 }
         for (int r = 0; r < R; r++) {   /* the rest, row by row */
             const int end = n_pos[r] < p1 ? n_pos[r] : p1;
             if (end > j)
                 qk_span(G, HD, qs[r * G], tile + (size_t)(j - p0) * HD, j, end, scores + (size_t)r * G * ld_scores,
-                        ld_scores);
+                        ld_scores, 1);
         }
     }
     for (int r = 0; r < R; r++)
