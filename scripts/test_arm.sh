@@ -192,6 +192,20 @@ else
     tail -n 1 "$WORK/native.log" | sed 's/^/    | /'
 fi
 
+# quick_verdict NAME LOG RC PATTERN: a native quick-set run passed (exit 0, "N passed, 0 failed"
+# last), or FAILED with the log's lines that match PATTERN.
+quick_verdict() {
+    local name=$1 log=$2 rc=$3 pattern=$4
+    if [ "$rc" -eq 0 ] && tail -n 1 "$log" | grep -qE '^[0-9]+ passed, 0 failed$'; then
+        say "  $name: ok: $(tail -n 1 "$log")"
+    else
+        FAILED=1
+        say "  $name: FAILED (exit $rc)"
+        grep -E "$pattern" "$log" | head -20 | sed 's/^/    | /'
+        tail -n 1 "$log" | sed 's/^/    | /'
+    fi
+}
+
 # The plain C loops (attention, SwiGLU, the rotation) run as the clone of the CPU's widest ISA;
 # on an AVX-512 machine the AVX2 clone's code would otherwise never run here. One ISA's code:
 # -DPK_NO_CLONES -march=x86-64-v3 (the quick shape set: the kernels above ran in full).
@@ -201,14 +215,7 @@ if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /pr
     gcc "${CFLAGS[@]}" -DPK_NO_CLONES -march=x86-64-v3 "${SRCS[@]}" -lm -o "$WORK/test_matmul_v3"
     rc=0
     "$WORK/test_matmul_v3" --quick >"$WORK/v3.log" 2>&1 || rc=$?
-    if [ $rc -eq 0 ] && tail -n 1 "$WORK/v3.log" | grep -qE '^[0-9]+ passed, 0 failed$'; then
-        say "  x86-64-v3: ok: $(tail -n 1 "$WORK/v3.log")"
-    else
-        FAILED=1
-        say "  x86-64-v3: FAILED (exit $rc)"
-        grep -E "^FAIL" "$WORK/v3.log" | head -20 | sed 's/^/    | /'
-        tail -n 1 "$WORK/v3.log" | sed 's/^/    | /'
-    fi
+    quick_verdict x86-64-v3 "$WORK/v3.log" $rc "^FAIL"
 fi
 
 if echo 'int main(void){return 0;}' | gcc -fsanitize=address,undefined -x c - -o "$WORK/asan_probe" 2>/dev/null \
@@ -218,14 +225,7 @@ if echo 'int main(void){return 0;}' | gcc -fsanitize=address,undefined -x c - -o
         -fno-omit-frame-pointer "${SRCS[@]}" -lm -o "$WORK/test_matmul_asan"
     rc=0
     ASAN_OPTIONS=detect_leaks=1 "$WORK/test_matmul_asan" --quick >"$WORK/asan.log" 2>&1 || rc=$?
-    if [ $rc -eq 0 ] && tail -n 1 "$WORK/asan.log" | grep -qE '^[0-9]+ passed, 0 failed$'; then
-        say "  asan: ok: $(tail -n 1 "$WORK/asan.log")"
-    else
-        FAILED=1
-        say "  asan: FAILED (exit $rc)"
-        grep -E "ERROR|SUMMARY|runtime error|^FAIL" "$WORK/asan.log" | head -20 | sed 's/^/    | /'
-        tail -n 1 "$WORK/asan.log" | sed 's/^/    | /'
-    fi
+    quick_verdict asan "$WORK/asan.log" $rc "ERROR|SUMMARY|runtime error|^FAIL"
 else
     say "AddressSanitizer not available with this gcc; skipped"
 fi
