@@ -134,7 +134,8 @@ class RequestStream:
 
 class _Request:
     __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed",
-                 "after", "prefill_over", "lookup", "draft_model", "draft_length", "draft", "q")
+                 "after", "prefill_over", "lookup", "draft_model", "draft_length", "draft", "q",
+                 "draft_kind")
 
     def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation,
                  after: "_Request | None" = None):
@@ -151,6 +152,7 @@ class _Request:
         self.draft_length: DraftLength | None = None   # its draft length,
         self.draft: list[int] = []                # the draft of the current step,
         self.q: list | None = None                # and its distributions (a sampled draft model)
+        self.draft_kind: str | None = None        # its kind (PromptLookup.kind, or "model")
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -503,7 +505,8 @@ class Engine:
         if r.lookup is None or r.stream.cancelled:
             return []
         r.draft_length.row_cost = row_cost
-        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1)
+        r.draft_kind = r.lookup.kind()
+        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.draft_kind)
         return r.lookup.draft(k) if k else []
 
     def _draft_with_model(self, reqs: list[_Request], n_decoding: int, row_cost: float) -> None:
@@ -532,7 +535,8 @@ class Engine:
                 r.draft_length.row_cost = row_cost
                 r.draft_length.draft_cost = (drafted_row / own_row if drafted_row and own_row
                                              else 0.0)
-                k = min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1),
+                r.draft_kind = "model"
+                k = min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.draft_kind),
                         dm.n_ctx - len(text))
             if end < len(text) or k > 0:
                 tokens += text[start:end]
@@ -583,7 +587,7 @@ class Engine:
                 break
         if draft:
             n_ok = r.gen.n_accepted - accepted_before
-            r.draft_length.accepted(len(draft), n_ok)
+            r.draft_length.accepted(len(draft), n_ok, r.draft_kind)
             if n_ok < len(draft) and r.lookup is not None:
                 r.lookup.rejected()
             self.model.truncate_seq(r.slot, r.done_pos)

@@ -48,7 +48,8 @@ a grammar constraint decodes without speculation (stream_generate's and the engi
 its mask changes with every token, and a draft would need the grammar advanced along it).
 
 Draft length (DraftLength, per request): the k that maximises the expected tokens per pass,
-(1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average), over the
+(1 - a^(k+1)) / (1 - a) for a drafted token's acceptance rate a (a running average for each
+kind of draft: a prompt-lookup copy in progress, a fresh n-gram match, a draft model's), over the
 pass's cost in decode steps (measured per row count: the kernels' cost is not linear in the
 rows) plus k * draft_cost (drafting a token; ~0 for lookup, measured for a draft model).
 Where no k gains, drafting stops and is probed again after a pause that doubles while probes
@@ -158,19 +159,30 @@ class PromptLookup:
                     break
                 self.index[n].setdefault(tuple(toks[j - n + 1:j + 1]), []).append(j)
 
+    def kind(self) -> str:
+        """What the next draft would be: "copy" when it goes on with a copy in progress (the
+        reply follows the prediction, or the last draft held and its source still agrees with
+        the text's end), else "match" (an n-gram looked up afresh). Their drafts hold at very
+        different rates: on benchmarks/speculative.py's tasks 90% of a copy's drafted tokens
+        against 25-75% of a match's (fewer the shorter the n-gram), so DraftLength keeps a
+        rate for each."""
+        return "copy" if self._copy_start() >= 0 else "match"
+
+    def _copy_start(self) -> int:
+        """Where a copy in progress goes on in `tokens`, or -1. It continues after the token
+        that followed the last draft's source (the pass's own token), if the source still
+        agrees with the text's last max_ngram tokens."""
+        if 0 <= self.aligned < self.n_prediction:   # the reply so far is the prediction's start
+            return self.aligned
+        toks, m, s = self.tokens, self.max_ngram, self.source + 1
+        return s if m <= s < len(toks) and toks[s - m:s] == toks[-m:] else -1
+
     def draft(self, k: int) -> list[int]:
         """Up to k tokens that may come next (none when no n-gram of the text recurs)."""
         toks = self.tokens
         m = self.max_ngram
-        # a copy in progress continues after the token that followed the last draft's source
-        # (the pass's own token), if the source still agrees with the text's last m tokens
-        s = self.source + 1
-        if 0 <= self.aligned < self.n_prediction:   # the reply so far is the prediction's start
-            start = self.aligned
-        elif m <= s < len(toks) and toks[s - m:s] == toks[-m:]:
-            start = s
-        else:
-            start = -1
+        start = self._copy_start()
+        if start < 0:
             for n in range(min(m, len(toks)), self.min_ngram - 1, -1):
                 ends = self.index[n].get(tuple(toks[-n:]))
                 if ends:
@@ -230,6 +242,9 @@ class DraftModel:
     def rejected(self) -> None:
         pass
 
+    def kind(self) -> str:
+        return "model"
+
     def draft(self, k: int) -> list[int]:
         m = self.model
         k = min(k, m.n_ctx - len(self.tokens))    # its context, not the target's, may end first
@@ -252,17 +267,25 @@ class DraftLength:
     """How many tokens to draft next, from the acceptance rate and the measured cost of a pass.
 
     accept: running average of the chance that a drafted token is accepted when those before
-    it were (each verified position counts once). The cost of a pass of n rows, in decode
-    steps: measured for the row counts that ran (the kernels' cost is not linear in the rows:
-    on x86, 2 rows cost about a step and 3 about two), and for the others 1 + row_cost * (n-1),
+    it were (each verified position counts once), one for each kind of draft (the drafter's
+    kind(): a prompt-lookup copy in progress holds far more often than a fresh match; the
+    prior is `accept`, or PRIORS for a kind listed there). The cost of a pass of n rows, in
+    decode steps: measured for the row counts that ran (the kernels' cost is not linear in the
+    rows), and for the others 1 + row_cost * (n-1),
     row_cost the running average of the measured passes' cost per extra row (prior 0.25, or
     the value set by the caller: pyklei.engine sets it per batch). draft_cost: the time of
     drafting one token, in decode steps (~0 for lookup; measured for a draft model)."""
 
+    # A copy in progress drafts long from its first draft: 90% of its drafted tokens held on
+    # benchmarks/speculative.py's tasks, and from the default prior its drafts took several
+    # passes to grow (2, 3, 3, 4, 6, 9, then 16 tokens, filling the form).
+    PRIORS = {"copy": 0.9}
+
     def __init__(self, max_draft: int = 16, accept: float = 0.5, row_cost: float = 0.25,
                  weight: float = 0.15, max_pause: int = 32):
         self.max_draft = max_draft
-        self.accept, self.row_cost, self.weight = accept, row_cost, weight
+        self.prior, self.row_cost, self.weight = accept, row_cost, weight
+        self.accepts: dict = {}   # kind -> running acceptance rate
         self.draft_cost = 0.0
         self.max_pause = max_pause
         self.pause, self.wait = 0, 0      # steps between probes while off; steps left to wait
@@ -279,14 +302,18 @@ class DraftLength:
             return t / step
         return 1 + self.row_cost * (rows - 1)
 
-    def gain(self, k: int) -> float:
-        """Expected tokens per pass over its cost in decode steps, drafting k."""
-        a = min(self.accept, 0.999)
+    def accept(self, kind: str | None = None) -> float:
+        """The running acceptance rate of a kind of draft."""
+        return self.accepts.get(kind, self.PRIORS.get(kind, self.prior))
+
+    def gain(self, k: int, kind: str | None = None) -> float:
+        """Expected tokens per pass over its cost in decode steps, drafting k of a kind."""
+        a = min(self.accept(kind), 0.999)
         return (1 - a ** (k + 1)) / (1 - a) / (self.cost(k + 1) + self.draft_cost * k)
 
-    def length(self, room: int) -> int:
+    def length(self, room: int, kind: str | None = None) -> int:
         """The draft length for the next pass (0: take a plain step); room: drafted tokens
-        that could still be used."""
+        that could still be used; kind: the drafter's kind() of the next draft."""
         limit = min(self.max_draft, room)
         if limit < 1:
             return 0
@@ -295,7 +322,7 @@ class DraftLength:
             return 0
         best_k, best = 0, 1.0
         for k in range(1, limit + 1):
-            g = self.gain(k)
+            g = self.gain(k, kind)
             if g > best:
                 best_k, best = k, g
         if best_k == 0:
@@ -305,12 +332,13 @@ class DraftLength:
             return 1
         return best_k
 
-    def accepted(self, drafted: int, n_accepted: int) -> None:
-        w = self.weight
+    def accepted(self, drafted: int, n_accepted: int, kind: str | None = None) -> None:
+        w, a = self.weight, self.accept(kind)
         for _ in range(n_accepted):
-            self.accept += w * (1 - self.accept)
+            a += w * (1 - a)
         if n_accepted < drafted:
-            self.accept -= w * self.accept
+            a -= w * a
+        self.accepts[kind] = a
         if n_accepted:      # a probe that paid: the next one comes without waiting
             self.pause = self.wait = 0
 
@@ -411,7 +439,7 @@ def stream_speculative(model, prompt: list[int], gen, drafter,
                 break
         if draft:
             n_ok = gen.n_accepted - accepted_before
-            policy.accepted(len(draft), n_ok)
+            policy.accepted(len(draft), n_ok, kind)
             if n_ok < len(draft):
                 drafter.rejected()
             # the slot holds the pass's first token and the whole draft: keep the rows that were
@@ -420,7 +448,8 @@ def stream_speculative(model, prompt: list[int], gen, drafter,
         yield from out
         if gen.done:
             return
-        k = policy.length(gen.max_tokens - gen.n_gen - 1)
+        kind = drafter.kind()
+        k = policy.length(gen.max_tokens - gen.n_gen - 1, kind)
         t = time.perf_counter()
         draft = drafter.draft(k) if k else []
         if draft:

@@ -138,6 +138,36 @@ def test_prompt_lookup_drafts_the_latest_longest_match():
         PromptLookup([1], max_ngram=1, min_ngram=2)
 
 
+def test_prompt_lookup_tells_a_copy_in_progress_from_a_fresh_match():
+    pl = PromptLookup([10, 11, 12, 13, 14, 15, 16, 0, 10, 11], max_ngram=2)
+    assert pl.kind() == "match"                   # the first draft looks "10 11" up
+    assert pl.draft(2) == [12, 13]
+    pl.extend([12, 13, 14])                       # accepted, and the pass's own token agreed
+    assert pl.kind() == "copy"
+    assert pl.draft(1) == [15]
+    pl.extend([99])                               # rejected: the reply left its source
+    pl.rejected()
+    assert pl.kind() == "match"
+    pl = PromptLookup([100, 101], prediction=[1, 2, 3])
+    assert pl.kind() == "copy"                    # the reply is expected to be the prediction
+    pl.extend([7])
+    assert pl.kind() == "match"
+
+
+def test_draft_length_learns_each_kind_of_draft_apart():
+    d = DraftLength(row_cost=0.25)
+    assert d.length(100, "copy") > d.length(100, "match") >= 1   # the priors: 0.9 and 0.5
+    for _ in range(30):
+        d.accepted(4, 0, "match")                 # fresh matches keep failing ...
+    assert d.gain(1, "match") < 1 and d.length(100, "match") <= 1
+    d.wait = d.pause = 0
+    for _ in range(5):
+        d.accepted(8, 8, "copy")                  # ... while copies hold: they draft long
+    assert d.length(100, "copy") >= 8
+    assert d.accept("copy") > 0.95 and d.accept("match") < 0.05
+    assert d.accept(None) == d.accept("model") == 0.5   # other kinds start from the prior
+
+
 def test_prompt_lookup_goes_on_from_where_the_copy_left_its_source():
     # "20" occurs twice in the source; the reply copied "10 11", then left the source ("20"
     # where the source has "12"): it goes on from the first "20" ahead of that place, not the
