@@ -167,6 +167,54 @@ def pass_costs(llm, contexts=(100, 1000, 4000), rows=(1, 2, 4, 8), reps=7) -> di
     return out
 
 
+def step_after_pass(llm, context=300, rows=9, reps=15) -> dict:
+    """CPU ms of a decode step after `context` cached tokens, medians: in a run of steps (as
+    plain decoding's), right after a verification pass of `rows` rows (as lookup's steps), and
+    right after a busy wait as long as that pass (no memory traffic of this process): where the
+    last two exceed the first, plain decoding's steps found weights still cached from the step
+    before, which a pass's length lets other work evict (a shared last-level cache)."""
+    m = llm.model
+    ids = llm.encode((ROOT / "pyklei" / "sampler.py").read_text() * 2)
+    m.reset()
+    m.eval(ids[:context])
+    tok = ids[context]
+
+    def step() -> float:
+        t = time.process_time()
+        m.step(tok)
+        t = time.process_time() - t
+        m.truncate_seq(0, context)
+        return t
+
+    for _ in range(5):
+        step()
+    run = [step() for _ in range(reps)]
+    after, waited, pass_s = [], [], []
+    for _ in range(reps):
+        t = time.perf_counter()
+        m.verify(ids[context:context + rows])
+        pass_s.append(time.perf_counter() - t)
+        m.truncate_seq(0, context)
+        after.append(step())
+        t = time.perf_counter()
+        while time.perf_counter() - t < pass_s[-1]:
+            pass
+        waited.append(step())
+    m.reset()
+    ms = lambda v: round(statistics.median(v) * 1e3, 2)
+    return dict(context=context, rows=rows, run_ms=ms(run), after_pass_ms=ms(after),
+                after_wait_ms=ms(waited), pass_ms=ms(pass_s), llc=last_level_cache())
+
+
+def last_level_cache() -> str | None:
+    """The size of this CPU's last-level cache as Linux reports it ("480 MiB"), or None."""
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+    if not caches:
+        return None
+    size = caches[-1].read_text().strip()   # "491520K"
+    return f"{int(size[:-1]) // 1024} MiB" if size.endswith("K") and size[:-1].isdigit() else size
+
+
 LLAMACPP_DRAFTS = (3, 8, 16)     # llama-lookup's --spec-draft-n-max settings (3: its default)
 
 
@@ -414,6 +462,8 @@ def main() -> int:
     t_start = time.perf_counter()
     costs = pass_costs(llm)
     print("CPU ms of a pass of n rows, by context:", costs, flush=True)
+    after = step_after_pass(llm)
+    print("CPU ms of a step in a run of steps, after a pass, after a wait:", after, flush=True)
     rows = []
     for name, kind, msg, sampling in tasks(llm):
         if args.tasks and name not in args.tasks.split(","):
@@ -506,7 +556,7 @@ def main() -> int:
                   processor=platform.processor(), loadavg_start=load0, loadavg_end=load1,
                   wall_s=round(time.perf_counter() - t_start, 1),
                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), pass_costs_ms=costs,
-                  rows=rows, engine=engine, predicted=predicted, llamacpp=(
+                  step_after_pass=after, rows=rows, engine=engine, predicted=predicted, llamacpp=(
                       dict(kind=args.llamacpp, file=lc_path.name,
                            drafts=list(LLAMACPP_DRAFTS)) if lc_path else None))
     out = Path(args.out)
@@ -642,6 +692,19 @@ def markdown(rep: dict) -> str:
               f"is why a long prompt (rename) gains least. In the engine's batch the weights "
               f"are shared by the requests already, so a drafted row costs a large part of what "
               f"a request's own row does (pyklei.speculative.PassCost fits it per batch)."]
+    sa = rep.get("step_after_pass")
+    if sa:
+        llc = f"; a {sa['llc']} last-level cache, shared" if sa["llc"] else ""
+        lines += ["", f"Steps in a run, and after a pass: a decode step after {sa['context']} "
+                  f"tokens took {sa['run_ms']} CPU ms in a run of steps (as plain decoding's), "
+                  f"{sa['after_pass_ms']} right after a {sa['rows']}-row verification pass "
+                  f"(x{sa['after_pass_ms'] / sa['run_ms']:.2f}, as lookup's steps and passes), "
+                  f"and {sa['after_wait_ms']} after a busy wait as long as that pass "
+                  f"({sa['pass_ms']} ms; x{sa['after_wait_ms'] / sa['run_ms']:.2f}). Where the "
+                  f"last two exceed the first, plain decoding's steps found weights still cached "
+                  f"from the step before ({rep['model']}{llc}), which the time a pass takes lets "
+                  f"other work evict: plain decoding gains from it, lookup's passes far less, "
+                  f"and every ratio above is lower for it (by up to that factor)."]
     lines += ["", "Replies (first 160 characters, the same in both arms):", ""]
     for r in rep["rows"]:
         head = r["reply_head"][:160].replace("\n", " / ").replace("`", "'")
