@@ -34,6 +34,9 @@ HERE = Path(__file__).resolve().parent
 SEED = HERE / "fuzz_corpus" / "seed-tied-q4.gguf"
 SEED_SPM = HERE / "fuzz_corpus" / "seed-untied-q8.gguf"
 REPO = HERE.parent
+# The wall-clock bounds below are for the normal build. scripts/test_sanitizers.sh also runs this
+# file under ASan+UBSan, where the C pass runs several times slower, and widens them by this factor.
+TIME_SCALE = float(os.environ.get("PYKLEI_TEST_TIME_SCALE", "1"))
 
 
 def rss_mb() -> float:
@@ -117,7 +120,7 @@ def test_interrupt_keeps_the_cached_prefix():
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         model.eval([1, 2, 3] + _long_tokens(8000))           # ~4 s uninterrupted
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 2.0 * TIME_SCALE
     timer.join()
     assert model.cached_tokens == [1, 2, 3]
     ref = Model(SEED, n_threads=1, n_ctx=64).eval([1, 2, 3, 9, 10])
@@ -162,7 +165,7 @@ def test_sigint_during_long_prefill_returns_promptly():
         if p.poll() is None:
             p.kill()
     assert line.startswith("interrupted"), (line, err)
-    assert latency < 1.0, f"KeyboardInterrupt took {latency:.2f} s"
+    assert latency < 1.0 * TIME_SCALE, f"KeyboardInterrupt took {latency:.2f} s"
     assert "generated ok" in rest, err
     print(f"\nSIGINT -> KeyboardInterrupt latency {latency * 1000:.0f} ms ({line})")
 
@@ -567,7 +570,7 @@ def test_llama3_vocab_reads_fast():
     best = min(_timed(lambda: read_gguf_metadata(vocab, prefixes=("tokenizer.",))) for _ in range(3))
     meta = read_gguf_metadata(vocab)
     assert len(meta["tokenizer.ggml.tokens"]) == 128256 and len(meta["tokenizer.ggml.merges"]) == 280147
-    assert best < 1.0, f"{best:.2f} s"
+    assert best < 1.0 * TIME_SCALE, f"{best:.2f} s"
 
 
 def _timed(fn):
