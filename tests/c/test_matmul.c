@@ -5,8 +5,9 @@
  *   gcc -O3 "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_matmul.c pyklei_ext/ops/pk_*.c \
  *       pyklei_ext/isa/matmul_*.c -lm -o test_matmul
  * (cross: aarch64-linux-gnu-gcc ... -static, run with qemu-aarch64 -cpu ...; see
- * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators),
- * --seed N, --only SUBSTR (only kernels whose name contains SUBSTR), --verbose.
+ * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators), --emulated
+ * (under qemu-user: the pool's drop under contention is reported, not required), --seed N,
+ * --only SUBSTR (only kernels whose name contains SUBSTR), --verbose.
  *
  * Checks:
  *  - the KV cache: every f16 -> f32 conversion this CPU runs equals the scalar one on all
@@ -20,7 +21,7 @@
  *    contention policy on made-up schedstat readings (fewer threads when the workers wait
  *    for a CPU, a trial of all after a hold that doubles, the fit on 16 threads); and, where
  *    Linux's schedstat can be read, a pool of 2 beside twice as many spinning threads as CPUs
- *    drops to fewer threads with every share still run once;
+ *    drops to fewer threads (natively; --emulated reports it) with every share still run once;
  *  - pk_quantize_qai8dx_row on edge rows (golden bytes from pyklei.formats.quantize_qai8dx)
  *    and on random rows (range and round-trip invariants);
  *  - PYKLEI_KERNEL forcing (each ISA tag, one kernel name, refusals) in forked children,
@@ -578,8 +579,10 @@ static void *spinner(void *arg) {
 
 /* In a child pinned to one CPU: a pool of 2 beside 2 spinning threads waits for that CPU most of
  * the time, so within a few verdicts (100 ms each) it must drop to the caller alone, and every
- * share of every job must still run once. Exit status 0 ok, 1 failed, 2 skipped. */
-static int pool_contention_child(void) {
+ * share of every job must still run once. Under qemu-user (`emulated`) the drop is reported, not
+ * required: there the worker waited 25-36% of its runnable time (66-68% natively), at the
+ * policy's 25% threshold, and one CI run saw no drop in 10 s. Exit status 0 ok, 1 failed. */
+static int pool_contention_child(int emulated) {
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
@@ -603,9 +606,10 @@ static int pool_contention_child(void) {
             const double s = (double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec);
             if ((dropped && p.job >= 2000) || s > 10.0) break;
         }
-        if (!dropped) printf("pool of 2 beside 2 spinning threads on one CPU: still 2 threads after %d jobs\n", p.job + 1);
+        if (!dropped) printf("pool of 2 beside 2 spinning threads on one CPU: still 2 threads after %d jobs%s\n",
+                             p.job + 1, emulated ? " (emulated: reported, not required)" : "");
         if (!ok || p.overlap) printf("pool under contention: a share ran twice, not at all, or late\n");
-        bad = !dropped || !ok || p.overlap;
+        bad = (!dropped && !emulated) || !ok || p.overlap;
         pk_pool_destroy(pool);
     }
     __atomic_store_n(&spinners_stop, 1, __ATOMIC_RELAXED);
@@ -614,7 +618,7 @@ static int pool_contention_child(void) {
 }
 
 /* Skipped where the policy is off: PYKLEI_POOL_ADAPT=0, or no per-thread schedstat that moves. */
-static void test_pool_contention(void) {
+static void test_pool_contention(int emulated) {
     const int p0 = n_pass, f0 = n_fail;
     const char *adapt = getenv("PYKLEI_POOL_ADAPT");
     unsigned long long c0 = 0, w0 = 0, c1 = 0, w1 = 0;
@@ -631,7 +635,7 @@ static void test_pool_contention(void) {
     }
     fflush(stdout);
     const pid_t pid = fork();
-    if (pid == 0) _exit(pool_contention_child());
+    if (pid == 0) _exit(pool_contention_child(emulated));
     int status = 0;
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0,
           "pool under contention (child status %d)", status);
@@ -1104,14 +1108,16 @@ out:
 }
 
 int main(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, emulated = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--emulated")) emulated = 1;
         else if (!strcmp(argv[i], "--verbose")) verbose = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rnd_seed(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--seed N] [--only SUBSTR] [--verbose]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--emulated] [--seed N] [--only SUBSTR] [--verbose]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1137,7 +1143,7 @@ int main(int argc, char **argv) {
     test_attention(quick);
     test_pool();
     test_pool_policy();
-    test_pool_contention();
+    test_pool_contention(emulated);
 
     const pk_kernel *ref[PK_FMT_QUANT_COUNT] = {NULL};
     for (int i = 0; i < pk_kernel_count(); i++) {
