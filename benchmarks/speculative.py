@@ -635,8 +635,7 @@ def markdown(rep: dict) -> str:
                   f"{pr['accepted']['lookup']} / {pr['drafted']['lookup']} | "
                   f"{pr['tps']['prediction']} | x{pr['ratio']['prediction']:.2f} | "
                   f"{pr['accepted']['prediction']} / {pr['drafted']['prediction']} |", "",
-                  "Reply: `" + pr["reply_head"][:160].replace("\n", " / ").replace("`", "'")
-                  + "`"]
+                  f"Reply: `{excerpt(pr['reply_head'])}`"]
     lc_rows = [r for r in rep["rows"] if r.get("llamacpp")]
     if lc_rows:
         lc = rep["llamacpp"]
@@ -707,9 +706,16 @@ def markdown(rep: dict) -> str:
                   f"and every ratio above is lower for it (by up to that factor)."]
     lines += ["", "Replies (first 160 characters, the same in both arms):", ""]
     for r in rep["rows"]:
-        head = r["reply_head"][:160].replace("\n", " / ").replace("`", "'")
-        lines.append(f"- {r['task']}: `{head}`")
+        lines.append(f"- {r['task']}: `{excerpt(r['reply_head'])}`")
     return "\n".join(lines) + "\n"
+
+
+def excerpt(text: str) -> str:
+    """A reply's first 160 characters for a Markdown code span: newlines as " / ", backquotes as
+    quotes, and other control characters escaped (a random-weight model's replies hold NULs,
+    which made git take the results file for a binary one)."""
+    text = text[:160].replace("\n", " / ").replace("`", "'")
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 if __name__ == "__main__":
