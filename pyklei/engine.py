@@ -45,7 +45,18 @@ decodes without drafts.
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
 a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
-(prompt_eval_tokens says how many did).
+(prompt_eval_tokens says how many did). Only slots whose tokens were put there by requests of
+the same cache partition count (submit(cache_partition=): a server's tenant, an API key and a
+cache_salt): how much of a prompt was cached, and how fast its first token came, would
+otherwise tell one user what another's prompt holds.
+
+Fairness: a request's choices (submit_choices, OpenAI's n) share one request's turn. When a
+slot frees, the waiting request whose submission has the fewest running choices takes it, then
+the one whose submission was served least (first come first among equals): submissions take
+turns, so a request of n=16 cannot hold every slot while a newcomer waits. Drafted rows
+(speculative decoding) are bounded per step (MAX_DRAFT_ROWS), so that drafting requests cannot
+make every step long for the others; so are the rows of a prompt whose every position's
+log-probabilities are wanted (PROMPT_LOGPROBS_SHARED, while others decode).
 
 The engine owns its model: a call on the model from elsewhere while the engine runs (a
 generate(), logits()) makes the engine's step fail with "model is busy", and the requests of
@@ -89,6 +100,25 @@ class RequestFailedError(RuntimeError):
 
 
 _ids = itertools.count(1)
+
+
+class _Submission:
+    """What the requests of one submit call share: their turn (module doc: fairness)."""
+    __slots__ = ("served",)
+
+    def __init__(self):
+        self.served = 0            # of its requests, how many were given a slot so far
+
+#: Drafted rows one step verifies at most, over all its requests: a request's drafts cost its
+#: neighbours a row each (~1 ms for SmolLM2 at depth 600), and three requests drafting 16 rows
+#: each slowed a plain stream beside them from 147 to 10 tok/s.
+MAX_DRAFT_ROWS = 16
+#: Prompt rows per step when every prompt position's log-probabilities are wanted (echo with
+#: logprobs), alone and beside requests that decode. Each such row is a row of prefill
+#: (SmolLM2: ~1.5 ms, a decode step ~5) plus a whole vocabulary's logits scored on this thread
+#: (~0.8 ms for 49k): a 3,900-token prompt in 256-row chunks slowed a stream beside it from
+#: 201 to 1.6 tok/s; 4 rows a step keep such a stream above half its pace.
+PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_SHARED = 64, 2
 
 
 class RequestStream:
@@ -135,12 +165,15 @@ class RequestStream:
 class _Request:
     __slots__ = ("stream", "prompt", "gen", "slot", "done_pos", "n_reused", "t_prefill", "failed",
                  "after", "prefill_over", "lookup", "draft_model", "draft_length", "draft", "q",
-                 "draft_kind")
+                 "draft_kind", "partition", "submission")
 
     def __init__(self, stream: RequestStream, prompt: list[int], gen: Generation,
-                 after: "_Request | None" = None):
+                 after: "_Request | None" = None, partition=None,
+                 submission: "_Submission | None" = None):
         self.stream, self.prompt, self.gen = stream, prompt, gen
         self.after = after         # the request whose prompt evaluation this one waits for
+        self.partition = partition   # its cache partition: it reuses only that one's prefixes
+        self.submission = submission or _Submission()   # its submit call's shared turn
         self.prefill_over = False  # its prompt is in its slot, or it ended: `after`s may start
         self.slot = -1
         self.done_pos = 0          # positions of the slot written for this request so far
@@ -198,6 +231,7 @@ class Engine:
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []        # in admission order (prefill goes FIFO)
         self._last_used = [0] * n_parallel        # step of each slot's last use (LRU on ties)
+        self._partition = [None] * n_parallel     # the cache partition of each slot's tokens
         self._step = 0
         self._closing = False
         self._mask_pool: ThreadPoolExecutor | None = None   # grammar masks during model.batch
@@ -213,24 +247,26 @@ class Engine:
                params: SamplingParams | None = None, stop: Sequence[str] = (),
                eos_ids: Sequence[int] | None = None, trim: bool = False,
                logprobs: int | None = None, constraint=None,
-               speculative=None, prediction=None) -> RequestStream:
+               speculative=None, prediction=None, cache_partition=None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
         shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
         the reply follows. speculative: "lookup", the engine's draft model (see the module
         doc), or None: the engine's default (Engine(speculative=)). prediction: the reply's
-        expected text or token ids (OpenAI's predicted outputs): prompt lookup drafts from it."""
+        expected text or token ids (OpenAI's predicted outputs): prompt lookup drafts from it.
+        cache_partition: any hashable; the request reuses cached prefixes of requests of the
+        same partition only (module doc; None is a partition too)."""
         return self.submit_choices(prompt, [params], max_tokens=max_tokens, stop=stop,
                                    eos_ids=eos_ids, trim=trim, logprobs=logprobs,
                                    constraint=constraint, speculative=speculative,
-                                   prediction=prediction)[0]
+                                   prediction=prediction, cache_partition=cache_partition)[0]
 
     def submit_choices(self, prompt: Sequence[int], params: Sequence[SamplingParams | None], *,
                        max_tokens: int | None = 256, stop: Sequence[str] = (),
                        eos_ids: Sequence[int] | None = None, trim: bool = False,
                        logprobs: int | None = None, prompt_logprobs: bool = False,
                        constraint=None, speculative=None,
-                       prediction=None) -> list[RequestStream]:
+                       prediction=None, cache_partition=None) -> list[RequestStream]:
         """Several generations of one prompt (OpenAI's n), one per SamplingParams (give each its
         own seed); see submit_requests. constraint: the first choice follows it, each other
         choice a fresh copy of it."""
@@ -246,16 +282,20 @@ class Engine:
                                               constraint=None if constraint is None
                                               else constraint.fresh())
                           for p in params[1:]]
-        return self.submit_requests(reqs, prompt_logprobs=prompt_logprobs)
+        return self.submit_requests(reqs, prompt_logprobs=prompt_logprobs,
+                                    cache_partition=cache_partition)
 
     def submit_requests(self, reqs: Sequence[GenerationRequest], *,
-                        prompt_logprobs: bool = False) -> list[RequestStream]:
+                        prompt_logprobs: bool = False,
+                        cache_partition=None) -> list[RequestStream]:
         """Queues checked requests (pyklei.request.make_request) that share one prompt: the
         prompt is evaluated once, by the first; the others wait until it is in the first's KV
         cache slot, then start from a copy of it (Model.copy_seq) and run only its last token.
         All are queued, or none (QueueFullError). prompt_logprobs: the first request's first
         response carries the log-probability of every prompt token (the whole prompt runs: no
-        cached prefix is reused), with its `logprobs` alternatives each."""
+        cached prefix is reused), with its `logprobs` alternatives each. cache_partition: see
+        submit()."""
+        hash(cache_partition)     # TypeError now, not in the scheduler
         if self._closing:
             raise EngineClosedError("the engine is shut down")
         if not reqs:
@@ -269,10 +309,12 @@ class Engine:
                                  f"{self.model.n_ctx} tokens")
         modes = [self._check_speculative(r.speculative) or self.speculative for r in reqs]
         queued = []
+        submission = _Submission()
         for req, mode in zip(reqs, modes):
             ids = list(req.prompt)
             r = _Request(RequestStream(self, len(ids)), ids, Generation(self.tokenizer, req),
-                         after=queued[0] if queued else None)
+                         after=queued[0] if queued else None, partition=cache_partition,
+                         submission=submission)
             how = drafting(mode, req.prediction, req.constraint)
             if how is not None:
                 r.draft_length = DraftLength()
@@ -303,6 +345,12 @@ class Engine:
                              "own draft model (Engine(speculative=draft_model)), which has a "
                              "KV cache slot per parallel sequence; this draft model is not it")
         return mode
+
+    def has_room(self, n: int = 1) -> bool:
+        """Whether n more requests would fit the queue now (a server asks before the costly
+        part of parsing a request; submit still decides)."""
+        with self._cond:
+            return not self._closing and len(self._waiting) + n <= self.max_queue
 
     @property
     def n_ctx(self) -> int:
@@ -351,9 +399,7 @@ class Engine:
                     return
                 admitted = []
                 while len(self._running) < self.n_parallel:
-                    # FIFO, but a choice of n waits for the first choice's prompt evaluation
-                    r = next((r for r in self._waiting
-                              if r.after is None or r.after.prefill_over), None)
+                    r = self._next_admitted()
                     if r is None:
                         break
                     self._waiting.remove(r)
@@ -370,6 +416,24 @@ class Engine:
                 for r in failed:
                     r.prefill_over = True
                     r.stream._put(e)
+
+    def _next_admitted(self) -> "_Request | None":
+        """(lock held) The waiting request to run next (module doc: fairness): the first queued
+        of those whose submission has the fewest requests running, then was served least; a
+        choice of n waits for the first choice's prompt evaluation."""
+        running: dict[_Submission, int] = {}
+        for r in self._running:
+            running[r.submission] = running.get(r.submission, 0) + 1
+        best, best_key = None, None
+        for r in self._waiting:
+            if r.after is not None and not r.after.prefill_over:
+                continue
+            key = (running.get(r.submission, 0), r.submission.served)
+            if best is None or key < best_key:
+                best, best_key = r, key
+        if best is not None:
+            best.submission.served += 1
+        return best
 
     def _drop_cancelled(self) -> None:
         """(lock held) Ends the cancelled requests, queued or running: their slots are free."""
@@ -392,8 +456,10 @@ class Engine:
         used = {x.slot for x in self._running if x is not r}
         free = [s for s in range(self.n_parallel) if s not in used]
         limit = len(r.prompt) - 1                     # one token at least runs, for the logits
-        share = {s: min(limit, _common_prefix(self.model.seq_tokens(s), r.prompt))
-                 for s in range(self.n_parallel)}
+        mine = [s for s in range(self.n_parallel) if self._partition[s] == r.partition]
+        share = {s: 0 for s in range(self.n_parallel)}
+        share.update({s: min(limit, _common_prefix(self.model.seq_tokens(s), r.prompt))
+                      for s in mine})
         slot = max(free, key=lambda s: (share[s], -self._last_used[s]))
         src = max(range(self.n_parallel), key=lambda s: share[s])
         if share[src] > share[slot]:
@@ -405,21 +471,27 @@ class Engine:
         r.n_reused = share[slot]
         if r.draft_model:   # its draft slot too starts from the longest prefix it can copy
             dm = self.draft_model
-            d_share = {s: min(limit, _common_prefix(dm.seq_tokens(s), r.prompt))
-                       for s in range(self.n_parallel)}
+            if self._partition[slot] != r.partition:   # another partition's tokens: not reused
+                dm.truncate_seq(slot, 0)
+            d_share = {s: 0 for s in range(self.n_parallel)}
+            d_share.update({s: min(limit, _common_prefix(dm.seq_tokens(s), r.prompt))
+                            for s in mine + [slot]})
             d_src = max(range(self.n_parallel), key=lambda s: d_share[s])
             if d_share[d_src] > d_share[slot]:
                 dm.copy_seq(d_src, slot, d_share[d_src])
+        self._partition[slot] = r.partition
 
     def _run_step(self) -> None:
         tokens, seqs, pos, rows = [], [], [], []
         decoding = [r for r in self._running if r.done_pos >= len(r.prompt)]
         row_cost = self._pass_cost.row_cost(len(decoding))
+        budget = MAX_DRAFT_ROWS                   # drafted rows this step, over all requests
         for r in decoding:
-            r.draft = self._draft(r, row_cost)
+            r.draft = self._draft(r, row_cost, budget)
+            budget -= len(r.draft)
         if self.draft_model is not None:
             self._draft_with_model([r for r in decoding if r.draft_model and
-                                    not r.stream.cancelled], len(decoding), row_cost)
+                                    not r.stream.cancelled], len(decoding), row_cost, budget)
         for r in decoding:   # its token, then its draft (if any), on consecutive rows
             run = [r.gen.token] + r.draft
             rows += range(len(tokens), len(tokens) + len(run))
@@ -430,7 +502,10 @@ class Engine:
         pre = next((r for r in self._running if r.done_pos < len(r.prompt)), None)
         chunk_end = 0
         if pre is not None:
-            chunk_end = min(len(pre.prompt), pre.done_pos + self.prefill_chunk)
+            chunk = self.prefill_chunk
+            if pre.gen.prompt_logprobs is not None:
+                chunk = min(chunk, PROMPT_LOGPROBS_SHARED if decoding else PROMPT_LOGPROBS_CHUNK)
+            chunk_end = min(len(pre.prompt), pre.done_pos + chunk)
             if pre.t_prefill is None:
                 pre.t_prefill = time.perf_counter()
             first_row = len(tokens)
@@ -486,7 +561,7 @@ class Engine:
                     self._running.remove(r)
                     self._counts["failed" if r.failed else "completed"] += 1
                     self._count_tokens(r)
-        for r in self._running:
+        for r in self._running + finished:     # a request that ended this step used it too
             self._last_used[r.slot] = self._step
 
     def _masks_ahead(self, reqs: list[_Request]):
@@ -500,18 +575,21 @@ class Engine:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="pyklei-mask")
         return self._mask_pool.submit(_fill_masks, gens)
 
-    def _draft(self, r: _Request, row_cost: float) -> list[int]:
-        """r's draft by prompt lookup for this step: none without it, or when it does not pay."""
-        if r.lookup is None or r.stream.cancelled:
+    def _draft(self, r: _Request, row_cost: float, budget: int) -> list[int]:
+        """r's draft by prompt lookup for this step (at most `budget` tokens): none without it,
+        or when it does not pay."""
+        if r.lookup is None or r.stream.cancelled or budget < 1:
             return []
         r.draft_length.row_cost = row_cost
         r.draft_kind = r.lookup.kind()
-        k = r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.draft_kind)
+        k = min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.draft_kind), budget)
         return r.lookup.draft(k) if k else []
 
-    def _draft_with_model(self, reqs: list[_Request], n_decoding: int, row_cost: float) -> None:
+    def _draft_with_model(self, reqs: list[_Request], n_decoding: int, row_cost: float,
+                          draft_rows: int) -> None:
         """The drafts of `reqs` (requests drafting with the draft model) for this step, in the
-        draft model's batched passes (see the module doc): r.draft, and r.q for a sampling one.
+        draft model's batched passes (see the module doc): r.draft, and r.q for a sampling one;
+        `draft_rows` drafted tokens at most over all of them.
         n_decoding: the requests decoding in this step (what a request's own row costs)."""
         dm = self.draft_model
         tokens, seqs, pos, rows, drafting = [], [], [], [], []
@@ -536,8 +614,10 @@ class Engine:
                 r.draft_length.draft_cost = (drafted_row / own_row if drafted_row and own_row
                                              else 0.0)
                 r.draft_kind = "model"
-                k = min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.draft_kind),
-                        dm.n_ctx - len(text))
+                k = max(min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1,
+                                                  r.draft_kind),
+                            dm.n_ctx - len(text), draft_rows), 0)
+                draft_rows -= k
             if end < len(text) or k > 0:
                 tokens += text[start:end]
                 seqs += [r.slot] * (end - start)

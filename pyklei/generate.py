@@ -84,34 +84,78 @@ def peak_rss_mb() -> float:
 
 
 class StopMatcher:
-    """Holds back text that may be the start of a stop string; cuts at the first stop."""
+    """Holds back text that may be the start of a stop string; cuts at the first stop.
+
+    Linear in the text fed, whatever the stop strings' lengths: an Aho-Corasick automaton over
+    them, whose state after each character is the longest end of the text so far that begins
+    some stop string (what must be held back). Cutting and holding as before it: the cut is
+    at the earliest start of any stop found in what was fed (re-finding every held prefix of
+    every stop per token made a 480,000-character stop cost 200 ms a token)."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
+        # the trie: state 0 is the root; per state its transitions, failure link, depth, and
+        # the lengths of the stops that end there (its own and its failure chain's)
+        self._next: list[dict[str, int]] = [{}]
+        self._fail = [0]
+        self._depth = [0]
+        self._ends: list[tuple[int, ...]] = [()]
+        for stop in self.stops:
+            q = 0
+            for ch in stop:
+                nxt = self._next[q].get(ch)
+                if nxt is None:
+                    nxt = len(self._next)
+                    self._next[q][ch] = nxt
+                    self._next.append({})
+                    self._fail.append(0)
+                    self._depth.append(self._depth[q] + 1)
+                    self._ends.append(())
+                q = nxt
+            self._ends[q] = (len(stop),)
+        order = list(self._next[0].values())      # breadth first: a state's failure first
+        for q in order:
+            for ch, nxt in self._next[q].items():
+                f = self._fail[q]
+                while f and ch not in self._next[f]:
+                    f = self._fail[f]
+                g = self._next[f].get(ch, 0)
+                self._fail[nxt] = g if g != nxt else 0
+                self._ends[nxt] = self._ends[nxt] + self._ends[self._fail[nxt]]
+                order.append(nxt)
+        self._state = 0
+
+    def _step(self, ch: str) -> int:
+        q = self._state
+        while q and ch not in self._next[q]:
+            q = self._fail[q]
+        self._state = self._next[q].get(ch, 0)
+        return self._state
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, stopped)."""
-        self.pending += text
         if not self.stops:
-            out, self.pending = self.pending, ""
+            out, self.pending = self.pending + text, ""
             return out, False
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        base = len(self.pending)
+        self.pending += text
+        cut = -1
+        for i, ch in enumerate(text):
+            ends = self._ends[self._step(ch)]
+            if ends:
+                first = base + i + 1 - max(ends)
+                cut = first if cut < 0 else min(cut, first)
         if cut >= 0:
-            out, self.pending = self.pending[:cut], ""
+            out, self.pending, self._state = self.pending[:cut], "", 0
             return out, True
-        hold = 0    # longest suffix of pending that is a proper prefix of a stop string
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(self.pending)), hold, -1):
-                if self.pending.endswith(s[:n]):
-                    hold = n
-                    break
+        hold = self._depth[self._state]     # a proper prefix of a stop (a whole one was cut)
         out = self.pending[:len(self.pending) - hold]
         self.pending = self.pending[len(out):]
         return out, False
 
     def flush(self) -> str:
-        out, self.pending = self.pending, ""
+        out, self.pending, self._state = self.pending, "", 0
         return out
 
 

@@ -36,6 +36,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .request import check_depth
+
 __all__ = ["Constraint", "GrammarError", "JSON_OBJECT", "close_objects", "constraint", "llg_tokenizer"]
 
 #: {"type": "json_object"}: any JSON object (OpenAI's JSON mode).
@@ -51,6 +53,16 @@ _JSON_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": r"[ ]?|\n[ \t
                 "item_separator": ",", "key_separator": ":"}
 
 _INSTALL = "constrained decoding needs llguidance: pip install 'pyklei[grammar]'"
+
+# What one grammar may cost, so that no request's grammar can stall the others (a server
+# compiles untrusted schemas). Its text: a schema of 3,000 properties is 115 KB and compiles in
+# ~0.2 s on one core; 10,000 (390 KB) took 1.7 s. Its masks: llguidance's lexer fuel per step
+# (~14k units a ms: 50k is ~4 ms, where the default 200k let `^a{100000}$` cost 18-35 ms a
+# step) and for building a regex's first states (~50k a ms). A grammar over a limit is a
+# GrammarError that says which.
+MAX_GRAMMAR_BYTES = 128 << 10
+MAX_SCHEMA_DEPTH = 64            # nesting of a JSON schema given as text (as a server's body)
+_LIMITS = dict(step_lexer_fuel=50_000, initial_lexer_fuel=200_000)
 
 
 class GrammarError(ValueError):
@@ -363,18 +375,16 @@ class Constraint:
     """One generation's grammar state (an llguidance LLMatcher over the model's vocabulary).
 
     Stateful: it follows one sequence of tokens. ``fresh()`` gives another at the start state
-    (for another request, or each of n choices), without compiling again. Not thread-safe:
-    the generation that owns it calls it."""
+    (for another request, or each of n choices) by copying the compiled start state: compiling
+    happens once (_compile). Not thread-safe: the generation that owns it calls it."""
 
-    def __init__(self, tokenizer, grammar: str, what: str):
-        llg = _llguidance()
+    def __init__(self, tokenizer, start, what: str):
+        """start: a compiled llguidance LLMatcher at its start state (kept unchanged: fresh()
+        copies it)."""
         self.tokenizer = tokenizer
         self.what = what                      # "JSON schema", "grammar", "regex": for messages
-        self._grammar = grammar               # llguidance's grammar (JSON text), validated
-        self._llt = llg_tokenizer(tokenizer)
-        self._matcher = llg.LLMatcher(self._llt, grammar, log_level=0)
-        if self._matcher.is_error():          # validated before, but a matcher may still refuse
-            raise GrammarError(f"invalid {what}: {_first_line(self._matcher.get_error())}")
+        self._start = start
+        self._matcher = start.deep_copy()
         self.n_vocab = tokenizer.vocab_size
         # the mask, one bit per token, as llguidance writes it (int32 words, token i at bit i%32
         # of word i//32); the bytes view unpacks it little-endian
@@ -401,8 +411,9 @@ class Constraint:
         return self
 
     def fresh(self) -> "Constraint":
-        """A new constraint with the same grammar at its start."""
-        return Constraint(self.tokenizer, self._grammar, self.what)
+        """A new constraint with the same grammar at its start (a copy of the compiled start
+        state: microseconds, where compiling a large schema again took seconds)."""
+        return Constraint(self.tokenizer, self._start, self.what)
 
     # ---- per step --------------------------------------------------------------------------
     def fill_bitmask(self, out: np.ndarray | None = None) -> np.ndarray:
@@ -513,21 +524,57 @@ def _first_line(msg: str) -> str:
 
 
 def _compile(tokenizer, grammar: str, what: str) -> Constraint:
+    """The constraint of llguidance's `grammar`, compiled once within the limits above; its
+    first steps are tried here, so that a grammar whose lexer blows up on its first token (a
+    regex such as `^a{300000}$`) is refused now rather than failing the generation later."""
     llg = _llguidance()
-    is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, llg_tokenizer(tokenizer))
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise GrammarError(f"{what} too large: its grammar is {len(grammar)} bytes, at most "
+                           f"{MAX_GRAMMAR_BYTES}")
+    limits = llg.LLParserLimits(**_LIMITS)
+    llt = llg_tokenizer(tokenizer)
+    is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(grammar, llt, limits=limits)
     if is_error:
         raise GrammarError(f"invalid {what}: {_first_line(msgs[0])}")
-    return Constraint(tokenizer, grammar, what)
+    start = llg.LLMatcher(llt, grammar, log_level=0, limits=limits)
+    _probe(start, tokenizer, what)
+    return Constraint(tokenizer, start, what)
+
+
+def _probe(start, tokenizer, what: str) -> None:
+    """GrammarError unless the first mask, and the mask after the first token it allows, can
+    be computed within the limits (on copies: `start` stays at its start state)."""
+    m = start.deep_copy()
+    bits = np.zeros((tokenizer.vocab_size + 31) // 32, np.int32)
+    m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if not m.is_error():
+        ok = np.unpackbits(bits.view(np.uint8), bitorder="little")[:tokenizer.vocab_size]
+        ok[list(tokenizer.eos_ids)] = 0
+        first = np.flatnonzero(ok)
+        if first.size and m.consume_token(int(first[0])):
+            m.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+    if m.is_error():
+        raise GrammarError(f"{what} too costly to follow: {_first_line(m.get_error())}")
 
 
 def _schema_text(schema) -> str:
     if isinstance(schema, (bytes, bytearray)):
         schema = schema.decode("utf-8")
     if isinstance(schema, str):
+        if len(schema) > MAX_GRAMMAR_BYTES:
+            raise GrammarError(f"JSON schema too large: {len(schema)} characters, at most "
+                               f"{MAX_GRAMMAR_BYTES}")
         try:
             schema = json.loads(schema)
+        except RecursionError:
+            raise GrammarError(f"invalid JSON schema: it nests deeper than {MAX_SCHEMA_DEPTH} "
+                               f"levels") from None
         except json.JSONDecodeError as e:
             raise GrammarError(f"invalid JSON schema: not JSON ({e})") from None
+    try:
+        check_depth(schema, MAX_SCHEMA_DEPTH)
+    except ValueError as e:
+        raise GrammarError(f"invalid JSON schema: {e}") from None
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
     if not isinstance(schema, dict):

@@ -24,7 +24,8 @@ from .sampler import MAX_TOKENS, SamplingParams
 from .tokenizer import token_ids
 
 MAX_TOP_LOGPROBS = 20          # alternatives per token at most (OpenAI's top_logprobs bound)
-MAX_STOPS = 16                 # stop strings per server request (OpenAI allows 4; llama.cpp any)
+MAX_STOPS = 4                  # stop strings per server request (OpenAI's bound)
+MAX_STOP_CHARS = 4096          # characters per server stop string (below: what the context holds)
 
 
 @dataclass(frozen=True)
@@ -63,20 +64,47 @@ def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> i
     return int(min(max_tokens, room))
 
 
-def check_stops(stop, max_stops: int | None = None) -> tuple[str, ...]:
-    """Stop strings as a tuple: one string, or a list of strings (at most max_stops: the
-    server's bound is MAX_STOPS)."""
+def check_stops(stop, max_stops: int | None = None,
+                max_chars: int | None = None) -> tuple[str, ...]:
+    """Stop strings as a tuple: one string, or a list of strings (at most max_stops, each of
+    at most max_chars characters: the server's bounds are MAX_STOPS and stop_chars_bound)."""
     if isinstance(stop, str):
-        return (stop,)
-    try:
-        stops = tuple(stop)
-    except TypeError:
-        stops = None
-    if stops is None or not all(isinstance(s, str) for s in stops):
-        raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
+        stops = (stop,)
+    else:
+        try:
+            stops = tuple(stop)
+        except TypeError:
+            stops = None
+        if stops is None or not all(isinstance(s, str) for s in stops):
+            raise TypeError(f"stop must be a string or a list of strings, got {stop!r}")
     if max_stops is not None and len(stops) > max_stops:
         raise ValueError(f"stop has {len(stops)} strings; at most {max_stops}")
+    if max_chars is not None and any(len(s) > max_chars for s in stops):
+        raise ValueError(f"a stop string has {max(map(len, stops))} characters; at most "
+                         f"{max_chars}")
     return stops
+
+
+def stop_chars_bound(n_ctx: int, max_token_chars: int) -> int:
+    """The longest stop string a server takes: MAX_STOP_CHARS, or less where a whole context
+    of text (n_ctx tokens of at most max_token_chars characters) could not hold a longer one,
+    which could then never match."""
+    return min(MAX_STOP_CHARS, n_ctx * max_token_chars)
+
+
+def check_depth(obj, limit: int) -> None:
+    """ValueError when JSON data nests deeper than `limit` (what walks it later -- close_objects,
+    a schema compiler, a chat template -- recurses that deep). Iterative, so a deep value cannot
+    overflow the check itself."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > limit:
+            raise ValueError(f"it nests deeper than {limit} levels")
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values() if isinstance(v, (dict, list)))
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o if isinstance(v, (dict, list)))
 
 
 def check_logprobs(logprobs) -> int | None:

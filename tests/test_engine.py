@@ -216,6 +216,77 @@ def test_prefix_reuse_runs_only_new_tokens(gguf, tok):
         long.cancel()
 
 
+def test_prefixes_are_reused_only_within_a_cache_partition(gguf, tok):
+    """A prompt cached by partition "a" runs whole for partition "b" (and for None), and
+    cached for "a" again: neither prompt_eval_tokens nor the slot's contents cross partitions.
+    A request that ends in the step it was placed still marks its slot as used (LRU), so the
+    next partition's request takes another slot and "a"'s prefix survives."""
+    base = _prompts(1, seed=7, lo=30, hi=31)[0]
+    m = Model(gguf, n_threads=2, n_ctx=256, n_seq=3)
+    with Engine(m, tok, n_parallel=3) as eng:
+        def run(prompt, part):
+            return _collect(eng.submit(prompt, max_tokens=1, params=GREEDY, eos_ids=[],
+                                       cache_partition=part))[1].prompt_eval_tokens
+        assert run(base, "a") == 30
+        assert run(base, "b") == 30          # not "a"'s
+        assert run(base, None) == 30
+        assert run(base + [5], "b") == 1     # "b"'s own
+        assert run(base + [6], "a") == 1     # "a"'s survived
+        with pytest.raises(TypeError):
+            eng.submit(base, max_tokens=1, cache_partition=["unhashable"])
+
+
+def test_the_choices_of_one_request_share_one_turn(gguf, tok):
+    """Two submissions of 6 choices fill 2 slots and the queue; a newcomer takes the next free
+    slot (its submission has none running), before the other choices queued before it."""
+    m = Model(gguf, n_threads=2, n_ctx=256, n_seq=2)
+    gate, real = threading.Event(), Model.batch
+
+    def held(self, *a):            # the first step waits until every request is queued
+        gate.wait(60)
+        return real(self, *a)
+    with Engine(m, tok, n_parallel=2) as eng:
+        placed, place = [], eng._place
+        eng._place = lambda r: (placed.append(r.stream), place(r))
+        Model.batch = held
+        try:
+            big = [eng.submit_choices(p, [SamplingParams(temperature=0.7, seed=i)
+                                          for i in range(6)], max_tokens=8, eos_ids=[])
+                   for p in _prompts(2, seed=8)]
+            small = eng.submit(_prompts(1, seed=9)[0], max_tokens=1, params=GREEDY, eos_ids=[])
+        finally:
+            Model.batch = real
+            gate.set()
+        for s in [s for b in big for s in b] + [small]:
+            _collect(s)
+    # admitted third (after each big request's first choice), not after the 10 choices queued
+    # before it
+    assert placed[:3] == [big[0][0], big[1][0], small], placed
+
+
+def test_drafted_rows_per_step_are_bounded(gguf, tok, monkeypatch):
+    """Requests drafting by prompt lookup on a repetitive prompt draft MAX_DRAFT_ROWS rows a
+    step at most, all of them together."""
+    import pyklei.engine as engine_mod
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 8
+    drafted = []                  # per decode step: rows beyond one per sequence
+    real = Model.batch
+
+    def counting(self, tokens, seqs, pos, out_rows):
+        decode = [int(sq) for sq, p in zip(seqs, pos) if p >= len(prompt)]
+        if decode:
+            drafted.append(len(decode) - len(set(decode)))
+        return real(self, tokens, seqs, pos, out_rows)
+    monkeypatch.setattr(Model, "batch", counting)
+    m = Model(gguf, n_threads=2, n_ctx=256, n_seq=3)
+    with Engine(m, tok, n_parallel=3, speculative="lookup") as eng:
+        streams = [eng.submit(prompt, max_tokens=60, params=GREEDY, eos_ids=[]) for _ in range(3)]
+        for s in streams:
+            _collect(s)
+    assert max(drafted) > 0                                   # it did draft
+    assert max(drafted) <= engine_mod.MAX_DRAFT_ROWS, drafted
+
+
 @pytest.mark.parametrize("kwargs,err,match", [
     (dict(prompt=[]), ValueError, "empty"),
     (dict(prompt=[1] * 300), ValueError, "exceeds the context"),

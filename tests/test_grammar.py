@@ -510,3 +510,46 @@ def test_max_tokens_never_cuts_a_constrained_reply(smol_llm, temperature):
                                      temperature=temperature, seed=max_tokens)
         cut += free.finish_reason == "length"
     assert cut >= 3       # the check is what closes these replies
+
+
+# ---- what one grammar may cost (issue 40) -------------------------------------------------------
+
+@needs_llg
+@pytest.mark.parametrize("kw, words", [
+    # a schema given as text goes through the same depth check as a body's JSON
+    (dict(json_schema='{"type": "array", "items": ' * 400 + "{}" + "}" * 400),
+     ["JSON schema", "nests deeper than 64"]),
+    (dict(response_format={"type": "json_schema", "json_schema": {
+        "schema": '{"items": ' * 100 + "{}" + "}" * 100}}), ["JSON schema", "nests deeper"]),
+    (dict(json_schema={"type": "object", "properties": {
+        f"p{i}": {"type": "integer"} for i in range(10_000)}}), ["too large"]),
+    # lexers that blow up on the first token: refused when compiled, not when generating
+    (dict(regex="^a{300000}$"), ["regex", "too costly"]),
+    (dict(regex="^a{100000}$"), ["regex", "too costly"]),
+])
+def test_a_grammar_beyond_its_budget_is_refused_when_compiled(smol_tok, kw, words):
+    from pyklei.grammar import GrammarError, constraint
+    with pytest.raises(GrammarError) as e:
+        constraint(smol_tok, **kw)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+@needs_llg
+def test_fresh_copies_the_compiled_start_state(smol_tok):
+    """n choices of one request share one compilation: fresh() copies the start state (even
+    from a constraint that has advanced), and each copy follows its own tokens."""
+    import time
+    from pyklei.grammar import constraint
+    props = {f"p{i}": {"type": "integer"} for i in range(2000)}
+    t = time.perf_counter()
+    c = constraint(smol_tok, json_schema={"type": "object", "properties": props,
+                                          "required": list(props)})
+    compile_s = time.perf_counter() - t
+    c.advance(smol_tok.encode("{", add_bos=False)[0])
+    t = time.perf_counter()
+    copies = [c.fresh() for _ in range(15)]
+    assert time.perf_counter() - t < compile_s        # 15 copies cost less than one compile
+    assert all(x._start is c._start and x.n_tokens == 0 for x in copies)
+    first = copies[0].allowed()
+    assert first[smol_tok.encode("{", add_bos=False)[0]] and not c.allowed().all()
+    assert (copies[1].allowed() == first).all()

@@ -87,3 +87,61 @@ def test_one_end_of_generation_rule(llm, smollm2_q4):
     assert listed in Tokenizer.from_metadata(meta).eos_ids
     # the defaults below LLM: the same set
     assert make_request(llm.n_ctx, tok, [1], 4).eos_ids == tuple(llm.eos_ids)
+
+
+def _stop_reference(stops, pieces):
+    """What StopMatcher must do, written the obvious way: emit all but the longest end of the
+    text that begins a stop; cut at the earliest start of any stop found."""
+    stops = [s for s in stops if s]
+    pending, out = "", []
+    for piece in pieces:
+        pending += piece
+        starts = [i for i in (pending.find(s) for s in stops) if i >= 0]
+        if starts:
+            out.append(pending[:min(starts)])
+            return "".join(out), True
+        hold = max((n for s in stops for n in range(1, len(s)) if pending.endswith(s[:n])),
+                   default=0)
+        out.append(pending[:len(pending) - hold])
+        pending = pending[len(pending) - hold:]
+    return "".join(out), False
+
+
+def test_stop_matcher_agrees_with_the_obvious_rule():
+    import random
+    from pyklei.generate import StopMatcher
+    rng = random.Random(40)
+    for _ in range(5000):
+        alpha = rng.choice(["ab", "abc"])
+        stops = ["".join(rng.choice(alpha) for _ in range(rng.randint(0, 5)))
+                 for _ in range(rng.randint(0, 4))]
+        pieces = ["".join(rng.choice(alpha) for _ in range(rng.randint(0, 4)))
+                  for _ in range(rng.randint(1, 8))]
+        m, got, stopped = StopMatcher(stops), [], False
+        for piece in pieces:
+            text, stopped = m.feed(piece)
+            got.append(text)
+            if stopped:
+                break
+        assert ("".join(got), stopped) == _stop_reference(stops, pieces), (stops, pieces)
+
+
+def test_stop_matcher_is_linear_in_the_text_whatever_the_stops():
+    """16 stops of 480,000 characters (issue 40): each piece costs what its own characters do,
+    not what the held text and the stops do."""
+    import time
+    from pyklei.generate import StopMatcher
+    m = StopMatcher(["=" * 480_000 + str(i) for i in range(16)])
+    t = time.perf_counter()
+    for _ in range(7500):                      # 480,000 characters, all held back
+        assert m.feed("=" * 64) == ("", False)
+    assert time.perf_counter() - t < 5.0       # the old rule: ~0.2 s a piece at the end
+    assert m.feed("7") == ("", True)
+
+
+def test_server_stop_bounds():
+    from pyklei.request import MAX_STOP_CHARS, stop_chars_bound
+    assert stop_chars_bound(8192, 64) == MAX_STOP_CHARS
+    assert stop_chars_bound(16, 8) == 128
+    with pytest.raises(ValueError, match="at most 10"):
+        check_stops(["x" * 11], MAX_STOPS, 10)

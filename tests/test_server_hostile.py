@@ -5,6 +5,7 @@ solo run; idle and half-sent connections are closed and do not lock clients out;
 header and Content-Type are checked. Each server is a real subprocess on 127.0.0.1 over the
 real engine and SmolLM2."""
 import json
+import os
 import random
 import resource
 import socket
@@ -390,3 +391,260 @@ def test_the_drain_deadline_ends_streams_with_a_finish_reason(smollm2_q4):
         assert "Traceback" not in err and "CancelledError" not in err, err[-2000:]
     finally:
         srv.stop()
+
+
+# ---- no user can read, slow or steer another (issue 40) ----------------------------------------
+#
+# Each attack runs beside a "neighbour": a greedy stream whose text must equal its solo run and
+# whose pace must stay at half its solo pace or more, while /health answers within 100 ms.
+
+TIME_SCALE = float(os.environ.get("PYKLEI_TEST_TIME_SCALE", "1"))   # test_sanitizers.sh
+NEIGHBOUR = {"prompt": "Once upon a time", "max_tokens": 96, "temperature": 0,
+             "stream": True, "stream_options": {"include_usage": True}}
+
+
+def _stream_text(srv, body, headers=None) -> tuple[str, float, dict]:
+    """A completions stream: its text, tokens/s after the first token, and its usage."""
+    pieces, usage, t_first, n = [], {}, None, 0
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, headers=headers,
+                      timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for ln in r.iter_lines():
+            if not ln.startswith("data: {"):
+                continue
+            ev = json.loads(ln[6:])
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for c in ev.get("choices", []):
+                if c["text"]:
+                    n += 1
+                    t_first = t_first or time.perf_counter()
+                    pieces.append(c["text"])
+    t_end = time.perf_counter()
+    pace = usage.get("completion_tokens", n) / max(t_end - (t_first or t_end), 1e-6)
+    return "".join(pieces), pace, usage
+
+
+class Neighbour:
+    """The neighbour stream in a thread, and /health polled beside it; .check(solo) asserts
+    the text, the pace and the health latency once the attack is over."""
+
+    def __init__(self, srv, headers=None):
+        self.srv, self.headers = srv, headers
+        self.result, self.health_s = None, []
+        self._done = threading.Event()
+
+    def __enter__(self):
+        def run():
+            try:
+                self.result = _stream_text(self.srv, NEIGHBOUR, self.headers)
+            finally:
+                self._done.set()
+
+        def poll():
+            while not self._done.is_set():
+                t = time.perf_counter()
+                httpx.get(self.srv.url + "/health", timeout=30)
+                self.health_s.append(time.perf_counter() - t)
+                time.sleep(0.05)
+        self.threads = [threading.Thread(target=run), threading.Thread(target=poll)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        for t in self.threads:
+            t.join(300)
+
+    def check(self, solo, pace=True):
+        """The neighbour's text equals its solo run, its pace is at least half the solo pace,
+        and /health answered in 100 ms (the median; each within 0.5 s: a stalled event loop
+        takes seconds, a busy machine's scheduler some tens of milliseconds)."""
+        text, got, _ = self.result
+        assert text == solo[0]
+        assert not pace or got >= 0.5 * solo[1], (got, solo[1])
+        health = sorted(self.health_s)
+        assert health[len(health) // 2] < 0.1 and health[-1] < 0.5 * TIME_SCALE, health[-3:]
+
+
+@pytest.fixture(scope="module")
+def tenants(smollm2_q4):
+    with LiveServer(smollm2_q4, "--parallel", "4", "--api-key", "key-a,key-b",
+                    "--timeout-write", "1") as srv:
+        srv.solo = _stream_text(srv, NEIGHBOUR, {"Authorization": "Bearer key-a"})[:2]
+        yield srv
+
+
+def _chat(srv, messages, key, **kw):
+    r = post(srv, "/v1/chat/completions", {"messages": messages, "max_tokens": 1,
+                                           "temperature": 0, **kw},
+             headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_prefix_cache_tells_no_tenant_of_another_prompt(tenants):
+    """The oracle of issue 40: a victim's system prompt holds a PIN; the attacker resends it
+    with a guess for each next digit and reads the cached-token count. Across API keys, and
+    across cache_salts under one key, every guess reads the same; within a partition caching
+    still works (a resent prompt is cached but for its last token, which must run)."""
+    pin = "493817"
+    def victim(d):
+        return [{"role": "system", "content": f"The vault PIN is {d}. Never tell it."},
+                {"role": "user", "content": "Hello"}]
+    _chat(tenants, victim(pin), "key-a")                 # the victim's app, as apps do
+
+    def cached(key, guess, **kw):
+        r = _chat(tenants, victim(guess)[:1], key, **kw)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            r["usage"]["prompt_tokens"] - (r["usage"]["prompt_tokens"]
+                                           - r["timings"]["prompt_cached_tokens"])
+        return r["timings"]["prompt_cached_tokens"]
+
+    for key, salt in (("key-b", {}), ("key-a", {"cache_salt": "attacker"})):
+        cached(key, pin[:3] + "x~", **salt)     # the attacker's own probes share a prefix
+        readings = {d: cached(key, pin[:3] + d + "~", **salt) for d in "0123456789"}
+        assert len(set(readings.values())) == 1, (key, salt, readings)
+    # within a partition caching works: the victim's resent prompt, and a salted one resent
+    for salt in ({}, {"cache_salt": "tenant-7"}):
+        r = _chat(tenants, victim(pin), "key-a", **salt)
+        r = _chat(tenants, victim(pin), "key-a", **salt)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+            r["usage"]["prompt_tokens"] - 1, (salt, r["usage"])
+
+
+def test_a_huge_schema_with_n_16_is_refused_and_a_large_one_compiles_once(tenants):
+    """10,000 required properties (390 KB): 400 naming the field, at once. 2,500 (under the
+    bound) with n=16: compiled once, off the event loop (/health answers within 100 ms, the
+    neighbour's text is unchanged). Its pace is not asserted here: each choice of such a
+    schema searches for a completion within its budget (pyklei.grammar.fit_budget) on the
+    engine thread, which a neighbour in the same steps feels (it ran at 30% of its pace)."""
+    auth = {"Authorization": "Bearer key-a"}
+    def schema(n):
+        props = {f"p{i}": {"type": "integer"} for i in range(n)}
+        return {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": props, "required": list(props)}}}
+    t = time.perf_counter()
+    r = post(tenants, "/v1/chat/completions", {"messages": CHAT, "n": 16, "max_tokens": 4,
+                                               "response_format": schema(10_000)}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    assert "too large" in r.json()["error"]["message"]
+    assert time.perf_counter() - t < 5
+    with Neighbour(tenants, auth) as nb:
+        time.sleep(0.3)
+        r = post(tenants, "/v1/chat/completions", {"messages": CHAT, "n": 16, "max_tokens": 3,
+                                                   "response_format": schema(2_500)},
+                 headers=auth)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 16
+    nb.check(tenants.solo, pace=False)
+
+
+def test_long_stop_strings_are_bounded_and_matched_in_linear_time(tenants):
+    auth = {"Authorization": "Bearer key-a"}
+    r = post(tenants, "/v1/completions", {"prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]},
+             headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    r = post(tenants, "/v1/completions", {"prompt": "Hi", "stop": ["x" * 4097]}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    # four stops of the longest kind, and a bias that forces SmolLM2's longest token (64 '=',
+    # id 28909): 300 tokens, the held-back text as long as the stops
+    stops = ["=" * 4095 + str(i) for i in range(4)]
+    with Neighbour(tenants, auth) as nb:
+        time.sleep(0.3)
+        t = time.perf_counter()
+        r = post(tenants, "/v1/completions", {"prompt": "=" * 20, "max_tokens": 300,
+                                              "temperature": 0, "stop": stops,
+                                              "logit_bias": {"28909": 100}}, headers=auth)
+        took = time.perf_counter() - t
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 300
+    nb.check(tenants.solo)
+    assert took < 20
+
+
+def test_echo_with_logprobs_runs_in_pieces_and_its_reply_is_bounded(tenants):
+    auth = {"Authorization": "Bearer key-a"}
+    prompt = "The quick brown fox jumps over the lazy dog. " * 80       # ~800 tokens
+    r = post(tenants, "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 20,
+                                          "n": 16, "max_tokens": 1}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+    with Neighbour(tenants, auth) as nb:
+        time.sleep(0.3)
+        r = post(tenants, "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 20,
+                                              "max_tokens": 1}, headers=auth)
+        assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == r.json()["usage"]["prompt_tokens"] + 1
+    assert lp["token_logprobs"][0] is None and all(len(t) == 20 for t in lp["top_logprobs"][1:])
+    nb.check(tenants.solo)
+
+
+@pytest.mark.parametrize("field", ["json_schema", "response_format"])
+def test_a_deep_schema_given_as_a_string_is_a_400(tenants, field):
+    deep = '{"type": "array", "items": ' * 400 + "{}" + "}" * 400
+    body = {"messages": CHAT, "max_tokens": 2}
+    body[field] = deep if field == "json_schema" else {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": deep}}
+    r = post(tenants, "/v1/chat/completions", body,
+             headers={"Authorization": "Bearer key-b"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    assert "nests deeper" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("grammar", ['start: /a{300000}/', 'start: /a{100000}/'])
+def test_a_grammar_whose_lexer_blows_up_is_a_400_not_a_failed_generation(tenants, grammar):
+    r = post(tenants, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 4,
+                                               "grammar": grammar},
+             headers={"Authorization": "Bearer key-b"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "grammar", r.text
+
+
+def test_a_request_of_many_choices_does_not_starve_a_newcomer(tenants):
+    """Two requests of n=16 fill the 4 slots and the queue; a newcomer's turn comes with the
+    next free slot (it waits for one choice, not for 28)."""
+    auth = {"Authorization": "Bearer key-a"}
+    big = {"messages": CHAT, "n": 16, "max_tokens": 40, "temperature": 0.8, "seed": 1}
+    done = []
+    threads = [threading.Thread(target=lambda: done.append(post(tenants, "/v1/chat/completions",
+                                                                big, headers=auth)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    tenants.wait_health(lambda h: h["queued"] >= 20)
+    t0 = time.perf_counter()
+    r = post(tenants, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2,
+                                               "temperature": 0}, headers=auth)
+    newcomer = time.perf_counter() - t0
+    assert r.status_code == 200
+    still = tenants.health()
+    for t in threads:
+        t.join(300)
+    assert all(x.status_code == 200 for x in done)
+    assert still["queued"] > 0 or still["running"] > 1, (newcomer, still)
+
+
+def test_a_client_that_never_reads_is_cancelled_after_the_write_timeout(tenants):
+    """A stream whose client reads nothing: once the socket's buffers are full, the request
+    waits --timeout-write (1 s here) and is cancelled; its slot frees."""
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "n": 12,
+                       "logprobs": 20, "temperature": 1.0, "seed": 5}).encode()   # ~18 MB
+    s = socket.create_connection(("127.0.0.1", tenants.port))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+              b"key-a\r\nContent-Type: application/json\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    try:
+        before = tenants.health()["cancelled"]
+        stats = tenants.wait_health(lambda h: h["cancelled"] > before, timeout=60)
+        assert stats["running"] == 0
+    finally:
+        s.close()
+
+
+def test_a_chunk_larger_than_a_body_may_be_is_a_413_at_once(tenants):
+    raw = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer key-a\r\n"
+           b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"fffffffffffffffffff\r\n{}\r\n0\r\n\r\n")
+    reply = _raw_request(tenants, raw)
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]

@@ -47,9 +47,11 @@ def add_parser(sub):
                    help="sequences decoded together (pyklei.engine's n_parallel; default %(default)s)")
     g.add_argument("--max-queue", type=_int_at_least(1, "queue size"), default=64, metavar="N",
                    help="requests that may wait for a sequence; more get 429 (default %(default)s)")
-    g.add_argument("--api-key", metavar="KEY", default=os.environ.get("PYKLEI_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $PYKLEI_API_KEY, "
-                        "or no key); prefer the variable: a flag is visible to every user in ps")
+    g.add_argument("--api-key", metavar="KEYS", action="append", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1, one of these keys "
+                        "(comma-separated, repeatable; each key is a tenant: no prompt cache is "
+                        "shared across keys). Default: $PYKLEI_API_KEY (comma-separated too), or "
+                        "no key; prefer the variable: a flag is visible to every user in ps")
     g.add_argument("--cors", metavar="ORIGINS", action="append", default=[],
                    help="allow browser requests from these origins (comma-separated, or '*'); "
                         "repeatable (default: none)")
@@ -70,6 +72,9 @@ def add_parser(sub):
     g.add_argument("--timeout-body", type=_float_in(0, None, lo_open=True, what="body timeout"),
                    default=60.0, metavar="S", help="seconds a request's body may take to arrive; "
                    "slower uploads get 408 (default %(default)s)")
+    g.add_argument("--timeout-write", type=_float_in(0, None, lo_open=True, what="write timeout"),
+                   default=30.0, metavar="S", help="seconds a streamed reply may wait for its "
+                   "client to read; then the request is cancelled (default %(default)s)")
     g.add_argument("--timeout-idle", type=_float_in(0, None, lo_open=True, what="idle timeout"),
                    default=5.0, metavar="S", help="seconds a kept-alive connection may wait for "
                    "its next request (default %(default)s)")
@@ -97,6 +102,8 @@ def run(args) -> int:
     except ImportError as e:
         raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
+    keys = args.api_key if args.api_key is not None else [os.environ.get("PYKLEI_API_KEY", "")]
+    keys = [k.strip() for arg in keys for k in arg.split(",") if k.strip()] or None
     from ..hub import split_file_ref
 
     llm = _load(args, n_seq=args.parallel)     # a KV cache slot per parallel sequence
@@ -106,8 +113,9 @@ def run(args) -> int:
     ref = split_file_ref(args.model)          # org/name:file.gguf: the file names the model
     model_id = args.model_id or Path(ref[1] if ref else args.model).stem
     return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
-                 max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=args.api_key,
+                 max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=keys,
                  cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet,
                  timeout_header=args.timeout_header, timeout_body=args.timeout_body,
+                 timeout_write=args.timeout_write,
                  timeout_idle=args.timeout_idle, max_connections=args.max_connections,
                  allow_hosts=args.allow_host, speculative=speculative)

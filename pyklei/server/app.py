@@ -16,6 +16,17 @@ in `param`, 401 without the API key, 403 for a Host header that is not this serv
 rebinding), 408/413/415 for a body too slow, too large or not JSON, 429 when the engine's queue
 is full, 500 for a request that failed alone while it was sampled, 503 while shutting down.
 Connection-level guards (timeouts, the connection cap, TCP_NODELAY) are in transport.py.
+
+Tenants: each API key (several may be configured) is a tenant, and a request's `cache_salt`
+(vLLM's field) divides its tenant further; a request reuses cached prompt prefixes of its own
+partition only (pyklei.engine: cache_partition), so neither the cached-token counts nor the
+time to the first token tell one user anything of another's prompts. Without keys every
+client is one tenant: clients that must not see each other send distinct cache_salts.
+
+Nothing heavy runs on the event loop: parsing (tokenizing, templating, compiling a grammar
+once per request), queueing and building a whole reply run in worker threads; a request is
+parsed only once the queue has room for it. A streamed reply whose client stops reading is
+cancelled after `write_timeout` seconds of waiting to write.
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..engine import EngineClosedError, QueueFullError, RequestFailedError
+from ..request import check_depth
 from ..tools import may_start_a_call, parse_reply
 from . import openai_api as api
 from .metrics import Metrics
@@ -123,6 +135,10 @@ class _Generation:
                 stream.cancel()
 
 
+class _WriteTimeout(Exception):
+    """The client did not take a streamed reply's bytes within the write timeout."""
+
+
 class _EventStream:
     """A streamed reply: OpenAI's chunks as Server-Sent Events, then `data: [DONE]`."""
 
@@ -139,8 +155,12 @@ class _EventStream:
 
         async def event(obj) -> None:
             data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
-            await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n",
-                        "more_body": True})
+            try:      # a client that does not read blocks the send (uvicorn's flow control)
+                await asyncio.wait_for(send({"type": "http.response.body", "more_body": True,
+                                             "body": b"data: " + data + b"\n\n"}),
+                                       s.write_timeout)
+            except asyncio.TimeoutError:
+                raise _WriteTimeout() from None
 
         def piece(i: int, r) -> dict:
             lps = None
@@ -170,10 +190,9 @@ class _EventStream:
                     i, r = item
                     prompt_lps = prompt_lps or r.prompt_logprobs
                     if req.echo and lasts[i] is None:   # the prompt first, once it has run
-                        echo_lps = None if req.logprobs is None else shape.text(
-                            api.prompt_logprobs(req, prompt_lps), 0)
-                        await event(api.chunk("text", rid, created, s.model_id, req.prompt_text,
-                                              index=i, logprobs=echo_lps))
+                        echo = await run_in_threadpool(_echo_event, s, req, rid, created,
+                                                       prompt_lps, shape, i)
+                        await event(echo)
                     if req.tools and lasts[i] is None:
                         held[i], held_lps[i] = "", []
                     lasts[i] = r
@@ -214,16 +233,28 @@ class _EventStream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:                    # the client went away while we wrote
             pass
+        except _WriteTimeout:              # the client stopped reading: its request ends
+            log.warning("a streamed reply was not read for %g s: request cancelled",
+                        s.write_timeout)
         finally:
             watcher.cancel()
             gen.close()
 
 
+def _echo_event(s, req: api.Request, rid: str, created: int, prompt_lps, shape, i: int) -> bytes:
+    """A completion's echoed prompt as one event's JSON (its logprobs can be megabytes: built
+    in a worker thread)."""
+    echo_lps = None if req.logprobs is None else shape.text(api.prompt_logprobs(req, prompt_lps), 0)
+    return json.dumps(api.chunk("text", rid, created, s.model_id, req.prompt_text, index=i,
+                                logprobs=echo_lps)).encode()
+
+
 class _State:
-    def __init__(self, engine, tokenizer, model_id, n_ctx, api_key, body_timeout):
+    def __init__(self, engine, tokenizer, model_id, n_ctx, api_keys, body_timeout, write_timeout):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
-        self.n_ctx, self.api_key = n_ctx, api_key
-        self.body_timeout = body_timeout
+        self.n_ctx = n_ctx
+        self.api_keys = [k.encode() for k in api_keys]   # empty: no key needed (one tenant)
+        self.body_timeout, self.write_timeout = body_timeout, write_timeout
         self.created = int(time.time())
         self.metrics = Metrics(engine)
 
@@ -239,21 +270,6 @@ async def _read_body(request: HTTPRequest) -> bytes:
             raise api.APIError(f"the body must be at most {MAX_BODY} bytes", status=413)
         chunks.append(c)
     return b"".join(chunks)
-
-
-def _check_depth(obj, limit: int = MAX_DEPTH) -> None:
-    """400 when JSON nests deeper than `limit`: anything that walks the body later (the chat
-    template, a schema compiler, json.dumps) would recurse that deep. Iterative, so a deep
-    body cannot overflow the check itself."""
-    stack = [(obj, 1)]
-    while stack:
-        o, d = stack.pop()
-        if d > limit:
-            raise api.APIError(f"the body nests deeper than {limit} levels")
-        if isinstance(o, dict):
-            stack.extend((v, d + 1) for v in o.values() if isinstance(v, (dict, list)))
-        elif isinstance(o, list):
-            stack.extend((v, d + 1) for v in o if isinstance(v, (dict, list)))
 
 
 async def _read_json(request: HTTPRequest, timeout: float):
@@ -273,7 +289,10 @@ async def _read_json(request: HTTPRequest, timeout: float):
         raise api.APIError(f"the body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:      # JSONDecodeError, UnicodeDecodeError, int digit limit
         raise api.APIError(f"the body is not valid JSON: {e}") from None
-    _check_depth(body)
+    try:
+        check_depth(body, MAX_DEPTH)
+    except ValueError as e:
+        raise api.APIError(f"the body: {e}") from None
     return body
 
 
@@ -295,24 +314,33 @@ def _check_json_content_type(request: HTTPRequest) -> None:
                            f"{media or 'none'!r})", status=415, code="unsupported_media_type")
 
 
-def _check_key(s: _State, request: HTTPRequest) -> None:
-    if s.api_key is None:
-        return
+def _check_key(s: _State, request: HTTPRequest) -> int | None:
+    """The request's tenant: the index of its API key, None when the server has no keys; 401
+    without a valid key. Every key is compared (in constant time), whichever matches."""
+    if not s.api_keys:
+        return None
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             s.api_key.encode()):
+    token = token.strip().encode()
+    tenant = None
+    for i, key in enumerate(s.api_keys):
+        if hmac.compare_digest(token, key) and tenant is None:
+            tenant = i
+    if scheme.lower() != "bearer" or tenant is None:
         raise api.APIError("a valid API key is required: 'Authorization: Bearer KEY'",
                            status=401, type="invalid_request_error", code="invalid_api_key")
+    return tenant
 
 
-def _submit(s: _State, req: api.Request):
+def _submit(s: _State, req: api.Request, tenant: int | None):
+    """Queues the request's choices (in a worker thread: each choice's grammar state and stop
+    matcher are made here)."""
     try:
         return s.engine.submit_requests(req.generations(s.tokenizer.eos_ids),
-                                        prompt_logprobs=req.echo and req.logprobs is not None)
-    except QueueFullError as e:
-        raise api.APIError(f"the server is busy (its queue is full): {e}; retry later",
-                           status=429, type="rate_limit_error", code="queue_full") from None
+                                        prompt_logprobs=req.echo and req.logprobs is not None,
+                                        cache_partition=(tenant, req.cache_salt))
+    except QueueFullError:
+        raise _queue_full() from None
     except EngineClosedError:
         raise api.APIError("the server is shutting down", status=503, type="server_error",
                            code="shutting_down") from None
@@ -320,18 +348,25 @@ def _submit(s: _State, req: api.Request):
         raise api.APIError(str(e)) from None
 
 
+def _queue_full() -> api.APIError:
+    return api.APIError("the server is busy (its queue is full); retry later", status=429,
+                        type="rate_limit_error", code="queue_full")
+
+
 async def _generate(request: HTTPRequest, kind: str) -> Response:
     s: _State = request.app.state.pyklei
-    _check_key(s, request)
+    tenant = _check_key(s, request)
     _check_json_content_type(request)
     try:
         body = await _read_json(request, s.body_timeout)
     except _ClientGone:
         return Response(status_code=CLIENT_CLOSED)
-    # tokenizing and templating a long prompt takes milliseconds: not on the event loop
+    if not s.engine.has_room():      # before the costly part: parsing may compile a grammar
+        raise _queue_full()
+    # tokenizing and templating a long prompt, compiling a grammar: not on the event loop
     req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx)
     t_submit = time.perf_counter()
-    gen = _Generation(_submit(s, req), t_submit)
+    gen = _Generation(await run_in_threadpool(_submit, s, req, tenant), t_submit)
     if req.stream:
         return _EventStream(s, req, gen)
     watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
@@ -358,17 +393,21 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
         return Response(status_code=CLIENT_CLOSED)
     s.metrics.generation(lasts, gen.ttft)
     texts = ["".join(p) for p in parts]
+    # a reply with logprobs can be megabytes of JSON: built in a worker thread
+    return await run_in_threadpool(_whole_reply, s, req, texts, lasts, lps, prompt_lps)
+
+
+def _whole_reply(s: _State, req: api.Request, texts, lasts, lps, prompt_lps) -> JSONResponse:
+    usage_lasts = lasts
     if req.best_of:        # keep the n best (the usage still counts every choice generated)
         keep = api.best_choices(req, lps)
-        usage_lasts, lasts = lasts, [lasts[i] for i in keep]
+        lasts = [lasts[i] for i in keep]
         texts = [texts[i] for i in keep]
         lps = None if req.logprobs is None else [lps[i] for i in keep]
-        out = api.completion(req, api.new_id(kind), s.model_id, texts, lasts, lps,
-                             api.Logprobs(s.tokenizer), prompt_lps)
-        out["usage"] = api.usage(usage_lasts)
-        return JSONResponse(out)
-    return JSONResponse(api.completion(req, api.new_id(kind), s.model_id, texts, lasts, lps,
-                                       api.Logprobs(s.tokenizer), prompt_lps))
+    out = api.completion(req, api.new_id(req.kind), s.model_id, texts, lasts, lps,
+                         api.Logprobs(s.tokenizer), prompt_lps)
+    out["usage"] = api.usage(usage_lasts)
+    return JSONResponse(out)
 
 
 async def chat_completions(request):
@@ -498,14 +537,20 @@ def _host_name(host: str) -> str:
     return name.rstrip(".").lower()
 
 
-def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key: str | None = None,
+def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
                cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
-               body_timeout: float = 60.0, on_shutdown=None) -> Starlette:
+               body_timeout: float = 60.0, write_timeout: float = 30.0,
+               on_shutdown=None) -> Starlette:
     """The ASGI app. engine: a pyklei.engine.Engine; n_ctx: a sequence's context in tokens;
+    api_key: a key, or a list of keys (each a tenant; module doc), or None: no key needed;
     cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
-    any); body_timeout: seconds a request body may take to arrive; on_shutdown: called when
-    the server stops (after it drained its connections)."""
-    state = _State(engine, tokenizer, model_id, n_ctx, api_key, body_timeout)
+    any); body_timeout: seconds a request body may take to arrive; write_timeout: seconds a
+    streamed reply may wait for its client to read before it is cancelled; on_shutdown:
+    called when the server stops (after it drained its connections)."""
+    keys = [] if api_key is None else [api_key] if isinstance(api_key, str) else list(api_key)
+    if not all(isinstance(k, str) and k for k in keys):
+        raise ValueError("API keys must be non-empty strings")
+    state = _State(engine, tokenizer, model_id, n_ctx, keys, body_timeout, write_timeout)
     middleware = [Middleware(_CountRequests, metrics=state.metrics)]
     if allowed_hosts is not None:
         middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))

@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from ..generate import GenerationResponse, TokenLogprob
 from ..request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_stops,
-                       prediction_ids, token_budget)
+                       prediction_ids, stop_chars_bound, token_budget)
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
 from ..tools import ToolError, check_tool_choice, check_tools, has_tool_turns
@@ -39,6 +39,12 @@ from ..tools import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
 MAX_N = 16                    # choices per request
+# log-probability entries (a token or an alternative) one reply may hold, over its choices and
+# an echoed prompt's: ~50 bytes of JSON each, so at most ~13 MB. An echoed 3,900-token prompt
+# with 20 alternatives and n=16 was a 36 MB reply (1.3M entries); n=16 replies of 2,000 tokens
+# fit with 7 alternatives, one reply of 12,000 tokens with 20.
+MAX_LOGPROB_ENTRIES = 1 << 18
+MAX_CACHE_SALT = 256          # characters
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "function": "tool",      # the legacy functions API: a function's result
          "developer": "system"}   # OpenAI: developer messages take the place of system messages
@@ -58,10 +64,6 @@ class APIError(Exception):
 
 
 # field -> (is its value a no-op?, what to say). A field absent or null is always fine.
-def _falsy(v):
-    return v is False or v == 0 or v == [] or v == {}
-
-
 UNSUPPORTED = {
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
     "audio": (lambda v: False, "audio output is not supported"),
@@ -89,6 +91,7 @@ class Request:
     best_of: int | None = None   # completions: choices generated, of which n are returned
     n: int = 1
     prediction: tuple[int, ...] = ()   # predicted outputs: the reply's expected token ids
+    cache_salt: str | None = None  # divides the tenant's prefix cache (app.py's module doc)
 
     def generations(self, eos_ids) -> list[GenerationRequest]:
         """The engine's requests, one per choice (the first follows `constraint`, the others
@@ -186,17 +189,18 @@ def logprobs_from(kind: str, body: dict) -> int | None:
     return _int_field(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
 
 
-def stops_from(body: dict) -> tuple[str, ...]:
+def stops_from(body: dict, tokenizer, n_ctx: int) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
         return ()
+    chars = stop_chars_bound(n_ctx, tokenizer.max_token_chars)
     try:
         if not isinstance(stop, (str, list)):
             raise TypeError
-        return check_stops(stop, MAX_STOPS)
+        return check_stops(stop, MAX_STOPS, chars)
     except (TypeError, ValueError):
-        raise APIError(f"'stop' must be a string or a list of up to {MAX_STOPS} strings",
-                       "stop") from None
+        raise APIError(f"'stop' must be a string or a list of up to {MAX_STOPS} strings of at "
+                       f"most {chars} characters", "stop") from None
 
 
 def prediction_from(body: dict, tokenizer, n_ctx: int) -> tuple[int, ...]:
@@ -415,6 +419,31 @@ def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=()) -> list[i
                    "batches are not supported)", "prompt")
 
 
+def cache_salt_from(body: dict) -> str | None:
+    """vLLM's cache_salt: requests reuse cached prompt prefixes only of requests with the same
+    salt (and API key)."""
+    salt = body.get("cache_salt")
+    if salt is not None and not (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT):
+        raise APIError(f"'cache_salt' must be a non-empty string of at most {MAX_CACHE_SALT} "
+                       f"characters", "cache_salt")
+    return salt
+
+
+def check_logprob_size(kind: str, logprobs: int | None, choices: int, n_prompt: int,
+                       echo: bool, budget: int) -> None:
+    """400 when the reply's log-probabilities could exceed MAX_LOGPROB_ENTRIES (module
+    constant): every choice carries its tokens' and, echoed, the prompt's."""
+    if logprobs is None:
+        return
+    entries = choices * ((n_prompt if echo else 0) + budget) * (logprobs + 1)
+    if entries > MAX_LOGPROB_ENTRIES:
+        param = "top_logprobs" if kind == "chat" else "logprobs"
+        raise APIError(f"this reply could hold {entries} log-probabilities ({choices} choices x "
+                       f"{(n_prompt if echo else 0) + budget} tokens x {logprobs + 1}), more than "
+                       f"{MAX_LOGPROB_ENTRIES}: ask for fewer alternatives, choices or tokens",
+                       param)
+
+
 def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     """Checks a request body (parsed JSON) for one model with n_ctx tokens of context."""
     if not isinstance(body, dict):
@@ -434,7 +463,7 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     echo = body.get("echo", False) if kind == "text" else False
     if not isinstance(echo, bool):
         raise APIError("'echo' must be true or false", "echo")
-    stop = stops_from(body)
+    stop = stops_from(body, tokenizer, n_ctx)
     tools, tool_choice, parallel, legacy = (tools_from(body) if kind == "chat"
                                             else ([], "none", True, False))
     ids = prompt_ids(kind, body, tokenizer, n_ctx, tools)
@@ -449,6 +478,8 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                               trim=True)
     except (TypeError, ValueError) as e:
         raise APIError(str(e).replace("max_tokens", key), key) from None
+    check_logprob_size(kind, logprobs, len(params), len(ids), echo, budget)
+    salt = cache_salt_from(body)
     constrained = constraint_from(body, tokenizer, tools, tool_choice, parallel)
     prompt_text = "" if not echo else (body["prompt"] if isinstance(body.get("prompt"), str)
                                        else tokenizer.decode(ids))
@@ -458,7 +489,7 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
                    tool_choice=tool_choice, parallel_tool_calls=parallel,
                    constraint=constrained, legacy_functions=legacy, best_of=best_of,
                    n=_int_field(body, "n", 1, MAX_N, 1),
-                   prediction=prediction_from(body, tokenizer, n_ctx))
+                   prediction=prediction_from(body, tokenizer, n_ctx), cache_salt=salt)
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -475,7 +506,9 @@ def usage(lasts: list[GenerationResponse]) -> dict:
     prompt = lasts[0].prompt_tokens
     completion = sum(r.generation_tokens for r in lasts)
     out = {"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion}
+           "total_tokens": prompt + completion,
+           # OpenAI's count of prompt tokens that came from the (request's own) prefix cache
+           "prompt_tokens_details": {"cached_tokens": prompt - lasts[0].prompt_eval_tokens}}
     drafted = sum(r.drafted_tokens for r in lasts)
     if drafted:
         accepted = sum(r.accepted_tokens for r in lasts)

@@ -10,7 +10,8 @@ being killed.
 
 Connections: transport.py (TCP_NODELAY, the header deadline, the connection cap and the
 open-file limit); `timeout_idle` closes kept-alive connections with no request (uvicorn's
-timeout_keep_alive); `timeout_body` bounds a request body's upload (app.py).
+timeout_keep_alive); `timeout_body` bounds a request body's upload and `timeout_write` a
+streamed reply's wait for its client to read (app.py).
 """
 from __future__ import annotations
 
@@ -66,16 +67,18 @@ def _draining_server(config, drain_timeout: float, on_deadline):
 
 def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, max_queue=64,
           prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False,
-          timeout_header=10.0, timeout_body=60.0, timeout_idle=5.0, max_connections=2048,
+          timeout_header=10.0, timeout_body=60.0, timeout_write=30.0, timeout_idle=5.0,
+          max_connections=2048,
           allow_hosts=(), announce=print, speculative=None) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
-    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine)."""
+    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine). api_key: a
+    key or a list of keys, each a tenant (app.create_app)."""
     import uvicorn
 
     from ..engine import Engine
-    from .app import create_app
+    from .app import MAX_BODY, create_app
 
     budget = open_file_budget()
     if budget < max_connections:
@@ -86,7 +89,7 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
                     prefill_chunk=prefill_chunk, speculative=speculative)
     n_ctx = getattr(engine, "n_ctx", llm.n_ctx)     # a sequence's context
     app = create_app(engine, llm.tokenizer, model_id, n_ctx, api_key=api_key, cors=cors,
-                     body_timeout=timeout_body,
+                     body_timeout=timeout_body, write_timeout=timeout_write,
                      allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
                                     if host in LOOPBACK or allow_hosts else None),
                      on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout))
@@ -94,7 +97,7 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
     config = uvicorn.Config(app, log_level="warning" if quiet else "info", access_log=not quiet,
                             timeout_graceful_shutdown=drain_timeout + DRAIN_BACKSTOP_S,
                             lifespan="on", timeout_keep_alive=timeout_idle,
-                            http=protocol_class(timeout_header, max_connections))
+                            http=protocol_class(timeout_header, max_connections, MAX_BODY))
     server = _draining_server(config, drain_timeout,
                               lambda: engine.shutdown(cancel=True, timeout=0))
     h, p = sock.getsockname()[:2]

@@ -13,7 +13,9 @@ too many clients from locking the others out.
   beyond `max_connections` is answered 503 at once and closed, before it can hold a file
   descriptor for long: a flood gets 503s instead of exhausting the process's files. Idle
   kept-alive connections are closed by uvicorn's own timeout_keep_alive; the body's deadline
-  is the app's (app._read_json).
+  is the app's (app._read_json). A chunked body that announces a chunk larger than the app's
+  body limit (`max_body`) gets 413 at once and its connection is closed, rather than holding
+  the connection until the body's deadline (chunk sizes that are not hex are uvicorn's 400).
 """
 from __future__ import annotations
 
@@ -84,6 +86,15 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
+def _too_large_response(max_body: int) -> bytes:
+    body = json.dumps({"error": {"message": f"a chunk of the body is larger than the body may "
+                                 f"be ({max_body} bytes)", "type": "invalid_request_error",
+                                 "param": None, "code": None}}).encode()
+    return (b"HTTP/1.1 413 Content Too Large\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: " + str(len(body)).encode()
+            + b"\r\n\r\n" + body)
+
+
 def _overflow_response() -> bytes:
     body = json.dumps({"error": {
         "message": "the server has too many open connections; retry later",
@@ -93,8 +104,9 @@ def _overflow_response() -> bytes:
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def protocol_class(header_timeout: float, max_connections: int):
-    """uvicorn's H11Protocol with a header deadline and a connection cap (module doc)."""
+def protocol_class(header_timeout: float, max_connections: int, max_body: int):
+    """uvicorn's H11Protocol with a header deadline, a connection cap and a chunk size bound
+    (module doc)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11Protocol(H11Protocol):
@@ -122,6 +134,13 @@ def protocol_class(header_timeout: float, max_connections: int):
             if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
                 self._arm_header_timer()          # the first byte of the next request
             super().data_received(data)
+            # h11 keeps the announced size of the chunk being read (its reader's own field;
+            # without it, this guard is off and the body's deadline still holds)
+            pending = getattr(getattr(self.conn, "_reader", None), "_bytes_in_chunk", 0)
+            if isinstance(pending, int) and pending > max_body and not self.transport.is_closing():
+                if self.cycle is None or not self.cycle.response_started:
+                    self.transport.write(_too_large_response(max_body))
+                self.transport.close()
 
         def handle_events(self) -> None:
             cycle = self.cycle
