@@ -39,7 +39,6 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..engine import EngineClosedError, QueueFullError, RequestFailedError
-from ..tools import may_start_a_call, parse_reply
 from . import openai_api as api
 from .metrics import Metrics
 
@@ -174,7 +173,7 @@ class _EventStream:
                             api.prompt_logprobs(req, prompt_lps), 0)
                         await event(api.chunk("text", rid, created, s.model_id, req.prompt_text,
                                               index=i, logprobs=echo_lps))
-                    if req.tools and lasts[i] is None:
+                    if req.calls and lasts[i] is None:
                         held[i], held_lps[i] = "", []
                     lasts[i] = r
                     if held[i] is not None:
@@ -183,18 +182,20 @@ class _EventStream:
                             held_lps[i] += r.logprobs
                             r = replace(r, logprobs=held_lps[i])
                         if r.finish_reason is not None:
-                            content, calls = parse_reply(held[i])
+                            content, calls = req.calls.parse(held[i])
                             if calls:
                                 await event(api.tool_call_chunk(rid, created, s.model_id, i,
                                                                 content, calls,
                                                                 req.legacy_functions))
                                 continue
                             r = replace(r, text=held[i])
-                        elif may_start_a_call(held[i]):
-                            continue
-                        else:                     # plain content: stream it from here on
-                            r = replace(r, text=held[i])
-                        held[i] = None
+                            held[i] = None
+                        else:     # content goes out as soon as it cannot become a call
+                            text, held[i] = req.calls.split_stream(held[i])
+                            if not text:
+                                continue
+                            r = replace(r, text=text)
+                            held_lps[i] = []
                     if r.text or r.finish_reason or r.logprobs:
                         await event(piece(i, r))
             except Exception as e:         # this request failed (or the engine): say so in the stream
@@ -220,10 +221,12 @@ class _EventStream:
 
 
 class _State:
-    def __init__(self, engine, tokenizer, model_id, n_ctx, api_key, body_timeout):
+    def __init__(self, engine, tokenizer, model_id, n_ctx, api_key, body_timeout,
+                 special_in_content=False):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
         self.n_ctx, self.api_key = n_ctx, api_key
         self.body_timeout = body_timeout
+        self.special_in_content = special_in_content
         self.created = int(time.time())
         self.metrics = Metrics(engine)
 
@@ -329,7 +332,8 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
     except _ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     # tokenizing and templating a long prompt takes milliseconds: not on the event loop
-    req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx)
+    req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx,
+                                  s.special_in_content)
     t_submit = time.perf_counter()
     gen = _Generation(_submit(s, req), t_submit)
     if req.stream:
@@ -500,12 +504,15 @@ def _host_name(host: str) -> str:
 
 def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key: str | None = None,
                cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
-               body_timeout: float = 60.0, on_shutdown=None) -> Starlette:
+               body_timeout: float = 60.0, on_shutdown=None,
+               special_in_content: bool = False) -> Starlette:
     """The ASGI app. engine: a pyklei.engine.Engine; n_ctx: a sequence's context in tokens;
     cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
     any); body_timeout: seconds a request body may take to arrive; on_shutdown: called when
-    the server stops (after it drained its connections)."""
-    state = _State(engine, tokenizer, model_id, n_ctx, api_key, body_timeout)
+    the server stops (after it drained its connections); special_in_content: parse special
+    tokens written in chat messages (trusted clients only; serve --special-in-content)."""
+    state = _State(engine, tokenizer, model_id, n_ctx, api_key, body_timeout,
+                   special_in_content)
     middleware = [Middleware(_CountRequests, metrics=state.metrics)]
     if allowed_hosts is not None:
         middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))

@@ -67,11 +67,13 @@ def _draining_server(config, drain_timeout: float, on_deadline):
 def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, max_queue=64,
           prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False,
           timeout_header=10.0, timeout_body=60.0, timeout_idle=5.0, max_connections=2048,
-          allow_hosts=(), announce=print, speculative=None) -> int:
+          allow_hosts=(), announce=print, speculative=None, special_in_content=False) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
-    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine)."""
+    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine).
+    special_in_content: special-token text in chat messages is read as control tokens (off:
+    as text; Tokenizer.apply_chat_template's parse_special_in_content)."""
     import uvicorn
 
     from ..engine import Engine
@@ -89,7 +91,8 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
                      body_timeout=timeout_body,
                      allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
                                     if host in LOOPBACK or allow_hosts else None),
-                     on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout))
+                     on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout),
+                     special_in_content=special_in_content)
     sock = bind(host, port)
     config = uvicorn.Config(app, log_level="warning" if quiet else "info", access_log=not quiet,
                             timeout_graceful_shutdown=drain_timeout + DRAIN_BACKSTOP_S,
