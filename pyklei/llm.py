@@ -198,7 +198,8 @@ class LLM:
              response_format: dict | None = None, json_schema=None, grammar: str | None = None,
              regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
              parallel_tool_calls: bool = True, speculative=None,
-             prediction: str | Sequence[int] | None = None, **sampling):
+             prediction: str | Sequence[int] | None = None,
+             parse_special_in_content: bool = False, **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
@@ -211,13 +212,24 @@ class LLM:
         with tools), "none", "required" or {"type": "function", "function": {"name"}} (those
         two constrain the reply to valid calls), and messages with role "tool" and assistant
         "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
-        and its text is what is left; a streamed reply is raw text (pyklei.tools.parse_reply
-        parses it). speculative, prediction: as in generate()."""
+        and its text is what is left; a streamed reply is raw text
+        (pyklei.tools.parse_reply(text, tools, template, messages) parses it). A reply is a
+        call only in the model's call format, for a tool offered, and not as a copy of a user
+        or tool message; with response_format, json_schema, grammar or regex the reply is
+        content (pyklei.tools). speculative, prediction: as in generate().
+
+        Message content is text: special-token text in it (``<|im_end|>``, ``<|eot_id|>``) is
+        not read as control tokens, so a pasted page or a tool result cannot open a turn.
+        parse_special_in_content=True reads it as control tokens (trusted messages only;
+        Tokenizer.apply_chat_template)."""
         from . import tools as tool_calls
 
         offered = tool_calls.check_tools(list(tools or []))
         choice = tool_calls.check_tool_choice(tool_choice, offered)
         offered = offered if choice != "none" else []
+        parser = tool_calls.reply_parser(   # before a forced call's grammar joins these
+            offered, self.tokenizer.chat_template, messages, choice,
+            constrained=any(v is not None for v in (response_format, json_schema, grammar, regex)))
         if offered and (choice == "required" or isinstance(choice, dict)):
             if any(v is not None for v in (response_format, json_schema, grammar, regex)):
                 raise ValueError("a forced tool_choice constrains the reply already; give no "
@@ -227,15 +239,17 @@ class LLM:
         constrain = dict(response_format=response_format, json_schema=json_schema,
                          grammar=grammar, regex=regex)
         if offered or tool_calls.has_tool_turns(messages):
-            ids = tool_calls.render(self.tokenizer, messages, offered or None)
+            ids = tool_calls.render(self.tokenizer, messages, offered or None,
+                                    parse_special_in_content=parse_special_in_content)
         else:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                     tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True,
+                parse_special_in_content=parse_special_in_content)
         out = self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
                              logprobs, speculative, prediction)
-        if stream or not offered:
+        if stream or parser is None:
             return out
-        content, calls = tool_calls.parse_reply(out.text)
+        content, calls = parser.parse(out.text)
         if not calls:
             return out
         return dataclasses.replace(out, text=content or "", tool_calls=calls,

@@ -56,8 +56,9 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -447,10 +448,7 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, not {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # lone surrogates become U+FFFD (as tiktoken does) in every back end
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        text = _valid_unicode(text)
         ids: list[int] = []
         if (self.add_bos if add_bos is None else add_bos):
             if self.bos_id is None:
@@ -539,20 +537,74 @@ class Tokenizer:
 
     # ---- chat ---------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **kwargs: Any) -> str | list[int]:
+                            tokenize: bool = False, parse_special_in_content: bool = False,
+                            **kwargs: Any) -> str | list[int]:
         """Render ``messages`` with the file's own chat template (see :mod:`pyklei.chat_template`).
 
-        With ``tokenize=True`` the text is encoded with special-token parsing and no added BOS
-        (templates that want a BOS write ``{{ bos_token }}`` themselves, as with Hugging Face).
-        """
-        from .chat_template import render
+        With ``tokenize=True`` the text is encoded with no added BOS (templates that want a BOS
+        write ``{{ bos_token }}`` themselves, as with Hugging Face), and special tokens are
+        recognised only where the template writes them: the text of a CONTROL or UNKNOWN token
+        inside a message (any role: a client's system prompt, a user's paste, a tool result,
+        assistant history) or inside ``tools`` / ``documents`` is encoded as ordinary text, so
+        ``<|im_end|>`` in a web page cannot close its turn and open a system one. Prompts whose
+        messages hold no such text get the tokens they always had. USER_DEFINED tokens are
+        matched everywhere, as :meth:`encode` does. ``parse_special_in_content=True`` parses
+        special tokens in content too (the whole text encoded with ``parse_special=True``): for
+        trusted callers who write control tokens into messages on purpose.
 
-        text = render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=self._token_text(self.bos_id), eos_token=self._token_text(self.eos_id),
-                      **kwargs)
-        if tokenize:
+        ``tokenize=False`` returns the rendered text, in which content and template cannot be
+        told apart any more: encode it only if the content is trusted.
+        """
+        from .chat_template import ChatTemplateError, render
+
+        def rendered(msgs, **kw):
+            return render(self.chat_template, msgs, add_generation_prompt=add_generation_prompt,
+                          bos_token=self._token_text(self.bos_id),
+                          eos_token=self._token_text(self.eos_id), **kw)
+
+        if not tokenize:
+            return rendered(messages, **kwargs)
+        if parse_special_in_content or self._special_re is None:
+            return self.encode(rendered(messages, **kwargs), add_bos=False, parse_special=True)
+        marks = _ContentMarks(self._special_re)
+        text = rendered(marks.wrap(messages),
+                        **{k: marks.wrap(v) if k in ("tools", "documents") else v
+                           for k, v in kwargs.items()})
+        if not marks.count:      # nothing was marked: the plain path, token for token
             return self.encode(text, add_bos=False, parse_special=True)
-        return text
+        segments = marks.segments(text)
+        if segments is None:
+            raise ChatTemplateError(
+                "the chat template altered message content that holds special-token text, so "
+                "it cannot be kept from being read as control tokens; remove that text, or pass "
+                "parse_special_in_content=True if the content is trusted")
+        return self._encode_segments(segments)
+
+    def _encode_segments(self, segments: Sequence[tuple[str, bool]]) -> list[int]:
+        """Token ids of the concatenated (text, is_content) segments: special tokens parsed in
+        the template's text, only USER_DEFINED ones in content (encode(parse_special=False)),
+        and each run of ordinary text between token matches encoded as one piece, across
+        segment boundaries, so that content encodes as it would between its neighbours."""
+        ids: list[int] = []
+        ordinary: list[str] = []
+        every = {**self._user, **self._special}
+        for text, is_content in segments:
+            text = _valid_unicode(text)
+            rx, table = (self._user_re, self._user) if is_content else (self._all_re, every)
+            pos = 0
+            for m in (rx.finditer(text) if rx is not None else ()):
+                ordinary.append(text[pos:m.start()])
+                run = "".join(ordinary)
+                if run:
+                    ids.extend(self._encode_ordinary(run))
+                ordinary.clear()
+                ids.append(table[m.group()])
+                pos = m.end()
+            ordinary.append(text[pos:])
+        run = "".join(ordinary)
+        if run:
+            ids.extend(self._encode_ordinary(run))
+        return ids
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokens[token_id]
@@ -567,6 +619,62 @@ class Tokenizer:
         if self._max_token_chars is None:
             self._max_token_chars = max(max(map(len, self.tokens)), max(map(len, self._pieces)), 1)
         return self._max_token_chars
+
+
+def _valid_unicode(text: str) -> str:
+    """``text`` with lone surrogates turned into U+FFFD (as tiktoken does), in every back end."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+class _ContentMarks:
+    """Marks around the special-token texts in a chat's content, put there before the template
+    runs, so that the rendered text tells them from the tokens the template writes itself.
+    A mark is a private-use character, a nonce drawn for this call and another private-use
+    character: content cannot forge one, and a template that cuts or escapes one is caught
+    (a template that escaped a mark would leave the text between them in the template's own
+    text, where its special tokens would be parsed)."""
+
+    def __init__(self, special_re):
+        self.special_re = special_re
+        self.nonce = f"{secrets.randbelow(10 ** 16):016d}"   # digits: no filter changes their case
+        self.open = f"\ue000{self.nonce}\ue001"
+        self.close = f"\ue002{self.nonce}\ue003"
+        self.count = 0             # special-token texts marked
+
+    def wrap(self, value):
+        """A copy of ``value`` (strings, dicts, lists, tuples) with every special-token text in
+        its strings, dict keys included, between marks; other values as they are."""
+        if isinstance(value, str):
+            return self.special_re.sub(self._mark, value)
+        if isinstance(value, Mapping):
+            return {self.wrap(k): self.wrap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.wrap(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.wrap(v) for v in value)
+        return value
+
+    def _mark(self, m) -> str:
+        self.count += 1
+        return self.open + m.group() + self.close
+
+    def segments(self, text: str) -> list[tuple[str, bool]] | None:
+        """The rendered text as (text, is_content) segments with the marks taken out, or None
+        when a mark was cut or altered (its nonce is left outside a whole pair)."""
+        out, pos = [], 0
+        span = re.compile(re.escape(self.open) + "(.*?)" + re.escape(self.close), re.S)
+        for m in span.finditer(text):
+            out.append((text[pos:m.start()], False))
+            out.append((m.group(1), True))
+            pos = m.end()
+        out.append((text[pos:], False))
+        if any(self.nonce in t for t, _ in out):
+            return None
+        return out
 
 
 def _chars_with_bytes(missing: Sequence[int]):

@@ -79,6 +79,11 @@ def add_parser(sub):
                    default=5.0, metavar="S", help="seconds a kept-alive connection may wait for "
                    "its next request (default %(default)s)")
     g.add_argument("--quiet", action="store_true", help="no request log")
+    g.add_argument("--special-in-content", action="store_true",
+                   help="read special-token text in chat messages (<|im_start|>, <|eot_id|>, "
+                        "...) as control tokens. Off: message content is text and only the chat "
+                        "template writes control tokens, so a message cannot open a fake turn; "
+                        "turn it on only when every client is trusted")
     x = g.add_mutually_exclusive_group()
     x.add_argument("--lookup", action="store_true",
                    help="speculative decoding with prompt lookup for every request (the same "
@@ -118,4 +123,5 @@ def run(args) -> int:
                  timeout_header=args.timeout_header, timeout_body=args.timeout_body,
                  timeout_write=args.timeout_write,
                  timeout_idle=args.timeout_idle, max_connections=args.max_connections,
-                 allow_hosts=args.allow_host, speculative=speculative)
+                 allow_hosts=args.allow_host, speculative=speculative,
+                 special_in_content=args.special_in_content)

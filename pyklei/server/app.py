@@ -51,7 +51,6 @@ from starlette.routing import Route
 
 from ..engine import EngineClosedError, QueueFullError, RequestFailedError
 from ..request import check_depth
-from ..tools import may_start_a_call, parse_reply
 from . import openai_api as api
 from .metrics import Metrics
 
@@ -193,7 +192,7 @@ class _EventStream:
                         echo = await run_in_threadpool(_echo_event, s, req, rid, created,
                                                        prompt_lps, shape, i)
                         await event(echo)
-                    if req.tools and lasts[i] is None:
+                    if req.calls and lasts[i] is None:
                         held[i], held_lps[i] = "", []
                     lasts[i] = r
                     if held[i] is not None:
@@ -202,18 +201,20 @@ class _EventStream:
                             held_lps[i] += r.logprobs
                             r = replace(r, logprobs=held_lps[i])
                         if r.finish_reason is not None:
-                            content, calls = parse_reply(held[i])
+                            content, calls = req.calls.parse(held[i])
                             if calls:
                                 await event(api.tool_call_chunk(rid, created, s.model_id, i,
                                                                 content, calls,
                                                                 req.legacy_functions))
                                 continue
                             r = replace(r, text=held[i])
-                        elif may_start_a_call(held[i]):
-                            continue
-                        else:                     # plain content: stream it from here on
-                            r = replace(r, text=held[i])
-                        held[i] = None
+                            held[i] = None
+                        else:     # content goes out as soon as it cannot become a call
+                            text, held[i] = req.calls.split_stream(held[i])
+                            if not text:
+                                continue
+                            r = replace(r, text=text)
+                            held_lps[i] = []
                     if r.text or r.finish_reason or r.logprobs:
                         await event(piece(i, r))
             except Exception as e:         # this request failed (or the engine): say so in the stream
@@ -250,11 +251,13 @@ def _echo_event(s, req: api.Request, rid: str, created: int, prompt_lps, shape, 
 
 
 class _State:
-    def __init__(self, engine, tokenizer, model_id, n_ctx, api_keys, body_timeout, write_timeout):
+    def __init__(self, engine, tokenizer, model_id, n_ctx, api_keys, body_timeout, write_timeout,
+                 special_in_content=False):
         self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
         self.n_ctx = n_ctx
         self.api_keys = [k.encode() for k in api_keys]   # empty: no key needed (one tenant)
         self.body_timeout, self.write_timeout = body_timeout, write_timeout
+        self.special_in_content = special_in_content
         self.created = int(time.time())
         self.metrics = Metrics(engine)
 
@@ -364,7 +367,8 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
     if not s.engine.has_room():      # before the costly part: parsing may compile a grammar
         raise _queue_full()
     # tokenizing and templating a long prompt, compiling a grammar: not on the event loop
-    req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx)
+    req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx,
+                                  s.special_in_content)
     t_submit = time.perf_counter()
     gen = _Generation(await run_in_threadpool(_submit, s, req, tenant), t_submit)
     if req.stream:
@@ -540,17 +544,20 @@ def _host_name(host: str) -> str:
 def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
                cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
                body_timeout: float = 60.0, write_timeout: float = 30.0,
-               on_shutdown=None) -> Starlette:
+               on_shutdown=None, special_in_content: bool = False) -> Starlette:
     """The ASGI app. engine: a pyklei.engine.Engine; n_ctx: a sequence's context in tokens;
     api_key: a key, or a list of keys (each a tenant; module doc), or None: no key needed;
     cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
     any); body_timeout: seconds a request body may take to arrive; write_timeout: seconds a
     streamed reply may wait for its client to read before it is cancelled; on_shutdown:
-    called when the server stops (after it drained its connections)."""
+    called when the server stops (after it drained its connections); special_in_content:
+    parse special tokens written in chat messages (trusted clients only; serve
+    --special-in-content)."""
     keys = [] if api_key is None else [api_key] if isinstance(api_key, str) else list(api_key)
     if not all(isinstance(k, str) and k for k in keys):
         raise ValueError("API keys must be non-empty strings")
-    state = _State(engine, tokenizer, model_id, n_ctx, keys, body_timeout, write_timeout)
+    state = _State(engine, tokenizer, model_id, n_ctx, keys, body_timeout, write_timeout,
+                   special_in_content)
     middleware = [Middleware(_CountRequests, metrics=state.metrics)]
     if allowed_hosts is not None:
         middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))

@@ -34,7 +34,7 @@ from ..request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_sto
 from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..tokenizer import token_ids
 from ..tools import ToolError, check_tool_choice, check_tools, has_tool_turns
-from ..tools import call_grammar, parse_reply
+from ..tools import call_grammar, reply_parser
 from ..tools import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
@@ -88,6 +88,7 @@ class Request:
     parallel_tool_calls: bool = True
     constraint: object = None    # pyklei.grammar.Constraint the reply follows (first choice)
     legacy_functions: bool = False   # answer a call as message.function_call (legacy API)
+    calls: object = None         # pyklei.tools.CallParser of the reply; None: it is content
     best_of: int | None = None   # completions: choices generated, of which n are returned
     n: int = 1
     prediction: tuple[int, ...] = ()   # predicted outputs: the reply's expected token ids
@@ -367,12 +368,17 @@ def tools_from(body: dict) -> tuple[list[dict], object, bool, bool]:
 CONSTRAINTS = ("response_format", "json_schema", "grammar")   # the last two: llama.cpp's
 
 
+def client_constraints(body: dict) -> list[str]:
+    """The constraint fields the client gave (response_format {"type": "text"} is none)."""
+    return [k for k in CONSTRAINTS if body.get(k) is not None
+            and not (k == "response_format" and body[k] == {"type": "text"})]
+
+
 def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: bool):
     """The reply's constraint (pyklei.grammar): OpenAI's response_format, llama.cpp's
     json_schema or grammar fields, or the calls that tool_choice "required" or a named function
     demands. None when nothing constrains the reply."""
-    given = [k for k in CONSTRAINTS if body.get(k) is not None
-             and not (k == "response_format" and body[k] == {"type": "text"})]
+    given = client_constraints(body)
     forced = tools and (tool_choice == "required" or isinstance(tool_choice, dict))
     if len(given) + bool(forced) > 1:
         names = given + (["tool_choice"] if forced else [])
@@ -393,15 +399,21 @@ def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: b
         raise APIError(f"'{param}': {e}", param) from None
 
 
-def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=()) -> list[int]:
+def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=(),
+               special_in_content: bool = False) -> list[int]:
+    """The prompt's token ids. A chat's message content is text: special tokens only where the
+    template writes them, unless special_in_content (serve --special-in-content)."""
     if kind == "chat":
         messages = chat_messages(body)
         check_length(kind, (m["content"] or "" for m in messages), len(messages), tokenizer,
                      n_ctx)
         try:
             if tools or has_tool_turns(messages):
-                return render_with_tools(tokenizer, messages, list(tools) or None)
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                return render_with_tools(tokenizer, messages, list(tools) or None,
+                                         parse_special_in_content=special_in_content)
+            return tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True,
+                parse_special_in_content=special_in_content)
         except (ChatTemplateError, ValueError, TypeError) as e:
             raise APIError(f"cannot render the model's chat template: {e}", "messages") from None
     prompt = body.get("prompt")
@@ -444,8 +456,9 @@ def check_logprob_size(kind: str, logprobs: int | None, choices: int, n_prompt: 
                        param)
 
 
-def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
-    """Checks a request body (parsed JSON) for one model with n_ctx tokens of context."""
+def parse(kind: str, body, tokenizer, n_ctx: int, special_in_content: bool = False) -> Request:
+    """Checks a request body (parsed JSON) for one model with n_ctx tokens of context.
+    special_in_content: parse special tokens in chat message content (prompt_ids)."""
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
     check_unsupported(body)
@@ -466,7 +479,7 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     stop = stops_from(body, tokenizer, n_ctx)
     tools, tool_choice, parallel, legacy = (tools_from(body) if kind == "chat"
                                             else ([], "none", True, False))
-    ids = prompt_ids(kind, body, tokenizer, n_ctx, tools)
+    ids = prompt_ids(kind, body, tokenizer, n_ctx, tools, special_in_content)
     where = "messages" if kind == "chat" else "prompt"
     if len(ids) >= n_ctx:
         raise APIError(f"the {where} is {len(ids)} tokens: it leaves no room to generate in the "
@@ -481,13 +494,15 @@ def parse(kind: str, body, tokenizer, n_ctx: int) -> Request:
     check_logprob_size(kind, logprobs, len(params), len(ids), echo, budget)
     salt = cache_salt_from(body)
     constrained = constraint_from(body, tokenizer, tools, tool_choice, parallel)
+    calls = reply_parser(tools, tokenizer.chat_template, chat_messages(body) if tools else (),
+                         tool_choice, constrained=bool(client_constraints(body)))
     prompt_text = "" if not echo else (body["prompt"] if isinstance(body.get("prompt"), str)
                                        else tokenizer.decode(ids))
     return Request(kind=kind, ids=ids, max_tokens=budget, stop=stop, params=params,
                    stream=bool(stream), include_usage=bool((opts or {}).get("include_usage")),
                    logprobs=logprobs, echo=echo, prompt_text=prompt_text, tools=tools,
                    tool_choice=tool_choice, parallel_tool_calls=parallel,
-                   constraint=constrained, legacy_functions=legacy, best_of=best_of,
+                   constraint=constrained, legacy_functions=legacy, calls=calls, best_of=best_of,
                    n=_int_field(body, "n", 1, MAX_N, 1),
                    prediction=prediction_from(body, tokenizer, n_ctx), cache_salt=salt)
 
@@ -566,11 +581,13 @@ class Logprobs:
 
 
 def _choice(kind: str, index: int, text: str, finish: str | None, logprobs,
-            tools: bool = False, legacy: bool = False) -> dict:
+            parser=None, legacy: bool = False) -> dict:
+    """One choice of a whole response; a chat reply read for tool calls by `parser`
+    (pyklei.tools.CallParser) when there is one."""
     if kind == "chat":
         message = {"role": "assistant", "content": text}
-        if tools:
-            content, calls = parse_reply(text)
+        if parser is not None:
+            content, calls = parser.parse(text)
             message["content"] = content
             if calls and legacy:
                 message["function_call"] = calls[0]["function"]
@@ -609,7 +626,7 @@ def completion(req: Request, rid: str, model: str, texts: list[str],
             logprobs = shape.chat(lps[i]) if req.kind == "chat" else shape.text(
                 prompt_logprobs(req, prompt_lps) + lps[i], 0)
         choices.append(_choice(req.kind, i, req.prompt_text + text, last.finish_reason,
-                               logprobs, bool(req.tools), req.legacy_functions))
+                               logprobs, req.calls, req.legacy_functions))
     return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": usage(lasts), "timings": timings(lasts[0])}

@@ -68,13 +68,15 @@ def _draining_server(config, drain_timeout: float, on_deadline):
 def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, max_queue=64,
           prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False,
           timeout_header=10.0, timeout_body=60.0, timeout_write=30.0, timeout_idle=5.0,
-          max_connections=2048,
-          allow_hosts=(), announce=print, speculative=None) -> int:
+          max_connections=2048, allow_hosts=(), announce=print, speculative=None,
+          special_in_content=False) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
     draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine). api_key: a
-    key or a list of keys, each a tenant (app.create_app)."""
+    key or a list of keys, each a tenant (app.create_app). special_in_content: special-token
+    text in chat messages is read as control tokens (off: as text;
+    Tokenizer.apply_chat_template's parse_special_in_content)."""
     import uvicorn
 
     from ..engine import Engine
@@ -92,7 +94,8 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
                      body_timeout=timeout_body, write_timeout=timeout_write,
                      allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
                                     if host in LOOPBACK or allow_hosts else None),
-                     on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout))
+                     on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout),
+                     special_in_content=special_in_content)
     sock = bind(host, port)
     config = uvicorn.Config(app, log_level="warning" if quiet else "info", access_log=not quiet,
                             timeout_graceful_shutdown=drain_timeout + DRAIN_BACKSTOP_S,
