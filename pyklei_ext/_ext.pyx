@@ -7,11 +7,11 @@ from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint32_t
 
 import numpy as np
 
-cdef extern from "ops/pk_cpu.h":
+cdef extern from "contract/pk_cpu.h":
     uint32_t pk_cpu_features()
     const char *pk_cpu_features_string(uint32_t features)
 
-cdef extern from "ops/pk_format.h":
+cdef extern from "contract/pk_format.h":
     ctypedef enum pk_format:
         PK_FMT_QUANT_COUNT
         PK_FMT_COUNT
@@ -71,7 +71,7 @@ cdef extern from "ops/pk_matmul.h":
 cdef extern from "<math.h>":
     float INFINITY
 
-# Every format of the C layer (ops/pk_format.h), name -> id: the quantized weight formats
+# Every format of the C layer (contract/pk_format.h), name -> id: the quantized weight formats
 # (ids < PK_FMT_QUANT_COUNT, those of pyklei.formats.registry's c_id), then the plain types.
 FORMATS = {pk_format_name(i).decode(): i for i in range(PK_FMT_COUNT)}
 _FORMAT_NAMES = {i: name for name, i in FORMATS.items()}

@@ -22,7 +22,16 @@ if [ ${#need_pkgs[@]} -gt 0 ] && command -v apt-get >/dev/null; then
         $SUDO apt-get install -y --no-install-recommends "${need_pkgs[@]}" >/dev/null
     fi
 fi
+# a test build: PYKLEI_TEST_HOOKS=1 links the PYKLEI_TEST_BREAK_KERNEL hook (tests/c/pk_testhook.c)
+# that tests/test_kernels.py's self-check tests use, and PYKLEI_REQUIRE_TEST_HOOKS=1 makes
+# them fail rather than skip without it. setuptools keeps an up-to-date extension built without
+# the hook, so that one is rebuilt.
+export PYKLEI_TEST_HOOKS=1 PYKLEI_REQUIRE_TEST_HOOKS=1
 python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+if ! python -c "import ctypes, pyklei._ext as e; ctypes.CDLL(e.__file__).pk_test_hook_kernels_to_check" 2>/dev/null; then
+    echo "[test.sh] rebuilding pyklei._ext with the test hook"
+    python setup.py -q build_ext --inplace --force
+fi
 python -m pytest -q -m "not slow" "$@"
 bash scripts/test_arm.sh
 bash scripts/test_sanitizers.sh

@@ -3,8 +3,9 @@
 #
 #   scripts/test_arm.sh [--full] [--objects DIR]
 #
-# Cross-compiles tests/c/test_matmul.c with the whole kernel layer (pyklei_ext/ops,
-# pyklei_ext/isa) for aarch64 (static), runs it under qemu-aarch64 with three CPU models
+# Cross-compiles tests/c/test_matmul.c (and the test hook, tests/c/pk_testhook.c) with the
+# whole kernel layer (pyklei_ext/contract, pyklei_ext/ops, pyklei_ext/isa) for aarch64
+# (static), runs it under qemu-aarch64 with three CPU models
 # and checks from its output which code paths ran:
 #   cortex-a53   features "neon"               -> neon kernels run, dotprod/i8mm skipped
 #   neoverse-n1  features "neon dotprod"       -> neon + dotprod kernels run, i8mm skipped
@@ -14,7 +15,8 @@
 # then builds and runs the program natively (and once more with AddressSanitizer when the
 # compiler supports it). --full runs the large shape set under qemu too (slower).
 # --objects DIR links the test program with the aarch64 kernel objects of a wheel build
-# (DIR/pyklei_ext/{ops,isa}/*.o, setuptools' build/temp.* directory; scripts/build_wheels.sh)
+# (DIR/pyklei_ext/{contract,ops,isa}/*.o, setuptools' build/temp.* directory;
+# scripts/build_wheels.sh)
 # instead of compiling the sources, so the qemu runs test the very code the wheel ships; the
 # native runs are then left out.
 # Installs the toolchain with apt-get when missing (Debian 12; as root or via sudo).
@@ -63,7 +65,10 @@ say "$(aarch64-linux-gnu-gcc --version | head -1); $(qemu-aarch64 --version | he
 # ---- build -------------------------------------------------------------------------------
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pyklei_test_arm.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-SRCS=(tests/c/test_matmul.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
+# the kernel layer's sources, and the test program with the test hook (test builds only: the
+# dispatcher's weak reference to it, ops/pk_dispatch.c)
+SRCS=(pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
+TEST_SRCS=(tests/c/test_matmul.c tests/c/pk_testhook.c)
 # the flags of setup.py (pyklei_ext/cflags.txt: no fp contraction), at the arch baseline, and
 # its -O3: -O2 vectorizes less, and a cloned RoPE that became vfmaddsub passed at -O2 only
 source scripts/cflags.sh
@@ -77,24 +82,24 @@ build() {
     local cc=$1 out=$2 objs=() o s
     shift 2
     mkdir -p "$out.objs"
-    for s in "${SRCS[@]:1}"; do
+    for s in "${SRCS[@]}"; do
         o="$out.objs/$(echo "$s" | tr / _).o"
         "$cc" "${CFLAGS[@]}" -c "$s" -o "$o" || die "$cc could not compile $s"
         objs+=("$o")
     done
-    "$cc" "${TEST_CFLAGS[@]}" "$@" tests/c/test_matmul.c "${objs[@]}" -lm -o "$out" || die "$cc could not link $out"
+    "$cc" "${TEST_CFLAGS[@]}" "$@" "${TEST_SRCS[@]}" "${objs[@]}" -lm -o "$out" || die "$cc could not link $out"
 }
 
 if [ -n "$OBJDIR" ]; then
-    # the objects of the same sources as SRCS less the test program
-    OBJS=("$OBJDIR"/pyklei_ext/ops/*.o "$OBJDIR"/pyklei_ext/isa/*.o)
-    [ "${#OBJS[@]}" -eq $(( ${#SRCS[@]} - 1 )) ] \
-        || die "$OBJDIR: ${#OBJS[@]} objects for $(( ${#SRCS[@]} - 1 )) kernel sources"
+    # the objects of the same sources as SRCS
+    OBJS=("$OBJDIR"/pyklei_ext/contract/*.o "$OBJDIR"/pyklei_ext/ops/*.o "$OBJDIR"/pyklei_ext/isa/*.o)
+    [ "${#OBJS[@]}" -eq "${#SRCS[@]}" ] \
+        || die "$OBJDIR: ${#OBJS[@]} objects for ${#SRCS[@]} kernel sources"
     for o in "${OBJS[@]}"; do
         readelf -h "$o" | grep -q 'Machine:.*AArch64' || die "$o is not an aarch64 object"
     done
     say "linking tests/c/test_matmul.c with the ${#OBJS[@]} aarch64 objects of $OBJDIR (static)"
-    aarch64-linux-gnu-gcc "${TEST_CFLAGS[@]}" -static tests/c/test_matmul.c "${OBJS[@]}" -lm \
+    aarch64-linux-gnu-gcc "${TEST_CFLAGS[@]}" -static "${TEST_SRCS[@]}" "${OBJS[@]}" -lm \
         -o "$WORK/test_matmul_aarch64"
 else
     say "cross-compiling for aarch64 (armv8-a baseline, static)"
@@ -214,7 +219,7 @@ quick_verdict() {
 if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo \
    && grep -qw f16c /proc/cpuinfo; then
     say "native run of the AVX2 code (-march=x86-64-v3, no clones; quick shape set)"
-    gcc "${CFLAGS[@]}" -DPK_NO_CLONES -march=x86-64-v3 "${SRCS[@]}" -lm -o "$WORK/test_matmul_v3"
+    gcc "${CFLAGS[@]}" -DPK_NO_CLONES -march=x86-64-v3 "${TEST_SRCS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_v3"
     rc=0
     "$WORK/test_matmul_v3" --quick >"$WORK/v3.log" 2>&1 || rc=$?
     quick_verdict x86-64-v3 "$WORK/v3.log" $rc "^FAIL"
@@ -224,7 +229,7 @@ if echo 'int main(void){return 0;}' | gcc -fsanitize=address,undefined -x c - -o
    && "$WORK/asan_probe" 2>/dev/null; then
     say "native run with AddressSanitizer + UBSan (quick shape set)"
     gcc "${CFLAGS[@]/-O3/-O1}" -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-        -fno-omit-frame-pointer "${SRCS[@]}" -lm -o "$WORK/test_matmul_asan"
+        -fno-omit-frame-pointer "${TEST_SRCS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_asan"
     rc=0
     ASAN_OPTIONS=detect_leaks=1 "$WORK/test_matmul_asan" --quick >"$WORK/asan.log" 2>&1 || rc=$?
     quick_verdict asan "$WORK/asan.log" $rc "ERROR|SUMMARY|runtime error|^FAIL"

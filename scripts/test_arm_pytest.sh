@@ -105,7 +105,10 @@ cp pyproject.toml "$STAGE/"
 
 say "cythonize + cross-compile pyklei._ext for aarch64"
 "$PY" -m cython -3 -I pyklei_ext pyklei_ext/_ext.pyx -o "$WORK/_ext.c" >/dev/null
-C_SOURCES=$(ls pyklei_ext/ops/*.c pyklei_ext/isa/*.c pyklei_ext/model/*.c 2>/dev/null)   # as setup.py
+# as setup.py with PYKLEI_TEST_HOOKS=1 (a test build: tests/test_kernels.py's self-check tests
+# break a kernel through the hook)
+C_SOURCES=$(ls pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c pyklei_ext/model/*.c \
+            tests/c/pk_testhook.c 2>/dev/null)
 source scripts/cflags.sh   # PK_CFLAGS: pyklei_ext/cflags.txt, as setup.py (-w: Cython's warnings)
 # shellcheck disable=SC2086
 aarch64-linux-gnu-gcc -shared -fPIC -O3 "${PK_CFLAGS[@]}" -w \

@@ -55,7 +55,7 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:dete
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 source scripts/cflags.sh   # PK_CFLAGS: pyklei_ext/cflags.txt, as setup.py
 CFLAGS=(-O1 -g "${PK_CFLAGS[@]}" -Ipyklei_ext "${SAN[@]}")
-KERNEL_SRCS=(pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
+KERNEL_SRCS=(pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
 FAILED=0
 
 run_c() {   # NAME LOG-CHECK ARGS...
@@ -76,7 +76,7 @@ run_c() {   # NAME LOG-CHECK ARGS...
 if [ $C_TESTS -eq 1 ]; then
     say "building tests/c/test_llama.c and tests/c/test_matmul.c with -fsanitize=address,undefined"
     gcc "${CFLAGS[@]}" tests/c/test_llama.c pyklei_ext/model/*.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_llama"
-    gcc "${CFLAGS[@]}" tests/c/test_matmul.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_matmul"
+    gcc "${CFLAGS[@]}" tests/c/test_matmul.c tests/c/pk_testhook.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_matmul"
     say "test_llama (forward pass)"
     run_c test_llama --verbose
     say "test_matmul --quick (kernels)"

@@ -1,4 +1,4 @@
-"""Attention over the KV cache (pyklei_ext/ops/pk_nn.c) through pyklei._ext.attend_group:
+"""Attention over the KV cache (pyklei_ext/ops/pk_attention.c) through pyklei._ext.attend_group:
   (a) the C reference (pk_attend_group_reference) against a float64 numpy evaluation, for an
       f32 cache, an f16 one and a q8 one (of the values each holds);
   (b) the fast paths (GQA groups of 1-4 and by fours, head sizes 64 and 128; others fall back

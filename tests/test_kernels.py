@@ -10,7 +10,9 @@ M from 1 to 67) and block sizes 32/64/128/256:
   (d) dispatch forcing through PYKLEI_KERNEL / PYKLEI_LOG=kernels in a subprocess;
   (e) the C qai8dx quantizer is byte-exact with the numpy reference;
   (f) the dispatch table's self-check: a kernel broken on purpose (PYKLEI_TEST_BREAK_KERNEL)
-      is dropped with a warning and the model's logits are the scalar kernel's.
+      is dropped with a warning and the model's logits are the scalar kernel's. The hook is
+      in test builds only (PYKLEI_TEST_HOOKS=1 python setup.py build_ext --inplace; scripts/
+      test.sh builds so): elsewhere these tests skip, or fail under PYKLEI_REQUIRE_TEST_HOOKS=1.
 """
 from __future__ import annotations
 
@@ -406,6 +408,23 @@ def _warning(name, stderr):
     return float(m.group(1)) if m else None
 
 
+def _require_test_hook():
+    """Skips (fails under PYKLEI_REQUIRE_TEST_HOOKS=1) unless pyklei._ext is a test build: one
+    linked with tests/c/pk_testhook.c, whose hook the dispatcher refers to weakly (NULL, and
+    PYKLEI_TEST_BREAK_KERNEL without effect, in a plain build)."""
+    import ctypes
+    try:
+        ctypes.CDLL(_ext.__file__).pk_test_hook_kernels_to_check
+        return
+    except AttributeError:
+        pass
+    msg = (f"{_ext.__file__} has no test hook: rebuild it with PYKLEI_TEST_HOOKS=1 python setup.py "
+           "build_ext --inplace --force (scripts/test.sh does)")
+    if os.environ.get("PYKLEI_REQUIRE_TEST_HOOKS") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
 def _gemv():
     """The kernel the table picks here for qsi4c32 at m = 1 (skips where that is the scalar one)."""
     name = _ext.selected_kernel("qsi4c32", 1)
@@ -431,6 +450,7 @@ def test_selfcheck_drops_broken_kernel(tmp_path):
     """The decode kernel, broken on purpose (every output + 1 + |output|), fails the self-check:
     a warning names it, the table takes the next best kernel, and the model's logits equal those
     of a run on the scalar kernels."""
+    _require_test_hook()
     name = _gemv()
     assert _ext.selected_kernel("qsi4c32", 2) == name   # the model's decode matmuls would use it
     broken = _run_env({"PYKLEI_TEST_BREAK_KERNEL": name}, MODEL_CODE, SEED_MODEL, tmp_path / "broken.npz")
@@ -454,6 +474,7 @@ def test_selfcheck_drops_broken_kernel(tmp_path):
 def test_selfcheck_forced_broken_kernel_leaves_scalar():
     """PYKLEI_KERNEL forcing only the broken kernel: it is dropped all the same, and the scalar
     kernel takes every qsi4c32 call."""
+    _require_test_hook()
     name = _gemv()
     r = _run_env({"PYKLEI_KERNEL": name, "PYKLEI_TEST_BREAK_KERNEL": name},
                  "from pyklei import _ext\n"

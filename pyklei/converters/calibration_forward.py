@@ -17,8 +17,9 @@ held; layer i then
 So each matrix's Hessian is of its inputs in the partly quantized model it will run in
 ("sequential" GPTQ). Memory: one layer's weights, the largest H, the stream and the SwiGLU
 activations [T, n_ff]. The operations follow pyklei's C forward pass (pyklei_ext/model/
-pk_llama.c, ops/pk_nn.c): RMSNorm with a float64 sum, RoPE on llama.cpp's interleaved pairs
-(the source's q/k rows are in GGUF order), angles pos * inv_freq in float32.
+pk_llama.c, ops/pk_rmsnorm_swiglu.c, ops/pk_rope.c): RMSNorm with a float64 sum, RoPE on
+llama.cpp's interleaved pairs (the source's q/k rows are in GGUF order), angles pos * inv_freq
+in float32.
 """
 from __future__ import annotations
 

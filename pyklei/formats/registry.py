@@ -6,7 +6,7 @@
 
 The converter, the model-file reader, the model loader, `pyklei info` and the imatrix code
 consult this table rather than branching on format names; docs/FORMAT.md specifies the bytes,
-pyklei_ext/ops/pk_format.h gives the kernels the same formats (`c_id`; tests check the two
+pyklei_ext/contract/pk_format.h gives the kernels the same formats (`c_id`; tests check the two
 agree). A quantized format is stored as two GGUF tensors: NAME (the packed values, GGUF I8)
 and NAME.scales, and the key pyklei.format.NAME names the format. A plain format (f32, f16,
 bf16) is one tensor of its own GGUF type and has no key.
@@ -48,7 +48,7 @@ class Stored:
 class WeightFormat:
     name: str                     # the value of pyklei.format.<tensor>; the kernels' name
     alias: str                    # the converter's short name (--keep PATTERN=q4)
-    c_id: int | None              # pk_format (pyklei_ext/ops/pk_format.h); None: plain
+    c_id: int | None              # pk_format (pyklei_ext/contract/pk_format.h); None: plain
     ggml_type: int                # GGUF type of the values tensor (I8 for quantized formats)
     block_sizes: tuple[int, ...]  # block lengths along K it allows; () : none (per row / plain)
     quantize: Callable            # (x f32 [n, k], bl, importance) -> the stored arrays

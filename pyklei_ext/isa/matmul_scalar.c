@@ -1,6 +1,6 @@
 /* Scalar reference kernels: plain C, every architecture. The SIMD kernels are tested
  * against these; they favour obviousness over speed. */
-#include "../ops/pk_kernel.h"
+#include "../contract/pk_kernel.h"
 
 /* qai8dx x qsi4c32: integer dot per block, scaled by the block's bf16 scale. */
 static void qai8dx_qsi4c32_1x1_scalar(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,

@@ -5,7 +5,7 @@
  *   tmm6, tmm7  B: KD/4 rows x 16 columns x 4 bytes (signed int8 weights, columns np.., np+16..)
  * KD = 32 for qsi4c32 with bl = 32 (one tdpbssd per block), 64 otherwise.
  * B comes from the per-thread 32-row weight panel (x86_avx512_panel.h), built per call from
- * the repacked copy the AVX-512 kernels read too (ops/pk_pack.h): two 16-row panels of the p16
+ * the repacked copy the AVX-512 kernels read too (contract/pk_pack.h): two 16-row panels of the p16
  * copy for qsi4c32 (int4 sign-extended to int8), 32 rows of the p4 copy for qsi8cx. Both
  * operands are signed, so the block dots are exact with no offsets:
  *   qsi4c32: after each block, C is stored, converted and accumulated as s_b * D_b in f32
@@ -17,7 +17,7 @@
  * the stores filling the rest). The tile loads/stores carry "memory" clobbers for the same
  * reason. The kernels run only when pk_cpu reports PK_CPU_AMX_INT8 (CPUID + XCR0 tile state
  * + arch_prctl(ARCH_REQ_XCOMP_PERM) granted). */
-#include "../ops/pk_kernel.h"
+#include "../contract/pk_kernel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

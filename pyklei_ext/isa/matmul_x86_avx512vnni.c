@@ -1,5 +1,5 @@
 /* x86 AVX-512 VNNI kernels (EVEX vpdpbusd on zmm). docs/KERNELS.md describes the kernels;
- * docs/FORMAT.md the arithmetic; ops/pk_pack.h the repacked copies they read, made at prepare
+ * docs/FORMAT.md the arithmetic; contract/pk_pack.h the repacked copies they read, made at prepare
  * time.
  *
  * vpdpbusd multiplies unsigned bytes by signed bytes, four products per int32 lane.
@@ -17,8 +17,8 @@
  * qsi8cx GEMM (6x32): a panel of 32 weight rows is transposed per call from the p4 copy into a
  *   per-thread buffer (x86_avx512_panel.h: dword j of a vector = 4 consecutive k of row j)
  *   holding unsigned w + 128; activations are signed; the accumulator starts at -128 sum a.
- * Also the AVX-512 qai8dx row quantizer (pk_quantize_qai8dx_row_avx512). */
-#include "../ops/pk_kernel.h"
+ * The AVX-512 row helpers (FWHT, f16 conversion, quantizer): isa/fwht_f16_qai8dx_x86_avx512vnni.c. */
+#include "../contract/pk_kernel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -77,7 +77,7 @@ typedef struct {
     int ld, mul;
 } z_corr;
 
-/* MR activation rows x NP panels (16 weight rows each) of the p16 copy (ops/pk_pack.h).
+/* MR activation rows x NP panels (16 weight rows each) of the p16 copy (contract/pk_pack.h).
  * Per output (row i, weight row j), for every block b in order:
  *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + off, corr = -off sum a)
  *     f   = fma(float(acc), s_b[j], f)
@@ -390,84 +390,6 @@ Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, cons
     }
 }
 
-/* f16 -> f32 (the f16 KV cache, ops/pk_nn.c), 16 per vcvtph2ps; the tail by a masked load
- * and store. Exact, as is every f16 -> f32 conversion. */
-Z_TARGET static void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *out) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
-    if (i < n) {
-        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(out + i, mk, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, x + i)));
-    }
-}
-
-/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
- * pk_fwht_scalar: the stages with pairs inside one vector swap lanes and add x * (+1 / -1)
- * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
- * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
- * of x before the next, as in the scalar loop. */
-Z_TARGET static void pk_fwht_avx512(int p, float *x) {
-    if (p < 16) {
-        pk_fwht_scalar(p, x);
-        return;
-    }
-    const __m512 s1 = _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
-    const __m512 s2 = _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1);
-    const __m512 s4 = _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1);
-    const __m512 s8 = _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1);
-    for (int j = 0; j < p; j += 16) {   /* h = 1, 2 (inside 128-bit lanes), 4, 8 (lanes swapped) */
-        __m512 v = _mm512_loadu_ps(x + j);
-        v = _mm512_add_ps(_mm512_permute_ps(v, 0xB1), _mm512_mul_ps(v, s1));
-        v = _mm512_add_ps(_mm512_permute_ps(v, 0x4E), _mm512_mul_ps(v, s2));
-        v = _mm512_add_ps(_mm512_shuffle_f32x4(v, v, 0xB1), _mm512_mul_ps(v, s4));
-        v = _mm512_add_ps(_mm512_shuffle_f32x4(v, v, 0x4E), _mm512_mul_ps(v, s8));
-        _mm512_storeu_ps(x + j, v);
-    }
-    for (int h = 16; h < p; h *= 2)
-        for (int i = 0; i < p; i += 2 * h)
-            for (int j = i; j < i + h; j += 16) {
-                const __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + h);
-                _mm512_storeu_ps(x + j, _mm512_add_ps(a, b));
-                _mm512_storeu_ps(x + j + h, _mm512_sub_ps(a, b));
-            }
-}
-
-/* ====================================================================================
- * qai8dx row quantizer, AVX-512 (F + BW): byte-exact with pk_quantize_qai8dx_row_scalar.
- * min/max in the scalar loop's semantics (min_ps(x, m) = x < m ? x : m); rint(x * inv) by
- * vcvtps2dq under the default round-to-nearest-even; no FMA; saturation = the clamp.
- * ==================================================================================== */
-Z_TARGET static void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
-    __m512 vmn = _mm512_setzero_ps(), vmx = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= k; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        vmn = _mm512_min_ps(v, vmn);
-        vmx = _mm512_max_ps(v, vmx);
-    }
-    const __mmask16 tm = (__mmask16)((1u << (k - i)) - 1);
-    if (i < k) {   /* masked lanes load 0, which cannot move min(0, .) or max(0, .) */
-        const __m512 v = _mm512_maskz_loadu_ps(tm, x + i);
-        vmn = _mm512_min_ps(v, vmn);
-        vmx = _mm512_max_ps(v, vmx);
-    }
-    const float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
-    const float inv = pk_qai8dx_params(mn, mx, scale, zp);
-    const int32_t zi = *zp;
-    const __m512 vinv = _mm512_set1_ps(inv);
-    const __m512i vz = _mm512_set1_epi32(zi);
-    int j = 0;
-    for (; j + 16 <= k; j += 16) {
-        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + j), vinv)), vz);
-        _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtsepi32_epi8(v));
-    }
-    if (j < k) {
-        const __m512i v = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(tm, x + j), vinv)), vz);
-        _mm512_mask_cvtsepi32_storeu_epi8(q + j, tm, v);
-    }
-}
-
 #endif /* __x86_64__ */
 
 /* ---- table --------------------------------------------------------------------------- */
@@ -493,14 +415,4 @@ const pk_kernel pk_kernels_x86_avx512vnni[] = {
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_6x32_avx512vnni},
 };
 const int pk_kernels_x86_avx512vnni_count = sizeof pk_kernels_x86_avx512vnni / sizeof pk_kernels_x86_avx512vnni[0];
-
-/* The AVX-512 helpers use F + BW (+ VL) only; they sit under the avx512vnni tag and feature
- * bit, as the kernels of this file do. */
-const pk_isa_helpers pk_helpers_x86_avx512vnni = {
-    .isa = "avx512vnni",
-    .features = PK_CPU_AVX512VNNI,
-    .fwht = pk_fwht_avx512,
-    .f16_to_f32 = pk_f16_to_f32_avx512,
-    .quantize_qai8dx_row = pk_quantize_qai8dx_row_avx512,
-};
 #endif

@@ -6,7 +6,7 @@
  *
  * Also their test twin, *_avxvnni_evex: the same template with the EVEX encoding, so that
  * AVX-512 machines (and CI) run the AVX-VNNI code paths. */
-#include "../ops/pk_kernel.h"
+#include "../contract/pk_kernel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -9,7 +9,7 @@
 #define ZP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define ZP_INLINE static inline __attribute__((always_inline)) ZP_TARGET
 
-#include "../ops/pk_kernel.h"
+#include "../contract/pk_kernel.h"
 
 #define ZNR 32
 

@@ -1,6 +1,6 @@
 /* Helpers shared by the x86 kernel files (matmul_x86_avx2.c, matmul_x86_avxvnni.c,
  * matmul_x86_avx512vnni.c, matmul_x86_amx.c): per-thread scratch buffers and the fallback to
- * the scalar reference (pk_scalar_run, ops/pk_kernel.h).
+ * the scalar reference (pk_scalar_run, contract/pk_kernel.h).
  *
  * The GEMM kernels transpose a panel of weight rows into a per-thread buffer per call;
  * the GEMV kernels rearrange the activation row once per call. Those buffers
@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../ops/pk_kernel.h"
+#include "../contract/pk_kernel.h"
 
 #define PK_SCRATCH_SLOTS 4
 

@@ -1,28 +1,16 @@
 /* Dispatch: the table of usable kernels per format, built once from the registry
  * (pk_registry.c), the CPU features and PYKLEI_KERNEL (forcing), less the kernels that fail
- * the self-check (pk_selfcheck.c); per-thread error messages; the PYKLEI_LOG=kernels log of
- * which kernel ran which shape. This file is the only writer of the table. */
+ * the self-check (pk_selfcheck.c); the PYKLEI_LOG=kernels log of which kernel ran which
+ * shape. This file is the only writer of the table. It calls down only (registry,
+ * self-check, errors); the files that use the table (pk_weights.c, pk_matmul.c, ...) call it. */
 #include "pk_ops_internal.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- errors and logging --------------------------------------------------------------- */
-
-static __thread char last_error[512];
-
-const char *pk_last_error(void) { return last_error; }
-
-int pk_set_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+/* ---- logging ------------------------------------------------------------------------ */
 
 /* PYKLEI_LOG=kernels (or 1): one stderr line per distinct (kernel, m, n, k). */
 int pk_log_kernels = -1;
@@ -79,16 +67,18 @@ static int forced_match(const char *list, const pk_kernel *kern) {
 
 /* Runs the self-check on the kernels the table can pick (those ranked above the scalar kernel
  * of their format) and drops the ones that fail; a format left with none (PYKLEI_KERNEL forced
- * only failing kernels) gets its scalar kernel, the reference, which never leaves. Tests only:
- * PYKLEI_TEST_BREAK_KERNEL has the check run a corrupted copy of the kernel it names
- * (pk_testhook.c), so that kernel fails; the table itself only ever holds registry records. */
+ * only failing kernels) gets its scalar kernel, the reference, which never leaves. Test builds
+ * only: PYKLEI_TEST_BREAK_KERNEL has the check run a corrupted copy of the kernel it names
+ * (tests/c/pk_testhook.c, linked in where the weak pk_test_hook_kernels_to_check is not NULL),
+ * so that kernel fails; the table itself only ever holds registry records. */
 static void drop_failing_kernels(void) {
     enum { N = PK_SELFCHECK_MAX };
     const pk_kernel *all[N], *checked[N], *cand[N];
     int n = 0, n_cand = 0, cand_at[N], failed[N], dropped[N] = {0};
     for (int f = 0; f < PK_FMT_QUANT_COUNT; f++)
         for (int i = 0; i < pk_n_usable[f]; i++) all[n++] = pk_usable[f][i];
-    pk_test_hook_kernels_to_check(n, all, checked);
+    for (int i = 0; i < n; i++) checked[i] = all[i];
+    if (pk_test_hook_kernels_to_check) pk_test_hook_kernels_to_check(n, all, checked);
     for (int f = 0, at = 0; f < PK_FMT_QUANT_COUNT; at += pk_n_usable[f], f++)
         for (int i = 0; i < pk_n_usable[f] && strcmp(pk_usable[f][i]->isa, "scalar"); i++) {
             cand[n_cand] = checked[at + i];

@@ -7,14 +7,14 @@
  *
  * Layers: pk_matmul (this file, the public API: registry, dispatch, weights, activations,
  * threads) -> the micro-kernels (isa/matmul_<isa>.c, one file per ISA family, per-function
- * target attributes), which see only their contract, pk_kernel.h. */
+ * target attributes), which see only their contract, contract/pk_kernel.h. */
 #ifndef PK_MATMUL_H
 #define PK_MATMUL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pk_kernel.h"   /* pk_lhs, pk_rhs, pk_kernel, the formats */
+#include "../contract/pk_kernel.h"   /* pk_lhs, pk_rhs, pk_kernel, the formats */
 #include "pk_pool.h"
 
 /* ---- registry and dispatch ---------------------------------------------------------- */
@@ -31,17 +31,13 @@ int pk_kernel_supported(const pk_kernel *kern);
  * small case and drops, with a warning on stderr, any that disagrees (docs/KERNELS.md).
  * Returns 0, or -1 with a message in pk_last_error(). */
 int pk_dispatch_init(void);
+/* This thread's last error message (ops/pk_error.c). */
 const char *pk_last_error(void);
 /* Sets this thread's error message (for the layers above the kernels); returns -1. */
 int pk_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* The kernel the table picks for (fmt, m); NULL if init failed. */
 const pk_kernel *pk_dispatch_select(pk_format fmt, int m);
-
-/* Tests only (ops/pk_testhook.c): with PYKLEI_TEST_BREAK_KERNEL=<name>, the corrupted copy of
- * that kernel which the self-check ran in its place (and so dropped the kernel from the table;
- * docs/KERNELS.md), so that a test can show it computes wrong results; NULL otherwise. */
-const pk_kernel *pk_test_broken_kernel(void);
 
 /* ---- weights ------------------------------------------------------------------------ */
 
@@ -59,10 +55,10 @@ int pk_rhs_needs_canonical(const pk_rhs *rhs);
 
 /* qai8dx of one row, byte-exact with the numpy reference (pyklei.formats.qai8dx). */
 void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
-/* The portable version, and a named one for tests: impl "scalar", "avx2" or "avx512" (x86);
- * returns -1 when that implementation is not available here. pk_quantize_qai8dx_row picks the
- * best one for the CPU; all produce the same bytes. */
-void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+/* A named one for tests: impl "scalar", "avx2" or "avx512" (x86); returns -1 when that
+ * implementation is not available here. pk_quantize_qai8dx_row picks the best one for the
+ * CPU; all produce the same bytes (the portable one, pk_quantize_qai8dx_row_scalar:
+ * contract/pk_kernel.h). */
 int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
                                 int32_t *zp);
 

@@ -1,12 +1,22 @@
 /* Model-agnostic transformer ops on float32 rows: RMSNorm, RoPE, attention over a KV cache,
- * SwiGLU, embedding-row dequantization. Shapes are in the comments; rows are contiguous. */
+ * SwiGLU, embedding-row dequantization. Shapes are in the comments; rows are contiguous.
+ * One header, a file per concern:
+ *   pk_tensor_row.c            embedding rows as f32
+ *   pk_rmsnorm_swiglu.c        RMSNorm, SwiGLU
+ *   pk_rope.c                  RoPE
+ *   pk_f16.c                   f32 -> f16 rows (cache writes), the f16 -> f32 reader's choice
+ *   pk_kv_q8.c                 the q8 KV cache's writer
+ *   pk_attention.c             attention: fast paths, chunks, rows (SIMD steps: isa/attention_x86_*.h)
+ *   pk_attention_reference.c   attention: the reference
+ *   pk_softmax.h               the softmax's pieces they share */
 #ifndef PK_NN_H
 #define PK_NN_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pk_format.h"
+#include "../contract/pk_format.h"
+#include "../contract/pk_kv.h"
 
 
 /* A 2-D tensor [n, k] read row by row (embedding tables). */
@@ -35,55 +45,17 @@ void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x);
 /* out[i] = silu(gate[i]) * up[i] */
 void pk_swiglu(int n, const float *gate, const float *up, float *out);
 
-/* KV cache of one K/V head: K position-blocked, [ceil(n_ctx/16)][head_dim][16] (positions
- * 16b..16b+15 of dimension i at (b*head_dim + i)*16 + pos%16), V [n_ctx][head_dim]. */
-#define PK_KV_BLOCK 16
-
-/* The element types of a KV cache. q8: int8 values with one f16 scale per PK_KV_Q8_GROUP
- * consecutive values of a position's head vector (llama.cpp's q8_0 block: 8.5 bits a value,
- * 53% of f16); head_dim must be a multiple of the group. */
-typedef enum { PK_KV_F32 = 0, PK_KV_F16 = 1, PK_KV_Q8 = 2 } pk_kv_type;
-#define PK_KV_Q8_GROUP 32
-
-/* out[i] = x[i] as float, i < n: reads an f16 cache (exact; per-ISA versions in the ISA
- * files' helper records, ops/pk_kernel.h, bit-identical, NaNs quieted). */
-typedef void (*pk_f16_to_f32_fn)(size_t n, const uint16_t *x, float *out);
-/* The generic conversion, plain C: the reference of the per-ISA ones. */
-void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out);
+/* The KV cache (its layout, element types and pk_kv_head): contract/pk_kv.h. Its f16 -> f32
+ * conversions are the ISA files' helper records (contract/pk_kernel.h; the plain C one,
+ * pk_f16_to_f32_scalar, is the reference). */
 
 /* The widest conversion this CPU runs (only ISAs named in PYKLEI_KERNEL, if it names any;
  * scalar if none of those runs here), its ISA tag in *isa if isa is not NULL; with
- * PYKLEI_LOG=kernels a line on stderr names it. */
+ * PYKLEI_LOG=kernels a line on stderr names it. (ops/pk_f16.c) */
 pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa);
 /* The conversion of ISA tag isa ("scalar", "avx2", "avx512vnni", "neon"); NULL if unknown or
  * not runnable here (tests). */
 pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa);
-
-/* One K/V head's cache as attention reads it. */
-typedef struct {
-    pk_kv_type type;
-    const void *k;             /* [ceil(n/16)][hd][16]: float, f16 bits or int8 */
-    const void *v;             /* [n][hd] */
-    const uint16_t *k_scale;   /* q8: f16 [ceil(n/16)][hd/32][16] (K's blocked order); else NULL */
-    const uint16_t *v_scale;   /* q8: f16 [n][hd/32]; else NULL */
-    pk_f16_to_f32_fn f16;      /* f16 and q8: the conversion of the values / the scales */
-} pk_kv_head;
-
-/* Bytes one stored value of a cache of type t takes (q8's scales are apart). */
-static inline size_t pk_kv_value_bytes(pk_kv_type t) { return t == PK_KV_F32 ? 4 : t == PK_KV_F16 ? 2 : 1; }
-
-/* The view of kv from element e on (values and, for q8, their scales): a head's cache within
- * the whole cache, or a head's positions from p0 on (e = p0 * hd, p0 a multiple of 16). */
-static inline pk_kv_head pk_kv_head_at(const pk_kv_head *kv, size_t e) {
-    pk_kv_head r = *kv;
-    r.k = (const char *)kv->k + e * pk_kv_value_bytes(kv->type);
-    r.v = (const char *)kv->v + e * pk_kv_value_bytes(kv->type);
-    if (kv->type == PK_KV_Q8) {
-        r.k_scale = kv->k_scale + e / PK_KV_Q8_GROUP;
-        r.v_scale = kv->v_scale + e / PK_KV_Q8_GROUP;
-    }
-    return r;
-}
 
 /* One head vector x[hd] as a q8 cache holds it: scale[c] = f16(max |x| of group c / 127),
  * out[i] = round(x[i] / scale) in [-127, 127] (0 where the scale is 0). hd % 32 == 0. */
@@ -129,6 +101,7 @@ void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_k
 /* Folds a later chunk's partial (part, ml) into the result so far (acc, acc_ml), in place. */
 void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml);
 
+/* out[i] = f16(x[i]), i < n (pk_f32_to_f16, contract/pk_format.h): a cache row written. */
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
 
 #endif

@@ -1,9 +1,9 @@
-/* Shared between the files of the kernel layer (pk_registry.c, pk_dispatch.c, pk_selfcheck.c,
- * pk_testhook.c, pk_weights.c, pk_quantize.c, pk_matmul.c, pk_rotate.c, pk_nn.c); not for the
- * ISA files (they see ops/pk_kernel.h) nor for the layers above (ops/pk_matmul.h). */
+/* Shared between the .c files of the kernel layer (ops/); not for the ISA files (they see
+ * contract/pk_kernel.h) nor for the layers above (ops/pk_matmul.h). */
 #ifndef PK_OPS_INTERNAL_H
 #define PK_OPS_INTERNAL_H
 
+#include "../contract/pk_kv.h"
 #include "pk_matmul.h"
 
 #define fail pk_set_error
@@ -18,6 +18,13 @@
 #else
 #define PK_CLONES
 #endif
+
+/* ---- attention (pk_attention_reference.c) ------------------------------------------------ */
+
+/* The reference partial over positions [0, n) of kv for `group` query heads q [group][hd]:
+ * out [group][hd] and ml [group][2] as pk_attend_part's (pk_nn.h); scores: [n] scratch. */
+void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
+                              float *scores, float *out, float *ml);
 
 /* ---- the dispatch table (pk_dispatch.c), built once by pk_dispatch_init ------------------ */
 /* Written only by pk_dispatch.c, inside its pthread_once; read-only everywhere after. */
@@ -55,13 +62,16 @@ const pk_kernel *pk_kernel_scalar_for(pk_format fmt);
  * 0. log: one stderr line listing those that passed. Writes no table. */
 void pk_self_check(int n, const pk_kernel *const *kernels, int *failed, int log);
 
-/* ---- test hook (pk_testhook.c), tests only ------------------------------------------------ */
+/* ---- test hook (tests/c/pk_testhook.c), test builds only --------------------------------- */
 
-/* checked[i] = the kernel record the self-check runs for kernels[i]: kernels[i] itself, except
- * for the SIMD kernel that PYKLEI_TEST_BREAK_KERNEL names, whose corrupted copy stands in. */
-void pk_test_hook_kernels_to_check(int n, const pk_kernel *const *kernels, const pk_kernel **checked);
+/* checked[i] = the kernel record the self-check runs for kernels[i], where PYKLEI_TEST_BREAK_KERNEL
+ * names one to corrupt. Defined only in test builds, which link tests/c/pk_testhook.c (the C
+ * test programs; the extension built with PYKLEI_TEST_HOOKS=1): a weak reference, NULL in
+ * the library itself, so that the product holds no test code and the dispatcher no #ifdef. */
+void pk_test_hook_kernels_to_check(int n, const pk_kernel *const *kernels, const pk_kernel **checked)
+    __attribute__((weak));
 
-/* ---- weights (pk_weights.c) -------------------------------------------------------------- */
+/* ---- weights (pk_rhs.c: the canonical weight; pk_weights.c: the repacked copies) ---------- */
 
 /* pk_rhs_prepare without the dispatch table: checks the shape, fills rhs and computes the row
  * sums; no repacked copy (the self-check calls it while the table is being built). */

@@ -1,16 +1,15 @@
 /* Activation quantizers: qai8dx (one int8 plane per row) and qai8dx2 (two planes), byte-exact
  * with the numpy reference (pyklei.formats); the SIMD row quantizers live in the ISA files and
- * reach this file through the registry's helper records (ops/pk_kernel.h, pk_isa_helpers),
+ * reach this file through the registry's helper records (contract/pk_kernel.h, pk_isa_helpers),
  * picked by CPU feature. */
 #include "pk_ops_internal.h"
 
-#include <math.h>
 #include <string.h>
 
 /* ---- activations ----------------------------------------------------------------------- */
 
 /* The widest quantizer among the registry's helper records that this CPU runs (the generic
- * one, pk_quantize_qai8dx_row_scalar, last); all produce the same bytes, so PYKLEI_KERNEL does
+ * one, pk_quantize_qai8dx_row_scalar of isa/fwht_f16_qai8dx_scalar.c, last); all produce the same bytes, so PYKLEI_KERNEL does
  * not steer this choice. A walk of a few records per row: noise next to quantizing k floats. */
 void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
     const uint32_t f = pk_cpu_features();
@@ -39,20 +38,6 @@ int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t 
         return 0;
     }
     return -1;
-}
-
-void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
-    float mn = 0.0f, mx = 0.0f;
-    for (int i = 0; i < k; i++) {
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    const float inv = pk_qai8dx_params(mn, mx, scale, zp);
-    const int32_t zi = *zp;
-    for (int i = 0; i < k; i++) {
-        int32_t v = (int32_t)rintf(x[i] * inv) + zi;
-        q[i] = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
-    }
 }
 
 void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,

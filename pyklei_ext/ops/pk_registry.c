@@ -1,9 +1,8 @@
-/* The kernel registry: the ISA files' tables (ops/pk_kernel.h) seen as one constant list of
+/* The kernel registry: the ISA files' tables (contract/pk_kernel.h) seen as one constant list of
  * what kernels exist and their contracts, and their row helpers (FWHT, f16 conversion,
  * activation quantizer) as one list of records. Nothing here changes at run time: which of them the
  * dispatch table uses is pk_dispatch.c's business, the start-up check of them pk_selfcheck.c's,
- * and the test hook that breaks one on purpose pk_testhook.c's. */
-#include "pk_nn.h"   /* pk_f16_to_f32_scalar */
+ * and the test hook that breaks one on purpose tests/c/pk_testhook.c's (test builds only). */
 #include "pk_ops_internal.h"
 
 #include <string.h>
@@ -24,15 +23,7 @@ static const struct { const pk_kernel *table; const int *count; } families[] = {
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
 
 /* The row helpers (pk_isa_helpers), widest first: the order the ops files pick in. The last
- * record is the kernel layer's own generic versions, which run everywhere. */
-static const pk_isa_helpers generic_helpers = {
-    .isa = "scalar",
-    .features = 0,
-    .fwht = pk_fwht_scalar,
-    .f16_to_f32 = pk_f16_to_f32_scalar,
-    .quantize_qai8dx_row = pk_quantize_qai8dx_row_scalar,
-};
-
+ * record is the scalar one (isa/fwht_f16_qai8dx_scalar.c), which runs everywhere. */
 static const pk_isa_helpers *const helpers[] = {
 #if defined(__x86_64__)
     &pk_helpers_x86_avx512vnni,
@@ -40,7 +31,7 @@ static const pk_isa_helpers *const helpers[] = {
 #elif defined(__aarch64__)
     &pk_helpers_arm_neon,
 #endif
-    &generic_helpers,
+    &pk_helpers_scalar,
 };
 
 int pk_isa_helpers_count(void) { return (int)(sizeof helpers / sizeof helpers[0]); }

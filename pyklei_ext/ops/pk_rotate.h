@@ -10,7 +10,7 @@
 #define PK_ROTATE_H
 
 /* x[p] <- x @ H_p (unnormalised), p a power of two; the generic one and the per-ISA helper
- * records in ops/pk_kernel.h. */
+ * records in contract/pk_kernel.h. */
 typedef void (*pk_fwht_fn)(int p, float *x);
 
 typedef struct {

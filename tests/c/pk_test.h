@@ -1,6 +1,6 @@
 /* Shared by the standalone C tests (tests/c/test_*.c, one translation unit each): the
  * pass/fail counters and CHECK, a seeded random generator, the bf16 rounding of the
- * converters (ops/pk_format.h), and the last line every test prints. */
+ * converters (contract/pk_format.h), and the last line every test prints. */
 #ifndef PK_TEST_H
 #define PK_TEST_H
 
@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ops/pk_format.h"
+#include "contract/pk_format.h"
 
 static int n_pass, n_fail, verbose, fail_prints;
 

@@ -4,7 +4,8 @@
  *
  * Build (bash):  source scripts/cflags.sh   # the flags of pyklei_ext/cflags.txt
  *   gcc -O1 -g -fsanitize=address,undefined "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_llama.c \
- *       pyklei_ext/model/pk_*.c pyklei_ext/ops/pk_*.c pyklei_ext/isa/matmul_*.c -lm
+ *       pyklei_ext/model/pk_*.c pyklei_ext/contract/pk_*.c pyklei_ext/ops/pk_*.c \
+ *       pyklei_ext/isa/matmul_*.c pyklei_ext/isa/fwht_*.c -lm
  * Arguments: --seed N, --verbose. Last line: "<P> passed, <F> failed"; exit 1 on failure.
  *
  * For several configurations (embedding table f32 / f16 / bf16 / qsi4c32 / qsi8cx, tied

@@ -2,8 +2,9 @@
  * reference kernel (and the reference against an independent int64/double evaluation).
  *
  * Build (native, bash):  source scripts/cflags.sh   # the flags of pyklei_ext/cflags.txt
- *   gcc -O3 "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_matmul.c pyklei_ext/ops/pk_*.c \
- *       pyklei_ext/isa/matmul_*.c -lm -o test_matmul
+ *   gcc -O3 "${PK_CFLAGS[@]}" -Ipyklei_ext tests/c/test_matmul.c tests/c/pk_testhook.c \
+ *       pyklei_ext/contract/pk_*.c pyklei_ext/ops/pk_*.c pyklei_ext/isa/matmul_*.c \
+ *       pyklei_ext/isa/fwht_*.c -lm -o test_matmul
  * (cross: aarch64-linux-gnu-gcc ... -static, run with qemu-aarch64 -cpu ...; see
  * scripts/test_arm.sh). Arguments: --quick (smaller shape set, for emulators), --emulated
  * (under qemu-user: the pool's drop under contention is reported, not required), --seed N,
@@ -56,11 +57,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ops/pk_cpu.h"
+#include "contract/pk_cpu.h"
 #include "ops/pk_matmul.h"
 #include "ops/pk_nn.h"
 #include "ops/pk_pool.h"
 #include "ops/pk_rotate.h"
+#include "pk_testhook.h"
 #include "pk_test.h"
 
 #define COUNT(a) ((int)(sizeof a / sizeof a[0]))

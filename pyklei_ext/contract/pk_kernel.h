@@ -1,9 +1,12 @@
-/* The contract between the kernel layer (ops/pk_*.c) and the ISA files (isa/matmul_*.c):
- * everything an ISA file may see, and nothing more. An ISA file includes this header (and its
- * own template headers), fills one table of pk_kernel records, and may fill one pk_isa_helpers
- * record (SIMD FWHT, f16 conversion, activation quantizer); the registry (ops/pk_registry.c)
- * lists the tables and records declared here, and the kernel layer reaches the ISA files only
- * through them.
+/* The contract between the kernel layer (ops/pk_*.c) and the ISA files (isa/): everything an
+ * ISA file may see, and nothing more. contract/ is the floor both stand on: an ISA file
+ * includes headers from here (and its own template headers in isa/), never from ops/. A
+ * matmul ISA file (isa/matmul_<isa>.c) fills one table of pk_kernel records; a row-helper
+ * file (isa/fwht_f16_qai8dx_<isa>.c) fills one pk_isa_helpers record (FWHT, f16 conversion,
+ * activation quantizer); the registry (ops/pk_registry.c) lists the tables and records
+ * declared here, and the kernel layer reaches those ISA files only through them. The
+ * attention's SIMD paths (isa/attention_x86_*.h) are inlined into ops/pk_attention.c's
+ * clones and follow contract/pk_kv.h.
  *
  *   formats, element getters, bf16      pk_format.h
  *   CPU feature bits of the records     pk_cpu.h
@@ -23,6 +26,7 @@
 
 #include "pk_cpu.h"
 #include "pk_format.h"
+#include "pk_kv.h"         /* pk_f16_to_f32_fn */
 #include "pk_operands.h"   /* pk_lhs, pk_rhs */
 #include "pk_pack.h"       /* the repacked layouts the kernels read */
 
@@ -107,28 +111,35 @@ static inline void pk_fwht_scalar(int p, float *x) {
             }
 }
 
-/* SIMD versions of the kernel layer's row helpers, one record per ISA file that has any. Each
- * is bit-exact (the quantizer byte-exact) with the generic version the kernel layer keeps
- * (pk_fwht_scalar above, pk_f16_to_f32_scalar in ops/pk_nn.c, pk_quantize_qai8dx_row_scalar
- * in ops/pk_quantize.c). The registry (ops/pk_registry.c) lists the records, widest first, and
- * the ops files pick from that list by CPU feature (and, for the FWHT and the f16 conversion,
- * by PYKLEI_KERNEL's ISA tags): they never name an ISA file's function, as with the kernels. */
+/* The kernel layer's row helpers, one record per ISA (isa/fwht_f16_qai8dx_<isa>.c). Each SIMD
+ * one is bit-exact (the quantizer byte-exact) with the generic version of the scalar record
+ * (pk_fwht_scalar above, pk_f16_to_f32_scalar, pk_quantize_qai8dx_row_scalar), which runs
+ * everywhere. The registry (ops/pk_registry.c) lists the records, widest first, the scalar one
+ * last, and the ops files pick from that list by CPU feature (and, for the FWHT and the f16
+ * conversion, by PYKLEI_KERNEL's ISA tags): they never name an ISA file's function, as with
+ * the kernels. */
 typedef struct {
     const char *isa;          /* ISA tag as in PYKLEI_KERNEL: avx2, avx512vnni, neon */
     uint32_t features;        /* PK_CPU_* bits required */
     /* x[p] <- x @ H_p unnormalised, p a power of two (ops/pk_rotate.c, one per rotation) */
     void (*fwht)(int p, float *x);
-    /* out[i] = x[i] as float, i < n (ops/pk_nn.c, the f16 KV cache, one per model) */
-    void (*f16_to_f32)(size_t n, const uint16_t *x, float *out);
+    /* out[i] = x[i] as float, i < n (ops/pk_f16.c, the f16 KV cache, one per model) */
+    pk_f16_to_f32_fn f16_to_f32;
     /* qai8dx of one row (ops/pk_quantize.c); NULL: none for this ISA */
     void (*quantize_qai8dx_row)(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
 } pk_isa_helpers;
 
+extern const pk_isa_helpers pk_helpers_scalar;           /* isa/fwht_f16_qai8dx_scalar.c */
 #if defined(__x86_64__)
-extern const pk_isa_helpers pk_helpers_x86_avx2;         /* isa/matmul_x86_avx2.c */
-extern const pk_isa_helpers pk_helpers_x86_avx512vnni;   /* isa/matmul_x86_avx512vnni.c */
+extern const pk_isa_helpers pk_helpers_x86_avx2;         /* isa/fwht_f16_qai8dx_x86_avx2.c */
+extern const pk_isa_helpers pk_helpers_x86_avx512vnni;   /* isa/fwht_f16_qai8dx_x86_avx512vnni.c */
 #elif defined(__aarch64__)
-extern const pk_isa_helpers pk_helpers_arm_neon;         /* isa/matmul_arm_neon.c */
+extern const pk_isa_helpers pk_helpers_arm_neon;         /* isa/fwht_f16_qai8dx_arm_neon.c */
 #endif
+
+/* The generic row helpers of the scalar record (isa/fwht_f16_qai8dx_scalar.c), named: the
+ * references the SIMD ones are tested against. */
+void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out);
+void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
 
 #endif

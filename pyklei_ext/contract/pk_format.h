@@ -4,7 +4,10 @@
  * Ids: the quantized weight formats first, with the ids of the Python registry
  * (pyklei/formats/registry.py, WeightFormat.c_id: tests/test_formats.py checks _ext.FORMATS
  * against it); the kernels and the dispatch table index by them (< PK_FMT_QUANT_COUNT).
- * The plain types follow; only embedding tables (pk_tensor, ops/pk_nn.h) use them. */
+ * The plain types follow; only embedding tables (pk_tensor, ops/pk_nn.h) use them.
+ *
+ * A header of the contract (contract/): the kernel layer (ops/) and the ISA files (isa/) both
+ * read it. */
 #ifndef PK_FORMAT_H
 #define PK_FORMAT_H
 
@@ -56,6 +59,44 @@ static inline float pk_bf16_to_f32(uint16_t b) {
 static inline uint16_t pk_f32_to_bf16(float f) {
     union { float f; uint32_t u; } v = { f };
     return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16);
+}
+
+/* ---- f16 (embedding tables, the KV cache and its q8 scales) -------------------------------- */
+
+/* IEEE half -> float in plain C: exact; a NaN comes out quiet, as from vcvtph2ps and fcvtl.
+ * The reference of the per-ISA conversions (pk_isa_helpers.f16_to_f32, pk_kernel.h). */
+static inline float pk_f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (mant == 0) bits = sign;
+        else {                                   /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) { mant <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {   /* inf, or a quiet NaN */
+        bits = sign | 0x7F800000 | (mant << 13) | (mant ? 0x400000u : 0u);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    union { uint32_t u; float f; } v = {bits};
+    return v.f;
+}
+
+/* float -> IEEE half: round to nearest even, overflow to inf, a NaN to the quiet NaN 0x7E00.
+ * The cases are selects, not branches, so that a loop of it vectorizes (pk_f32_to_f16_row: a
+ * prefill writes every K and V row through it; with branches it was half of the "rope"
+ * operation's time). */
+static inline uint16_t pk_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    const uint32_t sign = (v.u >> 16) & 0x8000, absu = v.u & 0x7FFFFFFF;
+    const float small = absu < 0x38800000 ? __builtin_fabsf(f) : 0.0f;      /* in range of the cast */
+    const uint32_t sub = (uint32_t)__builtin_rintf(small * 16777216.0f);    /* subnormal: / 2^-24 */
+    const uint32_t normal = (absu + 0x0FFF + ((absu >> 13) & 1) - 0x38000000) >> 13;
+    const uint32_t h = absu > 0x7F800000 ? 0x7E00 : absu >= 0x477FF000 ? 0x7C00
+                     : absu < 0x38800000 ? sub : normal;
+    return (uint16_t)(sign | h);
 }
 
 /* ---- element getters of the canonical layouts ----------------------------------------- */

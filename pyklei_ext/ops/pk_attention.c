@@ -1,245 +1,18 @@
+/* Attention over a KV cache (pk_nn.h; the cache's layout: contract/pk_kv.h): the fast paths
+ * for the family's (group, head size) shapes, as plain C loops compiled once per ISA clone
+ * (PK_CLONES) with the AVX-512 and AVX2 inner steps of isa/attention_x86_*.h inlined into
+ * theirs; the chunking of long contexts (pk_attend_part, pk_attend_merge); several rows of a
+ * prefill over one converted span (pk_attend_rows). The reference order they all keep is
+ * pk_attention_reference.c's. */
 #include "pk_nn.h"
 
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "pk_format.h"
-#include "pk_ops_internal.h"   /* the helper records, pk_force_names_isa, pk_log_kernels */
+#include "pk_ops_internal.h"   /* PK_CLONES, pk_attend_part_reference */
+#include "pk_softmax.h"        /* max_f32, exp_sum, scale_f32, exp_nonpos */
 
-/* IEEE half <-> float in plain C (the cache conversion is not on the hot path of the
- * matmuls; the compiler's _Float16 would need F16C for speed anyway). */
-static inline float f16_to_f32(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
-    if (exp == 0) {
-        if (mant == 0) bits = sign;
-        else {                                   /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400)) { mant <<= 1; exp--; }
-            bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
-        }
-    } else if (exp == 31) {   /* inf; a NaN comes out quiet, as from vcvtph2ps and fcvtl */
-        bits = sign | 0x7F800000 | (mant << 13) | (mant ? 0x400000u : 0u);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    union { uint32_t u; float f; } v = {bits};
-    return v.f;
-}
-
-/* IEEE round to nearest even, overflow to inf, a NaN to the quiet NaN 0x7E00. The cases are
- * selects, not branches, so that a loop of it vectorizes (pk_f32_to_f16_row: a prefill writes
- * every K and V row through it; with branches it was half of the "rope" operation's time). */
-static inline uint16_t f32_to_f16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    const uint32_t sign = (v.u >> 16) & 0x8000, absu = v.u & 0x7FFFFFFF;
-    const float small = absu < 0x38800000 ? fabsf(f) : 0.0f;             /* in range of the cast */
-    const uint32_t sub = (uint32_t)rintf(small * 16777216.0f);             /* subnormal: / 2^-24 */
-    const uint32_t normal = (absu + 0x0FFF + ((absu >> 13) & 1) - 0x38000000) >> 13;
-    const uint32_t h = absu > 0x7F800000 ? 0x7E00 : absu >= 0x477FF000 ? 0x7C00
-                     : absu < 0x38800000 ? sub : normal;
-    return (uint16_t)(sign | h);
-}
-
-PK_CLONES void pk_f32_to_f16_row(int n, const float *x, uint16_t *out) {
-    for (int i = 0; i < n; i++) out[i] = f32_to_f16(x[i]);
-}
-
-void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out) {
-    for (size_t i = 0; i < n; i++) out[i] = f16_to_f32(x[i]);
-}
-
-/* The f16 -> f32 conversions come from the registry's helper records (widest first, the
- * generic one, pk_f16_to_f32_scalar, last). */
-pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa) {
-    const pk_isa_helpers *h = pk_isa_helpers_for(isa);
-    return h ? h->f16_to_f32 : NULL;
-}
-
-pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa) {
-    const char *force = getenv("PYKLEI_KERNEL");
-    const int n_helpers = pk_isa_helpers_count();
-    int named = 0;
-    for (int i = 0; force && *force && i < n_helpers; i++)
-        named |= pk_isa_helpers_at(i)->f16_to_f32 && pk_force_names_isa(force, pk_isa_helpers_at(i)->isa);
-    const pk_isa_helpers *pick = pk_isa_helpers_at(n_helpers - 1);   /* generic, also when the forced ISAs cannot run here */
-    for (int i = 0; i < n_helpers - 1; i++) {
-        const pk_isa_helpers *h = pk_isa_helpers_at(i);
-        if (h->f16_to_f32 && (!named || pk_force_names_isa(force, h->isa)) && pk_f16_to_f32_for_isa(h->isa)) {
-            pick = h;
-            break;
-        }
-    }
-    if (pk_dispatch_init() == 0 && pk_log_kernels > 0)
-        fprintf(stderr, "pyklei: f16 KV cache read with f16_to_f32_%s\n", pick->isa);
-    if (isa) *isa = pick->isa;
-    return pick->f16_to_f32;
-}
-
-void pk_tensor_row_f32(const pk_tensor *t, int r, float *out) {
-    const int k = t->k;
-    switch (t->type) {
-    case PK_FMT_F32:
-        memcpy(out, (const float *)t->data + (size_t)r * k, sizeof(float) * k);
-        break;
-    case PK_FMT_F16: {
-        const uint16_t *row = (const uint16_t *)t->data + (size_t)r * k;
-        for (int i = 0; i < k; i++) out[i] = f16_to_f32(row[i]);
-        break;
-    }
-    case PK_FMT_BF16: {
-        const uint16_t *row = (const uint16_t *)t->data + (size_t)r * k;
-        for (int i = 0; i < k; i++) out[i] = pk_bf16_to_f32(row[i]);
-        break;
-    }
-    case PK_FMT_QSI4C32: {
-        const uint8_t *row = (const uint8_t *)t->data + (size_t)r * (k / 2);
-        const uint16_t *s = (const uint16_t *)t->scales + (size_t)r * (k / t->bl);
-        for (int i = 0; i < k; i++) out[i] = pk_bf16_to_f32(s[i / t->bl]) * (float)pk_qsi4c32_get(row, i);
-        break;
-    }
-    case PK_FMT_QSI6C32: {
-        const uint8_t *row = (const uint8_t *)t->data + (size_t)r * pk_row_bytes(PK_FMT_QSI6C32, k);
-        const uint16_t *s = (const uint16_t *)t->scales + (size_t)r * (k / 32);
-        for (int i = 0; i < k; i++) out[i] = pk_bf16_to_f32(s[i / 32]) * (float)pk_qsi6c32_get(row, i);
-        break;
-    }
-    case PK_FMT_QSI8CX: {
-        const int8_t *row = (const int8_t *)t->data + (size_t)r * k;
-        const float s = ((const float *)t->scales)[r];
-        for (int i = 0; i < k; i++) out[i] = s * (float)row[i];
-        break;
-    }
-    default:   /* not a format id (the caller checks) */
-        break;
-    }
-}
-
-/* The sum of squares in 8 double lanes (one zmm; exact products, then adds in a fixed order,
- * the same in every clone and on Arm): one chain of dependent adds made the norms 4% of a
- * SmolLM2 prefill. */
-PK_CLONES void pk_rmsnorm(int d, const float *x, const float *w, float eps, float *out) {
-    double lane[8] = {0.0};
-    int i = 0;
-    for (; i + 8 <= d; i += 8)
-        for (int l = 0; l < 8; l++) lane[l] += (double)x[i + l] * x[i + l];
-    double ss = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-    for (; i < d; i++) ss += (double)x[i] * x[i];
-    const float inv = (float)(1.0 / sqrt(ss / d + eps));
-    for (int i = 0; i < d; i++) out[i] = x[i] * inv * w[i];
-}
-
-void pk_rope_angles(int head_dim, int pos, const float *inv_freq, float *cs) {
-    for (int i = 0; i < head_dim / 2; i++) {
-        const float angle = (float)pos * inv_freq[i];
-        cs[2 * i] = cosf(angle);
-        cs[2 * i + 1] = sinf(angle);
-    }
-}
-
-/* Not in the clones: their vectorizer turns this complex product into vfmaddsub (one rounding
- * where the reference has two) despite -ffp-contract=off, and greedy replies changed. */
-void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x) {
-    for (int h = 0; h < n_heads; h++)
-        for (int i = 0; i < head_dim / 2; i++) {
-            float *p = x + (size_t)h * head_dim + 2 * i;
-            const float a = p[0], b = p[1], c = cs[2 * i], s = cs[2 * i + 1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
-        }
-}
-
-void pk_rope(int n_heads, int head_dim, int pos, const float *inv_freq, float *x) {
-    float cs[1024];   /* head_dim <= 512 (pk_llama_create) */
-    pk_rope_angles(head_dim, pos, inv_freq, cs);
-    pk_rope_cs(n_heads, head_dim, cs, x);
-}
-
-/* Attention is written so the compiler vectorizes it (independent lanes instead of one
- * reduction it may not reorder; a polynomial exp) and x86 picks an AVX-512 or AVX2 clone at
- * load time (PK_CLONES, pk_ops_internal.h). In a 512-token prefill it was 40% of the time with
- * scalar dot products and libm expf. */
-
-#define LANES 16
-
-PK_CLONES static float max_f32(int n, const float *x) {
-    float m[LANES];
-    for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
-    float r = -INFINITY;
-    for (; i < n; i++) r = x[i] > r ? x[i] : r;
-    for (int l = 0; l < LANES; l++) r = m[l] > r ? m[l] : r;
-    return r;
-}
-
-/* e^x for x <= 0 (Cody-Waite range reduction + Cephes' degree-6 polynomial; ~2 ulp), in a
- * form the compiler vectorizes. */
-static inline float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    const float n = rintf(x * 1.44269504088896341f);
-    const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float y = p * r * r + r + 1.0f;
-    union { uint32_t u; float f; } two_n = {(uint32_t)((int32_t)n + 127) << 23};
-    return y * two_n.f;
-}
-
-/* x[i] = e^(x[i] - mx); returns the sum. Two loops: GCC vectorizes the exp loop only
- * without the (lane-split) sum in it. */
-PK_CLONES static float exp_sum(int n, float *x, float mx) {
-    for (int i = 0; i < n; i++) x[i] = exp_nonpos(x[i] - mx);
-    float s[LANES] = {0};
-    int i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++) s[l] += x[i + l];
-    float r = 0.0f;
-    for (; i < n; i++) r += x[i];
-    for (int l = 0; l < LANES; l++) r += s[l];
-    return r;
-}
-
-/* x[i] *= c: the softmax's normalisation, done once per score (vectorized) rather than as
- * a scalar multiply and a broadcast per position and head in the PV loops. The same product
- * either way, so the same bits. */
-PK_CLONES static void scale_f32(int n, float *x, float c) {
-    for (int i = 0; i < n; i++) x[i] *= c;
-}
-
-/* silu(g) * u with silu(g) = g / (1 + e^-g), e^-|g| from the polynomial so it vectorizes:
- * g >= 0: g / (1 + e^-g); g < 0: g e^g / (1 + e^g). */
-PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) {
-    for (int i = 0; i < n; i++) {
-        const float g = gate[i], e = exp_nonpos(g < 0.0f ? g : -g);
-        out[i] = g * ((g < 0.0f ? e : 1.0f) / (1.0f + e)) * up[i];
-    }
-}
-
-void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) {
-    for (int c = 0; c < hd / PK_KV_Q8_GROUP; c++) {
-        const float *xc = x + c * PK_KV_Q8_GROUP;
-        float amax = 0.0f;
-        for (int i = 0; i < PK_KV_Q8_GROUP; i++) amax = fabsf(xc[i]) > amax ? fabsf(xc[i]) : amax;
-        /* quantize with the scale as stored (rounded to f16), so value * scale is what the
-         * writer meant; the rounding may push |x| / d a little past 127: clamp */
-        scale[c] = f32_to_f16(amax / 127.0f);
-        const float d = f16_to_f32(scale[c]), id = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int i = 0; i < PK_KV_Q8_GROUP; i++) {
-            const float r = rintf(xc[i] * id);
-            out[c * PK_KV_Q8_GROUP + i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-        }
-    }
-}
-
-/* The K cache is position-blocked (pk_nn.h): block jb holds positions 16jb..16jb+15 as
+/* The K cache is position-blocked (contract/pk_kv.h): block jb holds positions 16jb..16jb+15 as
  * [head_dim][16], so the scores of 16 positions are one vector accumulated over head_dim from
  * contiguous memory. The fast path handles the G query heads that share one K/V head (GQA) in
  * one pass, each K and V row read once for all of them; `acc` stays in registers when HD is a
@@ -284,101 +57,9 @@ _Static_assert(PK_KV_BLOCK == 16, "a K block is one zmm per dimension");
 #define Q8_AVX2() 0
 #endif
 
-/* s[t][b * 16 + l] = sum_i qs[t][i] * K[b][i][l] for T query vectors qs[T][HD] (T <= QK_T: a
- * row's G heads, or several rows' in attend_rows_conv) and QK_NB blocks of K as f32
- * ([NB][HD][16]). AVX-512 intrinsics: GCC's vector types have no fused multiply-add (a
- * lane-by-lane fmaf came out as lane inserts, 10x slower). Each K vector is loaded once into
- * a register for all T sums (the empty asm keeps GCC from folding a load into every FMA that
- * uses it: T loads per vector, and the loads, not the FMAs, set the pace). Called from the
- * clones under QK_WIDE() only; inlined into the AVX-512 one, an (unused) call in the others. */
 #define QK_T 6   /* 6 x QK_NB = 24 sums in zmm registers, with 4 K vectors and a broadcast */
-#if defined(__x86_64__)
-#include <immintrin.h>
-__attribute__((target("avx512f"))) static inline void qk_blocks(const int T, const int HD,
-                                                                const float *restrict qs,
-                                                                const float *restrict blk,
-                                                                float *restrict s) {
-    /* fixed-size arrays in fully unrolled loops: GCC keeps them in registers; sized by T and
-     * NB they would be VLAs on the stack */
-    __m512 acc[QK_T][QK_NB], k[QK_NB];
-#pragma GCC unroll 6
-    for (int t = 0; t < T; t++)
-#pragma GCC unroll 4
-        for (int b = 0; b < QK_NB; b++) acc[t][b] = _mm512_setzero_ps();
-    for (int i = 0; i < HD; i++) {
-#pragma GCC unroll 4
-        for (int b = 0; b < QK_NB; b++) {
-            k[b] = _mm512_loadu_ps(blk + ((size_t)b * HD + i) * PK_KV_BLOCK);
-            __asm__("" : "+v"(k[b]));
-        }
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            const __m512 qv = _mm512_set1_ps(qs[t * HD + i]);
-#pragma GCC unroll 4
-            for (int b = 0; b < QK_NB; b++) acc[t][b] = _mm512_fmadd_ps(qv, k[b], acc[t][b]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int t = 0; t < T; t++)
-#pragma GCC unroll 4
-        for (int b = 0; b < QK_NB; b++) _mm512_storeu_ps(s + (t * QK_NB + b) * PK_KV_BLOCK, acc[t][b]);
-}
-
-/* max_f32 on AVX-512: GCC leaves that loop scalar (it may not turn x > m ? x : m into a
- * max without -ffast-math). _mm512_max_ps(x, m) is that same expression lane by lane (m when
- * x is a NaN); a max is exact, so the order of the lanes' reduction does not change it. */
-__attribute__((target("avx512f"))) static inline float max_wide(int n, const float *x) {
-    const __m512 lo = _mm512_set1_ps(-INFINITY);
-    __m512 m[4] = {lo, lo, lo, lo};
-    int i = 0;
-    for (; i + 64 <= n; i += 64)
-#pragma GCC unroll 4
-        for (int u = 0; u < 4; u++) m[u] = _mm512_max_ps(_mm512_loadu_ps(x + i + 16 * u), m[u]);
-    for (; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        m[0] = _mm512_max_ps(_mm512_mask_loadu_ps(lo, k, x + i), m[0]);
-    }
-    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(m[0], m[1]), _mm512_max_ps(m[2], m[3])));
-}
-
-/* acc[t][i] += p[t][j] * V[j][i] for T query vectors (their weights p[t][j] = sc[t * ld + j])
- * over the n rows of V at v ([n][HD]), j in order: pv_rows' sums, T x HD / 16 <= 24 of them in
- * zmm registers, each V vector loaded once for all T (as in qk_blocks). */
-__attribute__((target("avx512f"))) static inline void pv_tile(const int T, const int HD, int n,
-                                                              const float *restrict sc, size_t ld,
-                                                              const float *restrict v,
-                                                              float *restrict acc) {
-    /* T <= 6, HD <= 128, T * HD / 16 <= 24; zeroed for the out-of-line copy in the other clones,
-     * whose HD is not a constant (the inlined ones drop the stores) */
-    __m512 a[QK_T][8] = {{_mm512_setzero_ps()}}, vv[8];
-#pragma GCC unroll 6
-    for (int t = 0; t < T; t++)
-#pragma GCC unroll 8
-        for (int c = 0; c < HD / 16; c++) a[t][c] = _mm512_loadu_ps(acc + t * HD + c * 16);
-    for (int j = 0; j < n; j++) {
-#pragma GCC unroll 8
-        for (int c = 0; c < HD / 16; c++) {
-            vv[c] = _mm512_loadu_ps(v + (size_t)j * HD + c * 16);
-            __asm__("" : "+v"(vv[c]));
-        }
-#pragma GCC unroll 6
-        for (int t = 0; t < T; t++) {
-            const __m512 p = _mm512_set1_ps(sc[t * ld + j]);
-#pragma GCC unroll 8
-            for (int c = 0; c < HD / 16; c++) a[t][c] = _mm512_fmadd_ps(p, vv[c], a[t][c]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int t = 0; t < T; t++)
-#pragma GCC unroll 8
-        for (int c = 0; c < HD / 16; c++) _mm512_storeu_ps(acc + t * HD + c * 16, a[t][c]);
-}
-#else
-/* QK_WIDE() is 0 here: never called (the operands named, so that none is "unused") */
-#define qk_blocks(T, HD, qs, blk, s) ((void)(qs), (void)(blk), (void)(s), __builtin_unreachable())
-#define pv_tile(T, HD, n, sc, ld, v, acc) ((void)(sc), (void)(v), (void)(acc), __builtin_unreachable())
-#define max_wide(n, x) ((void)(x), __builtin_unreachable(), 0.0f)
-#endif
+#include "../isa/attention_x86_avx512.h"   /* qk_blocks, max_wide, pv_tile, q8_k_wide, q8_v_wide */
+#include "../isa/attention_x86_avx2.h"     /* q8_k_avx2, q8_v_avx2 */
 
 /* scores[g * ld + j] for positions j in [j0, end) from the K blocks at blk (j0's block first,
  * j0 a multiple of 16; K is padded to whole blocks, so the block of end - 1 is whole). padded:
@@ -436,83 +117,6 @@ static inline __attribute__((always_inline)) void pv_rows(const int G, const int
 
 /* The most positions converted at once (a prefill window's span). */
 #define KV_SPAN 128
-
-/* A q8 cache's values as f32 on AVX-512: 16 int8 widened in one instruction, converted and
- * multiplied by their scales, one zmm at a time. GCC vectorized the plain loops below at 256
- * bits, widening int8 through int16 with lane extracts: the q8 cache's attention ran at half
- * the f16 cache's read rate and decoded slower than it at depth 4096 (docs/KERNELS.md). The
- * products are the plain loops' (exact in f32), so the bits do not change. K: nb blocks of
- * [HD][16] with scales sc [nb][HD/32][16]; V: n rows of [HD] with scales sc [n][HD/32]. */
-#if defined(__x86_64__)
-__attribute__((target("avx512f"))) static inline void q8_k_wide(const int HD, size_t nb,
-                                                                const int8_t *restrict k8,
-                                                                const float *restrict sc,
-                                                                float *restrict tile) {
-    for (size_t g = 0; g < nb * (HD / PK_KV_Q8_GROUP); g++) {   /* a group: 32 dimensions x 16 positions */
-        const __m512 s = _mm512_loadu_ps(sc + g * PK_KV_BLOCK);
-        const int8_t *x = k8 + g * PK_KV_Q8_GROUP * PK_KV_BLOCK;
-        float *t = tile + g * PK_KV_Q8_GROUP * PK_KV_BLOCK;
-#pragma GCC unroll 4
-        for (int i = 0; i < PK_KV_Q8_GROUP; i++)
-            _mm512_storeu_ps(t + i * PK_KV_BLOCK, _mm512_mul_ps(
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + i * PK_KV_BLOCK)))), s));
-    }
-}
-__attribute__((target("avx512f"))) static inline void q8_v_wide(const int HD, size_t n,
-                                                                const int8_t *restrict v8,
-                                                                const float *restrict sc,
-                                                                float *restrict tile) {
-    const int GPR = HD / PK_KV_Q8_GROUP;
-    for (size_t j = 0; j < n; j++)
-        for (int c = 0; c < GPR; c++) {
-            const __m512 s = _mm512_set1_ps(sc[j * GPR + c]);
-            const int8_t *x = v8 + j * HD + c * PK_KV_Q8_GROUP;
-            float *t = tile + j * HD + c * PK_KV_Q8_GROUP;
-            for (int h = 0; h < PK_KV_Q8_GROUP; h += 16)
-                _mm512_storeu_ps(t + h, _mm512_mul_ps(
-                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + h)))), s));
-        }
-}
-/* The same on AVX2, 8 values a register (the AVX2 clone's plain loops ran q8 at 0.74x the f16
- * cache's rate). */
-__attribute__((target("avx2"))) static inline void q8_k_avx2(const int HD, size_t nb,
-                                                             const int8_t *restrict k8,
-                                                             const float *restrict sc,
-                                                             float *restrict tile) {
-    for (size_t g = 0; g < nb * (HD / PK_KV_Q8_GROUP); g++) {
-        const __m256 s0 = _mm256_loadu_ps(sc + g * PK_KV_BLOCK), s1 = _mm256_loadu_ps(sc + g * PK_KV_BLOCK + 8);
-        const int8_t *x = k8 + g * PK_KV_Q8_GROUP * PK_KV_BLOCK;
-        float *t = tile + g * PK_KV_Q8_GROUP * PK_KV_BLOCK;
-#pragma GCC unroll 4
-        for (int i = 0; i < PK_KV_Q8_GROUP; i++) {
-            const __m128i v = _mm_loadu_si128((const __m128i *)(x + i * PK_KV_BLOCK));
-            _mm256_storeu_ps(t + i * PK_KV_BLOCK, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), s0));
-            _mm256_storeu_ps(t + i * PK_KV_BLOCK + 8,
-                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), s1));
-        }
-    }
-}
-__attribute__((target("avx2"))) static inline void q8_v_avx2(const int HD, size_t n,
-                                                             const int8_t *restrict v8,
-                                                             const float *restrict sc,
-                                                             float *restrict tile) {
-    const int GPR = HD / PK_KV_Q8_GROUP;
-    for (size_t j = 0; j < n; j++)
-        for (int c = 0; c < GPR; c++) {
-            const __m256 s = _mm256_set1_ps(sc[j * GPR + c]);
-            const int8_t *x = v8 + j * HD + c * PK_KV_Q8_GROUP;
-            float *t = tile + j * HD + c * PK_KV_Q8_GROUP;
-            for (int h = 0; h < PK_KV_Q8_GROUP; h += 8)
-                _mm256_storeu_ps(t + h, _mm256_mul_ps(
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x + h)))), s));
-        }
-}
-#else
-#define q8_k_wide(HD, nb, k8, sc, tile) ((void)(k8), (void)(sc), (void)(tile), __builtin_unreachable())
-#define q8_v_wide(HD, n, v8, sc, tile) ((void)(v8), (void)(sc), (void)(tile), __builtin_unreachable())
-#define q8_k_avx2(HD, nb, k8, sc, tile) ((void)(k8), (void)(sc), (void)(tile), __builtin_unreachable())
-#define q8_v_avx2(HD, n, v8, sc, tile) ((void)(v8), (void)(sc), (void)(tile), __builtin_unreachable())
-#endif
 
 /* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16];
  * nb * 16 <= KV_SPAN. */
@@ -803,46 +407,6 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
 PK_ATTEND_SHAPES(ATTEND_ROWS)
 #undef ATTEND_ROWS
 
-/* K of position j, dimension i, and V of (j, i), converted in plain C. */
-static inline float k_at(const pk_kv_head *kv, int hd, int j, int i) {
-    const size_t b = (size_t)(j / PK_KV_BLOCK), l = (size_t)(j % PK_KV_BLOCK);
-    const size_t e = (b * hd + i) * PK_KV_BLOCK + l;
-    switch (kv->type) {
-    case PK_KV_F32: return ((const float *)kv->k)[e];
-    case PK_KV_F16: return f16_to_f32(((const uint16_t *)kv->k)[e]);
-    default:
-        return (float)((const int8_t *)kv->k)[e] *
-               f16_to_f32(kv->k_scale[(b * (hd / PK_KV_Q8_GROUP) + i / PK_KV_Q8_GROUP) * PK_KV_BLOCK + l]);
-    }
-}
-
-static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
-    const size_t e = (size_t)j * hd + i;
-    switch (kv->type) {
-    case PK_KV_F32: return ((const float *)kv->v)[e];
-    case PK_KV_F16: return f16_to_f32(((const uint16_t *)kv->v)[e]);
-    default:
-        return (float)((const int8_t *)kv->v)[e] * f16_to_f32(kv->v_scale[e / PK_KV_Q8_GROUP]);
-    }
-}
-
-/* One head, any head size and cache type: the reference order of the fast path above. */
-static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale, float *scores,
-                        float *out, float *ml) {
-    for (int j = 0; j < n_pos; j++) {
-        float s = 0.0f;
-        for (int i = 0; i < hd; i++) s = __builtin_fmaf(q[i] * scale, k_at(kv, hd, j, i), s);
-        scores[j] = s;
-    }
-    const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
-    ml[0] = mx, ml[1] = sum;
-    for (int i = 0; i < hd; i++) out[i] = 0.0f;
-    for (int j = 0; j < n_pos; j++) {
-        const float p = scores[j] * inv;
-        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p, v_at(kv, hd, j, i), out[i]);
-    }
-}
-
 /* Long contexts are attended in chunks of PK_ATTEND_CHUNK positions, each with its own
  * softmax (a partial: the normalised output and the (max, sum) of its scores), folded in
  * order by pk_attend_merge. Every path (reference, fast, rows, and the forward pass's split
@@ -852,12 +416,6 @@ static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv,
 /* The cache of one head from position p0 on (K's blocks and V's rows both start at element
  * p0 * hd; p0 a multiple of PK_KV_BLOCK). */
 static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) { return pk_kv_head_at(kv, (size_t)p0 * hd); }
-
-static void reference_part(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
-                           float *scores, float *out, float *ml) {
-    for (int g = 0; g < group; g++)
-        attend_head(hd, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
-}
 
 void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
                     float *scores, size_t ld_scores, float *out, float *ml) {
@@ -875,7 +433,7 @@ void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_k
                            ml + 2 * g);
         return;
     }
-    reference_part(group, hd, n, q, &c, scale, scores, out, ml);
+    pk_attend_part_reference(group, hd, n, q, &c, scale, scores, out, ml);
 }
 
 PK_CLONES void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml) {
@@ -900,7 +458,7 @@ static void attend_chunks(int group, int hd, int n_pos, const float *q, const pk
         float *o = p0 ? tmp : out, *m = p0 ? tml : ml;
         if (reference) {
             const pk_kv_head c = kv_from(kv, hd, p0);
-            reference_part(group, hd, n, q, &c, scale, scores, o, m);
+            pk_attend_part_reference(group, hd, n, q, &c, scale, scores, o, m);
         } else {
             pk_attend_part(group, hd, p0, n, q, kv, scale, scores, ld_scores, o, m);
         }

@@ -1,8 +1,14 @@
-/* Tests only: the PYKLEI_TEST_BREAK_KERNEL hook (docs/KERNELS.md). A file of its own so that
- * the registry stays a constant table and the dispatcher's table never holds anything but the
- * registry's records: the hook only tells the dispatcher which kernel record the self-check
- * should run in place of the named kernel, and the self-check's verdict does the rest. */
-#include "pk_ops_internal.h"
+/* Tests only: the PYKLEI_TEST_BREAK_KERNEL hook (docs/KERNELS.md), compiled into test builds
+ * only: the C test programs (scripts/test_arm.sh, scripts/test_sanitizers.sh) and the
+ * extension built with PYKLEI_TEST_HOOKS=1 (setup.py; scripts/test.sh builds it so). The
+ * dispatcher (pyklei_ext/ops/pk_dispatch.c) holds a weak reference to
+ * pk_test_hook_kernels_to_check: where this file is not linked in, the reference is NULL and
+ * no test code exists. The hook only tells the dispatcher which kernel record the self-check
+ * should run in place of the named kernel, and the self-check's verdict does the rest; the
+ * registry stays a constant table and the dispatch table never holds anything but its
+ * records. */
+#include "contract/pk_kernel.h"
+#include "pk_testhook.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -53,5 +59,5 @@ void pk_test_hook_kernels_to_check(int n, const pk_kernel *const *kernels, const
 }
 
 const pk_kernel *pk_test_broken_kernel(void) {
-    return pk_dispatch_init() || !broken_real ? NULL : &broken_copy;
+    return broken_real ? &broken_copy : NULL;
 }

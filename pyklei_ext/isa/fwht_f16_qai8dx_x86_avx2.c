@@ -1,0 +1,106 @@
+/* The row helpers on x86 AVX2 + FMA + F16C (the pk_isa_helpers record of tag avx2,
+ * contract/pk_kernel.h): the FWHT of the rotation (ops/pk_rotate.c), the f16 -> f32
+ * conversion of the KV cache (ops/pk_f16.c) and the qai8dx row quantizer (ops/pk_quantize.c),
+ * each bit-exact (the quantizer byte-exact) with the scalar record's
+ * (isa/fwht_f16_qai8dx_scalar.c). */
+#include "../contract/pk_kernel.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define Y_TARGET __attribute__((target("avx2,fma,f16c")))   /* as isa/matmul_x86_avx2.c */
+
+/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
+ * pk_fwht_scalar: the stages with pairs inside one vector swap lanes and add x * (+1 / -1)
+ * (exact, so sw + x * s is a + b on the low lane of a pair and a - b on the high one); the
+ * stages with h >= the vector width add and subtract whole vectors. Every stage covers all
+ * of x before the next, as in the scalar loop. */
+Y_TARGET static void pk_fwht_avx2(int p, float *x) {
+    if (p < 8) {
+        pk_fwht_scalar(p, x);
+        return;
+    }
+    const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
+    const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+    const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
+    for (int j = 0; j < p; j += 8) {   /* h = 1, 2, 4 */
+        __m256 v = _mm256_loadu_ps(x + j);
+        v = _mm256_add_ps(_mm256_permute_ps(v, 0xB1), _mm256_mul_ps(v, s1));
+        v = _mm256_add_ps(_mm256_permute_ps(v, 0x4E), _mm256_mul_ps(v, s2));
+        v = _mm256_add_ps(_mm256_permute2f128_ps(v, v, 0x01), _mm256_mul_ps(v, s4));
+        _mm256_storeu_ps(x + j, v);
+    }
+    for (int h = 8; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int j = i; j < i + h; j += 8) {
+                const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + h);
+                _mm256_storeu_ps(x + j, _mm256_add_ps(a, b));
+                _mm256_storeu_ps(x + j + h, _mm256_sub_ps(a, b));
+            }
+}
+
+/* f16 -> f32 (the f16 KV cache, ops/pk_f16.c), 8 per vcvtph2ps (F16C). Exact, as is every
+ * f16 -> f32 conversion; the tail goes through a zero-padded vector so that every value takes
+ * the same instruction (a NaN is quieted the same way as in the vector part). */
+Y_TARGET static void pk_f16_to_f32_avx2(size_t n, const uint16_t *x, float *out) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    if (i < n) {
+        uint16_t h[8] = {0};
+        float f[8];
+        memcpy(h, x + i, sizeof(uint16_t) * (n - i));
+        _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h)));
+        memcpy(out + i, f, sizeof(float) * (n - i));
+    }
+}
+
+/* qai8dx row quantizer, AVX2: byte-exact with pk_quantize_qai8dx_row_scalar (same min/max
+ * semantics, vcvtps2dq = rint under round-to-nearest-even, no FMA, packs = the clamp). */
+Y_TARGET static void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
+    __m256 vmn = _mm256_setzero_ps(), vmx = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        vmn = _mm256_min_ps(v, vmn);
+        vmx = _mm256_max_ps(v, vmx);
+    }
+    float lmn[8], lmx[8];
+    _mm256_storeu_ps(lmn, vmn);
+    _mm256_storeu_ps(lmx, vmx);
+    float mn = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        mn = lmn[j] < mn ? lmn[j] : mn;
+        mx = lmx[j] > mx ? lmx[j] : mx;
+    }
+    for (; i < k; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    const float inv = pk_qai8dx_params(mn, mx, scale, zp);
+    const int32_t zi = *zp;
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i vz = _mm256_set1_epi32(zi), perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int j = 0;
+    for (; j + 32 <= k; j += 32) {
+        __m256i v[4];
+        for (int t = 0; t < 4; t++)
+            v[t] = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * t), vinv)), vz);
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(p, perm));
+    }
+    for (; j < k; j++) {
+        const int32_t v = _mm_cvtss_si32(_mm_mul_ss(_mm_set_ss(x[j]), _mm_set_ss(inv))) + zi;
+        q[j] = (int8_t)(v < -128 ? -128 : (v > 127 ? 127 : v));
+    }
+}
+
+const pk_isa_helpers pk_helpers_x86_avx2 = {
+    .isa = "avx2",
+    .features = PK_CPU_AVX2,
+    .fwht = pk_fwht_avx2,
+    .f16_to_f32 = pk_f16_to_f32_avx2,
+    .quantize_qai8dx_row = pk_quantize_qai8dx_row_avx2,
+};
+#endif

@@ -1,0 +1,54 @@
+/* The reference attention: one head at a time, one position at a time, the cache's values
+ * converted in plain C (kv->f16 is not used). Every fast path of pk_attention.c keeps its
+ * order of operations and agrees with it bit for bit; it also runs the shapes that have no
+ * fast path. pk_attention.c folds its chunks' partials (pk_attend_group_reference). */
+#include "pk_nn.h"
+
+#include "pk_softmax.h"   /* max_f32, exp_sum */
+
+/* K of position j, dimension i, and V of (j, i), converted in plain C. */
+static inline float k_at(const pk_kv_head *kv, int hd, int j, int i) {
+    const size_t b = (size_t)(j / PK_KV_BLOCK), l = (size_t)(j % PK_KV_BLOCK);
+    const size_t e = (b * hd + i) * PK_KV_BLOCK + l;
+    switch (kv->type) {
+    case PK_KV_F32: return ((const float *)kv->k)[e];
+    case PK_KV_F16: return pk_f16_to_f32(((const uint16_t *)kv->k)[e]);
+    default:
+        return (float)((const int8_t *)kv->k)[e] *
+               pk_f16_to_f32(kv->k_scale[(b * (hd / PK_KV_Q8_GROUP) + i / PK_KV_Q8_GROUP) * PK_KV_BLOCK + l]);
+    }
+}
+
+static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
+    const size_t e = (size_t)j * hd + i;
+    switch (kv->type) {
+    case PK_KV_F32: return ((const float *)kv->v)[e];
+    case PK_KV_F16: return pk_f16_to_f32(((const uint16_t *)kv->v)[e]);
+    default:
+        return (float)((const int8_t *)kv->v)[e] * pk_f16_to_f32(kv->v_scale[e / PK_KV_Q8_GROUP]);
+    }
+}
+
+/* One head, any head size and cache type: the reference order of the fast paths
+ * (pk_attention.c). */
+static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale, float *scores,
+                        float *out, float *ml) {
+    for (int j = 0; j < n_pos; j++) {
+        float s = 0.0f;
+        for (int i = 0; i < hd; i++) s = __builtin_fmaf(q[i] * scale, k_at(kv, hd, j, i), s);
+        scores[j] = s;
+    }
+    const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
+    ml[0] = mx, ml[1] = sum;
+    for (int i = 0; i < hd; i++) out[i] = 0.0f;
+    for (int j = 0; j < n_pos; j++) {
+        const float p = scores[j] * inv;
+        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p, v_at(kv, hd, j, i), out[i]);
+    }
+}
+
+void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
+                           float *scores, float *out, float *ml) {
+    for (int g = 0; g < group; g++)
+        attend_head(hd, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
+}
