@@ -638,6 +638,9 @@ def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
     llg = _llguidance()
     if json_schema is not None:
         text = _schema_text(json_schema)   # checked as JSON here, then closed (close_objects)
+        if len(text) > MAX_GRAMMAR_BYTES:  # before close_objects, which walks it in Python
+            raise GrammarError(f"JSON schema too large: {len(text)} bytes, at most "
+                               f"{MAX_GRAMMAR_BYTES}")
         text = json.dumps(close_objects(json.loads(text)))
         try:
             g = llg.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_LAYOUT)
