@@ -154,10 +154,10 @@ class _EventStream:
 
         async def event(obj) -> None:
             data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+            message = {"type": "http.response.body", "body": b"data: " + data + b"\n\n",
+                       "more_body": True}
             try:      # a client that does not read blocks the send (uvicorn's flow control)
-                await asyncio.wait_for(send({"type": "http.response.body", "more_body": True,
-                                             "body": b"data: " + data + b"\n\n"}),
-                                       s.write_timeout)
+                await _within(s.write_timeout, send(message))
             except asyncio.TimeoutError:
                 raise _WriteTimeout() from None
 
@@ -240,6 +240,15 @@ class _EventStream:
         finally:
             watcher.cancel()
             gen.close()
+
+
+async def _within(seconds: float, awaitable):
+    """awaitable, or asyncio.TimeoutError after `seconds`. asyncio.timeout (3.11) arms a timer;
+    wait_for, before it, wraps each send of a stream's tokens in a task of its own."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
 
 
 def _echo_event(s, req: api.Request, rid: str, created: int, prompt_lps, shape, i: int) -> bytes:
