@@ -66,6 +66,10 @@ from .options import check_model_options, model_default
 
 _ext = load_ext()
 
+#: The largest head_dim a model may have: the attention scratch of the C forward pass
+#: (pyklei_ext/model/pk_llama.c) holds this many floats per head. Python's one place for it.
+MAX_HEAD_DIM = 512
+
 # Forwards of at least this many tokens run in a helper thread when called on the main thread,
 # so Ctrl-C is seen while the C pass runs (a one-token decode step is short: run directly).
 _THREADED_MIN_TOKENS = 2
@@ -180,8 +184,9 @@ class Model:
         self._layers = layers
 
         rope_freqs = self.file.tensor(ROPE_FREQS).data if hp.has_rope_freqs else None
-        if hp.head_dim > 512:   # the attention scratch of the C forward pass holds 512
-            raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports (512)")
+        if hp.head_dim > MAX_HEAD_DIM:
+            raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports "
+                                 f"({MAX_HEAD_DIM})")
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
                      n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
