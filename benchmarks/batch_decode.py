@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
-from pyklei.engine import Engine
-from pyklei.model import Model
-from pyklei.sampler import SamplingParams
-from pyklei.tokenizer import Tokenizer
+from pyklei.runtime.engine import Engine
+from pyklei.runtime.model import Model
+from pyklei.runtime.sampler import SamplingParams
+from pyklei.text.tokenizer import Tokenizer
 
 PROMPTS = ["The capital of France is", "Once upon a time", "Write a poem about the sea.",
            "def quicksort(xs):", "The three primary colours are", "Explain gravity simply:",

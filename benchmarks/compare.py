@@ -178,7 +178,7 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
     # calibrated: importance matrix measured on an 8-bit draft (what `pyklei convert --calibrate` does)
     cal = work / f"{tag}-q4-g32-imatrix.gguf"
     if imatrix and not (cal.exists() and current(cal)):
-        from pyklei.imatrix import collect_imatrix_from_text, default_calibration_text
+        from pyklei.calibration import collect_imatrix_from_text, default_calibration_text
         draft = pyklei_convert(work / f"{tag}-q8-draft.gguf", keep=["*=q8"])
         imat, _ = collect_imatrix_from_text(draft, default_calibration_text(), max_tokens=8192)
         pyklei_convert(cal, imatrix=imat)
@@ -196,13 +196,13 @@ def prepare_models(hf_dir: Path, work: Path, tag: str, group_sizes=(32,), imatri
 # ---- workers: one engine, one process -----------------------------------------------------
 
 def peak_rss_mb() -> float:
-    from pyklei.generate import peak_rss_mb as vm_hwm   # VmHWM: not inherited from the parent
+    from pyklei.runtime.generate import peak_rss_mb as vm_hwm   # VmHWM: not inherited from the parent
     return vm_hwm()
 
 
 class PykleiEngine:
     def __init__(self, path, threads, n_ctx):
-        from pyklei.model import Model
+        from pyklei.runtime.model import Model
         self.m = Model(path, n_threads=threads, n_ctx=n_ctx)
 
     def prefill(self, ids):
@@ -429,8 +429,8 @@ def chart(report: dict, path: Path):
 # ---- main ---------------------------------------------------------------------------------
 
 def bench_model(name, hf_dir, tag, args, work):
-    from pyklei.imatrix import evaluation_text
-    from pyklei.tokenizer import Tokenizer
+    from pyklei.calibration import evaluation_text
+    from pyklei.text.tokenizer import Tokenizer
     models = prepare_models(hf_dir, work, tag, group_sizes=args.group_sizes,
                             imatrix=not getattr(args, "no_imatrix", False))
     tok = Tokenizer.from_gguf(models["pyklei q4 g32"][1])

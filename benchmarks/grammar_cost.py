@@ -17,8 +17,7 @@ import time
 import numpy as np
 
 import pyklei
-from pyklei import grammar
-
+from pyklei.runtime import grammar
 SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}}}
 REPLY = '{"items": ["apple", "banana", "cherry", "date", "elderberry", "fig", "grape"]}'
 

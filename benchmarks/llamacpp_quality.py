@@ -78,7 +78,7 @@ def _run(cmd: list, log: Path, env: dict | None = None) -> None:
 def calibration_budget() -> tuple[int, int]:
     """(tokens, window) of `pyklei convert --calibrate`: read from convert_calibrated's defaults
     and its draft's context, so the two calibrations stay alike if those change."""
-    from pyklei.pipeline import convert_calibrated
+    from pyklei.calibration import convert_calibrated
     n_tokens = inspect.signature(convert_calibrated).parameters["n_tokens"].default
     return n_tokens, 512
 
@@ -97,7 +97,7 @@ def f32_gguf(hf_dir: Path, work: Path) -> Path:
 
 def imatrix(f32: Path, work: Path, threads: int) -> Path:
     """llama-imatrix over pyklei's calibration text, pyklei's token budget and window."""
-    from pyklei.imatrix import default_calibration_text
+    from pyklei.calibration import default_calibration_text
     n_tokens, window = calibration_budget()
     out = work / f"imatrix-{n_tokens}x{window}.gguf"
     if not out.is_file():

@@ -38,7 +38,7 @@ def default_model() -> Path:
 
 def profile(path: Path, threads: int, tokens: int) -> dict:
     import pyklei
-    from pyklei.generate import SamplingParams, stream_generate
+    from pyklei.runtime.generate import SamplingParams, stream_generate
     llm = pyklei.load(str(path), n_threads=threads, n_ctx=tokens + 256)
     rt = llm.model.runtime
     prompt = llm.tokenizer.encode(PROMPT)

@@ -58,7 +58,7 @@ MAIN_VARIANTS = [v for v in VARIANTS if v not in SENSITIVITY]
 
 
 def texts() -> dict[str, str]:
-    from pyklei.imatrix import evaluation_text
+    from pyklei.calibration import evaluation_text
     out = {"langref": evaluation_text()}
     if GPL3.is_file():
         out["gpl3"] = GPL3.read_text()
@@ -92,12 +92,12 @@ def reference(hf_dir: Path, ids: list[int]) -> np.ndarray:
 
 def convert_variant(hf_dir: Path, out: Path, spec: dict) -> float:
     from pyklei.converters import convert
-    from pyklei.pipeline import convert_calibrated
+    from pyklei.calibration import convert_calibrated
     t0 = time.perf_counter()
     if not out.exists():
         kw = {k: v for k, v in spec.items() if k not in ("calibrate", "gptq", "activations")}
         if spec.get("gptq"):
-            from pyklei.pipeline import convert_gptq
+            from pyklei.calibration import convert_gptq
             convert_gptq(hf_dir, out, progress=False, **kw)
         elif spec.get("calibrate"):
             convert_calibrated(hf_dir, out, progress=False, log=lambda m: None, **kw)
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
 
     from pyklei_dev.assets import cache_dir
     from pyklei.llm import LLM
-    from pyklei.tokenizer import Tokenizer
+    from pyklei.text.tokenizer import Tokenizer
 
     beds = {"smollm2": smollm2_hf_dir, "offgrid": lambda: smollm2_offgrid_dir(0.5)}
     variants = [x for v in args.variants.split(",")

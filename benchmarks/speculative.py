@@ -287,8 +287,8 @@ def engine_run(llm, prompts: list[list[int]], spec, max_tokens: int):
     """All prompts submitted at once to an Engine (one slot each), greedy: (texts, generated
     tokens, CPU s, wall s, drafted, accepted). spec: None, "lookup" or a draft Model (with a
     slot per prompt)."""
-    from pyklei.engine import Engine
-    from pyklei.sampler import SamplingParams
+    from pyklei.runtime.engine import Engine
+    from pyklei.runtime.sampler import SamplingParams
 
     eng = Engine(llm.model, llm.tokenizer, n_parallel=len(prompts), max_queue=len(prompts),
                  speculative=spec)

@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 import jsonschema  # noqa: E402
 
 import pyklei  # noqa: E402
-import pyklei.grammar as G  # noqa: E402
-from pyklei.engine import Engine  # noqa: E402
-from pyklei.sampler import SamplingParams  # noqa: E402
+import pyklei.runtime.grammar as G  # noqa: E402
+from pyklei.runtime.engine import Engine  # noqa: E402
+from pyklei.runtime.sampler import SamplingParams  # noqa: E402
 
 
 def collect(stream):
@@ -292,7 +292,7 @@ class MaskTimer:
 def replay_on_vocab(vocab_path: Path, replies: list[tuple[str, dict]], reps: int = 3) -> dict:
     """The mask's cost on another vocabulary: each (text, schema), tokenized with it, replayed
     through a constraint over it (apply on random logits + advance per token)."""
-    from pyklei.tokenizer import Tokenizer
+    from pyklei.text.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(vocab_path)
     t = time.perf_counter()
     G.llg_tokenizer(tok)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyklei
 from pyklei.converters import convert
-from pyklei.pipeline import convert_gptq
+from pyklei.calibration import convert_gptq
 
 # The SmolLM2 checkpoint comes from the checkout's pyklei_dev/, which is not installed (its
 # __init__.py says why); appended, so the installed pyklei still comes first.

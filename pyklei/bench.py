@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ._text import mb, plural, table
-from .options import model_default
+from ._report import mb, plural, table
+from .runtime.options import model_default
 
 WARMUP_TOKENS = 8       # one prefill before the measured runs: touches the weights once
 DECODE_CONTEXT = 1      # prompt tokens before `pyklei bench`'s decode test
@@ -113,7 +113,7 @@ def _longest_test(prompt_lengths: Sequence[int], n_gen: int, depth: int) -> int:
 def _check_fits(n_ctx: int, prompt_lengths: Sequence[int], n_gen: int, depth: int = 0) -> None:
     """Every test within the context, by token_budget's rule: a prefill of depth + N tokens
     with nothing generated, a decode of n_gen tokens after depth (or DECODE_CONTEXT)."""
-    from .request import token_budget
+    from .runtime.request import token_budget
 
     try:
         for p in prompt_lengths:
@@ -143,13 +143,13 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     --json` prints."""
     import gc
 
-    from .activation_policy import choose_activations
+    from .runtime.activation_policy import choose_activations
     from .formats.model_file import check_model_path, read_model
     from .hub import model_file
-    from .generate import peak_rss_mb
-    from .kernels import cpu_features, selected_kernel
+    from .runtime.generate import peak_rss_mb
+    from .runtime.kernels import cpu_features, selected_kernel
     from .llm import LLM
-    from .model import physical_cores
+    from .runtime.model import physical_cores
 
     path = check_model_path(model_file(path))     # org/name:file.gguf: the hub cache's copy
     lengths = list(prompt_lengths)

@@ -7,14 +7,14 @@
 history holds the user/assistant messages; the system prompt (if any) is always kept. Before a
 turn, whole turns are dropped, oldest first, until prompt + max_tokens fits the context (with
 max_tokens -1, until the prompt takes at most half of it); the reply then gets
-pyklei.request.token_budget(..., trim=True) of what is left. The KV cache keeps the
+pyklei.runtime.request.token_budget(..., trim=True) of what is left. The KV cache keeps the
 conversation, so a turn runs only its new tokens (except after turns were dropped).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from ._text import plural
+from ._report import plural
 
 
 class MessageTooLongError(ValueError):
@@ -27,8 +27,8 @@ class ChatSession:
     def __init__(self, llm, system: str | None = None, max_tokens: int = 512,
                  sampling: dict | None = None, stop=(), constrain: dict | None = None,
                  speculative=None):
-        from .sampler import MAX_TOKENS, SamplingParams
-        from .speculative import check_speculative
+        from .runtime.sampler import MAX_TOKENS, SamplingParams
+        from .runtime.speculative import check_speculative
 
         self.llm = llm
         self.system = system
@@ -51,7 +51,7 @@ class ChatSession:
     def prepare(self, user_text: str) -> tuple[list[int], int, int]:
         """-> (prompt ids, reply budget, turns dropped). Raises MessageTooLongError if the
         message cannot fit."""
-        from .request import token_budget
+        from .runtime.request import token_budget
 
         n_ctx = self.llm.n_ctx
         user = [{"role": "user", "content": user_text}]
@@ -103,7 +103,7 @@ class ChatSession:
 
     def stats_text(self) -> str:
         """Speed of the last reply, the context in use, memory: what /stats prints."""
-        from .generate import peak_rss_mb
+        from .runtime.generate import peak_rss_mb
 
         used = len(self.llm.model.cached_tokens)
         lines = []

@@ -17,7 +17,7 @@ import math
 import shlex
 from pathlib import Path
 
-from ._text import mb, table, wrap
+from ._report import mb, table, wrap
 
 
 def _tensor_bytes(t) -> int:
@@ -29,13 +29,13 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     weight shape for decode and prefill, as a dict; for a GGUF file that is not a pyklei file,
     gguf_info(path). Raises ValueError (ModelFileError, GGUFError) for a path that is not a
     well-formed GGUF file, or a broken pyklei one."""
-    from .activation_policy import choose_activations
+    from .runtime.activation_policy import choose_activations
     from .formats import gguf_keys as K
     from .formats.gguf_reader import read_gguf_metadata
     from .formats.llama_tensors import BLOCK_LINEARS
     from .formats.model_file import check_model_path, read_model
     from .formats.registry import WEIGHT_FORMATS
-    from .kernels import available_kernels, cpu_features, selected_kernel
+    from .runtime.kernels import available_kernels, cpu_features, selected_kernel
 
     path = check_model_path(path)
     if K.KEY_FORMAT_VERSION not in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,)):
@@ -69,7 +69,7 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     rows.append({"weight": "lm_head" + (" (tied)" if hp.tied else ""), "n": out.shape[0],
                  "k": out.shape[1], "format": out.format, "layers": 1})
     for r in rows:
-        # an f16/f32 lm_head is quantized to qsi8cx at load (pyklei.model)
+        # an f16/f32 lm_head is quantized to qsi8cx at load (pyklei.runtime.model)
         f = r["format"] if WEIGHT_FORMATS[r["format"]].quantized else "qsi8cx"
         if f != r["format"]:
             r["runtime_format"] = f
@@ -133,7 +133,7 @@ def gguf_info(path) -> dict:
     architecture, llama.cpp file type, hyperparameters, tensors counted by GGML type, vocabulary,
     and `convert_command`, the `pyklei convert` line for it (None where pyklei cannot convert
     it: `convert_note` says why). Reads only the header; raises GGUFError for a broken file."""
-    from .activation_policy import choose_activations
+    from .runtime.activation_policy import choose_activations
     from .formats import gguf_keys as K
     from .formats.gguf_reader import read_gguf
 

@@ -12,10 +12,10 @@
 Arguments are checked as the CLI checks its flags, with the same messages: a bad value is a
 ValueError, a value of the wrong type a TypeError, before any work is done.
 
-generate and chat run on KV cache slot 0 with the single-sequence path (pyklei.generate): a
+generate and chat run on KV cache slot 0 with the single-sequence path (pyklei.runtime.generate): a
 chat turn reuses the conversation cached there, Ctrl-C stops a prefill, and a generation that
 another call overtook raises SequenceLostError. generate_batch runs its prompts on a
-pyklei.engine.Engine over the model's n_seq slots (slot 0 included: a generation paused
+pyklei.runtime.engine.Engine over the model's n_seq slots (slot 0 included: a generation paused
 meanwhile then raises SequenceLostError), each prompt's text the same as generate's.
 """
 from __future__ import annotations
@@ -25,15 +25,15 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .engine import Engine
-from .generate import GenerationResponse, stream_request
 from .hub import model_file, split_file_ref
-from .model import Model
-from .options import model_default
-from .request import GenerationRequest, make_request
-from .sampler import SamplingParams
-from .speculative import check_speculative
-from .tokenizer import Tokenizer
+from .runtime.engine import Engine
+from .runtime.generate import GenerationResponse, stream_request
+from .runtime.model import Model
+from .runtime.options import model_default
+from .runtime.request import GenerationRequest, make_request
+from .runtime.sampler import SamplingParams
+from .runtime.speculative import check_speculative
+from .text.tokenizer import Tokenizer
 
 _SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -43,7 +43,7 @@ class LLM:
                  n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
                  activations: str = model_default("activations"),
                  n_seq: int = model_default("n_seq")):
-        """The model options are pyklei.options.MODEL_OPTIONS (Model checks them)."""
+        """The model options are pyklei.runtime.options.MODEL_OPTIONS (Model checks them)."""
         ref = split_file_ref(path)
         if ref is not None:          # org/name:file.gguf -> the hub cache's copy
             path = _hub_model(path, *ref)
@@ -108,13 +108,13 @@ class LLM:
         top_k, top_p, min_p, repetition_penalty, repetition_window, presence_penalty,
         frequency_penalty, seed, logit_bias.
 
-        Constrained decoding (at most one; pyklei.grammar, needs llguidance): json_schema (a
+        Constrained decoding (at most one; pyklei.runtime.grammar, needs llguidance): json_schema (a
         dict or its JSON text), grammar (Lark or GBNF text), regex, or response_format as
         OpenAI's ({"type": "json_object"} / {"type": "json_schema", "json_schema": {"schema":
         ...}}). The reply follows it and ends ("stop") when it is complete; a schema or grammar
-        that does not compile is a ValueError (pyklei.grammar.GrammarError) naming why.
+        that does not compile is a ValueError (pyklei.runtime.grammar.GrammarError) naming why.
 
-        speculative="lookup": speculative decoding with prompt lookup (pyklei.speculative):
+        speculative="lookup": speculative decoding with prompt lookup (pyklei.runtime.speculative):
         the same tokens as without it, in fewer passes where the reply repeats text of its
         prompt; speculative=pyklei.load(small_model_path): a draft model of the same
         vocabulary drafts instead (greedy: the same tokens; sampling: speculative sampling's
@@ -140,7 +140,7 @@ class LLM:
         options apply to each prompt (the same seed gives each the text generate() gives it;
         a constraint is compiled once, and each prompt follows it on its own).
         speculative="lookup": each prompt drafts by prompt lookup, its drafts checked inside
-        the batched steps (pyklei.engine); a draft model (pyklei.load(small)) drafts for each
+        the batched steps (pyklei.runtime.engine); a draft model (pyklei.load(small)) drafts for each
         prompt in its own KV cache slot (it needs as many slots, n_seq, as the prompts decoded
         together). Every prompt is checked before any runs."""
         spec = check_speculative(speculative, self.model)
@@ -165,7 +165,7 @@ class LLM:
 
     def _request(self, prompt, max_tokens, stop, add_bos, trim, sampling, logprobs=None,
                  constraint=None, speculative=None, prediction=None) -> GenerationRequest:
-        """One generation, checked (pyklei.request): text prompts are encoded first."""
+        """One generation, checked (pyklei.runtime.request): text prompts are encoded first."""
         self.model.check_open()
         params = _sampling_params(sampling)
         if isinstance(prompt, str):
@@ -177,11 +177,11 @@ class LLM:
                             check_speculative(speculative, self.model), prediction)
 
     def _constraint(self, constrain: dict):
-        """The pyklei.grammar.Constraint of json_schema / grammar / regex / response_format
+        """The pyklei.runtime.grammar.Constraint of json_schema / grammar / regex / response_format
         (None when none is given), compiled and checked at the call."""
         if all(v is None for v in constrain.values()):
             return None
-        from .grammar import constraint     # llguidance is optional: only a constraint needs it
+        from .runtime.grammar import constraint     # llguidance is optional: only a constraint needs it
         return constraint(self.tokenizer, **constrain)
 
     def _generate(self, prompt, max_tokens, stream, stop, add_bos, trim, sampling, constrain,
@@ -207,22 +207,22 @@ class LLM:
         generate(): response_format, json_schema, grammar or regex (the schema is not shown to
         the model: say in the messages what to write).
 
-        Tools, as OpenAI's chat API takes them (pyklei.tools): `tools` [{"type": "function",
+        Tools, as OpenAI's chat API takes them (pyklei.text.tool_calls): `tools` [{"type": "function",
         "function": {"name", "description", "parameters"}}], `tool_choice` "auto" (default
         with tools), "none", "required" or {"type": "function", "function": {"name"}} (those
         two constrain the reply to valid calls), and messages with role "tool" and assistant
         "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
         and its text is what is left; a streamed reply is raw text
-        (pyklei.tools.parse_reply(text, tools, template, messages) parses it). A reply is a
+        (pyklei.text.tool_calls.parse_reply(text, tools, template, messages) parses it). A reply is a
         call only in the model's call format, for a tool offered, and not as a copy of a user
         or tool message; with response_format, json_schema, grammar or regex the reply is
-        content (pyklei.tools). speculative, prediction: as in generate().
+        content (pyklei.text.tool_calls). speculative, prediction: as in generate().
 
         Message content is text: special-token text in it (``<|im_end|>``, ``<|eot_id|>``) is
         not read as control tokens, so a pasted page or a tool result cannot open a turn.
         parse_special_in_content=True reads it as control tokens (trusted messages only;
         Tokenizer.apply_chat_template)."""
-        from . import tools as tool_calls
+        from .text import tool_calls
 
         offered = tool_calls.check_tools(list(tools or []))
         choice = tool_calls.check_tool_choice(tool_choice, offered)

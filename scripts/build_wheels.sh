@@ -122,7 +122,7 @@ import json, sys
 if sys.argv[1]:
     sys.path.insert(0, sys.argv[1])
 import numpy as np
-from pyklei.model import Model
+from pyklei.runtime.model import Model
 m = Model(sys.argv[2], n_threads=1, n_ctx=64)
 logits, out = m.eval(json.loads(sys.argv[3])), []
 for _ in range(8):

@@ -86,7 +86,7 @@ def _complete(cmd: str) -> bool:
 
 
 def cpu_features() -> str:
-    from pyklei.kernels import cpu_features as features
+    from pyklei.runtime.kernels import cpu_features as features
     return " ".join(features()) or "baseline"
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pyklei.chat_template import (CHATML_TEMPLATE, ChatTemplateError, MissingChatTemplateError, compile_template,
+from pyklei.text.chat_template import (CHATML_TEMPLATE, ChatTemplateError, MissingChatTemplateError, compile_template,
                                   render)
-from pyklei.tokenizer import Tokenizer
+from pyklei.text.tokenizer import Tokenizer
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "shared" / "vocab"
 
@@ -288,7 +288,7 @@ def test_a_template_that_cuts_a_mark_is_refused():
 
 
 def test_smollm2_tools_fallback_keeps_content_as_text():
-    from pyklei.tools import render as render_with_tools
+    from pyklei.text.tool_calls import render as render_with_tools
 
     tok = _smollm2()
     tools = [{"type": "function", "function": {"name": "f",

@@ -906,7 +906,7 @@ def test_every_written_key_is_read_by_the_loader(which, tiny_bpe, tiny_spm, tmp_
     converted file with recording metadata and require every written key to be read, or to be
     listed in gguf_keys.INFORMATIONAL (kept for people and tools, not for pyklei)."""
     import pyklei.formats.model_file as mf_mod
-    import pyklei.tokenizer as tok_mod
+    import pyklei.text.tokenizer as tok_mod
     from pyklei.formats.gguf_reader import read_gguf
     from pyklei.llm import LLM
 

@@ -58,7 +58,7 @@ def docs_model(smollm2_hf_path, tmp_path_factory):
     cached = cache_dir() / update_cli_docs.MODEL
     if cached.is_file():
         return cached
-    from pyklei.pipeline import convert_gptq
+    from pyklei.calibration import convert_gptq
     out = tmp_path_factory.mktemp("docs") / update_cli_docs.MODEL
     convert_gptq(smollm2_hf_path, out, rotate=True)
     return out

@@ -8,11 +8,11 @@ import time
 import numpy as np
 import pytest
 
-from pyklei.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
-from pyklei.generate import stream_generate
-from pyklei.model import Model
-from pyklei.sampler import SamplingParams
-from pyklei.tokenizer import Tokenizer
+from pyklei.runtime.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
+from pyklei.runtime.generate import stream_generate
+from pyklei.runtime.model import Model
+from pyklei.runtime.sampler import SamplingParams
+from pyklei.text.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -267,7 +267,7 @@ def test_the_choices_of_one_request_share_one_turn(gguf, tok):
 def test_drafted_rows_per_step_are_bounded(gguf, tok, monkeypatch):
     """Requests drafting by prompt lookup on a repetitive prompt draft MAX_DRAFT_ROWS rows a
     step at most, all of them together."""
-    import pyklei.engine as engine_mod
+    import pyklei.runtime.engine as engine_mod
     prompt = [5, 6, 7, 8, 9, 10, 11, 12] * 8
     drafted = []                  # per decode step: rows beyond one per sequence
     real = Model.batch
@@ -380,8 +380,8 @@ def test_a_request_that_fails_to_sample_fails_alone(gguf, tok, monkeypatch):
     """Logits that turn NaN for one request (its sampler raises) end that request with
     RequestFailedError at that step; the three beside it in the same batches finish with the
     tokens they get alone, and the engine serves the next request."""
-    import pyklei.engine as engine_mod
-    from pyklei.sampler import NonFiniteLogitsError
+    import pyklei.runtime.engine as engine_mod
+    from pyklei.runtime.sampler import NonFiniteLogitsError
 
     prompts = _prompts(4, seed=7)
     solo = [_solo(gguf, tok, p, 20, GREEDY) for p in prompts]

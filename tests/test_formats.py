@@ -181,6 +181,6 @@ def test_registry_describes_what_each_format_stores():
 def test_registry_ids_match_the_kernels():
     """pk_format ids in pyklei_ext (the kernels) and c_id in the registry are one numbering."""
     from pyklei.formats.registry import WEIGHT_FORMATS
-    from pyklei.kernels import _ext
+    from pyklei.runtime.kernels import _ext
     quantized = {n: f.c_id for n, f in WEIGHT_FORMATS.items() if f.quantized}
     assert {n: _ext.FORMATS[n] for n in quantized} == quantized

@@ -158,8 +158,8 @@ def check_file(path: Path) -> str:
     """Loads `path` every way pyklei does; returns how it ended ("rejected: ..." / "ran").
     Lets through only ValueError/OSError from the loaders and the runtime."""
     from pyklei.formats.model_file import read_model
-    from pyklei.model import Model
-    from pyklei.tokenizer import read_gguf_metadata
+    from pyklei.runtime.model import Model
+    from pyklei.text.tokenizer import read_gguf_metadata
 
     try:
         read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture"))

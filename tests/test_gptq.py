@@ -134,7 +134,7 @@ def test_calibration_forward_matches_transformers(tiny64):
 
 
 def test_calibration_forward_matches_the_c_runtime(tiny64, tmp_path):
-    from pyklei.model import Model
+    from pyklei.runtime.model import Model
     hf, _ = tiny64
     path = tmp_path / "q8.gguf"
     convert(hf, path, keep=["*=q8"], embedding_bits=16)
@@ -203,7 +203,7 @@ def test_written_file_holds_what_gptq_chose(tiny64, tmp_path):
         assert np.array_equal(np.asarray(t.qs).view(np.uint8), qs)
         assert np.array_equal(np.asarray(t.scales).view(np.uint16), sc)
     # the method is recorded; a default conversion has no such key
-    from pyklei.tokenizer import read_gguf_metadata
+    from pyklei.text.tokenizer import read_gguf_metadata
     assert read_gguf_metadata(path)[K.KEY_WEIGHT_METHOD] == "gptq"
     plain = convert(hf, tmp_path / "plain.gguf")
     assert K.KEY_WEIGHT_METHOD not in read_gguf_metadata(plain.path)

@@ -53,8 +53,8 @@ def test_llguidance_vocabulary_agrees_with_pyklei(vocab, request):
     llguidance's special ones, and the EOS set is pyklei's. One exception, by llguidance's
     convention: a token standing for the lone byte 0xFF reads as a special marker (empty);
     grammars never allow it (no UTF-8 text holds 0xFF)."""
-    from pyklei.grammar import llg_tokenizer
-    from pyklei.tokenizer import Tokenizer
+    from pyklei.runtime.grammar import llg_tokenizer
+    from pyklei.text.tokenizer import Tokenizer
 
     path = (request.getfixturevalue("smollm2_q4") if vocab == "smollm2" else _shared_vocab(vocab))
     tok = Tokenizer.from_gguf(path)
@@ -77,7 +77,7 @@ def test_llguidance_vocabulary_agrees_with_pyklei(vocab, request):
     for text in ["Hello world", '{"a": [1, 2.5e-3], "b": "ü€😀"}', "  two  spaces\nnew line"]:
         assert llt.tokenize_str(text) == tok.encode(text, add_bos=False, parse_special=False)
     # no grammar lets a special token or the 0xFF token through
-    from pyklei.grammar import constraint
+    from pyklei.runtime.grammar import constraint
     ok = constraint(tok, regex=r"(.|\n)*").allowed()
     assert not ok[sorted(special - set(tok.eos_ids))].any() and not ok[ff].any()
     assert ok.sum() > tok.vocab_size // 2
@@ -87,7 +87,7 @@ def test_llguidance_vocabulary_agrees_with_pyklei(vocab, request):
 
 @pytest.fixture(scope="module")
 def smol_tok(smollm2_q4):
-    from pyklei.tokenizer import Tokenizer
+    from pyklei.text.tokenizer import Tokenizer
     return Tokenizer.from_gguf(smollm2_q4)
 
 
@@ -108,7 +108,7 @@ def smol_tok(smollm2_q4):
     (dict(json_schema={}, regex="a"), ["one of", "json_schema", "regex"]),
 ])
 def test_what_does_not_compile_is_a_value_error_naming_why(smol_tok, kw, words):
-    from pyklei.grammar import GrammarError, constraint
+    from pyklei.runtime.grammar import GrammarError, constraint
     with pytest.raises(ValueError) as e:
         constraint(smol_tok, **kw)
     assert all(w in str(e.value) for w in words), str(e.value)
@@ -118,7 +118,7 @@ def test_what_does_not_compile_is_a_value_error_naming_why(smol_tok, kw, words):
 
 @needs_llg
 def test_constraint_kinds_and_no_constraint(smol_tok):
-    from pyklei.grammar import constraint
+    from pyklei.runtime.grammar import constraint
     assert constraint(smol_tok) is None
     assert constraint(smol_tok, response_format={"type": "text"}) is None
     for kw in [dict(response_format={"type": "json_object"}), dict(json_schema=True),
@@ -134,7 +134,7 @@ def test_constraint_kinds_and_no_constraint(smol_tok):
 
 
 def test_without_llguidance_the_error_says_what_to_install(smol_tok, monkeypatch):
-    import pyklei.grammar as G
+    import pyklei.runtime.grammar as G
     monkeypatch.setitem(sys.modules, "llguidance", None)   # import llguidance -> ImportError
     with pytest.raises(ImportError, match=r"pip install 'pyklei\[grammar\]'"):
         G.constraint(smol_tok, json_schema={"type": "object"})
@@ -145,9 +145,9 @@ def test_without_llguidance_the_error_says_what_to_install(smol_tok, monkeypatch
 
 def _drive(tok, c, logits_of, max_tokens=64, eos=None):
     """Runs a Generation with `c` over logits_of(step) (no model); -> (text, last response)."""
-    from pyklei.generate import Generation
-    from pyklei.request import make_request
-    from pyklei.sampler import SamplingParams
+    from pyklei.runtime.generate import Generation
+    from pyklei.runtime.request import make_request
+    from pyklei.runtime.sampler import SamplingParams
     gen = Generation(tok, make_request(1 << 20, tok, [1], max_tokens,
                                        SamplingParams(temperature=0.0), eos_ids=eos,
                                        constraint=c))
@@ -164,7 +164,7 @@ def _drive(tok, c, logits_of, max_tokens=64, eos=None):
 def test_eos_only_where_the_grammar_accepts(smol_tok):
     """Logits that always prefer EOS, then 'z', then 'a': the grammar [a-z]{3,5} keeps EOS out
     until three letters are written, then EOS wins."""
-    from pyklei.grammar import constraint
+    from pyklei.runtime.grammar import constraint
     tok = smol_tok
     eos = tok.eos_ids[0]
     a, z = tok.encode("a", add_bos=False)[0], tok.encode("z", add_bos=False)[0]
@@ -185,7 +185,7 @@ def test_eos_only_where_the_grammar_accepts(smol_tok):
 def test_a_grammar_that_ends_stops_the_generation(smol_tok):
     """'(yes|no)!' with logits that never pick EOS: the reply ends at '!' with "stop", where
     unconstrained it would run to max_tokens."""
-    from pyklei.grammar import constraint
+    from pyklei.runtime.grammar import constraint
     tok = smol_tok
     rng = np.random.default_rng(0)
     noise = rng.standard_normal((64, tok.vocab_size)).astype(np.float32)
@@ -200,10 +200,10 @@ def test_a_grammar_that_ends_stops_the_generation(smol_tok):
 
 @needs_llg
 def test_a_constraint_belongs_to_one_generation(smol_llm):
-    from pyklei.grammar import constraint
+    from pyklei.runtime.grammar import constraint
     c = constraint(smol_llm.tokenizer, regex="(yes|no)")
     ids = smol_llm.encode("Yes or no?")
-    from pyklei.generate import stream_generate
+    from pyklei.runtime.generate import stream_generate
     list(stream_generate(smol_llm.model, smol_llm.tokenizer, ids, 8, constraint=c))
     with pytest.raises(ValueError, match="fresh"):
         stream_generate(smol_llm.model, smol_llm.tokenizer, ids, 8, constraint=c)
@@ -277,9 +277,9 @@ def test_response_format_json_object_streams_json(smol_llm):
 def test_engine_batches_constrained_and_free_requests_as_alone(smol_llm):
     """4 constrained requests (two schemas, a regex, a grammar) and an unconstrained one, in one
     Engine: each gives the text it gives alone through LLM.generate."""
-    from pyklei.engine import Engine
-    from pyklei.grammar import constraint
-    from pyklei.sampler import SamplingParams
+    from pyklei.runtime.engine import Engine
+    from pyklei.runtime.grammar import constraint
+    from pyklei.runtime.sampler import SamplingParams
 
     tok = smol_llm.tokenizer
     kinds = [dict(json_schema=SCHEMAS[0][1]), dict(json_schema=SCHEMAS[1][1]),
@@ -349,7 +349,7 @@ def test_objects_that_list_their_properties_are_closed(smol_tok):
     """close_objects adds additionalProperties: false where a schema lists properties and says
     nothing of others (a small model otherwise adds keys until max_tokens); what the schema says
     itself, allOf branches and data (enum/const) are kept."""
-    from pyklei.grammar import close_objects, constraint
+    from pyklei.runtime.grammar import close_objects, constraint
     person = {"type": "object", "properties": {"a": {"type": "integer"}}}
     s = {"type": "object", "properties": {"p": person, "q": {"type": "array", "items": person}},
          "$defs": {"d": person},
@@ -381,9 +381,9 @@ def test_engine_computes_the_masks_during_the_forward_pass(smol_llm, monkeypatch
     """In the engine every mask is filled on the helper thread (overlapping model.batch), none
     again in Generation.feed; the replies still follow their grammars."""
     import threading
-    import pyklei.grammar as G
-    from pyklei.engine import Engine
-    from pyklei.sampler import SamplingParams
+    import pyklei.runtime.grammar as G
+    from pyklei.runtime.engine import Engine
+    from pyklei.runtime.sampler import SamplingParams
 
     threads = []
     fill = G.Constraint.fill_bitmask
@@ -423,8 +423,7 @@ def test_a_reply_looping_in_a_string_closes_at_the_budget(smollm2_q4):
     import jsonschema
 
     import pyklei
-    from pyklei import grammar
-
+    from pyklei.runtime import grammar
     llm = pyklei.load(smollm2_q4, n_threads=2, n_ctx=1024)
     schema = {"type": "object", "required": ["stars"], "properties": {
         "stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": {"type": "string"}}}
@@ -452,7 +451,7 @@ _TIGHT = {"type": "object", "required": ["name", "emails", "address"], "properti
 
 
 def test_the_json_state_the_closing_search_reads():
-    from pyklei import grammar
+    from pyklei.runtime import grammar
     lex = grammar._json_lex(grammar.JSON_START, b'{"a": [1, {"b": "x\\"y}')
     in_str, esc, depth, cur, nest, last = lex
     assert (in_str, esc, depth) == (True, False, 3) and cur == b'x\\"y}'
@@ -472,7 +471,7 @@ def test_completion_within_closes_the_reply_valid(smol_llm, prefix):
     count (each needs a character)."""
     import jsonschema
 
-    from pyklei import grammar
+    from pyklei.runtime import grammar
     tok = smol_llm.tokenizer
     c = grammar.constraint(tok, json_schema=_TIGHT)
     for t in tok.encode(prefix, add_bos=False):
@@ -495,7 +494,7 @@ def test_max_tokens_never_cuts_a_constrained_reply(smol_llm, temperature):
     addresses)."""
     import jsonschema
 
-    from pyklei import grammar
+    from pyklei.runtime import grammar
     ask = "Write a JSON record of a person with two e-mail addresses and an address."
     cut = 0
     for max_tokens in (32, 36, 40, 48, 64):
@@ -528,7 +527,7 @@ def test_max_tokens_never_cuts_a_constrained_reply(smol_llm, temperature):
     (dict(regex="^a{100000}$"), ["regex", "too costly"]),
 ])
 def test_a_grammar_beyond_its_budget_is_refused_when_compiled(smol_tok, kw, words):
-    from pyklei.grammar import GrammarError, constraint
+    from pyklei.runtime.grammar import GrammarError, constraint
     with pytest.raises(GrammarError) as e:
         constraint(smol_tok, **kw)
     assert all(w in str(e.value) for w in words), str(e.value)
@@ -539,7 +538,7 @@ def test_fresh_copies_the_compiled_start_state(smol_tok):
     """n choices of one request share one compilation: fresh() copies the start state (even
     from a constraint that has advanced), and each copy follows its own tokens."""
     import time
-    from pyklei.grammar import constraint
+    from pyklei.runtime.grammar import constraint
     props = {f"p{i}": {"type": "integer"} for i in range(2000)}
     t = time.perf_counter()
     c = constraint(smol_tok, json_schema={"type": "object", "properties": props,

@@ -7,8 +7,8 @@ import pytest
 
 from pyklei.converters import ConversionError, convert
 from pyklei.formats.model_file import read_model
-from pyklei.imatrix import collect_imatrix, save_imatrix
-from pyklei.model import Model
+from pyklei.calibration import collect_imatrix, save_imatrix
+from pyklei.runtime.model import Model
 
 
 def test_stats_are_mean_squares_of_linear_inputs(tiny64, tmp_path):

@@ -437,7 +437,7 @@ MODEL_CODE = """
 import sys
 import numpy as np
 from pyklei import _ext
-from pyklei.model import Model
+from pyklei.runtime.model import Model
 m = Model(sys.argv[1], n_threads=1, n_ctx=64)
 steps = [m.eval([1])] + [m.step(t) for t in (5, 9, 200, 33)]   # decode: 2 rows (qai8dx2) a matmul
 prefill = m.logits([1, 5, 9, 200, 33])                          # prefill: 10 rows

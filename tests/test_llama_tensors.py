@@ -1,7 +1,7 @@
 """The Llama tensor table (pyklei/formats/llama_tensors.py) against what walks it: a converted
 file holds exactly its tensors, the Hugging Face names a checkpoint has are its HF names, and
 the C model's layer fields and statistics sections are the ones it names."""
-from pyklei._native import load_ext
+from pyklei.runtime.kernels import load_ext
 from pyklei_dev.gguf_to_hf import _hf_name
 from pyklei.converters.safetensors_mmap import SafetensorsModel
 from pyklei.formats import gguf_keys as K

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from pyklei.engine import Engine
-from pyklei.sampler import (SamplingParams, apply_logit_bias, apply_presence_frequency,
+from pyklei.runtime.engine import Engine
+from pyklei.runtime.sampler import (SamplingParams, apply_logit_bias, apply_presence_frequency,
                             check_logit_bias)
 
 openai = pytest.importorskip("openai")
@@ -99,8 +99,8 @@ def test_logit_bias_bans_a_token(llm):
 
 def test_presence_penalty_in_a_generation(llm):
     """A token already generated loses `presence` from its logit once, however often it came."""
-    from pyklei.generate import Generation
-    from pyklei.request import make_request
+    from pyklei.runtime.generate import Generation
+    from pyklei.runtime.request import make_request
 
     logits = np.zeros(llm.tokenizer.vocab_size, np.float32)
     logits[[100, 101]] = [1.0, 0.5]
@@ -215,7 +215,7 @@ def test_logit_bias_and_penalties_through_the_server(server):
     first = c.chat.completions.create(model="m", messages=CHAT, max_tokens=4, temperature=0,
                                       logprobs=True)
     banned = first.choices[0].logprobs.content[0].bytes
-    from pyklei.tokenizer import Tokenizer
+    from pyklei.text.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(server.cmd[server.cmd.index("serve") + 1])
     tid = next(i for i in range(tok.vocab_size) if list(tok.token_to_piece(i)) == banned)
     r = c.chat.completions.create(model="m", messages=CHAT, max_tokens=16, temperature=0,

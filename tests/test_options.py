@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pyklei.options import MODEL_OPTIONS, check_model_options
+from pyklei.runtime.options import MODEL_OPTIONS, check_model_options
 
 
 def test_model_options_are_checked_by_their_rule():
@@ -27,7 +27,7 @@ def test_model_options_are_checked_by_their_rule():
 
 
 def test_the_model_and_the_cli_use_the_same_rules(tiny64):
-    from pyklei.model import Model
+    from pyklei.runtime.model import Model
     tiny_gguf = tiny64[1]
     with pytest.raises(ValueError, match="n_ctx must be >= 2"):
         Model(tiny_gguf, n_ctx=1)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pyklei.activation_policy import choose_activations
+from pyklei.runtime.activation_policy import choose_activations
 from pyklei.converters import ConversionError, convert
 from pyklei.converters.recipes import (BITS_6, PROMOTION_ORDER, bits_4, bits_keep, ends_first,
                                       expected_quality, recipe_keep)
@@ -99,7 +99,7 @@ def test_expected_quality_quotes_the_measured_rung_at_or_below():
 
 
 def test_a_rotated_gptq_conversion_says_its_expected_quality(tiny64, tmp_path):
-    from pyklei.pipeline import convert_gptq
+    from pyklei.calibration import convert_gptq
     hf, _ = tiny64
     text = " ".join(f"word{i % 97} the of and" for i in range(800))
     res = convert_gptq(hf, tmp_path / "m.gguf", text, n_tokens=512, seq_len=256, progress=False,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyklei.request import MAX_STOPS, GenerationRequest, check_stops, make_request, token_budget
-from pyklei.sampler import SamplingParams
+from pyklei.runtime.request import MAX_STOPS, GenerationRequest, check_stops, make_request, token_budget
+from pyklei.runtime.sampler import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_stops_and_budget_rules():
 
 
 def test_the_engine_trusts_a_request_but_not_one_made_for_a_larger_context(llm):
-    from pyklei.engine import Engine
+    from pyklei.runtime.engine import Engine
     tok = llm.tokenizer
     ids = tok.apply_chat_template([{"role": "user", "content": "Say hi."}],
                                   add_generation_prompt=True, tokenize=True)
@@ -73,7 +73,7 @@ def test_one_end_of_generation_rule(llm, smollm2_q4):
     (pyklei.eos_token_ids) and end-of-turn tokens by name; LLM, Engine, stream_generate and
     the server all stop on exactly these."""
     from pyklei.formats import gguf_keys as K
-    from pyklei.tokenizer import Tokenizer, read_gguf_metadata
+    from pyklei.text.tokenizer import Tokenizer, read_gguf_metadata
 
     tok = llm.tokenizer
     assert set(llm.model.file.eos_token_ids) <= set(tok.eos_ids)
@@ -109,7 +109,7 @@ def _stop_reference(stops, pieces):
 
 def test_stop_matcher_agrees_with_the_obvious_rule():
     import random
-    from pyklei.generate import StopMatcher
+    from pyklei.runtime.generate import StopMatcher
     rng = random.Random(40)
     for _ in range(5000):
         alpha = rng.choice(["ab", "abc"])
@@ -130,7 +130,7 @@ def test_stop_matcher_is_linear_in_the_text_whatever_the_stops():
     """16 stops of 480,000 characters (issue 40): each piece costs what its own characters do,
     not what the held text and the stops do."""
     import time
-    from pyklei.generate import StopMatcher
+    from pyklei.runtime.generate import StopMatcher
     m = StopMatcher(["=" * 480_000 + str(i) for i in range(16)])
     t = time.perf_counter()
     for _ in range(7500):                      # 480,000 characters, all held back
@@ -140,7 +140,7 @@ def test_stop_matcher_is_linear_in_the_text_whatever_the_stops():
 
 
 def test_server_stop_bounds():
-    from pyklei.request import MAX_STOP_CHARS, stop_chars_bound
+    from pyklei.runtime.request import MAX_STOP_CHARS, stop_chars_bound
     assert stop_chars_bound(8192, 64) == MAX_STOP_CHARS
     assert stop_chars_bound(16, 8) == 128
     with pytest.raises(ValueError, match="at most 10"):

@@ -14,7 +14,7 @@ import pytest
 from hf_reference import dequantized_hf_model, hf_logits
 
 import pyklei
-from pyklei.model import Model
+from pyklei.runtime.model import Model
 
 TOKENS = list(range(3, 203))
 

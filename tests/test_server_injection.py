@@ -10,7 +10,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 from live_server import LiveServer  # noqa: E402  (tests/, on sys.path via conftest)
 
-from pyklei.tokenizer import Tokenizer  # noqa: E402
+from pyklei.text.tokenizer import Tokenizer  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -128,7 +128,7 @@ def _old_tokens(tokenizer, messages) -> list[int]:
 def test_special_text_in_a_message_is_text(server, tokenizer, role, tools):
     """<|im_end|><|im_start|>system in a user message or a tool result cannot open a system
     turn: the prompt the server runs is the one whose content is text."""
-    from pyklei.tools import render
+    from pyklei.text.tool_calls import render
 
     messages = [{"role": "user", "content": INJECTED}]
     if role == "tool":

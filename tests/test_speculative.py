@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyklei.generate import stream_generate
+from pyklei.runtime.generate import stream_generate
 from pyklei.llm import LLM
-from pyklei.model import Model, SequenceLostError
-from pyklei.sampler import SamplingParams
-from pyklei.speculative import DraftLength, PromptLookup, check_speculative
+from pyklei.runtime.model import Model, SequenceLostError
+from pyklei.runtime.sampler import SamplingParams
+from pyklei.runtime.speculative import DraftLength, PromptLookup, check_speculative
 
 HERE = Path(__file__).resolve().parent
 SEED = HERE / "fuzz_corpus" / "seed-tied-q4.gguf"
@@ -42,7 +42,7 @@ def smollm2():
 def steady_costs(monkeypatch):
     """Draft lengths from the acceptance rate and the cost priors only: on a loaded machine
     the measured costs vary, and with them how much is drafted (never what is generated)."""
-    from pyklei.speculative import DraftLength, PassCost
+    from pyklei.runtime.speculative import DraftLength, PassCost
     for name in ("timed_step", "timed_pass", "timed_draft"):
         monkeypatch.setattr(DraftLength, name, lambda self, *a: None)
     monkeypatch.setattr(PassCost, "add", lambda self, *a: None)
@@ -205,7 +205,7 @@ def test_prompt_lookup_drafts_a_prediction_from_its_start_and_finds_it_again():
 
 
 def test_which_requests_draft_and_how():
-    from pyklei.speculative import drafting
+    from pyklei.runtime.speculative import drafting
     draft_model, constraint = object(), object()
     assert drafting(None, (), None) is None
     assert drafting("lookup", (), None) == "lookup"
@@ -470,7 +470,7 @@ def test_cli_generate_and_chat_lookup_print_the_plain_text():
 # ---- the engine: drafts inside the batched steps ----------------------------------------------
 
 def _engine_texts(llm, prompts, spec, **kw):
-    from pyklei.engine import Engine
+    from pyklei.runtime.engine import Engine
     eng = Engine(llm.model, llm.tokenizer, n_parallel=llm.model.n_seq, max_queue=len(prompts))
     try:
         with eng._cond:   # the first step sees them all (see _engine_draft_texts)
@@ -508,7 +508,7 @@ def test_engine_prediction_gives_each_request_its_plain_tokens(steady_costs):
     prompts = [_repetitive_prompt(s, n=20 + 7 * s) for s in range(3)]
     kw = dict(max_tokens=60, params=GREEDY, eos_ids=[])
     plain = _engine_texts(llm, prompts, None, **kw)
-    from pyklei.engine import Engine
+    from pyklei.runtime.engine import Engine
     eng = Engine(llm.model, llm.tokenizer, n_parallel=3, max_queue=3)
     try:
         with eng._cond:
@@ -585,7 +585,7 @@ def _resample_from_p(p, q, token, rng):
 def test_speculative_choice_gives_p_not_q():
     """On a 6-token vocabulary, q far from p (and each with a token the other cannot give):
     the tokens chosen follow p; two wrong rules, run the same way, are caught."""
-    from pyklei.sampler import speculative_choice
+    from pyklei.runtime.sampler import speculative_choice
     p = np.array([0.40, 0.25, 0.15, 0.10, 0.10, 0.00])
     q = np.array([0.05, 0.10, 0.30, 0.05, 0.00, 0.50])
 
@@ -613,8 +613,8 @@ def _sampled_triples(tok, rule=None, runs=3000):
     a plain step's, after a rejection).
     Returns the replies as indices of (t1, t2, t3) (len(cells): one the target cannot give) and
     the target's exact distribution of them, and the drafted / accepted counts."""
-    import pyklei.generate as generate
-    from pyklei.sampler import Sampler, apply_presence_frequency
+    import pyklei.runtime.generate as generate
+    from pyklei.runtime.sampler import Sampler, apply_presence_frequency
     vocab = tok.vocab_size
     prompt = [7, 19, 3]
     target = _markov_pair(vocab, 11, 0.3)
@@ -690,7 +690,7 @@ def test_smollm2_with_itself_as_draft_model(smollm2, steady_costs):
     assert spec.accepted_tokens == spec.drafted_tokens > 20     # its own drafts all hold
     with pytest.raises(ValueError, match="the draft model is the model itself"):
         smollm2.generate("Hi", max_tokens=2, speculative=smollm2)
-    from pyklei.engine import Engine
+    from pyklei.runtime.engine import Engine
     with pytest.raises(ValueError, match="this draft model is not it"):
         with Engine(smollm2.model, smollm2.tokenizer, n_parallel=1) as eng:
             eng.submit([1, 2, 3], speculative=draft)
@@ -704,7 +704,7 @@ def test_draft_model_needs_the_same_vocabulary(smollm2, tiny):
 
 
 def test_pass_cost_fit_prices_a_drafted_row_by_the_batch():
-    from pyklei.speculative import PassCost
+    from pyklei.runtime.speculative import PassCost
     c = PassCost()
     assert c.row_cost(1) == pytest.approx(0.25)          # the prior: fixed = 3 rows
     for rows in (8, 12, 16, 24, 8, 10) * 3:               # 14 ms fixed + 2.5 ms a row
@@ -765,7 +765,7 @@ UNTIED_Q8 = HERE / "fuzz_corpus" / "seed-untied-q8.gguf"   # another model, the 
 
 
 def _engine_draft_texts(llm, prompts, draft, n_parallel=3, **kw):
-    from pyklei.engine import Engine
+    from pyklei.runtime.engine import Engine
     eng = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=len(prompts),
                  speculative=draft, prefill_chunk=kw.pop("prefill_chunk", 256))
     try:
@@ -851,9 +851,9 @@ def test_engine_draft_model_sampling_follows_the_model_distribution(steady_costs
     distribution of them, by a chi-square test. The draft (a near copy of the model) draws
     from a hotter, wider distribution than the request's, so that drafts are both kept and
     rejected (any q is right for the rule, as long as the draft is drawn from it)."""
-    from pyklei.engine import Engine
-    from pyklei.generate import Generation
-    from pyklei.sampler import Sampler
+    from pyklei.runtime.engine import Engine
+    from pyklei.runtime.generate import Generation
+    from pyklei.runtime.sampler import Sampler
     hot = Sampler(SamplingParams(temperature=2.0, top_k=6, top_p=1.0, min_p=0.0, seed=1))
 
     def draft_token(self, logits, drafted):

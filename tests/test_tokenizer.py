@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyklei.tokenizer import StreamingDetokenizer, Tokenizer, TokenizerError, read_gguf_metadata
+from pyklei.text.tokenizer import StreamingDetokenizer, Tokenizer, TokenizerError, read_gguf_metadata
 
 tokenizers = pytest.importorskip("tokenizers")
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers  # noqa: E402
@@ -355,9 +355,9 @@ def test_generation_never_ends_in_a_partial_character():
     """pyklei.generate.Generation with SmolLM2's real vocabulary, the model replaced by logits
     that pick the byte tokens of "Hi 😀": cut by max_tokens after each byte, and ended by EOS
     after each byte, the reply holds only complete characters."""
-    from pyklei.generate import Generation
-    from pyklei.request import make_request
-    from pyklei.sampler import SamplingParams
+    from pyklei.runtime.generate import Generation
+    from pyklei.runtime.request import make_request
+    from pyklei.runtime.sampler import SamplingParams
 
     smol = _ours("smollm2")
     data = "Hi 😀".encode("utf-8")
@@ -500,13 +500,14 @@ def test_metadata_reader_matches_gguf_writer(tmp_path):
 
 
 def test_raw_sentencepiece_model_is_accepted():
-    """A pyklei file may carry the original tokenizer.model bytes (SP_MODEL_KEY)."""
+    """A pyklei file may carry the original tokenizer.model bytes (KEY_SPM_MODEL)."""
     import numpy as np
-    from pyklei import tokenizer as T
+    from pyklei.formats.gguf_keys import KEY_SPM_MODEL
+    from pyklei.text import tokenizer as T
     meta = dict(_meta("llama2"))
     raw = T._sentencepiece_model_proto(meta["tokenizer.ggml.tokens"], np.asarray(meta["tokenizer.ggml.scores"]),
                                        np.asarray(meta["tokenizer.ggml.token_type"]), 0, 1, 2, True)
-    meta[T.SP_MODEL_KEY] = np.frombuffer(raw, np.uint8)
+    meta[KEY_SPM_MODEL] = np.frombuffer(raw, np.uint8)
     del meta["tokenizer.ggml.scores"]
     tok = Tokenizer.from_metadata(meta)
     for text in CORPUS[::20]:

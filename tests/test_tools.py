@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from pyklei.tokenizer import Tokenizer
-from pyklei.tools import (CallParser, ToolError, call_schema, check_tool_choice, check_tools,
+from pyklei.text.tokenizer import Tokenizer
+from pyklei.text.tool_calls import (CallParser, ToolError, call_schema, check_tool_choice, check_tools,
                           knows_tools, parse_reply, render, reply_parser, template_messages)
 
 WEATHER = {"type": "function", "function": {
@@ -227,7 +227,7 @@ def test_a_template_that_knows_tools_gets_them_in_the_hugging_face_shape():
                          "{{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}")
 
         def apply_chat_template(self, msgs, add_generation_prompt, tokenize, **kw):
-            from pyklei.chat_template import render as render_template
+            from pyklei.text.chat_template import render as render_template
             return render_template(self.chat_template, msgs, add_generation_prompt, **kw)
 
     assert knows_tools(Tok.chat_template)

@@ -17,7 +17,7 @@ the chat REPL, where it only stops the reply being written. A closed pipe on std
 Layout: this file assembles the parser and holds main(), the one place that turns exceptions
 into exit codes; _common.py has the argparse plumbing and the option groups; each command is a
 module with its arguments beside it (add_parser) and its run(args). The work itself is in the
-library: pyklei.chat, pyklei.bench, pyklei.info, pyklei.imatrix, pyklei.perplexity.
+library: pyklei.chat, pyklei.bench, pyklei.info, pyklei.calibration, pyklei.perplexity.
 """
 from __future__ import annotations
 

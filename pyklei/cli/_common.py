@@ -119,9 +119,9 @@ def _int_list(lo: int, what: str):
 # ---- option groups --------------------------------------------------------------------------
 
 def _add_model_options(p, ctx_help=None, threads=True):
-    """The flags of pyklei.options.MODEL_OPTIONS that have flags (--ctx-size with this command's
+    """The flags of pyklei.runtime.options.MODEL_OPTIONS that have flags (--ctx-size with this command's
     help when given; --threads left out when the command has its own)."""
-    from ..options import MODEL_OPTIONS
+    from ..runtime.options import MODEL_OPTIONS
 
     g = p.add_argument_group("model")
     for o in MODEL_OPTIONS:
@@ -139,16 +139,16 @@ _DEST = {"n_threads": "threads", "n_ctx": "ctx_size", "n_batch": "batch_size"}
 
 
 def _option_type(o):
-    """The argparse type of a pyklei.options.Option: its range, the CLI's messages."""
+    """The argparse type of a pyklei.runtime.options.Option: its range, the CLI's messages."""
     if o.kind is int:
         return int if o.lo is None else _int_at_least(int(o.lo), o.what)
     return _float_in(o.lo, o.hi, o.lo_open, o.hi_open, what=o.what)
 
 
 def _add_sampling_options(p, max_tokens=128, n_help=None):
-    """The flags of pyklei.sampler.SAMPLING_OPTIONS (max_tokens with this command's default and
+    """The flags of pyklei.runtime.sampler.SAMPLING_OPTIONS (max_tokens with this command's default and
     help), then --stop."""
-    from ..sampler import SAMPLING_OPTIONS
+    from ..runtime.sampler import SAMPLING_OPTIONS
 
     g = p.add_argument_group("sampling")
     for o in SAMPLING_OPTIONS:
@@ -163,7 +163,7 @@ def _add_sampling_options(p, max_tokens=128, n_help=None):
 
 
 def _add_constraint_options(p):
-    """--json-schema, --grammar, --regex: the reply follows one of them (pyklei.grammar)."""
+    """--json-schema, --grammar, --regex: the reply follows one of them (pyklei.runtime.grammar)."""
     g = p.add_argument_group("constrained output (needs llguidance: pip install 'pyklei[grammar]')")
     x = g.add_mutually_exclusive_group()
     x.add_argument("--json-schema", metavar="FILE|JSON",
@@ -176,7 +176,7 @@ def _add_constraint_options(p):
 
 
 def _add_speculative_options(p):
-    """--lookup, --draft-model FILE: speculative decoding (pyklei.speculative)."""
+    """--lookup, --draft-model FILE: speculative decoding (pyklei.runtime.speculative)."""
     g = p.add_argument_group("speculative decoding (the same text, in fewer passes where the "
                              "drafts hold; with a draft model and sampling, the same "
                              "distribution; not with a constraint)")
@@ -226,7 +226,7 @@ def _check_constraint(llm, constrain: dict) -> None:
     if not constrain:
         return
     try:
-        from ..grammar import constraint
+        from ..runtime.grammar import constraint
         constraint(llm.tokenizer, **constrain)
     except ImportError as e:
         raise CLIError(str(e)) from None
@@ -234,7 +234,7 @@ def _check_constraint(llm, constrain: dict) -> None:
 
 def _sampling(args) -> dict:
     """The SamplingParams keywords of parsed sampling options."""
-    from ..sampler import SAMPLING_OPTIONS, MAX_TOKENS
+    from ..runtime.sampler import SAMPLING_OPTIONS, MAX_TOKENS
 
     return {o.name: getattr(args, o.name) for o in SAMPLING_OPTIONS if o is not MAX_TOKENS}
 

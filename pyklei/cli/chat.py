@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .._text import plural
+from .._report import plural
 from ._common import (CLIError, _add_command, _add_constraint_options, _add_model_options,
                       _add_sampling_options, _add_speculative_options, _check_constraint,
                       _constraint, _load, _sampling, _speculative)

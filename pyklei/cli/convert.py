@@ -1,9 +1,9 @@
 """`pyklei convert`: a Hugging Face checkpoint or llama.cpp GGUF -> a pyklei GGUF.
 
 By default the model is rotated and its 4-bit weights are chosen by GPTQ over calibration
-text (pyklei.pipeline.convert_gptq; docs/QUALITY.md has the measurements behind that choice);
+text (pyklei.calibration.convert_gptq; docs/QUALITY.md has the measurements behind that choice);
 --no-calibrate is the data-free path (plain per-block rounding, pyklei.converters.convert),
---calibrate the older importance-matrix method (pyklei.pipeline.convert_calibrated)."""
+--calibrate the older importance-matrix method (pyklei.calibration.convert_calibrated)."""
 from __future__ import annotations
 
 import sys
@@ -127,7 +127,7 @@ def run(args) -> int:
     if args.imatrix:
         raise CLIError("give either --calibrate or --imatrix, not both")
     from ..converters import ConversionError
-    from ..pipeline import convert_calibrated
+    from ..calibration import convert_calibrated
 
     text = None if args.calibrate == "default" else _read_text(args.calibrate, "text")
     try:
@@ -144,7 +144,7 @@ def run(args) -> int:
 def _run_gptq(args) -> int:
     if args.calib_tokens < 1:
         raise CLIError(f"--calib-tokens must be positive, got {args.calib_tokens}")
-    from ..pipeline import convert_gptq
+    from ..calibration import convert_gptq
 
     text = None if args.gptq in (None, "default") else _read_text(args.gptq, "text")
     return _guarded(lambda: convert_gptq(

@@ -60,7 +60,7 @@ def _stats_text(r, load_seconds: float | None = None) -> str:
 
 
 def run(args) -> int:
-    from ..request import token_budget
+    from ..runtime.request import token_budget
 
     if args.prompt is None and args.file is None:
         raise CLIError("give a prompt with -p PROMPT or -f FILE")

@@ -1,4 +1,4 @@
-"""`pyklei imatrix`: pyklei.imatrix.collect_imatrix_from_text over calibration text, saved as
+"""`pyklei imatrix`: pyklei.calibration.collect_imatrix_from_text over calibration text, saved as
 .npz for `pyklei convert --imatrix`."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def add_parser(sub):
 
 
 def run(args) -> int:
-    from ..imatrix import collect_imatrix_from_text, default_calibration_text, save_imatrix
+    from ..calibration import collect_imatrix_from_text, default_calibration_text, save_imatrix
 
     text = _read_text(args.file, "text") if args.file else default_calibration_text()
     path = _model_path(args.model)

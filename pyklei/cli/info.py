@@ -1,7 +1,7 @@
 """`pyklei info`: pyklei.info.model_info (gguf_info for a llama.cpp GGUF), as text or --json."""
 from __future__ import annotations
 
-from ..activation_policy import ACTIVATIONS
+from ..runtime.activation_policy import ACTIVATIONS
 from ._common import _add_command, _int_at_least, _model_path, _print_json
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from .._text import plural
+from .._report import plural
 from ._common import (CLIError, _add_command, _add_model_options, _int_at_least, _load,
                       _print_json, _progress_bar, _read_text)
 

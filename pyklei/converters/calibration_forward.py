@@ -24,7 +24,6 @@ in float32.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -42,6 +41,9 @@ from .core import ModelSource, SourceTensor, source_hparams
 from .errors import ConversionError
 
 MIN_CALIBRATION_TOKENS = 256     # fewer: the Hessians are too poor to be worth it
+#: How much calibration text every calibrated path reads by default, and in windows of how many
+#: tokens: GPTQ here, the importance matrix and its conversion (pyklei.calibration), the CLI's
+#: --calib-tokens and `pyklei imatrix`. The converters are the lowest floor that calibrates.
 DEFAULT_CALIBRATION_TOKENS = 8192
 DEFAULT_SEQ_LEN = 512
 METHOD_GPTQ = "gptq"
@@ -330,7 +332,3 @@ def gptq_source(src: ModelSource, opts: GPTQOptions, group_size: int = 32) -> Mo
         before_write=cal.set_formats, set_status=cal.set_status)
     out.calibrator = cal
     return out
-
-
-def stderr_log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)

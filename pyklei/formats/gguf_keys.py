@@ -58,7 +58,6 @@ VOCAB_SIZE = llama_key("vocab_size")
 
 # Tensor names (llama.cpp's): the Llama tensor table (llama_tensors.py) is their one place;
 # the names and part tuples are here too, for the code that spells keys and names together.
-BLOCK_TENSORS = tuple(s.part for s in L.BLOCK)
 BLOCK_LINEARS = tuple(s.part for s in L.BLOCK_LINEARS)
 BLOCK_NORMS = tuple(s.part for s in L.BLOCK_NORMS)
 

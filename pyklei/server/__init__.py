@@ -1,4 +1,4 @@
-"""`pyklei serve`: an OpenAI-compatible HTTP server over pyklei.engine (docs/SERVE.md).
+"""`pyklei serve`: an OpenAI-compatible HTTP server over pyklei.runtime.engine (docs/SERVE.md).
 
     run.py         serve(): the engine, the socket, uvicorn, SIGTERM -> drain -> exit 0
     app.py         the Starlette app: routes, streaming, disconnects, errors

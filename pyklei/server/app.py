@@ -1,4 +1,4 @@
-"""The HTTP layer: a Starlette app over one pyklei.engine.Engine.
+"""The HTTP layer: a Starlette app over one pyklei.runtime.engine.Engine.
 
     GET  /                       the chat page (static/chat.html)
     GET  /health                 {"status": "ok", ...engine stats}
@@ -19,7 +19,7 @@ Connection-level guards (timeouts, the connection cap, TCP_NODELAY) are in trans
 
 Tenants: each API key (several may be configured) is a tenant, and a request's `cache_salt`
 (vLLM's field) divides its tenant further; a request reuses cached prompt prefixes of its own
-partition only (pyklei.engine: cache_partition), so neither the cached-token counts nor the
+partition only (pyklei.runtime.engine: cache_partition), so neither the cached-token counts nor the
 time to the first token tell one user anything of another's prompts. Without keys every
 client is one tenant: clients that must not see each other send distinct cache_salts.
 
@@ -49,8 +49,8 @@ from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..engine import EngineClosedError, QueueFullError, RequestFailedError
-from ..request import check_depth
+from ..runtime.engine import EngineClosedError, QueueFullError, RequestFailedError
+from ..runtime.request import check_depth
 from . import openai_api as api
 from .metrics import Metrics
 
@@ -554,7 +554,7 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
                cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
                body_timeout: float = 60.0, write_timeout: float = 30.0,
                on_shutdown=None, special_in_content: bool = False) -> Starlette:
-    """The ASGI app. engine: a pyklei.engine.Engine; n_ctx: a sequence's context in tokens;
+    """The ASGI app. engine: a pyklei.runtime.engine.Engine; n_ctx: a sequence's context in tokens;
     api_key: a key, or a list of keys (each a tenant; module doc), or None: no key needed;
     cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
     any); body_timeout: seconds a request body may take to arrive; write_timeout: seconds a

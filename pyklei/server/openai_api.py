@@ -2,14 +2,14 @@
 
 A request body becomes a `Request` (prompt token ids, token budget, stops, SamplingParams,
 stream flags) or an `APIError` whose `param` names the field at fault. The sampling fields are
-checked by pyklei.sampler.SAMPLING_OPTIONS under their own names (temperature, top_p, seed,
+checked by pyklei.runtime.sampler.SAMPLING_OPTIONS under their own names (temperature, top_p, seed,
 and the extensions top_k, min_p, repetition_penalty, repetition_window), max_tokens by
-pyklei.request.token_budget, chat messages by the model's template through
+pyklei.runtime.request.token_budget, chat messages by the model's template through
 Tokenizer.apply_chat_template: the same rules and messages as the Python API and the CLI.
 
 Steering fields: logprobs/top_logprobs, n, logit_bias, presence/frequency penalties, echo;
-response_format and llama.cpp's json_schema / grammar fields become a pyklei.grammar constraint;
-tools / tool_choice / tool messages go through pyklei.tools (tool_choice "required" or a named
+response_format and llama.cpp's json_schema / grammar fields become a pyklei.runtime.grammar constraint;
+tools / tool_choice / tool messages go through pyklei.text.tool_calls (tool_choice "required" or a named
 function is a constraint too); prediction (predicted outputs) drafts by prompt lookup from the
 predicted text, and usage.completion_tokens_details counts the drafted tokens accepted and
 rejected. Fields the server does not implement (suffix, audio, ...) are a 400 unless they hold
@@ -25,17 +25,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..chat_template import ChatTemplateError
+from ..text.chat_template import ChatTemplateError
 from dataclasses import replace
 
-from ..generate import GenerationResponse, TokenLogprob
-from ..request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_stops,
+from ..runtime.generate import GenerationResponse, TokenLogprob
+from ..runtime.request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_stops,
                        prediction_ids, stop_chars_bound, token_budget)
-from ..sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
-from ..tokenizer import token_ids
-from ..tools import ToolError, check_tool_choice, check_tools, has_tool_turns
-from ..tools import call_grammar, reply_parser
-from ..tools import render as render_with_tools
+from ..runtime.sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
+from ..text.tokenizer import token_ids
+from ..text.tool_calls import ToolError, check_tool_choice, check_tools, has_tool_turns
+from ..text.tool_calls import call_grammar, reply_parser
+from ..text.tool_calls import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
 MAX_N = 16                    # choices per request
@@ -86,9 +86,9 @@ class Request:
     tools: list = field(default_factory=list)   # offered (empty with tool_choice "none")
     tool_choice: object = "none"
     parallel_tool_calls: bool = True
-    constraint: object = None    # pyklei.grammar.Constraint the reply follows (first choice)
+    constraint: object = None    # pyklei.runtime.grammar.Constraint the reply follows (first choice)
     legacy_functions: bool = False   # answer a call as message.function_call (legacy API)
-    calls: object = None         # pyklei.tools.CallParser of the reply; None: it is content
+    calls: object = None         # pyklei.text.tool_calls.CallParser of the reply; None: it is content
     best_of: int | None = None   # completions: choices generated, of which n are returned
     n: int = 1
     prediction: tuple[int, ...] = ()   # predicted outputs: the reply's expected token ids
@@ -375,7 +375,7 @@ def client_constraints(body: dict) -> list[str]:
 
 
 def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: bool):
-    """The reply's constraint (pyklei.grammar): OpenAI's response_format, llama.cpp's
+    """The reply's constraint (pyklei.runtime.grammar): OpenAI's response_format, llama.cpp's
     json_schema or grammar fields, or the calls that tool_choice "required" or a named function
     demands. None when nothing constrains the reply."""
     given = client_constraints(body)
@@ -387,7 +387,7 @@ def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: b
         return None
     param = given[0] if given else "tool_choice"
     try:
-        from ..grammar import constraint
+        from ..runtime.grammar import constraint
         if forced:
             return constraint(tokenizer, grammar=call_grammar(tools, tool_choice, parallel,
                                                               tokenizer.chat_template))
@@ -583,7 +583,7 @@ class Logprobs:
 def _choice(kind: str, index: int, text: str, finish: str | None, logprobs,
             parser=None, legacy: bool = False) -> dict:
     """One choice of a whole response; a chat reply read for tool calls by `parser`
-    (pyklei.tools.CallParser) when there is one."""
+    (pyklei.text.tool_calls.CallParser) when there is one."""
     if kind == "chat":
         message = {"role": "assistant", "content": text}
         if parser is not None:

@@ -73,13 +73,13 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
-    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.engine). api_key: a
+    draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.runtime.engine). api_key: a
     key or a list of keys, each a tenant (app.create_app). special_in_content: special-token
     text in chat messages is read as control tokens (off: as text;
     Tokenizer.apply_chat_template's parse_special_in_content)."""
     import uvicorn
 
-    from ..engine import Engine
+    from ..runtime.engine import Engine
     from .app import MAX_BODY, create_app
 
     budget = open_file_budget()

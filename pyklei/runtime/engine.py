@@ -20,11 +20,11 @@ Determinism: a row of a batch gets the same logits, bit for bit, as alone (Model
 request samples with its own sampler (its own seed), so a request's text does not depend on
 what else runs.
 
-Constrained requests (submit(constraint=), pyklei.grammar): each step, the grammar masks of the
+Constrained requests (submit(constraint=), pyklei.runtime.grammar): each step, the grammar masks of the
 requests that sample in it are computed on a helper thread while model.batch runs (both release
 the GIL), and applied to their logits after it.
 
-Speculative decoding (pyklei.speculative): submit(speculative="lookup"), or
+Speculative decoding (pyklei.runtime.speculative; the drafting, engine_drafts): submit(speculative="lookup"), or
 Engine(speculative="lookup") for every request, drafts by prompt lookup;
 Engine(speculative=draft_model) drafts with a draft model (a second Model of the same
 vocabulary with at least n_parallel slots: slot s of its KV cache drafts for the request in
@@ -37,7 +37,7 @@ draft, or a chunk of the prompt; from the first position where its slot differs 
 request's text, which drops its own rejected drafts), then one pass per further drafted token,
 each with a row per request still drafting. A request's draft length adapts to its own
 acceptance rate and to what a drafted row costs beside a request's own row in this batch
-(pyklei.speculative.PassCost, fitted over the decode steps' times: in a big batch the weights
+(pyklei.runtime.speculative.PassCost, fitted over the decode steps' times: in a big batch the weights
 are already shared, and a drafted row costs nearly what a request's own row does), and what
 drafting a token costs (the draft model's passes, fitted the same way). A constrained request
 decodes without drafts.
@@ -80,6 +80,7 @@ import numpy as np
 
 from .generate import Generation, GenerationResponse, token_logprob
 from .request import GenerationRequest, check_params, make_request
+from .engine_drafts import common_prefix, lookup_draft, model_drafts
 from .model import Model
 from .sampler import SamplingParams
 from .speculative import DraftLength, PassCost, PromptLookup, check_speculative, drafting
@@ -188,21 +189,6 @@ class _Request:
         self.draft_kind: str | None = None        # its kind (PromptLookup.kind, or "model")
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of the longest common prefix, by bisection over slice comparisons (C loops:
-    the draft model's slots are compared with their requests' text every step)."""
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while hi - lo > 1:     # a[:lo] == b[:lo], a[:hi] != b[:hi]
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class Engine:
     def __init__(self, model: Model, tokenizer, *, n_parallel: int = 4, max_queue: int = 64,
                  prefill_chunk: int = 256, speculative=None):
@@ -250,7 +236,7 @@ class Engine:
                speculative=None, prediction=None, cache_partition=None) -> RequestStream:
         """Queues a generation; checks it at the call as stream_generate does (ValueError,
         TypeError). QueueFullError when max_queue requests wait, EngineClosedError after
-        shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.grammar.Constraint
+        shutdown(). logprobs: see Generation. `constraint`: a fresh pyklei.runtime.grammar.Constraint
         the reply follows. speculative: "lookup", the engine's draft model (see the module
         doc), or None: the engine's default (Engine(speculative=)). prediction: the reply's
         expected text or token ids (OpenAI's predicted outputs): prompt lookup drafts from it.
@@ -288,7 +274,7 @@ class Engine:
     def submit_requests(self, reqs: Sequence[GenerationRequest], *,
                         prompt_logprobs: bool = False,
                         cache_partition=None) -> list[RequestStream]:
-        """Queues checked requests (pyklei.request.make_request) that share one prompt: the
+        """Queues checked requests (pyklei.runtime.request.make_request) that share one prompt: the
         prompt is evaluated once, by the first; the others wait until it is in the first's KV
         cache slot, then start from a copy of it (Model.copy_seq) and run only its last token.
         All are queued, or none (QueueFullError). prompt_logprobs: the first request's first
@@ -458,7 +444,7 @@ class Engine:
         limit = len(r.prompt) - 1                     # one token at least runs, for the logits
         mine = [s for s in range(self.n_parallel) if self._partition[s] == r.partition]
         share = {s: 0 for s in range(self.n_parallel)}
-        share.update({s: min(limit, _common_prefix(self.model.seq_tokens(s), r.prompt))
+        share.update({s: min(limit, common_prefix(self.model.seq_tokens(s), r.prompt))
                       for s in mine})
         slot = max(free, key=lambda s: (share[s], -self._last_used[s]))
         src = max(range(self.n_parallel), key=lambda s: share[s])
@@ -474,7 +460,7 @@ class Engine:
             if self._partition[slot] != r.partition:   # another partition's tokens: not reused
                 dm.truncate_seq(slot, 0)
             d_share = {s: 0 for s in range(self.n_parallel)}
-            d_share.update({s: min(limit, _common_prefix(dm.seq_tokens(s), r.prompt))
+            d_share.update({s: min(limit, common_prefix(dm.seq_tokens(s), r.prompt))
                             for s in mine + [slot]})
             d_src = max(range(self.n_parallel), key=lambda s: d_share[s])
             if d_share[d_src] > d_share[slot]:
@@ -487,11 +473,13 @@ class Engine:
         row_cost = self._pass_cost.row_cost(len(decoding))
         budget = MAX_DRAFT_ROWS                   # drafted rows this step, over all requests
         for r in decoding:
-            r.draft = self._draft(r, row_cost, budget)
+            r.draft = lookup_draft(r, row_cost, budget)
             budget -= len(r.draft)
         if self.draft_model is not None:
-            self._draft_with_model([r for r in decoding if r.draft_model and
-                                    not r.stream.cancelled], len(decoding), row_cost, budget)
+            model_drafts(self.draft_model,
+                         [r for r in decoding if r.draft_model and not r.stream.cancelled],
+                         len(decoding), row_cost, budget, prefill_chunk=self.prefill_chunk,
+                         pass_cost=self._pass_cost, draft_pass_cost=self._draft_pass_cost)
         for r in decoding:   # its token, then its draft (if any), on consecutive rows
             run = [r.gen.token] + r.draft
             rows += range(len(tokens), len(tokens) + len(run))
@@ -575,84 +563,9 @@ class Engine:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="pyklei-mask")
         return self._mask_pool.submit(_fill_masks, gens)
 
-    def _draft(self, r: _Request, row_cost: float, budget: int) -> list[int]:
-        """r's draft by prompt lookup for this step (at most `budget` tokens): none without it,
-        or when it does not pay."""
-        if r.lookup is None or r.stream.cancelled or budget < 1:
-            return []
-        r.draft_length.row_cost = row_cost
-        r.draft_kind = r.lookup.kind()
-        k = min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1, r.draft_kind), budget)
-        return r.lookup.draft(k) if k else []
-
-    def _draft_with_model(self, reqs: list[_Request], n_decoding: int, row_cost: float,
-                          draft_rows: int) -> None:
-        """The drafts of `reqs` (requests drafting with the draft model) for this step, in the
-        draft model's batched passes (see the module doc): r.draft, and r.q for a sampling one;
-        `draft_rows` drafted tokens at most over all of them.
-        n_decoding: the requests decoding in this step (what a request's own row costs)."""
-        dm = self.draft_model
-        tokens, seqs, pos, rows, drafting = [], [], [], [], []
-        own_row = self._pass_cost.seconds_per_row(n_decoding)
-        drafted_row = self._draft_pass_cost.seconds_per_row(len(reqs))
-        starts = {}
-        for r in reqs:
-            text = r.gen.history          # the prompt and the reply so far (gen.token last)
-            if len(text) < dm.n_ctx:      # its context, not the model's, may end first
-                starts[r] = min(_common_prefix(dm.seq_tokens(r.slot), text), len(text) - 1)
-        # A long catch-up (a new request's prompt) goes in chunks, prefill_chunk rows a step for
-        # all of them, as the model's own prefill does; the requests that lack a few tokens
-        # (their last step's) come first, so that they draft in every step.
-        budget = self.prefill_chunk
-        for r in sorted(starts, key=lambda r: len(r.gen.history) - starts[r]):
-            text, start = r.gen.history, starts[r]
-            end = min(len(text), start + max(budget, 0))
-            budget -= end - start
-            k = 0
-            if end == len(text):
-                r.draft_length.row_cost = row_cost
-                r.draft_length.draft_cost = (drafted_row / own_row if drafted_row and own_row
-                                             else 0.0)
-                r.draft_kind = "model"
-                k = max(min(r.draft_length.length(r.gen.max_tokens - r.gen.n_gen - 1,
-                                                  r.draft_kind),
-                            dm.n_ctx - len(text), draft_rows), 0)
-                draft_rows -= k
-            if end < len(text) or k > 0:
-                tokens += text[start:end]
-                seqs += [r.slot] * (end - start)
-                pos += range(start, end)
-            if k > 0:
-                rows.append(len(tokens) - 1)
-                drafting.append((r, k))
-                r.q = []
-        while tokens:
-            t = time.perf_counter()
-            logits = dm.batch(np.array(tokens, np.int32), np.array(seqs, np.int32),
-                              np.array(pos, np.int32), np.array(rows, np.int32))
-            self._draft_pass_cost.add(len(tokens), time.perf_counter() - t)
-            going = []
-            for (r, k), row in zip(drafting, logits):
-                try:
-                    token, q = r.gen.draft_token(row, r.draft)
-                except Exception:   # a draft is only a guess: the request's own row decides
-                    continue        # (and reports the failure, if it is one there too)
-                r.draft.append(token)
-                r.q.append(q)
-                if len(r.draft) < k:
-                    going.append((r, k))
-            drafting = going
-            tokens = [r.draft[-1] for r, _ in drafting]
-            seqs = [r.slot for r, _ in drafting]
-            pos = [len(r.gen.history) + len(r.draft) - 1 for r, _ in drafting]
-            rows = list(range(len(drafting)))
-        for r in reqs:
-            if r.q is not None and (not r.q or r.q[0] is None):
-                r.q = None            # greedy drafts are checked by equality (Generation.feed)
-
     def _feed_rows(self, r: _Request, rows: np.ndarray, finished: list) -> None:
         """Feeds r's rows of this step: its token's, then its draft's while the draft holds
-        (pyklei.speculative); its slot keeps the positions of the rows fed."""
+        (pyklei.runtime.speculative); its slot keeps the positions of the rows fed."""
         draft, q = r.draft, r.q
         r.gen.n_drafted += len(draft)
         accepted_before = r.gen.n_accepted

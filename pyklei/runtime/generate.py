@@ -11,11 +11,11 @@ next response's text. A reply never ends in a partial character: when max_tokens
 inside one, its bytes are dropped.
 
 max_tokens: a count, or None or -1 for "until the context is full"; 0 runs the prompt only
-(pyklei.request.token_budget is the rule). stream_generate checks its arguments into a
-pyklei.request.GenerationRequest; stream_request runs one made elsewhere (LLM, the server).
+(pyklei.runtime.request.token_budget is the rule). stream_generate checks its arguments into a
+pyklei.runtime.request.GenerationRequest; stream_request runs one made elsewhere (LLM, the server).
 
 A generation owns the model's KV cache while it runs: if another call uses the model between
-two of its steps, the next step raises pyklei.model.SequenceLostError rather than continue
+two of its steps, the next step raises pyklei.runtime.model.SequenceLostError rather than continue
 somebody else's context.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class GenerationResponse:
     token: int | None                # the last token sampled (None: none was)
     finish_reason: str | None        # None while running; "stop" (EOS, stop string, or the
                                      # grammar constraint complete), "length",
-                                     # or "cancelled" (pyklei.engine: RequestStream.cancel)
+                                     # or "cancelled" (pyklei.runtime.engine: RequestStream.cancel)
     prompt_tokens: int               # tokens in the prompt
     prompt_eval_tokens: int          # of those, tokens that ran (the rest came from the cache)
     generation_tokens: int
@@ -62,10 +62,10 @@ class GenerationResponse:
     max_tokens: int = 0              # the token budget it ran with (chat() trims it to the context)
     logprobs: list[TokenLogprob] | None = None   # with logprobs asked for: the tokens sampled
                                      # since the last response (an end-of-generation token is not)
-    prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.engine's prompt_logprobs:
+    prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.runtime.engine's prompt_logprobs:
                                      # on the first response, one per prompt token (the first None)
     tool_calls: list[dict] | None = None   # LLM.chat with tools: the calls parsed from the reply
-    drafted_tokens: int = 0          # speculative decoding (pyklei.speculative): tokens drafted
+    drafted_tokens: int = 0          # speculative decoding (pyklei.runtime.speculative): tokens drafted
     accepted_tokens: int = 0         # so far, and of those, tokens the model agreed with
 
 
@@ -166,8 +166,8 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
                     speculative=None, prediction=None) -> Iterator[GenerationResponse]:
     """Checks everything before it returns the iterator (errors come at the call, not at the
     first next()); see the module doc for max_tokens and trim. `constraint`: a fresh
-    pyklei.grammar.Constraint the reply must follow (it ends the reply when complete).
-    speculative: None, "lookup" or a draft Model (pyklei.speculative: the same tokens, in
+    pyklei.runtime.grammar.Constraint the reply must follow (it ends the reply when complete).
+    speculative: None, "lookup" or a draft Model (pyklei.runtime.speculative: the same tokens, in
     fewer passes where the drafts hold); a request with a constraint decodes without it.
     prediction: the text (or token ids) the reply is expected to be, as OpenAI's predicted
     outputs: prompt lookup drafts from it (and from the prompt), whatever `speculative` says."""
@@ -177,7 +177,7 @@ def stream_generate(model, tokenizer, prompt: Sequence[int], max_tokens: int | N
 
 
 def stream_request(model, tokenizer, req: GenerationRequest) -> Iterator[GenerationResponse]:
-    """Runs a checked request (pyklei.request.make_request) on the model's slot 0."""
+    """Runs a checked request (pyklei.runtime.request.make_request) on the model's slot 0."""
     if req.constraint is not None:
         req.constraint.claim()
     prompt, gen = list(req.prompt), Generation(tokenizer, req)
@@ -208,17 +208,17 @@ def _stream(model, prompt, gen):
 class Generation:
     """One request's decoding state, token by token: sampler, repetition history, streaming
     detokenizer, stop strings, an optional grammar constraint, and the statistics of its
-    responses. stream_generate drives one over model.eval/step; pyklei.engine drives many over
+    responses. stream_generate drives one over model.eval/step; pyklei.runtime.engine drives many over
     batched steps. The clock starts at construction (t0): time_to_first_token counts from
     there."""
 
     def __init__(self, tokenizer, req: GenerationRequest, t0: float | None = None):
-        """req: the request, checked (pyklei.request.make_request). Its logprobs: None, or the
+        """req: the request, checked (pyklei.runtime.request.make_request). Its logprobs: None, or the
         number of most likely alternatives to report beside each generated token's own
         log-probability (GenerationResponse.logprobs); its constraint: a
-        pyklei.grammar.Constraint the reply follows."""
+        pyklei.runtime.grammar.Constraint the reply follows."""
         self.eos = set(req.eos_ids)
-        self.constraint = req.constraint  # pyklei.grammar.Constraint: the tokens allowed next
+        self.constraint = req.constraint  # pyklei.runtime.grammar.Constraint: the tokens allowed next
         self.next_mask = None             # its mask for the next feed, when computed ahead
         self.params = params = req.params
         self.logprobs = req.logprobs
@@ -312,7 +312,7 @@ class Generation:
             self.next_mask = None
         return logits
 
-    # ---- speculative decoding with a draft model (pyklei.speculative) ----------------------
+    # ---- speculative decoding with a draft model (pyklei.runtime.speculative) ----------------------
     def draft_token(self, draft_logits: np.ndarray,
                     drafted: Sequence[int]) -> tuple[int, np.ndarray | None]:
         """A draft model's token after the tokens so far and `drafted`, from its logits
@@ -332,7 +332,7 @@ class Generation:
     def feed_drafted(self, logits: np.ndarray, token: int,
                      q: np.ndarray) -> GenerationResponse | None:
         """feed() for the row that checks drafted `token`, drawn from distribution q (by
-        draft_token): speculative sampling's rule (pyklei.sampler.speculative_choice), so the
+        draft_token): speculative sampling's rule (pyklei.runtime.sampler.speculative_choice), so the
         token that comes out follows the target's own distribution exactly. The token differs
         from `token` when the draft is rejected."""
         p = self.sample.probs(self.process(logits))

@@ -515,7 +515,7 @@ class Constraint:
         return self._matcher.is_accepting()
 
     def __repr__(self) -> str:
-        return f"<pyklei.grammar.Constraint {self.what}, {self.n_tokens} tokens>"
+        return f"<pyklei.runtime.grammar.Constraint {self.what}, {self.n_tokens} tokens>"
 
 
 def _first_line(msg: str) -> str:

@@ -35,7 +35,7 @@ own, so this is the exact rule for them. For a greedy request a draft model's q 
 this rule is speculative sampling's (below).
 
 Acceptance, a draft model when sampling: speculative sampling (Generation.feed_drafted,
-pyklei.sampler.speculative_choice): with p the target's processed distribution at a drafted
+pyklei.runtime.sampler.speculative_choice): with p the target's processed distribution at a drafted
 position, the drafted token x is kept with probability min(1, p(x)/q(x)); at the first
 rejection the token is drawn from the normalised residual max(0, p - q); when all are kept, the
 last row gives one more from p. The output follows the target's distribution exactly (p and q
@@ -54,7 +54,7 @@ pass's cost in decode steps (measured per row count: the kernels' cost is not li
 rows) plus k * draft_cost (drafting a token; ~0 for lookup, measured for a draft model).
 Where no k gains, drafting stops and is probed again after a pause that doubles while probes
 fail (one that pays ends it), so a reply that quotes nothing decodes at plain speed. In
-pyklei.engine's batches, a drafted row is priced beside a request's own row in that batch
+pyklei.runtime.engine's batches, a drafted row is priced beside a request's own row in that batch
 (PassCost).
 """
 from __future__ import annotations
@@ -273,7 +273,7 @@ class DraftLength:
     decode steps: measured for the row counts that ran (the kernels' cost is not linear in the
     rows), and for the others 1 + row_cost * (n-1),
     row_cost the running average of the measured passes' cost per extra row (prior 0.25, or
-    the value set by the caller: pyklei.engine sets it per batch). draft_cost: the time of
+    the value set by the caller: pyklei.runtime.engine sets it per batch). draft_cost: the time of
     drafting one token, in decode steps (~0 for lookup; measured for a draft model)."""
 
     # A copy in progress drafts long from its first draft: 90% of its drafted tokens held on
@@ -361,7 +361,7 @@ class DraftLength:
 
 class PassCost:
     """The time of a pass of R rows as fixed + per_row * R, fitted by least squares over the
-    recent passes (each older one weighs `decay` less): what pyklei.engine's requests draft by.
+    recent passes (each older one weighs `decay` less): what pyklei.runtime.engine's requests draft by.
     A drafted row of a request costs per_row; the request's own row, per_row and its share of
     the fixed cost (the weights streamed once for all the batch's requests)."""
 
@@ -407,10 +407,10 @@ class PassCost:
 def stream_speculative(model, prompt: list[int], gen, drafter,
                        policy: DraftLength | None = None) -> Iterator:
     """stream_generate's loop with drafts (see the module doc): `gen` is the request's
-    pyklei.generate.Generation, whose n_drafted / n_accepted count the drafts; `drafter` a
+    pyklei.runtime.generate.Generation, whose n_drafted / n_accepted count the drafts; `drafter` a
     PromptLookup or DraftModel over the prompt."""
     policy = policy or DraftLength()
-    owner = object()   # this generation's claim on slot 0 (as in pyklei.generate)
+    owner = object()   # this generation's claim on slot 0 (as in pyklei.runtime.generate)
     logits = model.eval(prompt, owner=owner)
     gen.prefilled(model.last_eval_tokens)
     if gen.max_tokens == 0:

@@ -32,7 +32,7 @@ only for a declared tool; everything else is content, its text intact.
 A stream holds back only what may still become such a call (`CallParser.split_stream`).
 
 `call_schema()` is the JSON schema of one call of the given tools (or of one named tool): the
-constraint for `tool_choice` "required" or a named function (pyklei.grammar, when it is
+constraint for `tool_choice` "required" or a named function (pyklei.runtime.grammar, when it is
 installed), so the reply is a valid call whatever the model's size.
 """
 from __future__ import annotations

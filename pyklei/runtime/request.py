@@ -2,8 +2,8 @@
 
     req = make_request(model.n_ctx, tokenizer, prompt_ids, max_tokens=64,
                        params=SamplingParams(temperature=0.0), stop=["\\n"])
-    for r in stream_request(model, tokenizer, req): ...      # pyklei.generate
-    engine.submit_requests([req])                            # pyklei.engine
+    for r in stream_request(model, tokenizer, req): ...      # pyklei.runtime.generate
+    engine.submit_requests([req])                            # pyklei.runtime.engine
 
 LLM, the CLI and the server make requests (the server from its own field-by-field HTTP checks,
 which name the JSON field at fault); stream_generate and Engine.submit make one from their
@@ -13,7 +13,7 @@ GenerationRequest is trusted as it is: nothing is checked twice.
 The rules live here: the token budget (token_budget, shared with pyklei.chat and the bench),
 stop strings (check_stops), log-probability counts, end-of-generation ids (default: the
 tokenizer's, the one end-of-generation rule), token ids against the vocabulary (prompt and
-logit_bias). The sampling options' own ranges are pyklei.sampler's SAMPLING_OPTIONS.
+logit_bias). The sampling options' own ranges are pyklei.runtime.sampler's SAMPLING_OPTIONS.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .sampler import MAX_TOKENS, SamplingParams
-from .tokenizer import token_ids
+from ..text.tokenizer import token_ids
 
 MAX_TOP_LOGPROBS = 20          # alternatives per token at most (OpenAI's top_logprobs bound)
 MAX_STOPS = 4                  # stop strings per server request (OpenAI's bound)
@@ -38,11 +38,11 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     eos_ids: tuple[int, ...] = ()    # the ids that end it (the tokenizer's unless given)
     logprobs: int | None = None      # alternatives to report per token (None: no logprobs)
-    constraint: object = None        # a fresh pyklei.grammar.Constraint the reply follows
+    constraint: object = None        # a fresh pyklei.runtime.grammar.Constraint the reply follows
     speculative: object = None       # None, "lookup" or a draft Model, checked against the
-                                     # model (pyklei.speculative.check_speculative)
+                                     # model (pyklei.runtime.speculative.check_speculative)
     prediction: tuple[int, ...] = ()  # the reply's expected tokens (OpenAI's predicted outputs):
-                                     # drafted by prompt lookup (pyklei.speculative)
+                                     # drafted by prompt lookup (pyklei.runtime.speculative)
 
 
 def token_budget(n_ctx: int, n_prompt: int, max_tokens, trim: bool = False) -> int:
@@ -154,8 +154,8 @@ def make_request(n_ctx: int, tokenizer, prompt: Sequence[int], max_tokens=256,
     """A GenerationRequest for a context of n_ctx tokens, or the TypeError / ValueError that
     names what is wrong. prompt: token ids. max_tokens: see token_budget (trim: cut to the
     room left instead of refusing). eos_ids: None for the tokenizer's. constraint: a fresh
-    pyklei.grammar.Constraint (not claimed here: the generation that runs it claims it).
-    speculative: what pyklei.speculative.check_speculative returned for the model (the caller
+    pyklei.runtime.grammar.Constraint (not claimed here: the generation that runs it claims it).
+    speculative: what pyklei.runtime.speculative.check_speculative returned for the model (the caller
     holds the model; this module does not). prediction: the reply's expected text or token ids
     (prediction_ids), drafted from by prompt lookup whatever `speculative` says."""
     vocab = tokenizer.vocab_size

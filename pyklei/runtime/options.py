@@ -3,7 +3,7 @@ help -- read by the code that takes the option, the CLI that makes flags of it a
 that checks requests with it, so each rule and message is written once.
 
     MODEL_OPTIONS      Model / LLM / pyklei.load keywords and the CLI's "model" flags (here)
-    SAMPLING_OPTIONS   max_tokens and SamplingParams' fields (pyklei.sampler)
+    SAMPLING_OPTIONS   max_tokens and SamplingParams' fields (pyklei.runtime.sampler)
 
     check_model_options(n_ctx=2048, kv_cache="f16")   # TypeError / ValueError naming the option
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .formats.model_file import ModelFile
+    from ..formats.model_file import ModelFile
 
 ACTIVATIONS = ("auto", "qai8dx2", "qai8dx")     # what a caller may request
 

@@ -22,16 +22,24 @@ No template
 
 Errors from the template itself (``raise_exception``, syntax errors, sandbox violations) are
 raised as :class:`ChatTemplateError`.
+
+Content apart from the template
+    :class:`ContentMarks` marks the special-token texts in a chat's content before the template
+    runs, so that ``Tokenizer.apply_chat_template(tokenize=True)`` can tell them from the
+    tokens the template writes and encode them as ordinary text.
 """
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import warnings
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-__all__ = ["render", "compile_template", "ChatTemplateError", "MissingChatTemplateError", "CHATML_TEMPLATE"]
+__all__ = ["render", "compile_template", "ChatTemplateError", "ContentMarks", "MissingChatTemplateError",
+           "CHATML_TEMPLATE"]
 
 #: The documented fallback: ChatML (``<|im_start|>role\ncontent<|im_end|>\n``), no system prompt
 #: of its own, ``<|im_start|>assistant\n`` as the generation prompt.
@@ -192,3 +200,50 @@ def render(template: str | None, messages: Sequence[Mapping[str, Any]], add_gene
                                eos_token=eos_token, **_plain(kwargs))
     except jinja2.exceptions.TemplateError as e:
         raise ChatTemplateError(str(e)) from e
+
+
+class ContentMarks:
+    """Marks around the special-token texts in a chat's content, put there before the template
+    runs, so that the rendered text tells them from the tokens the template writes itself.
+    A mark is a private-use character, a nonce drawn for this call and another private-use
+    character: content cannot forge one, and a template that cuts or escapes one is caught
+    (a template that escaped a mark would leave the text between them in the template's own
+    text, where its special tokens would be parsed)."""
+
+    def __init__(self, special_re):
+        self.special_re = special_re
+        self.nonce = f"{secrets.randbelow(10 ** 16):016d}"   # digits: no filter changes their case
+        self.open = f"\ue000{self.nonce}\ue001"
+        self.close = f"\ue002{self.nonce}\ue003"
+        self.count = 0             # special-token texts marked
+
+    def wrap(self, value):
+        """A copy of ``value`` (strings, dicts, lists, tuples) with every special-token text in
+        its strings, dict keys included, between marks; other values as they are."""
+        if isinstance(value, str):
+            return self.special_re.sub(self._mark, value)
+        if isinstance(value, Mapping):
+            return {self.wrap(k): self.wrap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.wrap(v) for v in value]
+        if isinstance(value, tuple):
+            return tuple(self.wrap(v) for v in value)
+        return value
+
+    def _mark(self, m) -> str:
+        self.count += 1
+        return self.open + m.group() + self.close
+
+    def segments(self, text: str) -> list[tuple[str, bool]] | None:
+        """The rendered text as (text, is_content) segments with the marks taken out, or None
+        when a mark was cut or altered (its nonce is left outside a whole pair)."""
+        out, pos = [], 0
+        span = re.compile(re.escape(self.open) + "(.*?)" + re.escape(self.close), re.S)
+        for m in span.finditer(text):
+            out.append((text[pos:m.start()], False))
+            out.append((m.group(1), True))
+            pos = m.end()
+        out.append((text[pos:], False))
+        if any(self.nonce in t for t, _ in out):
+            return None
+        return out

@@ -26,8 +26,8 @@ llama.cpp GGUF file and builds one of two back ends:
   (BPE, byte fallback when the vocabulary has byte tokens, identity normalizer, dummy
   prefix, no removal of extra whitespace) is serialized from the tokens, scores and types
   (a tiny hand-written protobuf encoder: no ``protobuf`` dependency). A pyklei file may carry
-  the original ``tokenizer.model`` bytes under :data:`SP_MODEL_KEY` (a uint8 array); they are
-  used as they are when present.
+  the original ``tokenizer.model`` bytes under ``gguf_keys.KEY_SPM_MODEL`` (a uint8 array);
+  they are used as they are when present.
 
 Special tokens
     Tokens of type CONTROL and UNKNOWN are *special*: ``encode(..., parse_special=True)``
@@ -56,30 +56,25 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ._spm_proto import sentencepiece_model_proto as _sentencepiece_model_proto
-from .detokenizer import StreamingDetokenizer
-from .formats.gguf_keys import (KEY_EOS_IDS, KEY_SPM_MODEL, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
+from ..formats.gguf_keys import (KEY_EOS_IDS, KEY_SPM_MODEL, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
                                  TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED)
-from .formats.gguf_reader import GGUFError
-from .formats.gguf_reader import read_gguf_metadata as _read_gguf_metadata
+from ..formats.gguf_reader import GGUFError
+from ..formats.gguf_reader import read_gguf_metadata as _read_gguf_metadata
+from .detokenizer import StreamingDetokenizer
+from .sentencepiece_proto import sentencepiece_model_proto as _sentencepiece_model_proto
 
 __all__ = [
     "Tokenizer",
     "StreamingDetokenizer",
     "TokenizerError",
     "read_gguf_metadata",
-    "SP_MODEL_KEY",
     "END_OF_TURN_TOKENS",
 ]
-
-#: Metadata key under which a pyklei GGUF stores the raw SentencePiece ``tokenizer.model``.
-SP_MODEL_KEY = KEY_SPM_MODEL
 
 #: Control tokens that end a turn or a text in the models pyklei knows; ``Tokenizer.eos_ids``
 #: holds every CONTROL (or USER_DEFINED) token whose text is one of these, beside the ids named
@@ -223,7 +218,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
         """Build the tokenizer of a GGUF file (pyklei's or llama.cpp's) from its metadata alone."""
-        meta = read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture", SP_MODEL_KEY,
+        meta = read_gguf_metadata(path, prefixes=("tokenizer.", "general.architecture", KEY_SPM_MODEL,
                                                   KEY_EOS_IDS))
         return cls.from_metadata(meta, path=str(path))
 
@@ -368,7 +363,7 @@ class Tokenizer:
         import sentencepiece as spm
 
         tokens, types = self.tokens, self.token_types
-        raw = meta.get(SP_MODEL_KEY)
+        raw = meta.get(KEY_SPM_MODEL)
         if raw is not None:
             proto = raw.tobytes() if isinstance(raw, np.ndarray) else bytes(raw)
         else:
@@ -539,7 +534,7 @@ class Tokenizer:
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             tokenize: bool = False, parse_special_in_content: bool = False,
                             **kwargs: Any) -> str | list[int]:
-        """Render ``messages`` with the file's own chat template (see :mod:`pyklei.chat_template`).
+        """Render ``messages`` with the file's own chat template (see :mod:`pyklei.text.chat_template`).
 
         With ``tokenize=True`` the text is encoded with no added BOS (templates that want a BOS
         write ``{{ bos_token }}`` themselves, as with Hugging Face), and special tokens are
@@ -555,7 +550,7 @@ class Tokenizer:
         ``tokenize=False`` returns the rendered text, in which content and template cannot be
         told apart any more: encode it only if the content is trusted.
         """
-        from .chat_template import ChatTemplateError, render
+        from .chat_template import ChatTemplateError, ContentMarks, render
 
         def rendered(msgs, **kw):
             return render(self.chat_template, msgs, add_generation_prompt=add_generation_prompt,
@@ -566,7 +561,7 @@ class Tokenizer:
             return rendered(messages, **kwargs)
         if parse_special_in_content or self._special_re is None:
             return self.encode(rendered(messages, **kwargs), add_bos=False, parse_special=True)
-        marks = _ContentMarks(self._special_re)
+        marks = ContentMarks(self._special_re)
         text = rendered(marks.wrap(messages),
                         **{k: marks.wrap(v) if k in ("tools", "documents") else v
                            for k, v in kwargs.items()})
@@ -628,53 +623,6 @@ def _valid_unicode(text: str) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
-
-
-class _ContentMarks:
-    """Marks around the special-token texts in a chat's content, put there before the template
-    runs, so that the rendered text tells them from the tokens the template writes itself.
-    A mark is a private-use character, a nonce drawn for this call and another private-use
-    character: content cannot forge one, and a template that cuts or escapes one is caught
-    (a template that escaped a mark would leave the text between them in the template's own
-    text, where its special tokens would be parsed)."""
-
-    def __init__(self, special_re):
-        self.special_re = special_re
-        self.nonce = f"{secrets.randbelow(10 ** 16):016d}"   # digits: no filter changes their case
-        self.open = f"\ue000{self.nonce}\ue001"
-        self.close = f"\ue002{self.nonce}\ue003"
-        self.count = 0             # special-token texts marked
-
-    def wrap(self, value):
-        """A copy of ``value`` (strings, dicts, lists, tuples) with every special-token text in
-        its strings, dict keys included, between marks; other values as they are."""
-        if isinstance(value, str):
-            return self.special_re.sub(self._mark, value)
-        if isinstance(value, Mapping):
-            return {self.wrap(k): self.wrap(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.wrap(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(self.wrap(v) for v in value)
-        return value
-
-    def _mark(self, m) -> str:
-        self.count += 1
-        return self.open + m.group() + self.close
-
-    def segments(self, text: str) -> list[tuple[str, bool]] | None:
-        """The rendered text as (text, is_content) segments with the marks taken out, or None
-        when a mark was cut or altered (its nonce is left outside a whole pair)."""
-        out, pos = [], 0
-        span = re.compile(re.escape(self.open) + "(.*?)" + re.escape(self.close), re.S)
-        for m in span.finditer(text):
-            out.append((text[pos:m.start()], False))
-            out.append((m.group(1), True))
-            pos = m.end()
-        out.append((text[pos:], False))
-        if any(self.nonce in t for t, _ in out):
-            return None
-        return out
 
 
 def _chars_with_bytes(missing: Sequence[int]):

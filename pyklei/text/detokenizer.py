@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING, Iterable
-
-if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+from typing import Iterable
 
 
 class StreamingDetokenizer:
@@ -23,7 +20,9 @@ class StreamingDetokenizer:
     is stripped as ``decode`` does. ``text`` holds everything emitted so far.
     """
 
-    def __init__(self, tokenizer: "Tokenizer", skip_special: bool = False):
+    # The tokenizer makes its detokenizers (Tokenizer.detokenizer), so this module does not
+    # import it back: it reads the tokenizer's special_ids, model and byte pieces.
+    def __init__(self, tokenizer, skip_special: bool = False):
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self._skip = tokenizer.special_ids if skip_special else frozenset()

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .formats.gguf_keys import TOKEN_BYTE, TOKEN_NORMAL
+from ..formats.gguf_keys import TOKEN_BYTE, TOKEN_NORMAL
 
 
 def _varint(n: int) -> bytes:

@@ -37,10 +37,10 @@ has left the C pass. The cache keeps the tokens before that call, so the model s
 
 Sequences: `n_seq` KV cache slots (default 1). eval/step/logits use slot 0; `batch` runs rows
 of several slots in one pass (every weight streamed once for all of them: the engine of
-pyklei.engine decodes many requests so), and each row gets the same logits, bit for bit, as
+pyklei.runtime.engine decodes many requests so), and each row gets the same logits, bit for bit, as
 it would alone. `copy_seq` copies a slot's cached prefix into another. `verify` runs a drafted
 continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
-rejected tail (speculative decoding: pyklei.speculative). A slot costs memory only for the
+rejected tail (speculative decoding: pyklei.runtime.speculative). A slot costs memory only for the
 positions it has held: 2 * n_layer * n_head_kv * head_dim bytes per token times 4 (f32), 2
 (kv_cache="f16", the default) or 1 + 2/32 (q8: int8 with an f16 scale per 32 values); SmolLM2:
 45, 22.5 or 12 KiB per token.
@@ -57,14 +57,18 @@ from typing import Sequence
 
 import numpy as np
 
-from ._native import load_ext
+from ..formats.llama_tensors import BLOCK_LINEARS, BLOCK_NORMS, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD
+from ..formats.model_file import ModelFileError, Tensor, read_model
+from ..formats.registry import QUANTIZED, WEIGHT_FORMATS
 from .activation_policy import choose_activations
-from .formats.llama_tensors import BLOCK_LINEARS, BLOCK_NORMS, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD
-from .formats.model_file import ModelFileError, Tensor, read_model
-from .formats.registry import QUANTIZED, WEIGHT_FORMATS
+from .kernels import load_ext
 from .options import check_model_options, model_default
 
 _ext = load_ext()
+
+#: The largest head_dim a model may have: the attention scratch of the C forward pass
+#: (pyklei_ext/model/pk_llama.c) holds this many floats per head. Python's one place for it.
+MAX_HEAD_DIM = 512
 
 # Forwards of at least this many tokens run in a helper thread when called on the main thread,
 # so Ctrl-C is seen while the C pass runs (a one-token decode step is short: run directly).
@@ -132,7 +136,7 @@ class Model:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
                  activations: str = model_default("activations"), n_seq: int = 1):
-        """pyklei.options.MODEL_OPTIONS are the options' rules (n_seq 1 here: a bare model
+        """pyklei.runtime.options.MODEL_OPTIONS are the options' rules (n_seq 1 here: a bare model
         serves one sequence unless asked; LLM's default is the table's)."""
         t0 = time.perf_counter()
         check_model_options(n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch, kv_cache=kv_cache,
@@ -166,7 +170,7 @@ class Model:
         else:
             # The kernels take quantized weights only: an f16/f32 lm_head is quantized to
             # qsi8cx here, once (n_vocab * n_embd bytes of memory).
-            from .formats import quantize_qsi8cx
+            from ..formats import quantize_qsi8cx
             qs, s = quantize_qsi8cx(out.dequantize())
             self.lm_head = _ext.QWeight("qsi8cx", qs, s)
         layers = []
@@ -180,8 +184,9 @@ class Model:
         self._layers = layers
 
         rope_freqs = self.file.tensor(ROPE_FREQS).data if hp.has_rope_freqs else None
-        if hp.head_dim > 512:   # the attention scratch of the C forward pass holds 512
-            raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports (512)")
+        if hp.head_dim > MAX_HEAD_DIM:
+            raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports "
+                                 f"({MAX_HEAD_DIM})")
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
                      n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,

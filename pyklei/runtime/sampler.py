@@ -9,7 +9,7 @@ seed gives the same tokens. A Sampler also gives the distribution it draws from 
 speculative_choice is speculative sampling's acceptance rule over two such distributions.
 
 SAMPLING_OPTIONS is the one schema of the generation options (max_tokens and SamplingParams'
-fields; pyklei.options.Option records): type, default, range, CLI flags and help.
+fields; pyklei.runtime.options.Option records): type, default, range, CLI flags and help.
 SamplingParams checks itself with it, the CLI makes its sampling flags from it, pyklei.server
 checks requests with it.
 """
@@ -27,7 +27,7 @@ from .options import Option
 # ---- the schema: one entry per option, read by SamplingParams, the CLI and the server ----------
 
 SAMPLING_OPTIONS: tuple[Option, ...] = (
-    # max_tokens is pyklei.request.token_budget's: callers pick their own default
+    # max_tokens is pyklei.runtime.request.token_budget's: callers pick their own default
     # (LLM.generate 256, chat 512, `pyklei generate` 128).
     Option("max_tokens", int, 256, ("-n", "--max-tokens"), "N", "token count",
                    "tokens to generate at most",
@@ -190,7 +190,7 @@ class Sampler:
     """Draws a token from logits: greedy (temperature 0: argmax) or from the distribution
     probs() gives (top-k, top-p, min-p, then temperature), with the seeded generator `rng`.
     The same seed gives the same tokens. probs() is for speculative sampling
-    (pyklei.speculative), which needs the distribution a draw comes from, not only the draw."""
+    (pyklei.runtime.speculative), which needs the distribution a draw comes from, not only the draw."""
 
     def __init__(self, params: "SamplingParams"):
         self.params = params
