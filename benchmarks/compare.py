@@ -15,7 +15,7 @@ features; AMX and AVX-VNNI off unless present: GCC 12 builds llama.cpp's AMX pat
 dies with SIGILL), torch (the local CPU build), transformers, matplotlib. Built wheels and
 model files are cached under ~/.cache/pyklei.
 Results: benchmarks/results/compare.md, compare.json and compare.png (compare-1b.* with
---only-1b); the README's tables are refreshed in place (--no-readme keeps them).
+--only-1b); docs/BENCHMARKS.md's tables are refreshed in place (--no-readme keeps them).
 """
 from __future__ import annotations
 
@@ -391,12 +391,13 @@ def readme_section(report: dict) -> str:
 
 
 def update_readme(report: dict, key: str):
-    """Replaces the text between <!-- {key}:begin --> and <!-- {key}:end --> in README.md."""
-    readme = ROOT / "README.md"
+    """Replaces the text between <!-- {key}:begin --> and <!-- {key}:end --> in
+    docs/BENCHMARKS.md."""
+    readme = ROOT / "docs" / "BENCHMARKS.md"
     text = readme.read_text()
     begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
     if begin not in text or end not in text:
-        print(f"README.md has no {begin} ... {end} section; not updated", file=sys.stderr)
+        print(f"docs/BENCHMARKS.md has no {begin} ... {end} section; not updated", file=sys.stderr)
         return
     a, b = text.index(begin) + len(begin), text.index(end)
     readme.write_text(text[:a] + "\n" + readme_section(report) + text[b:])

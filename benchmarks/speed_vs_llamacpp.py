@@ -30,8 +30,8 @@ never fall below llama.cpp under the same load). Each round then also measures e
 engine's busy / idle ratio.
 
 Results: benchmarks/results/speed-vs-llamacpp.md and .json (--out NAME: NAME.md / .json); the
-run also rewrites README.md's block of the same name where there is one, and docs/QUALITY.md's
-speed table (SmolLM2 at depth 0).
+run also rewrites the block of the same name where README.md or docs/BENCHMARKS.md has one, and
+docs/QUALITY.md's speed table (SmolLM2 at depth 0).
 """
 from __future__ import annotations
 
@@ -145,6 +145,7 @@ def doc_table(results: dict) -> str:
 
 
 README = ROOT / "README.md"
+TABLE_DOCS = (README, ROOT / "docs" / "BENCHMARKS.md")   # where the generated blocks stand
 
 
 def readme_block(name: str) -> re.Pattern:
@@ -316,8 +317,10 @@ def main(argv=None) -> int:
     if args.out == "speed-vs-llamacpp" and "f16" in kvs and 0 in depths:   # the doc's table
         DOC.write_text(DOC_BLOCK.sub(lambda m: m.group(1) + doc_table(results) + m.group(2), DOC.read_text()))
     block = readme_block(args.out)
-    if block.search(README.read_text()):   # README.md shows this run (speed-vs-llamacpp, -1b)
-        README.write_text(block.sub(lambda m: m.group(1) + readme_table(results) + m.group(2), README.read_text()))
+    for doc in TABLE_DOCS:                 # the doc that shows this run (speed-vs-llamacpp, -1b)
+        if block.search(doc.read_text()):
+            doc.write_text(block.sub(lambda m: m.group(1) + readme_table(results) + m.group(2),
+                                     doc.read_text()))
     print("\n".join(lines))
     return 0
 

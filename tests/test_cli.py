@@ -229,7 +229,7 @@ def test_serve_without_its_extra_says_how_to_install_it_before_loading(module, t
         r = subprocess.run([sys.executable, "-c", code, "serve", str(model), "--port", "0"],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert_user_error(r, "serve")
-        assert "pip install 'pyklei[serve]'" in r.stderr and module in r.stderr, r.stderr
+        assert "pip install -e '.[serve]'" in r.stderr and module in r.stderr, r.stderr
 
 
 def test_serve_checks_every_module_of_its_extra():

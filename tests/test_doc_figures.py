@@ -145,21 +145,23 @@ def test_speed_table_is_the_results_file():
 
 
 def test_readme_speed_tables_are_the_results_files():
-    """README.md's speed tables beside llama.cpp (blocks named after their results file) are
-    what benchmarks/speed_vs_llamacpp.py writes from those files (readme_table)."""
+    """The speed tables beside llama.cpp (blocks named after their results file: the headline
+    in README.md, the others in docs/BENCHMARKS.md) are what benchmarks/speed_vs_llamacpp.py
+    writes from those files (readme_table)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("speed_vs_llamacpp",
                                                   ROOT / "benchmarks" / "speed_vs_llamacpp.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    readme = (ROOT / "README.md").read_text()
-    for name in ("speed-vs-llamacpp", "speed-vs-llamacpp-1b-d0", "speed-vs-llamacpp-1b"):
-        block = bench.readme_block(name).search(readme)
-        assert block, f"README.md has no {name} block"
+    for doc, name in (("README.md", "speed-vs-llamacpp"),
+                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-1b-d0"),
+                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-1b")):
+        block = bench.readme_block(name).search((ROOT / doc).read_text())
+        assert block, f"{doc} has no {name} block"
         results = json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
         table = bench.readme_table(results)
         assert "x**" in table and block.group(0) == block.group(1) + table + block.group(2), \
-            f"README.md's {name} table differs from {name}.json: rerun the benchmark"
+            f"{doc}'s {name} table differs from {name}.json: rerun the benchmark"
 
 
 def _kld(name: str) -> dict:

@@ -5,7 +5,7 @@ The vocabulary tests run on SmolLM2's converted file and on the Llama 3 (byte-le
 Llama 2 (SentencePiece) vocabularies of ../shared/vocab; the generation tests on the converted
 SmolLM2 with schemas whose language is finite (every string bounded, no extra properties), so
 that a reply that does not end, parse and validate is a failure of the constraint, not of the
-model. Skipped where llguidance (pip install 'pyklei[grammar]') is absent.
+model. Skipped where llguidance (pip install -e '.[grammar]') is absent.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ except ImportError:
     HAVE_LLG = False
 
 needs_llg = pytest.mark.skipif(not HAVE_LLG, reason="llguidance not installed "
-                                                    "(pip install 'pyklei[grammar]')")
+                                                    "(pip install -e '.[grammar]')")
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "shared" / "vocab"
 
@@ -136,7 +136,7 @@ def test_constraint_kinds_and_no_constraint(smol_tok):
 def test_without_llguidance_the_error_says_what_to_install(smol_tok, monkeypatch):
     import pyklei.runtime.grammar as G
     monkeypatch.setitem(sys.modules, "llguidance", None)   # import llguidance -> ImportError
-    with pytest.raises(ImportError, match=r"pip install 'pyklei\[grammar\]'"):
+    with pytest.raises(ImportError, match=r"pip install llguidance"):
         G.constraint(smol_tok, json_schema={"type": "object"})
     assert G.constraint(smol_tok) is None                  # no constraint needs no llguidance
 

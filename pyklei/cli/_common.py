@@ -164,7 +164,7 @@ def _add_sampling_options(p, max_tokens=128, n_help=None):
 
 def _add_constraint_options(p):
     """--json-schema, --grammar, --regex: the reply follows one of them (pyklei.runtime.grammar)."""
-    g = p.add_argument_group("constrained output (needs llguidance: pip install 'pyklei[grammar]')")
+    g = p.add_argument_group("constrained output (needs llguidance: pip install llguidance)")
     x = g.add_mutually_exclusive_group()
     x.add_argument("--json-schema", metavar="FILE|JSON",
                    help="the reply is JSON valid under this JSON schema (a file, or the schema "

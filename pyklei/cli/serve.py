@@ -105,7 +105,7 @@ def run(args) -> int:
             importlib.import_module(name)
         from ..server.run import serve
     except ImportError as e:
-        raise CLIError(f"the server needs the 'serve' extra: pip install 'pyklei[serve]' ({e})") from None
+        raise CLIError(f"the server needs the 'serve' extra (in a pyklei checkout: pip install -e '.[serve]'): {e}") from None
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
     keys = args.api_key if args.api_key is not None else [os.environ.get("PYKLEI_API_KEY", "")]
     keys = [k.strip() for arg in keys for k in arg.split(",") if k.strip()] or None

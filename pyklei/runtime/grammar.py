@@ -23,7 +23,7 @@ SentencePiece vocabularies: a token's bytes are its text with "▁" as a space, 
 token of a reply is seen with its leading space, which the decoder strips. A JSON grammar
 does not allow leading whitespace, so the model starts with "{" rather than "▁{".
 
-llguidance is optional (``pip install 'pyklei[grammar]'``); importing this module works without
+llguidance is optional (the ``grammar`` extra: ``pip install -e '.[grammar]'`` in a checkout); importing this module works without
 it, building a constraint does not.
 """
 from __future__ import annotations
@@ -52,7 +52,8 @@ JSON_OBJECT = {"type": "object"}
 _JSON_LAYOUT = {"whitespace_flexible": True, "whitespace_pattern": r"[ ]?|\n[ \t]{0,20}",
                 "item_separator": ",", "key_separator": ":"}
 
-_INSTALL = "constrained decoding needs llguidance: pip install 'pyklei[grammar]'"
+_INSTALL = ("constrained decoding needs llguidance: pip install llguidance (in a pyklei "
+            "checkout: pip install -e '.[grammar]')")
 
 # What one grammar may cost, so that no request's grammar can stall the others (a server
 # compiles untrusted schemas). Its text: a schema of 3,000 properties is 115 KB and compiles in

@@ -6,5 +6,5 @@
     metrics.py     Prometheus metrics (prometheus_client)
     static/        the chat page served at /
 
-Needs the `serve` extra: pip install 'pyklei[serve]'.
+Needs the `serve` extra (in a checkout: pip install -e '.[serve]').
 """
