@@ -589,16 +589,18 @@ def test_llama3_vocab_reads_fast():
     if not vocab.exists():
         pytest.skip("shared/vocab not available")
     from pyklei.tokenizer import read_gguf_metadata
-    best = min(_timed(lambda: read_gguf_metadata(vocab, prefixes=("tokenizer.",))) for _ in range(3))
+    best = min(_cpu_timed(lambda: read_gguf_metadata(vocab, prefixes=("tokenizer.",)))
+               for _ in range(3))
     meta = read_gguf_metadata(vocab)
     assert len(meta["tokenizer.ggml.tokens"]) == 128256 and len(meta["tokenizer.ggml.merges"]) == 280147
-    assert best < 1.0 * TIME_SCALE, f"{best:.2f} s"
+    assert best < 1.0 * TIME_SCALE, f"{best:.2f} s of CPU"
 
 
-def _timed(fn):
-    t0 = time.perf_counter()
+def _cpu_timed(fn):
+    """CPU seconds fn() took: what the parser costs, which a busy machine does not stretch."""
+    t0 = time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 # ---------------------------------------------------------------------------------------------
