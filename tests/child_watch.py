@@ -3,8 +3,8 @@
 A test that presses Ctrl-C "during a long prefill" must know that the prefill is running. A
 sleep only guesses: on a loaded machine it can end before the prefill has begun (the Ctrl-C then
 lands at the prompt) or after it has ended. Here the event is observed instead: a thread of the
-process other than its main thread (pyklei/model.py runs a long C pass in one) has done so much
-CPU work since a given moment. Likewise "the Ctrl-C took effect promptly" is counted in the
+process other than its main thread (pyklei/runtime/model.py runs a long C pass in one) has done
+so much CPU work since a given moment. Likewise "the Ctrl-C took effect promptly" is counted in the
 CPU seconds the process spent after the signal, which another process's load does not add to.
 CPU times are read from /proc (Linux), in clock ticks.
 

@@ -572,7 +572,7 @@ def test_chat_ctrl_c_during_a_long_prefill_keeps_the_model_right(smollm2_q4, ter
     for _ in range(11):                   # continued lines: a canonical tty line holds 4 KB
         t.type(TEXT.strip()[:1000] + " \\\r")
         t.expect(r"\.\.\. $")
-    # Ctrl-C inside the prefill of ~2800 tokens: once the C pass (a thread of its own, model.py)
+    # Ctrl-C inside the prefill of ~2800 tokens: once the C pass (a thread of its own, runtime/model.py)
     # has run 0.3 s of CPU, whatever the machine's load; no reply text before "[stopped]"
     since = thread_cpu_seconds(t.proc.pid)
     t.type("Summarise this.\r")

@@ -119,7 +119,7 @@ def test_interrupt_keeps_the_cached_prefix():
     model.eval([1, 2, 3])
     since = thread_cpu_seconds(os.getpid())
 
-    def interrupt_once_running():     # the pass runs in model.py's helper thread
+    def interrupt_once_running():     # the pass runs in runtime/model.py's helper thread
         wait_for_thread_work(os.getpid(), 0.3, since)
         model.runtime.request_interrupt()
 
