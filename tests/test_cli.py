@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from child_watch import TIME_SCALE, sigint_as_in_a_terminal, thread_cpu_seconds, wait_for_thread_work
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = (
     "The river runs through the middle of the old town, and on summer evenings people walk "
@@ -421,7 +423,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
 
 
 class Terminal:
-    """A child process on a pty that is its controlling terminal, so \\x03 is a real Ctrl-C."""
+    """A child process on a pty that is its controlling terminal, so \\x03 is a real Ctrl-C
+    (its SIGINT as in a terminal, whatever the test runner inherited). Timeouts are wall-clock
+    ceilings, scaled by PYKLEI_TEST_TIME_SCALE."""
 
     def __init__(self, argv):
         self.fd, slave = os.openpty()
@@ -429,6 +433,7 @@ class Terminal:
 
         def make_controlling_tty():
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            sigint_as_in_a_terminal()
 
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env,
                                      cwd=ROOT, start_new_session=True,
@@ -440,7 +445,7 @@ class Terminal:
     def expect(self, pattern, timeout=90):
         """Reads until the text after the last match matches pattern; returns that text."""
         rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout * TIME_SCALE
         while True:
             text = ANSI.sub("", self.raw.decode("utf-8", "replace"))
             m = rx.search(text)
@@ -463,6 +468,9 @@ class Terminal:
 
     def type(self, text):
         os.write(self.fd, text.encode())
+
+    def wait(self, timeout=20):
+        return self.proc.wait(timeout * TIME_SCALE)
 
     def close(self):
         if self.proc.poll() is None:
@@ -531,7 +539,7 @@ def test_chat_repl_session(smollm2_q4, terminal):
     t.type("/stats\r")
     assert "0 turns in the history" in t.expect(PROMPT)
     t.type("/exit\r")
-    assert t.proc.wait(20) == 0
+    assert t.wait() == 0
 
 
 def test_chat_drops_oldest_turns_and_ctrl_d_leaves(smollm2_q4, terminal):
@@ -550,7 +558,7 @@ def test_chat_drops_oldest_turns_and_ctrl_d_leaves(smollm2_q4, terminal):
     used = int(re.search(r"context: (\d+) of 128", stats).group(1))
     assert used <= 128
     t.type("\x04")                        # Ctrl-D at the prompt
-    assert t.proc.wait(20) == 0
+    assert t.wait() == 0
 
 
 def test_chat_ctrl_c_during_a_long_prefill_keeps_the_model_right(smollm2_q4, terminal):
@@ -564,17 +572,19 @@ def test_chat_ctrl_c_during_a_long_prefill_keeps_the_model_right(smollm2_q4, ter
     for _ in range(11):                   # continued lines: a canonical tty line holds 4 KB
         t.type(TEXT.strip()[:1000] + " \\\r")
         t.expect(r"\.\.\. $")
+    # Ctrl-C inside the prefill of ~2800 tokens: once the C pass (a thread of its own, runtime/model.py)
+    # has run 0.3 s of CPU, whatever the machine's load; no reply text before "[stopped]"
+    since = thread_cpu_seconds(t.proc.pid)
     t.type("Summarise this.\r")
     t.expect(r"Summarise this\.\n")
-    # inside the prefill of ~2800 tokens (1.5-2 s at one thread here): with 8 lines and 0.7 s,
-    # faster kernels finished the prefill and the reply before the Ctrl-C came
-    time.sleep(0.3)
+    wait_for_thread_work(t.proc.pid, 0.3, since)
     t.type("\x03")
-    assert "[stopped]" in t.expect(PROMPT, timeout=30)
+    stopped = t.expect(PROMPT, timeout=30)
+    assert stopped.replace("^C", "").split() == ["[stopped]", ">"], stopped
     t.type("What is the capital of France?\r")       # no /reset: the model must be right as is
     assert "Paris" in t.expect(PROMPT).split("France?", 1)[1]
     t.type("/exit\r")
-    assert t.proc.wait(20) == 0
+    assert t.wait() == 0
 
 
 @pytest.mark.parametrize("flags,expect", [
