@@ -452,46 +452,56 @@ while True:
 
 
 class Neighbour:
-    """The neighbour stream in a thread, and /health polled beside it; .check(solo) asserts
-    the text, the pace and the health latency once the attack is over."""
+    """The neighbour stream in a thread with /health polled beside it, run twice: alone first
+    (the baseline, on the machine as it is now: a busy machine slows both runs alike), then
+    beside the attack made in the `with` block. .check() compares the two."""
 
     def __init__(self, srv, headers=None):
         self.srv, self.headers = srv, headers
-        self.result, self.health_s = None, []
+
+    def _run(self):
+        poller = subprocess.Popen([sys.executable, "-c", HEALTH_POLLER, self.srv.url + "/health"],
+                                  stdout=subprocess.PIPE, text=True)
+        result = {}
+        thread = threading.Thread(
+            target=lambda: result.update(r=_stream_text(self.srv, NEIGHBOUR, self.headers)))
+        thread.start()
+        return poller, thread, result
+
+    def _end(self, poller, thread, result):
+        thread.join(300)
+        poller.kill()
+        out, _ = poller.communicate()
+        health = sorted(float(x) for x in out.split())
+        assert health, "no /health reading while the neighbour ran"
+        return result["r"], health
 
     def __enter__(self):
-        def run():
-            self.result = _stream_text(self.srv, NEIGHBOUR, self.headers)
-        self.poller = subprocess.Popen([sys.executable, "-c", HEALTH_POLLER,
-                                        self.srv.url + "/health"], stdout=subprocess.PIPE,
-                                       text=True)
-        self.thread = threading.Thread(target=run)
-        self.thread.start()
+        self.solo, self.solo_health = self._end(*self._run())
+        self.running = self._run()
         return self
 
     def __exit__(self, *exc):
-        self.thread.join(300)
-        self.poller.kill()
-        out, _ = self.poller.communicate()
-        self.health_s = [float(x) for x in out.split()]
+        self.result, self.health = self._end(*self.running)
 
-    def check(self, solo, pace=True):
-        """The neighbour's text equals its solo run, its pace is at least half the solo pace,
-        and /health answered in 100 ms (the median; each within 0.5 s: a stalled event loop
-        takes seconds, a busy machine's scheduler some tens of milliseconds)."""
-        text, got, _ = self.result
-        assert text == solo[0]
-        assert not pace or got >= 0.5 * solo[1], (got, solo[1])
-        health = sorted(self.health_s)
-        assert health, "no /health reading while the neighbour ran"
-        assert health[len(health) // 2] < 0.1 and health[-1] < 0.5 * TIME_SCALE, health[-3:]
+    def check(self, pace=True):
+        """The neighbour's text equals its solo run's; its pace is at least half the solo
+        pace; /health answered within 100 ms (the median) and each within 0.5 s (a stalled
+        event loop takes seconds), or, on a machine so busy that the solo run's readings were
+        slower, within 3 times those."""
+        (text, got, _), (solo_text, solo_pace, _) = self.result, self.solo
+        assert text == solo_text
+        assert not pace or got >= 0.5 * solo_pace, (got, solo_pace)
+        h, base = self.health, self.solo_health
+        median, base_median = h[len(h) // 2], base[len(base) // 2]
+        assert median < max(0.1, 3 * base_median), (median, base_median)
+        assert h[-1] < max(0.5, 3 * base[-1]) * TIME_SCALE, (h[-3:], base[-3:])
 
 
 @pytest.fixture(scope="module")
 def tenants(smollm2_q4):
     with LiveServer(smollm2_q4, "--parallel", "4", "--api-key", "key-a,key-b",
                     "--timeout-write", "1") as srv:
-        srv.solo = _stream_text(srv, NEIGHBOUR, {"Authorization": "Bearer key-a"})[:2]
         yield srv
 
 
@@ -551,13 +561,13 @@ def test_a_huge_schema_with_n_16_is_refused_and_a_large_one_compiles_once(tenant
     assert "too large" in r.json()["error"]["message"]
     assert time.perf_counter() - t < 5
     with Neighbour(tenants, auth) as nb:
-        time.sleep(0.3)
+        time.sleep(0.2)
         r = post(tenants, "/v1/chat/completions", {"messages": CHAT, "n": 16, "max_tokens": 3,
                                                    "response_format": schema(2_500)},
                  headers=auth)
         assert r.status_code == 200, r.text
         assert len(r.json()["choices"]) == 16
-    nb.check(tenants.solo, pace=False)
+    nb.check(pace=False)
 
 
 def test_long_stop_strings_are_bounded_and_matched_in_linear_time(tenants):
@@ -571,7 +581,7 @@ def test_long_stop_strings_are_bounded_and_matched_in_linear_time(tenants):
     # id 28909): 300 tokens, the held-back text as long as the stops
     stops = ["=" * 4095 + str(i) for i in range(4)]
     with Neighbour(tenants, auth) as nb:
-        time.sleep(0.3)
+        time.sleep(0.2)
         t = time.perf_counter()
         r = post(tenants, "/v1/completions", {"prompt": "=" * 20, "max_tokens": 300,
                                               "temperature": 0, "stop": stops,
@@ -579,7 +589,7 @@ def test_long_stop_strings_are_bounded_and_matched_in_linear_time(tenants):
         took = time.perf_counter() - t
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 300
-    nb.check(tenants.solo)
+    nb.check()
     assert took < 20
 
 
@@ -590,14 +600,14 @@ def test_echo_with_logprobs_runs_in_pieces_and_its_reply_is_bounded(tenants):
                                           "n": 16, "max_tokens": 1}, headers=auth)
     assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
     with Neighbour(tenants, auth) as nb:
-        time.sleep(0.3)
+        time.sleep(0.2)
         r = post(tenants, "/v1/completions", {"prompt": prompt, "echo": True, "logprobs": 20,
                                               "max_tokens": 1}, headers=auth)
         assert r.status_code == 200, r.text
     lp = r.json()["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == r.json()["usage"]["prompt_tokens"] + 1
     assert lp["token_logprobs"][0] is None and all(len(t) == 20 for t in lp["top_logprobs"][1:])
-    nb.check(tenants.solo)
+    nb.check()
 
 
 @pytest.mark.parametrize("field", ["json_schema", "response_format"])
@@ -656,7 +666,7 @@ def test_a_client_that_never_reads_is_cancelled_after_the_write_timeout(tenants)
               + str(len(body)).encode() + b"\r\n\r\n" + body)
     try:
         before = tenants.health()["cancelled"]
-        stats = tenants.wait_health(lambda h: h["cancelled"] > before, timeout=60)
+        stats = tenants.wait_health(lambda h: h["cancelled"] > before, timeout=180 * TIME_SCALE)
         assert stats["running"] == 0
     finally:
         s.close()
