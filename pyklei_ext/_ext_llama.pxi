@@ -36,6 +36,8 @@ cdef extern from "model/pk_llama.h":
         int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff
         float rms_eps, rope_theta
         int n_ctx, n_batch, kv_type, n_seq
+        int act, rope_dim
+        float embd_scale, attn_scale, logit_softcap
     ctypedef struct pk_llama_layer:
         const float *attn_norm
         const float *ffn_norm
@@ -46,6 +48,16 @@ cdef extern from "model/pk_llama.h":
         const pk_rhs *w_gate
         const pk_rhs *w_up
         const pk_rhs *w_down
+        const float *bq
+        const float *bk
+        const float *bv
+        const float *q_norm
+        const float *k_norm
+        const float *post_attn_norm
+        const float *post_ffn_norm
+        int window
+        float rope_theta
+        int no_rope
     ctypedef struct pk_rotation:
         int n, m, p
         const char *fwht_isa
@@ -96,6 +108,11 @@ cdef const float *_f32_ptr(object arr, list keep, Py_ssize_t n, str what) except
 # tensor table (pyklei/formats/llama_tensors.py); tests/test_llama_tensors.py checks the two agree.
 LAYER_NORM_FIELDS = ("attn_norm", "ffn_norm")
 LAYER_LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+# Per-layer features a layer dict may give (None or absent: the layer has none): f32 vectors
+# (field -> its length from the hparams) and settings.
+LAYER_VECTOR_FIELDS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
+LAYER_SETTINGS = ("window", "rope_theta", "no_rope")
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}      # pk_llama_act; gguf_keys.ACTIVATIONS' names
 # The sections of the activation statistics, in the C layout's order (pk_llama.h, pk_llama_stat)
 STAT_SECTIONS = tuple(pk_llama_stat_names[i].decode() for i in range(<int>PK_LLAMA_STATS))
 
@@ -119,6 +136,7 @@ cdef class LlamaRuntime:
         cdef int i
         cdef QWeight qw
         cdef const uint8_t[::1] emb_bytes
+        cdef const float *ptr
         self._keep = [ops, lm_head]
         self.ops = ops
         h.n_vocab, h.n_embd, h.n_layer = hp["n_vocab"], hp["n_embd"], hp["n_layer"]
@@ -130,6 +148,13 @@ cdef class LlamaRuntime:
             raise ValueError(f"kv_cache must be one of {', '.join(kv_types)}, not {hp['kv_cache']!r}")
         h.kv_type = kv_types[hp.get("kv_cache", "f32")]
         h.n_seq = hp.get("n_seq", 1)
+        if hp.get("activation", "silu") not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, not {hp['activation']!r}")
+        h.act = ACTIVATIONS[hp.get("activation", "silu")]
+        h.rope_dim = hp.get("rope_dim", 0)
+        h.embd_scale = hp.get("embedding_scale", 0.0)
+        h.attn_scale = hp.get("attention_scale", 0.0)
+        h.logit_softcap = hp.get("logit_softcap", 0.0)
         if len(layers) != h.n_layer:
             raise ValueError(f"{len(layers)} layers given, hparams say {h.n_layer}")
         # token embedding table: (dtype name, data array, scales array or None, block size)
@@ -149,14 +174,19 @@ cdef class LlamaRuntime:
             w.tok_embd.scales = &emb_bytes[0]
         w.lm_head = &lm_head.rhs
         w.output_norm = _f32_ptr(output_norm, self._keep, h.n_embd, "output_norm")
-        w.rope_freqs = NULL if rope_freqs is None else _f32_ptr(rope_freqs, self._keep, h.head_dim // 2, "rope_freqs")
+        w.rope_freqs = NULL if rope_freqs is None else _f32_ptr(
+            rope_freqs, self._keep, (h.rope_dim or h.head_dim) // 2, "rope_freqs")
+        lengths = {"bq": h.n_head * h.head_dim, "bk": h.n_head_kv * h.head_dim, "bv": h.n_head_kv * h.head_dim,
+                   "q_norm": h.head_dim, "k_norm": h.head_dim, "post_attn_norm": h.n_embd,
+                   "post_ffn_norm": h.n_embd}
+        known = set(LAYER_NORM_FIELDS + LAYER_LINEAR_FIELDS + LAYER_VECTOR_FIELDS + LAYER_SETTINGS)
         self.layers = <pk_llama_layer *>calloc(h.n_layer, sizeof(pk_llama_layer))
         if self.layers == NULL:
             raise MemoryError()
         for i, L in enumerate(layers):
-            if set(L) != set(LAYER_NORM_FIELDS + LAYER_LINEAR_FIELDS):
+            if not set(LAYER_NORM_FIELDS + LAYER_LINEAR_FIELDS) <= set(L) <= known:
                 raise ValueError(f"layer {i} gives fields {sorted(L)}, pk_llama_layer has "
-                                 f"{sorted(LAYER_NORM_FIELDS + LAYER_LINEAR_FIELDS)}")
+                                 f"{sorted(known)}")
             self.layers[i].attn_norm = _f32_ptr(L["attn_norm"], self._keep, h.n_embd, f"blk.{i}.attn_norm")
             self.layers[i].ffn_norm = _f32_ptr(L["ffn_norm"], self._keep, h.n_embd, f"blk.{i}.ffn_norm")
             for name in LAYER_LINEAR_FIELDS:
@@ -169,6 +199,20 @@ cdef class LlamaRuntime:
             self.layers[i].w_gate = &(<QWeight>L["w_gate"]).rhs
             self.layers[i].w_up = &(<QWeight>L["w_up"]).rhs
             self.layers[i].w_down = &(<QWeight>L["w_down"]).rhs
+            for name in LAYER_VECTOR_FIELDS:
+                v = L.get(name)
+                if v is not None:
+                    ptr = _f32_ptr(v, self._keep, lengths[name], f"blk.{i}.{name}")
+                    if name == "bq": self.layers[i].bq = ptr
+                    elif name == "bk": self.layers[i].bk = ptr
+                    elif name == "bv": self.layers[i].bv = ptr
+                    elif name == "q_norm": self.layers[i].q_norm = ptr
+                    elif name == "k_norm": self.layers[i].k_norm = ptr
+                    elif name == "post_attn_norm": self.layers[i].post_attn_norm = ptr
+                    else: self.layers[i].post_ffn_norm = ptr
+            self.layers[i].window = L.get("window", 0)
+            self.layers[i].rope_theta = L.get("rope_theta", 0.0)
+            self.layers[i].no_rope = L.get("no_rope", 0)
         w.layers = self.layers
         # rotations: {"ffn_down" | "output": (signs [n], mix [m, m])}, checked by the loader
         w.rot_ffn_down.n = 0

@@ -300,13 +300,16 @@ def test_the_tensor_table_is_a_leaf():
 
 
 def test_hugging_face_names_live_in_the_tensor_table_only():
-    """The Llama block's layout has one place (issue 27): no other module of pyklei or the
-    converters spells a Hugging Face tensor name of the table; they ask llama_tensors."""
+    """The block's layout has one place (issues 27 and 42): no other module of pyklei or the
+    converters spells a Hugging Face tensor name of the table or of a family's own names; they
+    ask llama_tensors and families."""
+    from pyklei.formats.families import FAMILIES
     from pyklei.formats.llama_tensors import TENSORS
 
-    table = ROOT / "pyklei" / "formats" / "llama_tensors.py"
+    table = {ROOT / "pyklei" / "formats" / "llama_tensors.py", ROOT / "pyklei" / "formats" / "families.py"}
     # a block tensor's own part ("self_attn.q_proj"), a global tensor's full name ("lm_head.weight")
     hf_names = {s.hf if s.per_layer else s.hf_name() for s in TENSORS if s.hf}
-    bad = [f"{p.relative_to(ROOT)}: {n}" for p in FILES if p != table
+    hf_names |= {n for f in FAMILIES.values() for n in f.hf_names.values()}
+    bad = [f"{p.relative_to(ROOT)}: {n}" for p in FILES if p not in table
            for n in hf_names if n in p.read_text()]
     assert not bad, f"Hugging Face tensor names spelled outside the table: {bad}"

@@ -174,7 +174,7 @@ def choose_format(t: SourceTensor, group_size: int, embedding_bits: int,
     """Output format of t. Norms, rope_freqs and rotations are always f32 (--keep patterns skip them);
     linear weights default to q4, embeddings/output to --embedding-bits; the first --keep
     pattern matching the GGUF or source name overrides that."""
-    if t.kind in ("norm", "rope_freqs", "rotation"):
+    if t.kind in ("norm", "head_norm", "bias", "rope_freqs", "rotation"):
         return "f32"
     fmt = "qsi4c32" if t.kind == "linear" else EMBEDDING_BITS[embedding_bits]
     for pat, f in keep:
@@ -333,7 +333,8 @@ def write_model(src: ModelSource, out_path, *, group_size: int = 32,
     if src.before_write:
         src.before_write({t.name: fmt for t, fmt in plan})
 
-    w = GGUFWriter(None, K.ARCH)
+    arch = next((v for k, v, *_ in src.kv if k == K.GENERAL_ARCHITECTURE), K.ARCH)
+    w = GGUFWriter(None, arch)
     w.add_custom_alignment(K.ALIGNMENT)
     for key, val, vtype, sub in src.kv:
         if key in (K.GENERAL_ARCHITECTURE, K.GENERAL_ALIGNMENT, K.KEY_FORMAT_VERSION,

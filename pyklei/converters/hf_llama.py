@@ -32,6 +32,19 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+def permute_qk_rows(w: np.ndarray, n_head: int, rope_dim: int | None = None) -> np.ndarray:
+    """permute_qk on the first rope_dim rows of each head only (partial RoPE: the rest of a
+    head is not rotated and keeps its order). Weights [n_head*hd, K], biases and head norms
+    [n_head*hd]."""
+    hd = w.shape[0] // n_head
+    if not rope_dim or rope_dim == hd:
+        return permute_qk(w, n_head)
+    heads = w.reshape(n_head, hd, *w.shape[1:]).copy()
+    heads[:, :rope_dim] = permute_qk(heads[:, :rope_dim].reshape(n_head * rope_dim, *w.shape[1:]),
+                                     n_head).reshape(n_head, rope_dim, *w.shape[1:])
+    return heads.reshape(w.shape)
+
+
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of permute_qk (llama.cpp order -> HF order)."""
     n = w.shape[0]

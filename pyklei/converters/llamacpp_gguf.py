@@ -1,8 +1,13 @@
-"""llama.cpp GGUF files of llama models -> a ModelSource.
+"""llama.cpp GGUF files of the families pyklei runs (pyklei/formats/families.py) -> a ModelSource.
 
 Tensors of every type the `gguf` package can dequantize (F32, F16, BF16, Q4_0 ... Q8_0, the
-K-quants, the IQ types) are dequantized with `gguf.quants.dequantize` (row chunk by row chunk);
-q/k are already in llama.cpp's order. Re-quantizing a quantized file adds pyklei's rounding
+K-quants, the IQ types) are dequantized with `gguf.quants.dequantize` (row chunk by row chunk).
+A Llama file's q/k rows are already in the interleaved order pyklei's RoPE rotates; the other
+families' are in rotate-half order, permuted here as the HF converter permutes them. llama.cpp
+stores Gemma's RMSNorm gains as 1 + w already, which is what pyklei's files hold. What llama.cpp
+keeps as rules of a family rather than in the file (Gemma 3's pattern of sliding-window layers
+and their RoPE base, its GeGLU and embedding scale) becomes the file's own keys here
+(_family_kv). Re-quantizing a quantized file adds pyklei's rounding
 error to the one the file already has: the conversion summary says so.
 Metadata keys are copied with their types, except those describing llama.cpp's own storage
 (general.file_type, general.quantization_version, general.alignment, split.*).
@@ -21,9 +26,11 @@ from gguf.quants import dequantize
 
 from pyklei.formats import gguf_keys as K
 from pyklei.formats import llama_tensors as L
+from pyklei.formats.families import FAMILIES, family
 
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
+from .hf_llama import permute_qk_rows
 
 PLAIN_TYPES = (Q.F32, Q.F16, Q.BF16)
 
@@ -77,6 +84,39 @@ def _eos_kv(fields) -> list:
     return out
 
 
+# The llama.cpp architectures imported (families.py names): Mistral's llama.cpp files say
+# "llama"; SmolLM3's and Phi-3's keep rules this importer does not know yet.
+GGUF_ARCHS = tuple(a for a in FAMILIES if a not in ("mistral", "smollm3", "phi3"))
+# llama.cpp's Gemma 3 rules (src/llama-model.cpp): every 6th layer attends globally, the
+# others a sliding window with RoPE base 10000; GeGLU; embeddings times sqrt(n_embd).
+GEMMA3_GLOBAL_EVERY = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
+def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path) -> list:
+    """The family hyperparameters (gguf_keys) of a llama.cpp file, which llama.cpp keeps as
+    rules of the architecture; refuses what the rules here do not cover."""
+    for key in fields:
+        if key.startswith(f"{arch}.rope.scaling.") and key != f"{arch}.rope.scaling.type":
+            raise ConversionError(f"{path}: unsupported feature: RoPE scaling ({key}) in a "
+                                  f"{arch} file")
+    if arch != "gemma3":
+        return []
+    window_key = f"{arch}.attention.sliding_window"
+    if window_key not in fields:
+        raise ConversionError(f"{path} lacks {window_key!r}")
+    window = int(fields[window_key].contents())
+    base = float(fields[K.arch_key(arch, K.ROPE_FREQ_BASE)].contents())
+    local = [(i + 1) % GEMMA3_GLOBAL_EVERY != 0 for i in range(n_layer)]
+    return [
+        (K.KEY_LAYER_WINDOW, [window if lo else 0 for lo in local], T.ARRAY, T.UINT32),
+        (K.KEY_LAYER_ROPE_BASE, [GEMMA3_LOCAL_ROPE_BASE if lo else base for lo in local],
+         T.ARRAY, T.FLOAT32),
+        (K.KEY_ACTIVATION, "gelu_tanh", T.STRING, None),
+        (K.KEY_EMBEDDING_SCALE, float(np.float32(n_embd ** 0.5)), T.FLOAT32, None),
+    ]
+
+
 def gguf_source(path, name: str | None = None) -> ModelSource:
     path = Path(path)
     if not path.is_file():
@@ -89,8 +129,10 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     arch = fields["general.architecture"].contents() if "general.architecture" in fields else None
     if K.KEY_FORMAT_VERSION in fields:
         raise ConversionError(f"{path} is already a pyklei model file")
-    if arch != "llama":
-        raise ConversionError(f"unsupported architecture {arch!r} in {path}; only 'llama'")
+    fam = family(arch)
+    if fam is None or arch in ("mistral", "smollm3", "phi3"):
+        raise ConversionError(f"unsupported architecture {arch!r} in {path}; pyklei imports "
+                              f"llama.cpp files of {', '.join(GGUF_ARCHS)}")
     kv = []
     for key, f in fields.items():
         if key.startswith("GGUF.") or key.startswith("split.") or key in DROPPED_KEYS:
@@ -102,6 +144,7 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
         kv.append((key, _field_value(f), vtype, sub))
 
     def num(key, default=None):
+        key = K.arch_key(arch, key)
         if key in fields:
             return fields[key].contents()
         if default is None:
@@ -113,19 +156,23 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     n_head_kv = int(num(K.HEAD_COUNT_KV, n_head))
     head_dim = int(num(K.KEY_LENGTH, n_embd // n_head))
     n_ff = int(num(K.FEED_FORWARD_LENGTH))
+    rope_dim = int(num(K.ROPE_DIM, head_dim))
     by_name = {t.name: t for t in r.tensors}
     if K.TOKEN_EMBD not in by_name:
         raise ConversionError(f"{path} has no {K.TOKEN_EMBD}")
     vocab = int(by_name[K.TOKEN_EMBD].shape[1])
-    if K.VOCAB_SIZE not in fields:
-        kv.append((K.VOCAB_SIZE, vocab, T.UINT32, None))
+    if K.arch_key(arch, K.VOCAB_SIZE) not in fields:
+        kv.append((K.arch_key(arch, K.VOCAB_SIZE), vocab, T.UINT32, None))
+    kv += _family_kv(arch, fields, n_layer, n_embd, head_dim, path)
     dims = L.Dims(vocab_size=vocab, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
                   n_head_kv=n_head_kv, head_dim=head_dim, tied=K.OUTPUT not in by_name,
-                  has_rope_freqs=K.ROPE_FREQS in by_name)
+                  has_rope_freqs=K.ROPE_FREQS in by_name, features=fam.features)
     expect = {name: (spec.shape(dims), spec.kind) for name, spec, _ in L.for_each_tensor(dims)}
+    heads = {name: spec.head_count(dims) if fam.gguf_neox else 0
+             for name, spec, _ in L.for_each_tensor(dims)}
     for t in r.tensors:
         if t.name not in expect:
-            raise ConversionError(f"{path}: unsupported tensor {t.name} (not part of a llama model "
+            raise ConversionError(f"{path}: unsupported tensor {t.name} (not part of a {arch} model "
                                   f"with {n_layer} blocks)")
     data = getattr(r.data, "_mmap", None)
 
@@ -165,7 +212,10 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
                 return np.asarray(out, np.float32).reshape(shape)[r0:r1]
             return np.asarray(out, np.float32).reshape((r1 - r0,) + shape[1:])
 
-        tensors.append(SourceTensor(gname, shape, kind, read, gname))
+        if heads[gname]:   # rotate-half rows -> interleaved pairs: the whole tensor at once
+            def read(r0, r1, plain=read, shape=shape, n=heads[gname]):
+                return permute_qk_rows(plain(0, shape[0]), n, rope_dim)[r0:r1]
+        tensors.append(SourceTensor(gname, shape, kind, read, gname, whole=bool(heads[gname])))
     # The table's order, except that a block's norms come before its linears: the order
     # imported files have always had (kept, so that a re-conversion stays byte-identical).
     pos = {name: j for j, name in enumerate(expect)}
@@ -173,7 +223,7 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     def import_rank(s: SourceTensor):
         layer = L.parse_name(s.name)[1]
         block_start = pos[L.BLOCK[0].name(layer)] if layer is not None else pos[s.name]
-        return block_start, s.kind != L.NORM, pos[s.name]
+        return block_start, s.kind not in (L.NORM, L.HEAD_NORM, L.BIAS), pos[s.name]
     tensors.sort(key=import_rank)
     kv += _eos_kv(fields)
     kv.append((K.KEY_SOURCE, "gguf", T.STRING, None))

@@ -43,6 +43,11 @@ def llama_key(suffix: str) -> str:
     return f"{ARCH}.{suffix}"
 
 
+def arch_key(arch: str, key: str) -> str:
+    """A Llama key (CONTEXT_LENGTH, ...) as a file of family `arch` spells it."""
+    return arch + key[len(ARCH):] if key.startswith(ARCH + ".") else key
+
+
 CONTEXT_LENGTH = llama_key("context_length")
 EMBEDDING_LENGTH = llama_key("embedding_length")
 BLOCK_COUNT = llama_key("block_count")
@@ -84,6 +89,17 @@ ROPE_SCALING_FACTOR = "pyklei.rope.scaling.factor"
 ROPE_SCALING_LOW = "pyklei.rope.scaling.low_freq_factor"
 ROPE_SCALING_HIGH = "pyklei.rope.scaling.high_freq_factor"
 ROPE_SCALING_ORIG_CTX = "pyklei.rope.scaling.original_context_length"
+
+# Family hyperparameters (families.py): written only where a model differs from Llama, so a
+# Llama file has none of them. Per layer, arrays of block_count values: the sliding window
+# (0: the layer attends every position) and the RoPE base (0: the layer has no RoPE).
+KEY_LAYER_WINDOW = "pyklei.attention.layer_sliding_window"     # array uint32
+KEY_LAYER_ROPE_BASE = "pyklei.rope.layer_freq_base"             # array float32
+KEY_ACTIVATION = "pyklei.ffn.activation"     # the MLP's gate: "silu" (SwiGLU) | "gelu_tanh" (GeGLU)
+KEY_EMBEDDING_SCALE = "pyklei.embedding_scale"       # token embeddings times this (Gemma: sqrt(n_embd))
+KEY_ATTENTION_SCALE = "pyklei.attention.scale"       # scores times this; absent: 1/sqrt(head_dim)
+KEY_LOGIT_SOFTCAP = "pyklei.final_logit_softcapping"  # logits = c tanh(logits / c); absent: none
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 # SentencePiece tokenizers: the original tokenizer.model bytes (array uint8), next to
 # llama.cpp's tokens/scores/token_type arrays.

@@ -24,6 +24,15 @@ NORM = "norm"                      # an RMSNorm gain, always f32
 LINEAR = "linear"                  # a block's weight matrix, 4 bits by default
 OUTPUT = "output"                  # the untied lm_head
 ROPE_FREQS_KIND = "rope_freqs"     # llama3 RoPE frequency divisors, f32
+HEAD_NORM = "head_norm"            # a per-head RMSNorm gain of q or k [head_dim], f32
+BIAS = "bias"                      # a linear's bias, f32
+
+# Features: tensors some families have beyond Llama's (families.py says which family has
+# which; TensorSpec.feature names the one a row belongs to).
+QKV_BIAS = "qkv_bias"              # q/k/v projections with biases (Qwen2)
+QK_NORM = "qk_norm"                # RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3)
+POST_NORMS = "post_norms"          # RMSNorm of the attention and MLP outputs (Gemma 3)
+FEATURES = (QKV_BIAS, QK_NORM, POST_NORMS)
 
 
 class LlamaDims(Protocol):
@@ -38,6 +47,7 @@ class LlamaDims(Protocol):
     head_dim: int
     tied: bool                 # token_embd is also the lm_head: no output.weight
     has_rope_freqs: bool       # llama3 RoPE scaling factors in rope_freqs.weight
+    features: frozenset        # of FEATURES: the family's tensors beyond Llama's
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Dims:
     head_dim: int
     tied: bool = False
     has_rope_freqs: bool = False
+    features: frozenset = frozenset()
 
 
 @dataclass(frozen=True)
@@ -75,30 +86,44 @@ class TensorSpec:
     heads: str | None = None       # q/k: the dims attribute counting the heads whose rows HF
                                    # stores in rotate-half order (hf_llama.permute_qk)
     optional: str | None = None    # "untied": only without tied embeddings; "rope_freqs": llama3
+    feature: str | None = None     # of FEATURES: only in a family that has it
+    suffix: str = "weight"         # "bias" for a linear's bias (same part as its weight)
+
+    @property
+    def key(self) -> str:
+        """The row's name in the table: the part, "<part>.bias" for a bias."""
+        return self.part if self.suffix == "weight" else f"{self.part}.{self.suffix}"
 
     def name(self, layer: int | None = None) -> str:
         """The GGUF tensor name (block tensors need their layer)."""
-        return blk(layer, self.part) if self.per_layer else f"{self.part}.weight"
+        return blk(layer, self.part, self.suffix) if self.per_layer else f"{self.part}.{self.suffix}"
 
-    def hf_name(self, layer: int | None = None) -> str | None:
-        if self.hf is None:
+    def hf_name(self, layer: int | None = None, hf: str | None = None) -> str | None:
+        """The Hugging Face name; hf: the family's own name for the part (families.py)."""
+        hf = hf or self.hf
+        if hf is None:
             return None
-        return f"model.layers.{layer}.{self.hf}.weight" if self.per_layer else f"{self.hf}.weight"
+        return f"model.layers.{layer}.{hf}.{self.suffix}" if self.per_layer else f"{hf}.{self.suffix}"
 
     def head_count(self, dims: LlamaDims) -> int:
-        """q/k: the heads whose rows are permuted between HF and llama.cpp order; else 0."""
-        return getattr(dims, self.heads) if self.heads else 0
+        """q/k (weights, biases, head norms): the heads whose rows are permuted between HF and
+        llama.cpp order ("one": a head norm's single head); else 0."""
+        if not self.heads:
+            return 0
+        return 1 if self.heads == "one" else getattr(dims, self.heads)
 
 
 def _q(d): return (d.n_head * d.head_dim, d.n_embd)
 def _kv(d): return (d.n_head_kv * d.head_dim, d.n_embd)
 def _vocab(d): return (d.vocab_size, d.n_embd)
 def _embd(d): return (d.n_embd,)
+def _head(d): return (d.head_dim,)
 
 
 # Order: the order a converted file holds them (rope_freqs first, then the forward pass's).
 GLOBAL_HEAD = (
-    TensorSpec("rope_freqs", None, ROPE_FREQS_KIND, lambda d: (d.head_dim // 2,), False,
+    TensorSpec("rope_freqs", None, ROPE_FREQS_KIND,
+               lambda d: ((getattr(d, "rope_dim", 0) or d.head_dim) // 2,), False,
                optional="rope_freqs"),
     TensorSpec("token_embd", "model.embed_tokens", EMBEDDING, _vocab, False),
 )
@@ -110,9 +135,21 @@ BLOCK = (
                input="attn_in", field="wk", short="k", heads="n_head_kv"),
     TensorSpec("attn_v", "self_attn.v_proj", LINEAR, _kv, True, norm="attn_norm",
                input="attn_in", field="wv", short="v"),
+    TensorSpec("attn_q", "self_attn.q_proj", BIAS, lambda d: (d.n_head * d.head_dim,), True,
+               field="bq", heads="n_head", feature=QKV_BIAS, suffix="bias"),
+    TensorSpec("attn_k", "self_attn.k_proj", BIAS, lambda d: (d.n_head_kv * d.head_dim,), True,
+               field="bk", heads="n_head_kv", feature=QKV_BIAS, suffix="bias"),
+    TensorSpec("attn_v", "self_attn.v_proj", BIAS, lambda d: (d.n_head_kv * d.head_dim,), True,
+               field="bv", feature=QKV_BIAS, suffix="bias"),
+    TensorSpec("attn_q_norm", "self_attn.q_norm", HEAD_NORM, _head, True, field="q_norm",
+               heads="one", feature=QK_NORM),
+    TensorSpec("attn_k_norm", "self_attn.k_norm", HEAD_NORM, _head, True, field="k_norm",
+               heads="one", feature=QK_NORM),
     TensorSpec("attn_output", "self_attn.o_proj", LINEAR,
                lambda d: (d.n_embd, d.n_head * d.head_dim), True,
                input="attn_out", field="wo", short="o"),
+    TensorSpec("post_attention_norm", None, NORM, _embd, True, field="post_attn_norm",
+               feature=POST_NORMS),
     TensorSpec("ffn_norm", "post_attention_layernorm", NORM, _embd, True, field="ffn_norm"),
     TensorSpec("ffn_gate", "mlp.gate_proj", LINEAR, lambda d: (d.n_ff, d.n_embd), True,
                norm="ffn_norm", input="ffn_in", field="w_gate", short="gate"),
@@ -120,6 +157,8 @@ BLOCK = (
                norm="ffn_norm", input="ffn_in", field="w_up", short="up"),
     TensorSpec("ffn_down", "mlp.down_proj", LINEAR, lambda d: (d.n_embd, d.n_ff), True,
                input="down_in", field="w_down", short="down"),
+    TensorSpec("post_ffw_norm", None, NORM, _embd, True, field="post_ffn_norm",
+               feature=POST_NORMS),
 )
 GLOBAL_TAIL = (
     TensorSpec("output_norm", "model.norm", NORM, _embd, False),
@@ -129,10 +168,13 @@ GLOBAL_TAIL = (
                input="lm_head_in", optional="untied"),
 )
 TENSORS = GLOBAL_HEAD + BLOCK + GLOBAL_TAIL
-BY_PART = {s.part: s for s in TENSORS}
+BY_PART = {s.key: s for s in TENSORS}
 
 BLOCK_LINEARS = tuple(s for s in BLOCK if s.kind == LINEAR)
-BLOCK_NORMS = tuple(s for s in BLOCK if s.kind == NORM)
+# the input norms every family has (attn_norm, ffn_norm): the gains the linears read
+BLOCK_NORMS = tuple(s for s in BLOCK if s.kind == NORM and s.feature is None)
+# every other f32 vector of a block a family may have, with the C field that holds it
+BLOCK_VECTORS = tuple(s for s in BLOCK if s.kind in (NORM, HEAD_NORM, BIAS) and s.feature is not None)
 
 # Global tensor names
 TOKEN_EMBD = BY_PART["token_embd"].name()
@@ -141,21 +183,23 @@ OUTPUT_NORM = BY_PART["output_norm"].name()
 ROPE_FREQS = BY_PART["rope_freqs"].name()
 
 
-def blk(i: int, part: str) -> str:
+def blk(i: int, part: str, suffix: str = "weight") -> str:
     """Tensor name of `part` (e.g. "attn_q") in block i: "blk.{i}.attn_q.weight"."""
-    return f"blk.{i}.{part}.weight"
+    return f"blk.{i}.{part}.{suffix}"
 
 
 def for_each_tensor(dims: LlamaDims) -> Iterator[tuple[str, TensorSpec, int | None]]:
     """Every tensor of a Llama model with these dims, in file order: (GGUF name, spec, layer or
     None)."""
     present = {"untied": not dims.tied, "rope_freqs": dims.has_rope_freqs, None: True}
+    features = dims.features
     for s in GLOBAL_HEAD:
         if present[s.optional]:
             yield s.name(), s, None
     for i in range(dims.n_layer):
         for s in BLOCK:
-            yield s.name(i), s, i
+            if s.feature is None or s.feature in features:
+                yield s.name(i), s, i
     for s in GLOBAL_TAIL:
         if present[s.optional]:
             yield s.name(), s, None
@@ -164,8 +208,8 @@ def for_each_tensor(dims: LlamaDims) -> Iterator[tuple[str, TensorSpec, int | No
 def parse_name(name: str) -> tuple[TensorSpec, int | None] | None:
     """The spec and layer of a GGUF tensor name of the table, or None (rot.*, scales, other)."""
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" and parts[1].isdigit():
-        s = BY_PART.get(parts[2])
+    if len(parts) == 4 and parts[0] == "blk" and parts[3] in ("weight", "bias") and parts[1].isdigit():
+        s = BY_PART.get(parts[2] if parts[3] == "weight" else f"{parts[2]}.bias")
         return (s, int(parts[1])) if s is not None and s.per_layer else None
     if len(parts) == 2 and parts[1] == "weight":
         s = BY_PART.get(parts[0])

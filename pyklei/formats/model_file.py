@@ -22,6 +22,7 @@ import numpy as np
 
 from . import gguf_keys as K
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
+from .families import FAMILIES, family
 from .llama_tensors import for_each_tensor
 from .qsi4c32 import QSI4C32_BLOCK_SIZES
 from .registry import GGML_I8, GGML_TYPE_NAMES, PLAIN_BY_GGML, WEIGHT_FORMATS
@@ -50,6 +51,22 @@ class HParams:
     tied: bool                 # True: token_embd.weight is also the lm_head (no output.weight)
     has_rope_freqs: bool       # llama3 RoPE scaling factors in rope_freqs.weight
     block_size: int            # pyklei.qsi4c32.block_size (default qsi4c32 group size)
+    # The family (families.py) and what its file says beyond Llama (gguf_keys, "Family
+    # hyperparameters"); a Llama file has the defaults.
+    arch: str = "llama"
+    features: frozenset = frozenset()
+    layer_window: tuple = ()        # per layer: sliding window, 0 = every position; () = all 0
+    layer_rope_base: tuple = ()     # per layer: RoPE base, 0 = no RoPE; () = all rope_theta
+    activation: str = "silu"
+    embedding_scale: float = 1.0
+    attention_scale: float = 0.0    # 0: 1/sqrt(head_dim)
+    logit_softcap: float = 0.0      # 0: none
+
+    def window(self, layer: int) -> int:
+        return self.layer_window[layer] if self.layer_window else 0
+
+    def rope_base(self, layer: int) -> float:
+        return self.layer_rope_base[layer] if self.layer_rope_base else self.rope_theta
 
 
 @dataclass
@@ -185,8 +202,9 @@ def read_model(path) -> ModelFile:
     if vtype(K.KEY_FORMAT_VERSION) not in _INT_TYPES or ver != K.FORMAT_VERSION:
         raise ModelFileError(f"{path} has pyklei format version {ver!r}; this pyklei reads "
                              f"version {K.FORMAT_VERSION} (re-convert the model)")
-    if md.get(K.GENERAL_ARCHITECTURE) != K.ARCH:
-        raise ModelFileError(f"{path}: architecture {md.get(K.GENERAL_ARCHITECTURE)!r}, expected 'llama'")
+    if family(md.get(K.GENERAL_ARCHITECTURE)) is None:
+        raise ModelFileError(f"{path}: architecture {md.get(K.GENERAL_ARCHITECTURE)!r}, expected one "
+                             f"of {', '.join(FAMILIES)}")
     align = md.get(K.GENERAL_ALIGNMENT, 32)       # the GGUF layer checked it is a power of two
     if align % K.ALIGNMENT:
         raise ModelFileError(f"{path}: general.alignment {align} is not a multiple of {K.ALIGNMENT}")
@@ -312,34 +330,52 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
             raise ModelFileError(f"{where}: metadata {key!r} = {v!r} is out of range [{lo}, {hi}]")
         return v
 
-    n_embd, n_head = need(K.EMBEDDING_LENGTH), need(K.HEAD_COUNT)
-    head_dim = need(K.KEY_LENGTH, default=max(n_embd // n_head, 1))
+    arch = md.get(K.GENERAL_ARCHITECTURE, K.ARCH)
+    fam = family(arch)
+    if fam is None:
+        raise ModelFileError(f"{where}: architecture {arch!r} is not one of {', '.join(FAMILIES)}")
+
+    def a(key):   # a Llama key as this family's file spells it
+        return K.arch_key(arch, key)
+
+    n_embd, n_head = need(a(K.EMBEDDING_LENGTH)), need(a(K.HEAD_COUNT))
+    head_dim = need(a(K.KEY_LENGTH), default=max(n_embd // n_head, 1))
+    n_layer = need(a(K.BLOCK_COUNT), hi=1 << 16)
+    rope_theta = need(a(K.ROPE_FREQ_BASE), float, default=10000.0, lo=1.0, hi=1e30)
     hp = HParams(
-        vocab_size=need(K.VOCAB_SIZE),
-        context_length=need(K.CONTEXT_LENGTH),
+        vocab_size=need(a(K.VOCAB_SIZE)),
+        context_length=need(a(K.CONTEXT_LENGTH)),
         n_embd=n_embd,
-        n_layer=need(K.BLOCK_COUNT, hi=1 << 16),
-        n_ff=need(K.FEED_FORWARD_LENGTH),
+        n_layer=n_layer,
+        n_ff=need(a(K.FEED_FORWARD_LENGTH)),
         n_head=n_head,
-        n_head_kv=need(K.HEAD_COUNT_KV, default=n_head),
+        n_head_kv=need(a(K.HEAD_COUNT_KV), default=n_head),
         head_dim=head_dim,
-        rms_eps=need(K.RMS_EPS, float, lo=1e-30, hi=1.0),
-        rope_theta=need(K.ROPE_FREQ_BASE, float, default=10000.0, lo=1.0, hi=1e30),
-        rope_dim=need(K.ROPE_DIM, default=head_dim),
+        rms_eps=need(a(K.RMS_EPS), float, lo=1e-30, hi=1.0),
+        rope_theta=rope_theta,
+        rope_dim=need(a(K.ROPE_DIM), default=head_dim),
         tied=K.OUTPUT not in tensor_names,
         has_rope_freqs=K.ROPE_FREQS in tensor_names,
         block_size=need(K.KEY_BLOCK_SIZE) if block_size is None else block_size,
+        arch=arch,
+        features=fam.features,
+        layer_window=_layer_array(md, vtype, K.KEY_LAYER_WINDOW, n_layer, int, 0, _I32_MAX, where),
+        layer_rope_base=_layer_array(md, vtype, K.KEY_LAYER_ROPE_BASE, n_layer, float, 0.0, 1e30, where),
+        activation=_choice(md, vtype, K.KEY_ACTIVATION, K.ACTIVATIONS, where),
+        embedding_scale=need(K.KEY_EMBEDDING_SCALE, float, default=1.0, lo=1e-30, hi=1e30),
+        attention_scale=need(K.KEY_ATTENTION_SCALE, float, default=0.0, lo=1e-30, hi=1e30),
+        logit_softcap=need(K.KEY_LOGIT_SOFTCAP, float, default=0.0, lo=1e-30, hi=1e30),
     )
     if hp.n_head % hp.n_head_kv:
         raise ModelFileError(f"{where}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
-    if need(K.VALUE_LENGTH, default=hp.head_dim) != hp.head_dim:
-        raise ModelFileError(f"{where}: attention.value_length {md[K.VALUE_LENGTH]} differs from "
+    if need(a(K.VALUE_LENGTH), default=hp.head_dim) != hp.head_dim:
+        raise ModelFileError(f"{where}: attention.value_length {md[a(K.VALUE_LENGTH)]} differs from "
                              f"key_length {hp.head_dim}; pyklei needs equal K and V head sizes")
     if hp.head_dim % 2:
         raise ModelFileError(f"{where}: head dimension {hp.head_dim} is odd (RoPE rotates pairs)")
-    if hp.rope_dim != hp.head_dim:
-        raise ModelFileError(f"{where}: partial RoPE (rope.dimension_count {hp.rope_dim} != head_dim "
-                             f"{hp.head_dim}) is not supported")
+    if hp.rope_dim % 2 or hp.rope_dim > hp.head_dim:
+        raise ModelFileError(f"{where}: rope.dimension_count {hp.rope_dim} must be even and at most "
+                             f"head_dim {hp.head_dim}")
     if hp.block_size not in QSI4C32_BLOCK_SIZES:
         raise ModelFileError(f"{where}: {K.KEY_BLOCK_SIZE} = {hp.block_size} is not one of {QSI4C32_BLOCK_SIZES}")
     # the C runtime indexes with int: every row length must fit one
@@ -348,6 +384,31 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
         if n > _I32_MAX:
             raise ModelFileError(f"{where}: {what} = {n} is too large")
     return hp
+
+
+def _layer_array(md, vtype, key, n_layer, typ, lo, hi, where) -> tuple:
+    """A per-layer array of family hyperparameters (gguf_keys), checked; () when absent."""
+    if key not in md:
+        return ()
+    v = md[key]
+    if vtype(key) != 9 or not isinstance(v, list) or len(v) != n_layer:
+        raise ModelFileError(f"{where}: {key} must be an array of {n_layer} values (one per layer)")
+    try:
+        out = tuple(typ(x) for x in v)
+    except (TypeError, ValueError):
+        raise ModelFileError(f"{where}: {key} holds a value that is not a number") from None
+    if not all(lo <= x <= hi for x in out):
+        raise ModelFileError(f"{where}: {key} holds a value out of range [{lo}, {hi}]")
+    return out
+
+
+def _choice(md, vtype, key, choices, where) -> str:
+    """A string key that must be one of choices (the first when absent)."""
+    if key not in md:
+        return choices[0]
+    if vtype(key) != 8 or md[key] not in choices:
+        raise ModelFileError(f"{where}: {key} = {md[key]!r}; expected one of {', '.join(choices)}")
+    return md[key]
 
 
 def _rotation_tensors(path, md, vtype, hp: HParams) -> dict[str, tuple[str, int]]:

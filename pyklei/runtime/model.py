@@ -57,7 +57,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..formats.llama_tensors import BLOCK_LINEARS, BLOCK_NORMS, OUTPUT_NORM, ROPE_FREQS, TOKEN_EMBD
+from ..formats.llama_tensors import (BLOCK_LINEARS, BLOCK_NORMS, BLOCK_VECTORS, OUTPUT_NORM, ROPE_FREQS,
+                                     TOKEN_EMBD)
 from ..formats.model_file import ModelFileError, Tensor, read_model
 from ..formats.registry import QUANTIZED, WEIGHT_FORMATS
 from .activation_policy import choose_activations
@@ -176,6 +177,10 @@ class Model:
         layers = []
         for i in range(hp.n_layer):
             layer = {s.field: self.file.layer(i, s.part).data for s in BLOCK_NORMS}
+            layer.update({s.field: self.file.tensor(s.name(i)).data for s in BLOCK_VECTORS
+                          if s.feature in hp.features})
+            base = hp.rope_base(i)
+            layer.update(window=hp.window(i), rope_theta=base, no_rope=int(base == 0.0))
             for key, part in _LINEARS:
                 t = self.file.layer(i, part)
                 layer[key] = _qweight(t)
@@ -190,7 +195,9 @@ class Model:
         rt_hp = dict(n_vocab=hp.vocab_size, n_embd=hp.n_embd, n_layer=hp.n_layer, n_head=hp.n_head,
                      n_head_kv=hp.n_head_kv, head_dim=hp.head_dim, n_ff=hp.n_ff,
                      rms_eps=hp.rms_eps, rope_theta=hp.rope_theta, n_ctx=self.n_ctx,
-                     n_batch=n_batch, kv_cache=kv_cache, n_seq=n_seq)
+                     n_batch=n_batch, kv_cache=kv_cache, n_seq=n_seq, activation=hp.activation,
+                     rope_dim=hp.rope_dim, embedding_scale=hp.embedding_scale,
+                     attention_scale=hp.attention_scale, logit_softcap=hp.logit_softcap)
         self.runtime = _ext.LlamaRuntime(self.ops, rt_hp, emb_spec, self.lm_head,
                                          self.file.tensor(OUTPUT_NORM).data, rope_freqs,
                                          layers, {k: (r.signs, r.mix) for k, r in

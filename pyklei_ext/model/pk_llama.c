@@ -1,4 +1,4 @@
-#include "pk_llama.h"
+#include "pk_llama_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -8,56 +8,10 @@
 
 #define err(...) pk_set_error(__VA_ARGS__)
 
-static const char *const op_names[PK_LLAMA_OPS] = {
-    "embed", "attn_norm", "qkv", "rope", "attention", "o_proj", "ffn_norm", "gate_up",
-    "swiglu", "down", "residual", "output_norm", "lm_head",
-};
+
+/* the operations timed, in the order of pk_llama_stats.c's op_names */
 enum { OP_EMBED, OP_ATTN_NORM, OP_QKV, OP_ROPE, OP_ATTENTION, OP_O, OP_FFN_NORM, OP_GATE_UP,
        OP_SWIGLU, OP_DOWN, OP_RESIDUAL, OP_OUT_NORM, OP_LM_HEAD };
-
-struct pk_llama {
-    pk_llama_hparams hp;
-    pk_llama_weights w;
-    pk_llama_layer *layers;
-    pk_ctx *ctx;
-    float *inv_freq;     /* [head_dim/2] */
-    int ctx_pad;         /* n_ctx rounded up to PK_KV_BLOCK */
-    /* Slot-major, so a slot's pages are touched only once it holds tokens (see pk_llama.h) */
-    void *k_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32, f16 or int8 (pk_nn.h) */
-    void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32, f16 or int8 */
-    uint16_t *k_scale;   /* q8: f16 scales, one per 32 elements of k_cache, in its order (pk_nn.h) */
-    uint16_t *v_scale;   /* q8: one per 32 elements of v_cache */
-    pk_f16_to_f32_fn kv_read;   /* f16 cache, q8's scales: the conversion attention reads with */
-    int *seq_seen;       /* [n_seq] scratch of pk_llama_forward_batch's checks */
-    /* scratch, n_batch rows each */
-    int32_t *row_seq;    /* [B] slot of each row of a chunk */
-    int32_t *row_pos;    /* [B] position of each row of a chunk */
-    int32_t *row_out;    /* [B] rows of a chunk whose logits are wanted, ascending */
-    float *x;            /* [B][n_embd] residual stream */
-    float *xn;           /* [B][n_embd] normalised */
-    float *q;            /* [B][n_head*hd] */
-    float *k;            /* [B][n_kv*hd] */
-    float *v;            /* [B][n_kv*hd] */
-    float *att;          /* [B][n_head*hd] attention output */
-    float *gate;         /* [B][n_ff] */
-    float *up;           /* [B][n_ff] */
-    float *scores;       /* [n_threads][PK_ATTEND_ROWS][n_head/n_head_kv][ld_scores] */
-    int ld_scores;       /* min(n_ctx, PK_ATTEND_CHUNK): attention scores a row holds at once */
-    /* decode at depth split over threads by chunks (job_attention_split): each (row, K/V
-     * head) pair's chunk partials, [SPLIT_PAIRS(nt)][n_chunks][group * head_dim + 2 * group] */
-    float *parts;
-    int n_chunks;        /* ceil(n_ctx / PK_ATTEND_CHUNK) */
-    float *rope_cs;      /* [B][head_dim]: cos/sin of each row's angles, shared by the layers */
-    float *rot_scratch;  /* [n_threads][max(n_ff, n_embd)]: pk_rotate_row's scratch */
-    float *ones;         /* [n_embd]: the gain of the final norm of a rotated file */
-    size_t state_bytes;
-    double *stats;       /* optional: see pk_llama_stats_enable */
-    size_t stats_len;
-    long stats_rows, stats_lm_rows;
-    int profile;         /* see pk_llama_profile_enable */
-    double prof_s[PK_LLAMA_OPS];
-    long prof_calls;
-};
 
 static double now_s(void) {
     struct timespec t;
@@ -84,76 +38,6 @@ static pk_kv_head kv_view(const pk_llama *m, int seq, int layer, int h) {
 /* Per-operation wall time: PROF(op) closes the interval that the previous PROF opened. */
 #define PROF(op) do { if (m->profile) { const double t_ = now_s(); m->prof_s[op] += t_ - t_prof; t_prof = t_; } } while (0)
 
-void pk_llama_profile_enable(pk_llama *m, int on) {
-    m->profile = on;
-    memset(m->prof_s, 0, sizeof m->prof_s);
-    m->prof_calls = 0;
-}
-
-int pk_llama_profile(const pk_llama *m, const char *const **names, const double **seconds, long *calls) {
-    *names = op_names;
-    *seconds = m->prof_s;
-    *calls = m->prof_calls;
-    return PK_LLAMA_OPS;
-}
-
-const char *const pk_llama_stat_names[PK_LLAMA_STATS] = {
-    "attn_in", "attn_out", "ffn_in", "down_in", "lm_head_in",
-};
-
-static size_t stat_len(const pk_llama_hparams *hp, pk_llama_stat s) {
-    switch (s) {
-    case PK_LLAMA_STAT_ATTN_OUT: return (size_t)hp->n_head * hp->head_dim;
-    case PK_LLAMA_STAT_DOWN_IN: return (size_t)hp->n_ff;
-    default: return (size_t)hp->n_embd;
-    }
-}
-
-static size_t stats_layer_len(const pk_llama_hparams *hp) {
-    size_t n = 0;
-    for (int s = 0; s < PK_LLAMA_STAT_LM_HEAD_IN; s++) n += stat_len(hp, (pk_llama_stat)s);
-    return n;
-}
-
-size_t pk_llama_stat_section(const pk_llama_hparams *hp, int l, pk_llama_stat s, size_t *len) {
-    *len = stat_len(hp, s);
-    if (s == PK_LLAMA_STAT_LM_HEAD_IN) return stats_layer_len(hp) * hp->n_layer;
-    size_t off = stats_layer_len(hp) * l;
-    for (int t = 0; t < (int)s; t++) off += stat_len(hp, (pk_llama_stat)t);
-    return off;
-}
-
-/* Section s of layer l of the statistics, or NULL when they are off */
-static double *stat_at(const pk_llama *m, int l, pk_llama_stat s) {
-    size_t len;
-    return m->stats ? m->stats + pk_llama_stat_section(&m->hp, l, s, &len) : NULL;
-}
-
-int pk_llama_stats_enable(pk_llama *m, int on) {
-    free(m->stats);
-    m->stats = NULL;
-    m->stats_len = 0;
-    m->stats_rows = m->stats_lm_rows = 0;
-    if (!on) return 0;
-    size_t lm_len;
-    m->stats_len = pk_llama_stat_section(&m->hp, 0, PK_LLAMA_STAT_LM_HEAD_IN, &lm_len) + lm_len;
-    m->stats = calloc(m->stats_len, sizeof(double));
-    return m->stats ? 0 : err("out of memory for activation statistics");
-}
-
-const double *pk_llama_stats(const pk_llama *m, size_t *len, long *rows, long *lm_rows) {
-    *len = m->stats_len;
-    *rows = m->stats_rows;
-    *lm_rows = m->stats_lm_rows;
-    return m->stats;
-}
-
-/* dst[j] += sum over rows of x[r][j]^2 */
-static void add_squares(double *dst, const float *x, int rows, int d) {
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < d; j++) dst[j] += (double)x[(size_t)r * d + j] * x[(size_t)r * d + j];
-}
-
 static void *alloc(pk_llama *m, size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
@@ -165,7 +49,9 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 512 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
         hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_seq < 0 ||
-        hp->kv_type < PK_KV_F32 || hp->kv_type > PK_KV_Q8) {
+        hp->kv_type < PK_KV_F32 || hp->kv_type > PK_KV_Q8 || hp->act < PK_ACT_SILU || hp->act > PK_ACT_GELU_TANH ||
+        hp->rope_dim < 0 || hp->rope_dim % 2 || hp->rope_dim > hp->head_dim || !(hp->embd_scale >= 0.0f) ||
+        !(hp->attn_scale >= 0.0f) || !(hp->logit_softcap >= 0.0f)) {
         err("invalid hyperparameters");
         return NULL;
     }
@@ -185,7 +71,26 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->ctx_pad = (hp->n_ctx + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
     const size_t kv_elems = (size_t)m->hp.n_seq * hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
     m->kv_read = hp->kv_type != PK_KV_F32 ? pk_f16_to_f32_pick(NULL) : NULL;
-    m->inv_freq = alloc(m, sizeof(float) * (hd / 2));
+    m->rope_dim = hp->rope_dim ? hp->rope_dim : hd;
+    m->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
+    /* the distinct RoPE bases (Gemma 3: one for its sliding-window layers, one for the rest) */
+    float bases[64];
+    m->layer_base = alloc(m, sizeof(int) * hp->n_layer);
+    for (int l = 0; m->layer_base && l < hp->n_layer; l++) {
+        const pk_llama_layer *L = &w->layers[l];
+        const float base = L->rope_theta > 0.0f ? L->rope_theta : hp->rope_theta;
+        int b = 0;
+        while (b < m->n_bases && bases[b] != base) b++;
+        if (L->window < 0 || !(base > 0.0f) || (b == m->n_bases && m->n_bases == 64)) {
+            pk_llama_destroy(m);
+            err("layer %d: invalid window %d or RoPE base %g", l, L->window, (double)base);
+            return NULL;
+        }
+        if (b == m->n_bases) bases[m->n_bases++] = base;
+        m->layer_base[l] = L->no_rope ? -1 : b;
+    }
+    if (!m->n_bases) bases[m->n_bases++] = hp->rope_theta;
+    m->inv_freq = alloc(m, sizeof(float) * m->n_bases * (m->rope_dim / 2));
     m->k_cache = alloc(m, kv_elems * pk_kv_value_bytes((pk_kv_type)hp->kv_type));
     m->v_cache = alloc(m, kv_elems * pk_kv_value_bytes((pk_kv_type)hp->kv_type));
     if (hp->kv_type == PK_KV_Q8) {
@@ -206,7 +111,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->n_chunks = (hp->n_ctx + PK_ATTEND_CHUNK - 1) / PK_ATTEND_CHUNK;
     if (m->n_chunks > 1)
         m->parts = alloc(m, sizeof(float) * SPLIT_PAIRS(nt) * m->n_chunks * ((size_t)group * hd + 2 * group));
-    m->rope_cs = alloc(m, sizeof(float) * B * hd);
+    m->rope_cs = alloc(m, sizeof(float) * m->n_bases * B * m->rope_dim);
     m->row_seq = alloc(m, sizeof(int32_t) * B);
     m->row_pos = alloc(m, sizeof(int32_t) * B);
     m->row_out = alloc(m, sizeof(int32_t) * B);
@@ -222,7 +127,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
         return NULL;
     }
     if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen ||
-        !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->inv_freq || !m->k_cache ||
+        !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->layer_base || !m->inv_freq || !m->k_cache ||
         !m->v_cache || (hp->kv_type == PK_KV_Q8 && (!m->k_scale || !m->v_scale)) || !m->x || !m->xn || !m->q ||
         !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores || (m->n_chunks > 1 && !m->parts)) {
         pk_llama_destroy(m);
@@ -232,19 +137,22 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     memcpy(m->layers, w->layers, sizeof(pk_llama_layer) * hp->n_layer);
     for (int i = 0; i < hp->n_embd; i++) m->ones[i] = 1.0f;
     m->w.layers = m->layers;
-    /* inv_freq[i] = theta^(-2i/hd), divided by llama3's per-frequency factor if present;
+    /* inv_freq[i] = theta^(-2i/rope_dim), divided by llama3's per-frequency factor if present;
      * computed like the float32 reference implementations do */
-    for (int i = 0; i < hd / 2; i++) {
-        float f = (float)(1.0 / pow((double)hp->rope_theta, (double)(2 * i) / hd));
-        if (w->rope_freqs) f = f / w->rope_freqs[i];
-        m->inv_freq[i] = f;
-    }
+    const int rd = m->rope_dim;
+    for (int b = 0; b < m->n_bases; b++)
+        for (int i = 0; i < rd / 2; i++) {
+            float f = (float)(1.0 / pow((double)bases[b], (double)(2 * i) / rd));
+            if (w->rope_freqs) f = f / w->rope_freqs[i];
+            m->inv_freq[(size_t)b * (rd / 2) + i] = f;
+        }
     return m;
 }
 
 void pk_llama_destroy(pk_llama *m) {
     if (!m) return;
     free(m->layers);
+    free(m->layer_base);
     free(m->inv_freq);
     free(m->k_cache);
     free(m->v_cache);
@@ -289,18 +197,43 @@ static void job_rmsnorm(void *arg, int ith, int nth) {
         pk_rmsnorm(d, j->m->x + (size_t)t * d, j->norm_w, j->m->hp.rms_eps, j->m->xn + (size_t)t * d);
 }
 
+/* A row's q, k, v as the layer's features have them before RoPE: biases added, each q and k
+ * head RMS-normalised (in place: pk_rmsnorm reads its input before it writes). */
+static void head_features(const pk_llama *m, const pk_llama_layer *L, float *q, float *k, float *v) {
+    const pk_llama_hparams *hp = &m->hp;
+    const int hd = hp->head_dim, nq = hp->n_head * hd, nkv = hp->n_head_kv * hd;
+    if (L->bq) for (int i = 0; i < nq; i++) q[i] += L->bq[i];
+    if (L->bk) for (int i = 0; i < nkv; i++) k[i] += L->bk[i];
+    if (L->bv) for (int i = 0; i < nkv; i++) v[i] += L->bv[i];
+    if (L->q_norm)
+        for (int h = 0; h < hp->n_head; h++) pk_rmsnorm(hd, q + (size_t)h * hd, L->q_norm, hp->rms_eps, q + (size_t)h * hd);
+    if (L->k_norm)
+        for (int h = 0; h < hp->n_head_kv; h++) pk_rmsnorm(hd, k + (size_t)h * hd, L->k_norm, hp->rms_eps, k + (size_t)h * hd);
+}
+
 /* RoPE on q and k, then K/V rows into their slot of the cache. */
 static void job_rope_store(void *arg, int ith, int nth) {
     row_job *j = arg;
     pk_llama *m = j->m;
     const pk_llama_hparams *hp = &m->hp;
-    const int hd = hp->head_dim, nkv = hp->n_head_kv;
+    const int hd = hp->head_dim, nkv = hp->n_head_kv, rd = m->rope_dim;
+    const pk_llama_layer *L = &m->layers[j->layer];
+    const int base = m->layer_base[j->layer];
     for (int t = ith; t < j->n; t += nth) {
         const int pos = j->pos[t];
         float *q = m->q + (size_t)t * hp->n_head * hd, *k = m->k + (size_t)t * nkv * hd;
-        const float *v = m->v + (size_t)t * nkv * hd;
-        pk_rope_cs(hp->n_head, hd, m->rope_cs + (size_t)t * hd, q);
-        pk_rope_cs(nkv, hd, m->rope_cs + (size_t)t * hd, k);
+        float *v = m->v + (size_t)t * nkv * hd;
+        head_features(m, L, q, k, v);
+        if (base >= 0) {
+            const float *cs = m->rope_cs + ((size_t)base * hp->n_batch + t) * rd;
+            if (rd == hd) {
+                pk_rope_cs(hp->n_head, hd, cs, q);
+                pk_rope_cs(nkv, hd, cs, k);
+            } else {   /* the first rd dimensions of each head */
+                for (int h = 0; h < hp->n_head; h++) pk_rope_cs(1, rd, cs, q + (size_t)h * hd);
+                for (int h = 0; h < nkv; h++) pk_rope_cs(1, rd, cs, k + (size_t)h * hd);
+            }
+        }
         for (int h = 0; h < nkv; h++) {
             const size_t head = kv_head(m, j->seq[t], j->layer, h);                /* first element */
             const size_t voff = head + (size_t)pos * hd;                            /* V row */
@@ -346,16 +279,24 @@ static void job_attention(void *arg, int ith, int nth) {
     const pk_llama_hparams *hp = &m->hp;
     const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
     const size_t ldq = (size_t)nh * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = m->attn_scale;
+    const int window = m->layers[j->layer].window;
     float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * m->ld_scores;
     for (int idx = ith; idx < attention_items(m, j->n); idx += nth) {
         const int w = idx / nkv, kvh = idx % nkv;
         const int t_end = (w + 1) * PK_ATTEND_ROWS < j->n ? (w + 1) * PK_ATTEND_ROWS : j->n;
         for (int t0 = w * PK_ATTEND_ROWS, t1; t0 < t_end; t0 = t1) {   /* runs of one slot */
-            int n_pos[PK_ATTEND_ROWS];
-            for (t1 = t0; t1 < t_end && j->seq[t1] == j->seq[t0]; t1++) n_pos[t1 - t0] = j->pos[t1] + 1;
             const pk_kv_head kv = kv_view(m, j->seq[t0], j->layer, kvh);
             const size_t qoff = (size_t)t0 * ldq + (size_t)kvh * group * hd;
+            if (window && j->pos[t0] >= window) {   /* a row whose window starts after 0: alone */
+                t1 = t0 + 1;
+                pk_attend_window(group, hd, j->pos[t0] + 1 - window, j->pos[t0] + 1, m->q + qoff, &kv, scale,
+                                 scores, m->ld_scores, m->att + qoff);
+                continue;
+            }
+            int n_pos[PK_ATTEND_ROWS];
+            for (t1 = t0; t1 < t_end && j->seq[t1] == j->seq[t0] && !(window && j->pos[t1] >= window); t1++)
+                n_pos[t1 - t0] = j->pos[t1] + 1;
             pk_attend_rows(t1 - t0, n_pos, group, hd, m->q + qoff, ldq, &kv, scale, scores, m->ld_scores,
                            m->att + qoff, ldq);
         }
@@ -367,8 +308,8 @@ static void job_attention(void *arg, int ith, int nth) {
  * the cache. Then each pair's chunks of PK_ATTEND_CHUNK positions are the work items (their
  * partials into m->parts), and a second job folds each pair's partials in order: the same
  * operations as pk_attend_rows on the row, so the same bits whatever the split. */
-static int split_attention(const pk_llama *m, int n, int nth) {
-    if (m->n_chunks < 2 || nth < 2 || n * m->hp.n_head_kv > SPLIT_PAIRS(nth)) return 0;
+static int split_attention(const pk_llama *m, int layer, int n, int nth) {
+    if (m->n_chunks < 2 || nth < 2 || n * m->hp.n_head_kv > SPLIT_PAIRS(nth) || m->layers[layer].window) return 0;
     for (int t = 0; t < n; t++)
         if (m->row_pos[t] >= PK_ATTEND_CHUNK) return 1;
     return 0;
@@ -380,7 +321,7 @@ static void job_attention_split(void *arg, int ith, int nth) {
     const pk_llama_hparams *hp = &m->hp;
     const int hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv, group = nh / nkv;
     const size_t ldq = (size_t)nh * hd, part = (size_t)group * hd + 2 * group;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = m->attn_scale;
     float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * m->ld_scores;
     for (int idx = ith; idx < j->n * nkv * m->n_chunks; idx += nth) {
         const int pair = idx / m->n_chunks, c = idx % m->n_chunks, t = pair / nkv, kvh = pair % nkv;
@@ -411,7 +352,19 @@ static void job_attention_fold(void *arg, int ith, int nth) {
     }
 }
 
-/* SwiGLU, and in a rotated file the rotation of down_proj's input, while the row is in cache. */
+/* The residual add of a block's output m->xn, normalised first where the layer has the
+ * output norm `norm_w` (Gemma 3's post-attention / post-MLP norms). */
+static void job_residual(void *arg, int ith, int nth) {
+    row_job *j = arg;
+    const int d = j->m->hp.n_embd;
+    for (int t = ith; t < j->n; t += nth) {
+        float *o = j->m->xn + (size_t)t * d, *x = j->m->x + (size_t)t * d;
+        if (j->norm_w) pk_rmsnorm(d, o, j->norm_w, j->m->hp.rms_eps, o);
+        for (int i = 0; i < d; i++) x[i] += o[i];
+    }
+}
+
+/* SwiGLU (GeGLU), and in a rotated file the rotation of down_proj's input, while the row is in cache. */
 static void job_swiglu(void *arg, int ith, int nth) {
     row_job *j = arg;
     pk_llama *m = j->m;
@@ -420,7 +373,8 @@ static void job_swiglu(void *arg, int ith, int nth) {
     const int rot_len = m->hp.n_ff > m->hp.n_embd ? m->hp.n_ff : m->hp.n_embd;
     for (int t = ith; t < j->n; t += nth) {
         float *g = m->gate + (size_t)t * f;
-        pk_swiglu(f, g, m->up + (size_t)t * f, g);
+        if (m->hp.act == PK_ACT_GELU_TANH) pk_geglu_tanh(f, g, m->up + (size_t)t * f, g);
+        else pk_swiglu(f, g, m->up + (size_t)t * f, g);
         if (rot->n) pk_rotate_row(rot, 0, g, m->rot_scratch + (size_t)ith * rot_len);
     }
 }
@@ -457,6 +411,17 @@ static int mm_multi(pk_llama *m, int count, const pk_rhs *const *w, int n, const
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
+/* x += xn, through the layer's output norm where it has one */
+static void residual(pk_llama *m, row_job *job, const float *norm_w, int n) {
+    if (!norm_w) {   /* Llama: the plain add, in one thread as ever */
+        const size_t len = (size_t)n * m->hp.n_embd;
+        for (size_t i = 0; i < len; i++) m->x[i] += m->xn[i];
+        return;
+    }
+    job->norm_w = norm_w;
+    run_rows(m, job_residual, job, n);
+}
+
 /* n <= n_batch rows, each with its slot and position (m->row_seq, m->row_pos); logits for
  * the n_out rows m->row_out (none: only the cache is filled). */
 static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, float *logits,
@@ -465,7 +430,13 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
     const int d = hp->n_embd;
     double t_prof = m->profile ? now_s() : 0.0;
     for (int t = 0; t < n; t++) pk_tensor_row_f32(&m->w.tok_embd, tokens[t], m->x + (size_t)t * d);
-    for (int t = 0; t < n; t++) pk_rope_angles(hp->head_dim, m->row_pos[t], m->inv_freq, m->rope_cs + (size_t)t * hp->head_dim);
+    if (hp->embd_scale > 0.0f && hp->embd_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] *= hp->embd_scale;
+    const int rd = m->rope_dim;
+    for (int b = 0; b < m->n_bases; b++)
+        for (int t = 0; t < n; t++)
+            pk_rope_angles(rd, m->row_pos[t], m->inv_freq + (size_t)b * (rd / 2),
+                           m->rope_cs + ((size_t)b * hp->n_batch + t) * rd);
     PROF(OP_EMBED);
 
     row_job job = {m, n, 0, m->row_seq, m->row_pos, NULL};
@@ -477,7 +448,7 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
         /* attention block */
         job.norm_w = L->attn_norm;
         run_rows(m, job_rmsnorm, &job, n);
-        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_ATTN_IN), m->xn, n, d);
+        if (m->stats) pk_llama_add_squares(pk_llama_stat_at(m, l, PK_LLAMA_STAT_ATTN_IN), m->xn, n, d);
         PROF(OP_ATTN_NORM);
         const pk_rhs *qkv[3] = {L->wq, L->wk, L->wv};
         float *qkv_out[3] = {m->q, m->k, m->v};
@@ -485,33 +456,33 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
         PROF(OP_QKV);
         run_rows(m, job_rope_store, &job, n);
         PROF(OP_ROPE);
-        if (split_attention(m, n, pk_ctx_threads(m->ctx))) {
+        if (split_attention(m, l, n, pk_ctx_threads(m->ctx))) {
             run_rows(m, job_attention_split, &job, n * hp->n_head_kv * m->n_chunks);
             run_rows(m, job_attention_fold, &job, n * hp->n_head_kv);
         } else {
             run_rows(m, job_attention, &job, attention_items(m, n));
         }
-        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_ATTN_OUT), m->att, n, qd);
+        if (m->stats) pk_llama_add_squares(pk_llama_stat_at(m, l, PK_LLAMA_STAT_ATTN_OUT), m->att, n, qd);
         PROF(OP_ATTENTION);
         if (mm(m, L->wo, n, m->att, m->xn)) return -1;
         PROF(OP_O);
-        for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->xn[i];
+        residual(m, &job, L->post_attn_norm, n);
         PROF(OP_RESIDUAL);
         /* MLP block */
         job.norm_w = L->ffn_norm;
         run_rows(m, job_rmsnorm, &job, n);
-        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_FFN_IN), m->xn, n, d);
+        if (m->stats) pk_llama_add_squares(pk_llama_stat_at(m, l, PK_LLAMA_STAT_FFN_IN), m->xn, n, d);
         PROF(OP_FFN_NORM);
         const pk_rhs *gu[2] = {L->w_gate, L->w_up};
         float *gu_out[2] = {m->gate, m->up};
         if (mm_multi(m, 2, gu, n, m->xn, gu_out)) return -1;
         PROF(OP_GATE_UP);
         run_rows(m, job_swiglu, &job, n);
-        if (m->stats) add_squares(stat_at(m, l, PK_LLAMA_STAT_DOWN_IN), m->gate, n, hp->n_ff);
+        if (m->stats) pk_llama_add_squares(pk_llama_stat_at(m, l, PK_LLAMA_STAT_DOWN_IN), m->gate, n, hp->n_ff);
         PROF(OP_SWIGLU);
         if (mm(m, L->w_down, n, m->gate, m->xn)) return -1;
         PROF(OP_DOWN);
-        for (size_t i = 0; i < (size_t)n * d; i++) m->x[i] += m->xn[i];
+        residual(m, &job, L->post_ffn_norm, n);
         PROF(OP_RESIDUAL);
     }
     if (m->stats) m->stats_rows += n;
@@ -521,11 +492,15 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
     for (int i = 0; i < rows; i++)
         output_norm_row(m, m->x + (size_t)m->row_out[i] * d, m->xn + (size_t)i * d);
     if (m->stats) {
-        add_squares(stat_at(m, 0, PK_LLAMA_STAT_LM_HEAD_IN), m->xn, rows, d);
+        pk_llama_add_squares(pk_llama_stat_at(m, 0, PK_LLAMA_STAT_LM_HEAD_IN), m->xn, rows, d);
         m->stats_lm_rows += rows;
     }
     PROF(OP_OUT_NORM);
     const int rc = mm(m, m->w.lm_head, rows, m->xn, logits);
+    if (!rc && hp->logit_softcap > 0.0f) {
+        const float c = hp->logit_softcap;
+        for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = c * tanhf(logits[i] / c);
+    }
     PROF(OP_LM_HEAD);
     return rc;
 }

@@ -1,5 +1,10 @@
 /* The Llama forward pass: embeddings -> n_layer x (RMSNorm, GQA attention with RoPE over a
- * KV cache, RMSNorm, SwiGLU MLP) -> RMSNorm -> lm_head. Prefill runs all rows of a chunk
+ * KV cache, RMSNorm, SwiGLU MLP) -> RMSNorm -> lm_head. The other families (pyklei/formats/
+ * families.py) are this pass with per-layer features: q/k/v biases (Qwen2), an RMSNorm of each
+ * q and k head (Qwen3, Gemma 3), sliding-window layers and a RoPE base per layer (Gemma 3,
+ * Mistral), layers without RoPE (SmolLM3), RoPE on part of a head (Phi-4-mini), GeGLU and
+ * norms of the attention's and the MLP's outputs (Gemma 3), scaled embeddings and attention
+ * scores, and soft-capped logits. Prefill runs all rows of a chunk
  * through the kernel layer as GEMMs; decode is the same code with one row (GEMVs).
  *
  * Sequences: the model holds n_seq KV cache slots. pk_llama_forward_batch runs rows of several
@@ -25,11 +30,26 @@ typedef struct {
     int n_batch;      /* rows per prefill chunk (scratch is sized for it) */
     int kv_type;      /* pk_kv_type (pk_nn.h): the KV cache's f32, f16 or q8 */
     int n_seq;        /* KV cache slots, each of n_ctx positions (0 means 1) */
+    /* family features; zero is Llama's behaviour */
+    int act;              /* pk_llama_act: the MLP's gate */
+    int rope_dim;         /* RoPE rotates the first rope_dim dimensions of a head (0: all) */
+    float embd_scale;     /* token embeddings times this (0: 1) */
+    float attn_scale;     /* attention scores times this (0: 1/sqrt(head_dim)) */
+    float logit_softcap;  /* logits = c tanh(logits / c) (0: none) */
 } pk_llama_hparams;
+
+typedef enum { PK_ACT_SILU = 0, PK_ACT_GELU_TANH = 1 } pk_llama_act;   /* SwiGLU, GeGLU */
 
 typedef struct {
     const float *attn_norm, *ffn_norm;                            /* [n_embd] */
     const pk_rhs *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;      /* prepared weights */
+    /* per-layer features; NULL / 0 where the layer has none */
+    const float *bq, *bk, *bv;          /* biases of q [n_head*hd], k and v [n_head_kv*hd] */
+    const float *q_norm, *k_norm;       /* [head_dim]: RMSNorm of each q / k head before RoPE */
+    const float *post_attn_norm, *post_ffn_norm;  /* [n_embd]: RMSNorm of the attention's / MLP's output */
+    int window;           /* a row attends its last `window` positions, itself included (0: all) */
+    float rope_theta;     /* this layer's RoPE base (0: the model's rope_theta) */
+    int no_rope;          /* 1: q and k are not rotated */
 } pk_llama_layer;
 
 typedef struct {

@@ -31,11 +31,11 @@ static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
 
 /* One head, any head size and cache type: the reference order of the fast paths
  * (pk_attention.c). */
-static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale, float *scores,
-                        float *out, float *ml) {
+static void attend_head(int hd, int j0, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                        float *scores, float *out, float *ml) {
     for (int j = 0; j < n_pos; j++) {
         float s = 0.0f;
-        for (int i = 0; i < hd; i++) s = __builtin_fmaf(q[i] * scale, k_at(kv, hd, j, i), s);
+        for (int i = 0; i < hd; i++) s = __builtin_fmaf(q[i] * scale, k_at(kv, hd, j0 + j, i), s);
         scores[j] = s;
     }
     const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
@@ -43,12 +43,17 @@ static void attend_head(int hd, int n_pos, const float *q, const pk_kv_head *kv,
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int j = 0; j < n_pos; j++) {
         const float p = scores[j] * inv;
-        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p, v_at(kv, hd, j, i), out[i]);
+        for (int i = 0; i < hd; i++) out[i] = __builtin_fmaf(p, v_at(kv, hd, j0 + j, i), out[i]);
     }
 }
 
 void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
                            float *scores, float *out, float *ml) {
+    pk_attend_span_reference(group, hd, 0, n, q, kv, scale, scores, out, ml);
+}
+
+void pk_attend_span_reference(int group, int hd, int j0, int n, const float *q, const pk_kv_head *kv, float scale,
+                              float *scores, float *out, float *ml) {
     for (int g = 0; g < group; g++)
-        attend_head(hd, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
+        attend_head(hd, j0, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
 }

@@ -44,6 +44,8 @@ void pk_rope_cs(int n_heads, int head_dim, const float *cs, float *x);
 
 /* out[i] = silu(gate[i]) * up[i] */
 void pk_swiglu(int n, const float *gate, const float *up, float *out);
+/* out[i] = gelu_tanh(gate[i]) * up[i] (GeGLU; out may be gate) */
+void pk_geglu_tanh(int n, const float *gate, const float *up, float *out);
 
 /* The KV cache (its layout, element types and pk_kv_head): contract/pk_kv.h. Its f16 -> f32
  * conversions are the ISA files' helper records (contract/pk_kernel.h; the plain C one,
@@ -98,6 +100,11 @@ int pk_attend_is_fast(int group, int hd);
  * scores and the sum of their exponentials from it. */
 void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
                     float *scores, size_t ld_scores, float *out, float *ml);
+/* Sliding-window attention: the row attends positions [lo, hi) only. The positions from lo to
+ * the next multiple of PK_KV_BLOCK form a partial computed in plain C, the rest chunks that
+ * end where pk_attend_group's do, folded in order: with lo = 0 it is pk_attend_group. */
+void pk_attend_window(int group, int hd, int lo, int hi, const float *q, const pk_kv_head *kv, float scale,
+                      float *scores, size_t ld_scores, float *out);
 /* Folds a later chunk's partial (part, ml) into the result so far (acc, acc_ml), in place. */
 void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml);
 

@@ -25,6 +25,9 @@
  * out [group][hd] and ml [group][2] as pk_attend_part's (pk_nn.h); scores: [n] scratch. */
 void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,
                               float *scores, float *out, float *ml);
+/* The same over positions [j0, j0 + n) of kv, j0 any position (a sliding window's start). */
+void pk_attend_span_reference(int group, int hd, int j0, int n, const float *q, const pk_kv_head *kv, float scale,
+                              float *scores, float *out, float *ml);
 
 /* ---- the dispatch table (pk_dispatch.c), built once by pk_dispatch_init ------------------ */
 /* Written only by pk_dispatch.c, inside its pthread_once; read-only everywhere after. */

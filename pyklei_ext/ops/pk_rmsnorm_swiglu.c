@@ -28,3 +28,15 @@ PK_CLONES void pk_swiglu(int n, const float *gate, const float *up, float *out) 
         out[i] = g * ((g < 0.0f ? e : 1.0f) / (1.0f + e)) * up[i];
     }
 }
+
+/* gelu(g) * u with the tanh approximation (Gemma's GeGLU, PyTorch's gelu(approximate="tanh")):
+ * 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3), which is g * sigmoid(2y): the same
+ * sigmoid as pk_swiglu's, so it vectorizes alike. */
+PK_CLONES void pk_geglu_tanh(int n, const float *gate, const float *up, float *out) {
+    const float c = 0.7978845608028654f;   /* sqrt(2/pi) */
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i], z = 2.0f * c * (g + 0.044715f * g * g * g);
+        const float e = exp_nonpos(z < 0.0f ? z : -z);
+        out[i] = g * ((z < 0.0f ? e : 1.0f) / (1.0f + e)) * up[i];
+    }
+}

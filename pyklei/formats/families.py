@@ -1,0 +1,69 @@
+"""The model families pyklei runs, one description each: what a file of the family holds beyond
+the Llama block (llama_tensors.py, the one tensor table every family shares), what Hugging Face
+calls its parts, and how llama.cpp stores its q/k rows.
+
+    fam = family("gemma3")                 # or family_of_hf("Gemma3ForCausalLM")
+    fam.features, fam.hf_part("ffn_norm"), fam.gguf_neox
+
+A family's per-layer behaviour (sliding windows, RoPE bases, layers without RoPE) and its
+scalars (embedding and attention scales, the activation, logit soft-capping) are not here: a
+converter reads them from the checkpoint and writes them into the file as the keys of
+gguf_keys ("Family hyperparameters"), so the reader and the C forward pass follow the file,
+never a rule of the family. Adding a family is one entry here, its checkpoint reading in the
+converters, and the C features it needs (pyklei_ext/model/pk_llama.h).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .llama_tensors import POST_NORMS, QK_NORM, QKV_BIAS
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: str                          # general.architecture of a pyklei file (llama.cpp's name)
+    hf_classes: tuple[str, ...]        # Hugging Face `architectures` it converts from
+    features: frozenset = frozenset()  # of llama_tensors.FEATURES
+    # Hugging Face names of block parts where the family's differ from Llama's
+    hf_names: dict = field(default_factory=dict)
+    # llama.cpp keeps q/k rows in Hugging Face's rotate-half ("NeoX") order for this family; it
+    # permutes only Llama's into interleaved pairs, which pyklei's RoPE rotates
+    gguf_neox: bool = True
+
+    def hf_part(self, part: str, default: str | None) -> str | None:
+        """The Hugging Face name of a block part (without model.layers.{i}. and .weight)."""
+        return self.hf_names.get(part, default)
+
+
+FAMILIES = {f.arch: f for f in (
+    Family("llama", ("LlamaForCausalLM",), gguf_neox=False),
+    Family("mistral", ("MistralForCausalLM",), gguf_neox=False),
+    Family("qwen2", ("Qwen2ForCausalLM",), frozenset({QKV_BIAS})),
+    Family("qwen3", ("Qwen3ForCausalLM",), frozenset({QK_NORM})),
+    Family("gemma3", ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+           frozenset({QK_NORM, POST_NORMS}),
+           # Gemma's post_attention_layernorm normalises the attention's output, not the MLP's
+           # input as Llama's does
+           hf_names={"ffn_norm": "pre_feedforward_layernorm",
+                     "post_attention_norm": "post_attention_layernorm",
+                     "post_ffw_norm": "post_feedforward_layernorm"}),
+    Family("smollm3", ("SmolLM3ForCausalLM",)),
+    Family("phi3", ("Phi3ForCausalLM",)),
+)}
+
+
+def supported() -> str:
+    """The supported Hugging Face classes, for an error message."""
+    return ", ".join(c for f in FAMILIES.values() for c in f.hf_classes)
+
+
+def family(arch: str) -> Family | None:
+    return FAMILIES.get(arch)
+
+
+def family_of_hf(classes) -> Family | None:
+    """The family of a config.json's `architectures` list, or None."""
+    for f in FAMILIES.values():
+        if any(c in f.hf_classes for c in classes or ()):
+            return f
+    return None
