@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_command, _add_constraint_options,
-                      _add_model_options, _add_sampling_options, _add_speculative_options,
+from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_chat_template_option, _add_command,
+                      _add_constraint_options, _add_model_options, _add_sampling_options,
+                      _add_speculative_options,
                       _check_constraint, _constraint, _load, _read_text, _sampling, _speculative)
 
 
@@ -26,6 +27,7 @@ def add_parser(sub):
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the chat template as a user message")
     g.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
+    _add_chat_template_option(g)
     g.add_argument("--no-bos", action="store_true",
                    help="do not add BOS even if the model's tokenizer asks for it")
     g.add_argument("--stats", action="store_true",
