@@ -166,3 +166,25 @@ def test_cli_chat_takes_a_template_file(untemplated, tmp_path):
     assert r.returncode == 0, r.stderr
     r = chat("--chat-template", str(tmp_path / "missing.jinja"))
     assert r.returncode != 0 and "no such chat template file" in r.stderr
+
+
+def test_cli_chat_template_kwargs_reach_the_template(untemplated, tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "t.jinja").write_text(CHATML + "{% if flag is defined and flag %}FLAGGED{% endif %}")
+
+    def gen(*extra):
+        return subprocess.run([sys.executable, "-m", "pyklei", "generate", str(untemplated), "-t", "1",
+                               "-c", "256", "-n", "1", "--chat", "-p", "hi", "--stats",
+                               "--chat-template", str(tmp_path / "t.jinja"), *extra],
+                              capture_output=True, text=True, timeout=120, cwd=root)
+    plain, flagged = gen(), gen("--chat-template-kwargs", '{"flag": true}')
+    assert plain.returncode == 0 and flagged.returncode == 0, plain.stderr + flagged.stderr
+
+    def prompt_tokens(r):
+        import re
+        return int(re.search(r"prompt: +(\d+) tokens", r.stderr).group(1))
+    assert prompt_tokens(flagged) > prompt_tokens(plain)
+    for bad, why in (("{nope", "not JSON"), ('{"messages": 1}', "set by pyklei")):
+        r = gen("--chat-template-kwargs", bad)
+        assert r.returncode == 2 or r.returncode == 1
+        assert why in r.stderr, r.stderr

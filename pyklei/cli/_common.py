@@ -162,10 +162,31 @@ def _add_sampling_options(p, max_tokens=128, n_help=None):
     return g
 
 
-def _add_chat_template_option(p):
+def _add_chat_template_option(p, kwargs: bool = True):
     p.add_argument("--chat-template", metavar="FILE|JINJA",
                    help="a Jinja chat template (a file, or the template's own text) used in place "
                         "of the model file's: a base model's file (Gemma 3 270M's) has none")
+    if kwargs:
+        p.add_argument("--chat-template-kwargs", metavar="JSON",
+                       help='more variables for the chat template, e.g. \'{"enable_thinking": false}\' '
+                            "(Qwen3: no thinking part)")
+
+
+def _chat_template_kwargs(args) -> dict:
+    """--chat-template-kwargs as a checked dict (pyklei.text.chat_template.check_template_kwargs)."""
+    import json
+
+    from ..text.chat_template import check_template_kwargs
+
+    v = getattr(args, "chat_template_kwargs", None)
+    if v is None:
+        return {}
+    try:
+        return check_template_kwargs(json.loads(v))
+    except json.JSONDecodeError as e:
+        raise CLIError(f"--chat-template-kwargs is not JSON: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"--chat-template-kwargs: {e}") from None
 
 
 def _chat_template(args) -> str | None:

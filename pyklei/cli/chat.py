@@ -8,7 +8,8 @@ from pathlib import Path
 from .._report import plural
 from ._common import (CLIError, _add_chat_template_option, _add_command, _add_constraint_options,
                       _add_model_options, _add_sampling_options, _add_speculative_options,
-                      _check_constraint, _constraint, _load, _sampling, _speculative)
+                      _chat_template_kwargs, _check_constraint, _constraint, _load, _sampling,
+                      _speculative)
 
 CHAT_HELP = """\
 commands:
@@ -87,6 +88,7 @@ def run(args) -> int:
     from ..chat import ChatSession, MessageTooLongError
 
     constrain = _constraint(args)
+    template_kwargs = _chat_template_kwargs(args)      # a bad one fails before the model loads
     llm = _load(args)
     if not llm.tokenizer.chat_template:
         raise CLIError(f"{args.model} has no chat template; pass one with --chat-template FILE, "
@@ -94,7 +96,8 @@ def run(args) -> int:
     _check_constraint(llm, constrain)
     session = ChatSession(llm, system=args.system, max_tokens=args.max_tokens,
                           sampling=_sampling(args), stop=args.stop, constrain=constrain,
-                          speculative=_speculative(args))
+                          speculative=_speculative(args),
+                          template_kwargs=template_kwargs)
     session.prepare("hello")  # renders the template once: template errors show up now
     if sys.stdin.isatty():
         try:

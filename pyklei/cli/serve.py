@@ -95,7 +95,7 @@ def add_parser(sub):
                         "vocabulary for every request (loaded with the same model options and a "
                         "KV cache slot per parallel sequence; greedy: the same text; sampling: "
                         "the same distribution)")
-    _add_chat_template_option(p)
+    _add_chat_template_option(p, kwargs=False)     # requests carry chat_template_kwargs
     _add_model_options(p)
     p.set_defaults(func=run)
     return p
