@@ -88,6 +88,26 @@ def test_gemma3_model_file_and_info_show_the_same_ids():
     assert gguf_info(path)["tokenizer"]["eos_ids"] == [1, 106]
 
 
+def test_gemma3_from_a_checkpoint_converts_to_the_same_ids(gemma):
+    """The HF-checkpoint route (tokenizer.model, read by the converter) gives the ids the GGUF
+    route gives; the checkpoint's user-defined "▁▁" runs would be matched greedily by its own
+    sentencepiece model (40 spaces: 31 + 9), so the tokenizer rebuilds it."""
+    from pyklei.converters.hf_tokenizer import tokenizer_kv
+    from pyklei.text.tokenizer import Tokenizer
+    from tokenizer_references import gemma3_hf_dir
+
+    hf, _ = gemma
+    d = gemma3_hf_dir()
+    cfg = json.loads((d / "config.json").read_text())
+    meta = {k: v for k, v, *_ in tokenizer_kv(d, cfg, cfg["vocab_size"])}
+    assert meta["tokenizer.ggml.add_space_prefix"] is False
+    assert meta["tokenizer.ggml.eot_token_id"] == 106 and meta["pyklei.eos_token_ids"][:2] == [1, 106]
+    pk = Tokenizer.from_metadata(meta)
+    _same_ids(hf.encode, pk.encode)
+    assert pk.encode(" " * 40 + "x", add_bos=False)[:2] == [152, 160]
+    assert pk.decode(pk.encode("  x\n\n<div>", add_bos=False)) == "  x\n\n<div>"
+
+
 # ---- Qwen2.5 / Qwen3 ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -157,6 +157,55 @@ def qwen_hf_dir() -> Path:
     return out
 
 
+def gemma3_hf_dir() -> Path:
+    """A Gemma 3 HF checkpoint directory holding only the tokenizer files, written from the real
+    GGUF's arrays as the checkpoint spells them: tokenizer.model (BPE, byte fallback, identity
+    normalizer, no dummy prefix; user-defined runs of spaces as "▁▁"..., which llama.cpp
+    rewrote as spaces), tokenizer_config.json (added_tokens_decoder: control tokens special,
+    user-defined ones not), config.json, generation_config.json."""
+    import numpy as np
+
+    from pyklei.formats.gguf_keys import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED
+    from pyklei.text.sentencepiece_proto import _pb_float, _pb_int, _pb_len
+    from pyklei.text.tokenizer import read_gguf_metadata
+    from pyklei_dev.assets import cache_dir
+
+    out = cache_dir() / "gemma3-tokenizer-hf"
+    if (out / "tokenizer.model").is_file():
+        return out
+    meta = read_gguf_metadata(gemma3_gguf_or_skip(), prefixes=("tokenizer.",))
+    types = np.asarray(meta["tokenizer.ggml.token_type"]).tolist()
+    tokens = ["\u2581" * len(t) if ty == TOKEN_USER_DEFINED and t and not t.strip(" ") else t
+              for t, ty in zip(meta["tokenizer.ggml.tokens"], types)]
+    parts = []
+    for t, sc, ty in zip(tokens, np.asarray(meta["tokenizer.ggml.scores"]).tolist(), types):
+        body = _pb_len(1, t.encode()) + _pb_float(2, sc) + (_pb_int(3, ty) if ty != TOKEN_NORMAL else b"")
+        parts.append(_pb_len(1, body))
+    parts.append(_pb_len(2, _pb_int(3, 2) + _pb_int(4, len(tokens)) + _pb_int(35, 1) + _pb_int(40, 3)
+                         + _pb_int(41, 2) + _pb_int(42, 1) + _pb_int(43, 0)))
+    parts.append(_pb_len(3, _pb_len(1, b"identity") + _pb_int(3, 0) + _pb_int(4, 0) + _pb_int(5, 1)))
+    added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": ty != TOKEN_USER_DEFINED}
+             for i, (t, ty) in enumerate(zip(tokens, types))
+             if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)}
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=".gemma3-tok-"))
+    (tmp / "tokenizer.model").write_bytes(b"".join(parts))
+    (tmp / "tokenizer_config.json").write_text(json.dumps({
+        "add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+        "unk_token": "<unk>", "pad_token": "<pad>", "tokenizer_class": "GemmaTokenizer",
+        "added_tokens_decoder": added}, ensure_ascii=False))
+    (tmp / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": len(tokens),
+        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}))
+    (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": 2, "eos_token_id": [1, 106]}))
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 # ---- a mixed corpus ------------------------------------------------------------------------
 
 _PIECES = [

@@ -309,6 +309,10 @@ def _spm(hf_dir: Path, tok_cfg: dict, vocab_size: int):
             tokens[i] = text
             scores[i] = -1000.0
             types[i] = CONTROL if special else USER_DEFINED
+        elif not special and types[i] == NORMAL:
+            # a piece the checkpoint lists as an added token (Gemma's "\n\n", "<div>", "▁▁"):
+            # Hugging Face matches it whole, and the sentencepiece API cannot tell it apart
+            types[i] = USER_DEFINED
     pieces = sp.EncodeAsPieces("a")
     add_space_prefix = bool(pieces) and pieces[0].startswith("\u2581")
     kv: KV = [

@@ -44,9 +44,9 @@ def sentencepiece_model_proto(tokens: Sequence[str], scores: np.ndarray, types: 
     # ModelProto.pieces (1): SentencePiece{piece=1, score=2, type=3}
     for i, (tok, score, ty) in enumerate(zip(tokens, scores.tolist(), types.tolist())):
         ty = int(ty) if int(ty) in (1, 2, 3, 4, 5, 6) else TOKEN_NORMAL
-        if ty == TOKEN_USER_DEFINED and tok and not tok.strip(" "):
-            # llama.cpp writes a user-defined run of spaces ("▁▁" in the checkpoint) as real
-            # spaces. Hugging Face merges such runs by BPE, in vocabulary order, ahead of every
+        if ty == TOKEN_USER_DEFINED and tok and not tok.strip(" \u2581"):
+            # A user-defined run of spaces ("▁▁" in the checkpoint, real spaces in llama.cpp's
+            # file). Hugging Face merges such runs by BPE, in vocabulary order, ahead of every
             # ordinary piece (transformers' GGUF Gemma tokenizer does the same): a normal piece
             # "▁▁" scored above all others (ordinary scores are <= 0) merges the same way,
             # where a user-defined one would be matched greedily (40 spaces: 31 + 9, not 16 + 24).

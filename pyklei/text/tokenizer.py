@@ -277,8 +277,8 @@ class Tokenizer:
         special = {tokens[i]: i for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_UNKNOWN))[0].tolist()
                    if tokens[i]}
         user = {tokens[i]: i for i in np.nonzero(types == TOKEN_USER_DEFINED)[0].tolist() if tokens[i]}
-        if model == "llama":    # spaces-only tokens are merged by the BPE, not matched (_spm_proto)
-            user = {t: i for t, i in user.items() if t.strip(" ")}
+        if model == "llama":    # runs of spaces are merged by the BPE, not matched (_build_spm)
+            user = {t: i for t, i in user.items() if not _space_run(t)}
 
         self = cls(model=model, pre=pre, tokens=list(tokens), token_types=types, bos_id=bos, eos_id=eos,
                    eos_ids=tuple(eos_list), unk_id=unk, pad_id=pad, add_bos=add_bos, add_eos=add_eos,
@@ -362,7 +362,11 @@ class Tokenizer:
         # (Llama 2's Prepend("▁")); Gemma's adds none and keeps a text's own leading space.
         self.strips_leading_space = add_prefix
         raw = meta.get(KEY_SPM_MODEL)
-        if raw is not None:
+        # A checkpoint's own model is used as it is, unless it has user-defined runs of spaces
+        # (Gemma's "▁▁"...): sentencepiece would match those greedily where Hugging Face merges
+        # them by BPE, so the model is rebuilt from the arrays (sentencepiece_proto says how).
+        if raw is not None and not any(types[i] == TOKEN_USER_DEFINED and _space_run(t)
+                                       for i, t in enumerate(tokens)):
             proto = raw.tobytes() if isinstance(raw, np.ndarray) else bytes(raw)
         else:
             scores = meta.get("tokenizer.ggml.scores")
@@ -612,6 +616,11 @@ class Tokenizer:
         if self._max_token_chars is None:
             self._max_token_chars = max(max(map(len, self.tokens)), max(map(len, self._pieces)), 1)
         return self._max_token_chars
+
+
+def _space_run(token: str) -> bool:
+    """A token of spaces only, spelled as spaces (llama.cpp) or as "▁" (the checkpoint)."""
+    return bool(token) and not token.strip(" \u2581")
 
 
 def _valid_unicode(text: str) -> str:
