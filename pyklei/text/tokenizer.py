@@ -14,20 +14,25 @@ llama.cpp GGUF file and builds one of two back ends:
   ``smollm``                  SmolLM/SmolLM2: ``Digits(individual_digits=True)`` +
                               ``ByteLevel(add_prefix_space=False, use_regex=True)``
   ``gpt2``, ``gpt-2``         GPT-2: ``ByteLevel(add_prefix_space=False, use_regex=True)``
+  ``qwen2``,                  Qwen2/2.5/3: ``NFC`` normalizer, then ``Split`` on Llama 3's
+  ``deepseek-r1-qwen``        regex with single digits + ``ByteLevel(use_regex=False)``
   ==========================  ======================================================
 
   Any other value raises :class:`TokenizerError`; pyklei never guesses a pre-tokenizer.
   tiktoken merges the adjacent pair whose concatenation has the lowest rank, and we use the
   token id as the rank. That is the Hugging Face BPE (merge the pair that comes first in the
   merge list) whenever every merged token's id grows with the position of its first merge,
-  which is checked when the file is loaded (it holds for Llama 3 and SmolLM2).
+  which is checked when the file is loaded (it holds for Llama 3, SmolLM2 and Qwen).
 
 * ``tokenizer.ggml.model = llama`` -- SentencePiece, run by **sentencepiece**. A ModelProto
-  (BPE, byte fallback when the vocabulary has byte tokens, identity normalizer, dummy
-  prefix, no removal of extra whitespace) is serialized from the tokens, scores and types
-  (a tiny hand-written protobuf encoder: no ``protobuf`` dependency). A pyklei file may carry
-  the original ``tokenizer.model`` bytes under ``gguf_keys.KEY_SPM_MODEL`` (a uint8 array);
-  they are used as they are when present.
+  (BPE, byte fallback when the vocabulary has byte tokens, identity normalizer, a dummy
+  prefix as ``tokenizer.ggml.add_space_prefix`` says (Llama 2: yes; Gemma: no), no removal of
+  extra whitespace) is serialized from the tokens, scores and types (a tiny hand-written
+  protobuf encoder: no ``protobuf`` dependency). A pyklei file may carry the original
+  ``tokenizer.model`` bytes under ``gguf_keys.KEY_SPM_MODEL`` (a uint8 array); they are used
+  as they are when present, unless the vocabulary has user-defined runs of spaces (Gemma's),
+  which Hugging Face merges by BPE where sentencepiece would match them whole
+  (sentencepiece_proto.py).
 
 Special tokens
     Tokens of type CONTROL and UNKNOWN are *special*: ``encode(..., parse_special=True)``
@@ -50,7 +55,8 @@ Bytes a vocabulary lacks
 
 Decoding follows the Hugging Face decoders: ByteLevel (UTF-8, invalid sequences become
 U+FFFD) for byte-level BPE; ``Replace("▁", " ")`` + ``ByteFallback`` + ``Fuse`` +
-``Strip(" ", 1, 0)`` for SentencePiece.
+``Strip(" ", 1, 0)`` for SentencePiece (the strip only with a dummy prefix: Gemma's decoder
+keeps a text's leading space).
 """
 from __future__ import annotations
 
