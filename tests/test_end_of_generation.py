@@ -88,3 +88,12 @@ def test_the_importers_turn_token(family, role, want):
     vocab, _, _ = FAMILIES[family]
     tokens, types = [t for t, _ in vocab], [ty for _, ty in vocab]
     assert turn_token_id(tokens, types, role) == want
+
+
+@pytest.mark.parametrize("broken", [
+    {"tokenizer.ggml.tokens": 7}, {"tokenizer.ggml.token_type": 3},
+    {"tokenizer.ggml.token_type": ["a", "b"]}, {"tokenizer.ggml.tokens": None}])
+def test_a_broken_files_metadata_gives_no_crash(broken):
+    vocab, _, _ = FAMILIES["qwen3"]
+    meta = {**_meta(vocab, None), **broken}
+    assert isinstance(end_of_generation_ids(meta), list)

@@ -69,7 +69,8 @@ def end_of_generation_ids(meta: Mapping[str, Any], strict: bool = False) -> list
     :class:`EndOfGenerationError` naming it (the model loader refuses such a file); without,
     such values are left out (the tokenizer reads whatever a file has).
     """
-    tokens = meta.get("tokenizer.ggml.tokens") or []
+    tokens = meta.get("tokenizer.ggml.tokens")
+    tokens = tokens if isinstance(tokens, (list, tuple)) else []     # a broken file's: no vocabulary
     n = len(tokens)
     out: list[int] = []
 
@@ -95,7 +96,7 @@ def end_of_generation_ids(meta: Mapping[str, Any], strict: bool = False) -> list
         for v in listed:
             take(KEY_EOS_IDS, v)
     types = meta.get("tokenizer.ggml.token_type")
-    if types is not None and len(types) == n:
+    if isinstance(types, (list, tuple, np.ndarray)) and len(types) == n:
         types = np.asarray(types)
         for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_USER_DEFINED))[0].tolist():
             t = tokens[i]
