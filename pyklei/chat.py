@@ -26,7 +26,7 @@ class ChatSession:
 
     def __init__(self, llm, system: str | None = None, max_tokens: int = 512,
                  sampling: dict | None = None, stop=(), constrain: dict | None = None,
-                 speculative=None):
+                 speculative=None, template_kwargs: dict | None = None):
         from .runtime.sampler import MAX_TOKENS, SamplingParams
         from .runtime.speculative import check_speculative
 
@@ -39,6 +39,8 @@ class ChatSession:
         # every reply follows it: LLM.generate's json_schema / grammar / regex / response_format
         self.constrain = dict(constrain or {})
         self.speculative = check_speculative(speculative, llm.model)   # as LLM.generate's
+        # more template variables (checked by the caller: chat_template.check_template_kwargs)
+        self.template_kwargs = dict(template_kwargs or {})
         self.history: list[dict] = []
         self.last = None            # GenerationResponse of the last reply
         self.turns = 0
@@ -46,7 +48,8 @@ class ChatSession:
     def _ids(self, extra: list[dict]) -> list[int]:
         sys_msg = [{"role": "system", "content": self.system}] if self.system else []
         return self.llm.tokenizer.apply_chat_template(sys_msg + self.history + extra,
-                                                      add_generation_prompt=True, tokenize=True)
+                                                      add_generation_prompt=True, tokenize=True,
+                                                      **self.template_kwargs)
 
     def prepare(self, user_text: str) -> tuple[list[int], int, int]:
         """-> (prompt ids, reply budget, turns dropped). Raises MessageTooLongError if the

@@ -135,6 +135,7 @@ def gguf_info(path) -> dict:
     it: `convert_note` says why). Reads only the header; raises GGUFError for a broken file."""
     from .runtime.activation_policy import choose_activations
     from .formats import gguf_keys as K
+    from .formats.end_of_generation import end_of_generation_ids
     from .formats.gguf_reader import read_gguf
 
     path = Path(path)
@@ -156,8 +157,7 @@ def gguf_info(path) -> dict:
         hparams["head_dim"] = hparams["n_embd"] // hparams["n_head"]
     hparams["tied_embeddings"] = K.OUTPUT not in g.tensors if g.tensors else None
     tokens = md.get("tokenizer.ggml.tokens")
-    eos = [md[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-           if isinstance(md.get(k), int)]
+    eos = end_of_generation_ids(md)     # what pyklei would stop on (and a converted file lists)
     ftype = md.get("general.file_type")
 
     out = f"{path.stem}.pyklei.gguf"

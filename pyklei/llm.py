@@ -42,8 +42,10 @@ class LLM:
     def __init__(self, path, n_threads: int | None = None, n_ctx: int | None = None,
                  n_batch: int = model_default("n_batch"), kv_cache: str = model_default("kv_cache"),
                  activations: str = model_default("activations"),
-                 n_seq: int = model_default("n_seq")):
-        """The model options are pyklei.runtime.options.MODEL_OPTIONS (Model checks them)."""
+                 n_seq: int = model_default("n_seq"), chat_template: str | None = None):
+        """The model options are pyklei.runtime.options.MODEL_OPTIONS (Model checks them).
+        chat_template: a Jinja chat template to use in place of the file's (a base model's
+        file, such as Gemma 3 270M's, has none; chat() needs one), checked here."""
         ref = split_file_ref(path)
         if ref is not None:          # org/name:file.gguf -> the hub cache's copy
             path = _hub_model(path, *ref)
@@ -54,6 +56,12 @@ class LLM:
             raise ValueError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, the model "
                              f"{self.model.vocab_size}")
         self.eos_ids = list(self.tokenizer.eos_ids)   # the one end-of-generation rule
+        if chat_template is not None:
+            from .text.chat_template import compile_template
+            if not isinstance(chat_template, str) or not chat_template.strip():
+                raise TypeError("chat_template must be the text of a Jinja chat template")
+            compile_template(chat_template)     # a syntax error is a ChatTemplateError now
+            self.tokenizer.chat_template = chat_template
 
     @property
     def n_ctx(self) -> int:
@@ -199,7 +207,8 @@ class LLM:
              regex: str | None = None, tools: Sequence[dict] | None = None, tool_choice=None,
              parallel_tool_calls: bool = True, speculative=None,
              prediction: str | Sequence[int] | None = None,
-             parse_special_in_content: bool = False, **sampling):
+             parse_special_in_content: bool = False, chat_template_kwargs: dict | None = None,
+             **sampling):
         """Reply to a conversation rendered with the model's own chat template. The KV cache
         keeps the conversation so far: a new turn runs only its new tokens. max_tokens is cut
         to the room the context leaves (the response's max_tokens says what it ran with); a
@@ -221,8 +230,17 @@ class LLM:
         Message content is text: special-token text in it (``<|im_end|>``, ``<|eot_id|>``) is
         not read as control tokens, so a pasted page or a tool result cannot open a turn.
         parse_special_in_content=True reads it as control tokens (trusted messages only;
-        Tokenizer.apply_chat_template)."""
+        Tokenizer.apply_chat_template).
+
+        chat_template_kwargs: more variables for the template, as OpenAI-compatible servers
+        take them, e.g. {"enable_thinking": False} for Qwen3. A thinking model's reasoning
+        (pyklei.text.reasoning: <think>...</think>) is response.reasoning, never in
+        response.text; streamed, each response carries the new reasoning and the new text."""
         from .text import tool_calls
+        from .text.chat_template import check_template_kwargs
+        from .text.reasoning import reasoning_for
+
+        template_kwargs = check_template_kwargs(chat_template_kwargs)
 
         offered = tool_calls.check_tools(list(tools or []))
         choice = tool_calls.check_tool_choice(tool_choice, offered)
@@ -240,14 +258,21 @@ class LLM:
                          grammar=grammar, regex=regex)
         if offered or tool_calls.has_tool_turns(messages):
             ids = tool_calls.render(self.tokenizer, messages, offered or None,
-                                    parse_special_in_content=parse_special_in_content)
+                                    parse_special_in_content=parse_special_in_content,
+                                    template_kwargs=template_kwargs)
         else:
             ids = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True,
-                parse_special_in_content=parse_special_in_content)
+                parse_special_in_content=parse_special_in_content, **template_kwargs)
+        thinking = reasoning_for(self.tokenizer, ids)
         out = self._generate(ids, max_tokens, stream, stop, None, True, sampling, constrain,
                              logprobs, speculative, prediction)
-        if stream or parser is None:
+        if stream:
+            return out if thinking is None else _split_reasoning(out, thinking)
+        if thinking is not None:
+            reasoning, content = thinking.split(out.text)
+            out = dataclasses.replace(out, text=content, reasoning=reasoning)
+        if parser is None:
             return out
         content, calls = parser.parse(out.text)
         if not calls:
@@ -276,6 +301,18 @@ def _sampling_params(sampling: dict) -> SamplingParams:
         raise TypeError(f"unknown argument(s) {', '.join(sorted(unknown))}; sampling options "
                         f"are {', '.join(sorted(_SAMPLING))}")
     return SamplingParams(**sampling)
+
+
+def _split_reasoning(it: Iterator[GenerationResponse], thinking) -> Iterator[GenerationResponse]:
+    """A streamed chat reply with each response's text split into its reasoning and its
+    content (pyklei.text.reasoning), held back only while a tag may be forming."""
+    p = thinking.parser()
+    for r in it:
+        reasoning, content = p.feed(r.text)
+        if r.finish_reason is not None:
+            more_r, more_c = p.finish()
+            reasoning, content = reasoning + more_r, content + more_c
+        yield dataclasses.replace(r, text=content, reasoning=reasoning or None)
 
 
 def _collect(it: Iterator[GenerationResponse]) -> GenerationResponse:

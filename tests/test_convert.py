@@ -820,7 +820,7 @@ def test_smollm2_end_to_end(smollm2_hf, smollm2_converted, smollm2_gguf_path):
                 "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.add_bos_token",
                 "llama.context_length", "llama.rope.dimension_count"):
         assert md[key] == src.fields[key].contents(), key
-    assert mf.eos_token_ids == [2]
+    assert mf.eos_token_ids == [2, 0]      # <|im_end|>, then <|endoftext|> (end_of_generation)
     errs = check_against_hf(mf, hf_tensors(smollm2_hf))
     q4 = [e for n, e in errs.items() if mf.tensors[n].format == "qsi4c32"]
     assert np.mean(q4) < 0.1 and max(q4) < 0.12
@@ -837,7 +837,7 @@ def test_smollm2_llamacpp_import_matches_hf_route(smollm2_gguf_path, smollm2_con
     convert(smollm2_gguf_path, out)
     a, b = read_model(out), read_model(smollm2_converted[0])
     assert a.metadata["tokenizer.ggml.tokens"] == b.metadata["tokenizer.ggml.tokens"]
-    assert a.eos_token_ids == b.eos_token_ids == [2]
+    assert a.eos_token_ids == b.eos_token_ids == [2, 0]
     src = {t.name: t for t in gguf.GGUFReader(smollm2_gguf_path).tensors}
     for name in (K.TOKEN_EMBD, K.blk(0, "attn_q"), K.blk(7, "attn_k"), K.blk(29, "ffn_down"),
                  K.blk(3, "attn_norm")):

@@ -162,6 +162,45 @@ def _add_sampling_options(p, max_tokens=128, n_help=None):
     return g
 
 
+def _add_chat_template_option(p, kwargs: bool = True):
+    p.add_argument("--chat-template", metavar="FILE|JINJA",
+                   help="a Jinja chat template (a file, or the template's own text) used in place "
+                        "of the model file's: a base model's file (Gemma 3 270M's) has none")
+    if kwargs:
+        p.add_argument("--chat-template-kwargs", metavar="JSON",
+                       help='more variables for the chat template, e.g. \'{"enable_thinking": false}\' '
+                            "(Qwen3: no thinking part)")
+
+
+def _chat_template_kwargs(args) -> dict:
+    """--chat-template-kwargs as a checked dict (pyklei.text.chat_template.check_template_kwargs)."""
+    import json
+
+    from ..text.chat_template import check_template_kwargs
+
+    v = getattr(args, "chat_template_kwargs", None)
+    if v is None:
+        return {}
+    try:
+        return check_template_kwargs(json.loads(v))
+    except json.JSONDecodeError as e:
+        raise CLIError(f"--chat-template-kwargs is not JSON: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise CLIError(f"--chat-template-kwargs: {e}") from None
+
+
+def _chat_template(args) -> str | None:
+    """The text of --chat-template: a file's, or the argument itself when it is Jinja."""
+    v = getattr(args, "chat_template", None)
+    if v is None:
+        return None
+    if Path(v).is_file():
+        return _read_text(v, "chat template")
+    if "{{" in v or "{%" in v:
+        return v
+    raise CLIError(f"no such chat template file: {v}")
+
+
 def _add_constraint_options(p):
     """--json-schema, --grammar, --regex: the reply follows one of them (pyklei.runtime.grammar)."""
     g = p.add_argument_group("constrained output (needs llguidance: pip install llguidance)")
@@ -256,6 +295,8 @@ def _load(args, n_ctx: int | None = None, n_threads: int | None = None, model: s
     from ..hub import split_file_ref
     from ..llm import load
 
+    if model is None and getattr(args, "chat_template", None) is not None:
+        kw.setdefault("chat_template", _chat_template(args))     # not the draft model's
     model = model or args.model
     # a hub file goes to load() as named: a llama.cpp GGUF there gets a convert line naming the repo
     path = model if split_file_ref(model) else _model_path(model)

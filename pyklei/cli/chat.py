@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 from .._report import plural
-from ._common import (CLIError, _add_command, _add_constraint_options, _add_model_options,
-                      _add_sampling_options, _add_speculative_options, _check_constraint,
-                      _constraint, _load, _sampling, _speculative)
+from ._common import (CLIError, _add_chat_template_option, _add_command, _add_constraint_options,
+                      _add_model_options, _add_sampling_options, _add_speculative_options,
+                      _chat_template_kwargs, _check_constraint, _constraint, _load, _sampling,
+                      _speculative)
 
 CHAT_HELP = """\
 commands:
@@ -32,6 +33,7 @@ def add_parser(sub):
         "conversation, so a turn only runs its new tokens (except after turns are dropped).")
     ch.add_argument("model", metavar="MODEL", help="pyklei .gguf file with a chat template")
     ch.add_argument("--system", metavar="TEXT", help="system prompt (default: the chat template's own, if any)")
+    _add_chat_template_option(ch)
     _add_sampling_options(ch, max_tokens=512, n_help="reply length at most, in tokens")
     _add_constraint_options(ch)
     _add_speculative_options(ch)
@@ -86,13 +88,16 @@ def run(args) -> int:
     from ..chat import ChatSession, MessageTooLongError
 
     constrain = _constraint(args)
+    template_kwargs = _chat_template_kwargs(args)      # a bad one fails before the model loads
     llm = _load(args)
     if not llm.tokenizer.chat_template:
-        raise CLIError(f"{args.model} has no chat template; use `pyklei generate` instead")
+        raise CLIError(f"{args.model} has no chat template; pass one with --chat-template FILE, "
+                       f"or use `pyklei generate`")
     _check_constraint(llm, constrain)
     session = ChatSession(llm, system=args.system, max_tokens=args.max_tokens,
                           sampling=_sampling(args), stop=args.stop, constrain=constrain,
-                          speculative=_speculative(args))
+                          speculative=_speculative(args),
+                          template_kwargs=template_kwargs)
     session.prepare("hello")  # renders the template once: template errors show up now
     if sys.stdin.isatty():
         try:

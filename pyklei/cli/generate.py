@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_command, _add_constraint_options,
-                      _add_model_options, _add_sampling_options, _add_speculative_options,
-                      _check_constraint, _constraint, _load, _read_text, _sampling, _speculative)
+from ._common import (EXIT_INTERRUPTED, PROG, CLIError, _add_chat_template_option, _add_command,
+                      _add_constraint_options, _add_model_options, _add_sampling_options,
+                      _add_speculative_options, _chat_template_kwargs, _check_constraint,
+                      _constraint, _load, _read_text, _sampling, _speculative)
 
 
 def add_parser(sub):
@@ -26,6 +27,7 @@ def add_parser(sub):
     g.add_argument("--chat", action="store_true",
                    help="wrap the prompt in the chat template as a user message")
     g.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
+    _add_chat_template_option(g)
     g.add_argument("--no-bos", action="store_true",
                    help="do not add BOS even if the model's tokenizer asks for it")
     g.add_argument("--stats", action="store_true",
@@ -68,18 +70,22 @@ def run(args) -> int:
         raise CLIError("give either -p PROMPT or -f FILE, not both")
     if args.system is not None and not args.chat:
         raise CLIError("--system needs --chat")
+    if args.chat_template_kwargs is not None and not args.chat:
+        raise CLIError("--chat-template-kwargs needs --chat")
     prompt = args.prompt if args.prompt is not None else _read_text(args.file, "prompt")
     if not prompt:
         raise CLIError("the prompt is empty")
     prediction = _read_text(args.prediction, "prediction") if args.prediction else None
     constrain = _constraint(args)
+    template_kwargs = _chat_template_kwargs(args)      # a bad one fails before the model loads
     llm = _load(args)
     _check_constraint(llm, constrain)
     tok = llm.tokenizer
     if args.chat:
         msgs = ([{"role": "system", "content": args.system}] if args.system else [])
         msgs.append({"role": "user", "content": prompt})
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                      **template_kwargs)
     else:
         ids = tok.encode(prompt, add_bos=False if args.no_bos else None, parse_special=True)
     max_tokens = token_budget(llm.n_ctx, len(ids), args.max_tokens)

@@ -5,7 +5,8 @@ import importlib
 import os
 from pathlib import Path
 
-from ._common import CLIError, _add_command, _add_model_options, _float_in, _int_at_least, _load
+from ._common import (CLIError, _add_chat_template_option, _add_command, _add_model_options, _float_in,
+                      _int_at_least, _load)
 
 
 # What pyproject.toml's `serve` extra installs. pyklei.server imports them only when the server
@@ -94,6 +95,7 @@ def add_parser(sub):
                         "vocabulary for every request (loaded with the same model options and a "
                         "KV cache slot per parallel sequence; greedy: the same text; sampling: "
                         "the same distribution)")
+    _add_chat_template_option(p, kwargs=False)     # requests carry chat_template_kwargs
     _add_model_options(p)
     p.set_defaults(func=run)
     return p

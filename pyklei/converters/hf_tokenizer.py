@@ -1,7 +1,7 @@
 """Hugging Face tokenizer files -> llama.cpp's tokenizer.ggml.* metadata.
 
 Two kinds are supported:
-- byte-level BPE from tokenizer.json (Llama 3, SmolLM2, GPT-2 style): tokenizer.ggml.model =
+- byte-level BPE from tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM2, GPT-2 style): tokenizer.ggml.model =
   "gpt2", tokens are the vocabulary strings as stored (byte-level alphabet, e.g. "Ġthe"),
   merges "a b", pre-tokenizer named as llama.cpp names it (see `detect_pre`);
 - SentencePiece from tokenizer.model: tokenizer.ggml.model = "llama", pre "default", tokens,
@@ -16,6 +16,7 @@ from typing import Any
 
 from gguf import GGUFValueType as T
 
+from pyklei.formats.end_of_generation import end_of_generation_ids, turn_token_id
 from pyklei.formats.gguf_keys import KEY_EOS_IDS, KEY_SPM_MODEL
 
 from .errors import ConversionError
@@ -26,9 +27,11 @@ LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-# Texts of tokens that end an assistant turn (written as tokenizer.ggml.eot_token_id).
-EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|end_of_turn|>")
-EOM_TEXTS = ("<|eom_id|>",)
+# Qwen2 / Qwen2.5 / Qwen3: Llama 3's regex with single digits (\p{N}), behind an NFC normalizer.
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# The normalizer each pre-tokenizer's tokenizer.json has ("NFC" or None); pyklei's tokenizer
+# applies the one its tokenizer.ggml.pre implies, so any other is refused here.
+NORMALIZERS = {"llama-bpe": None, "smollm": None, "gpt2": None, "qwen2": "NFC"}
 
 KV = list[tuple[str, Any, T, Any]]
 
@@ -56,6 +59,7 @@ def detect_pre(pre_tokenizer) -> str:
     """llama.cpp's name for a tokenizer.json pre_tokenizer, identified by its structure.
 
     Split(Llama 3 regex, Isolated) + ByteLevel(use_regex=False) -> "llama-bpe";
+    Split(Qwen2 regex, Isolated) + ByteLevel(use_regex=False) -> "qwen2" (llama.cpp's name);
     Digits(individual_digits=True) + ByteLevel(use_regex=True) -> "smollm";
     ByteLevel(use_regex=True) alone -> "gpt2". Anything else is an error naming it.
     """
@@ -70,9 +74,11 @@ def detect_pre(pre_tokenizer) -> str:
     if types == ["Split", "ByteLevel"]:
         sp, bl = seq
         pat = sp.get("pattern") or {}
-        if (pat.get("Regex") == LLAMA3_REGEX and sp.get("behavior") == "Isolated"
-                and not sp.get("invert", False) and bytelevel(bl, False)):
+        split = sp.get("behavior") == "Isolated" and not sp.get("invert", False) and bytelevel(bl, False)
+        if split and pat.get("Regex") == LLAMA3_REGEX:
             return "llama-bpe"
+        if split and pat.get("Regex") == QWEN2_REGEX:
+            return "qwen2"
     if types == ["Digits", "ByteLevel"]:
         dg, bl = seq
         if dg.get("individual_digits") and bytelevel(bl, True):
@@ -81,8 +87,17 @@ def detect_pre(pre_tokenizer) -> str:
         return "gpt2"
     raise ConversionError(
         f"unsupported tokenizer pre-tokenizer {_describe(pre_tokenizer)}; supported: Llama 3 "
-        f"(Split regex + ByteLevel -> llama-bpe), SmolLM (Digits + ByteLevel -> smollm), "
-        f"GPT-2 (ByteLevel -> gpt2)")
+        f"(Split regex + ByteLevel -> llama-bpe), Qwen2 (Split regex + ByteLevel -> qwen2), "
+        f"SmolLM (Digits + ByteLevel -> smollm), GPT-2 (ByteLevel -> gpt2)")
+
+
+def check_normalizer(normalizer, pre: str) -> None:
+    """A tokenizer.json normalizer other than the one the pre-tokenizer's family has (NFC for
+    Qwen, none for the others) would change ids pyklei cannot reproduce: refused, named."""
+    typ = (normalizer or {}).get("type")
+    if typ != NORMALIZERS[pre]:
+        raise ConversionError(f"unsupported tokenizer normalizer {typ or 'none'} with the {pre} "
+                              f"pre-tokenizer (pyklei applies {NORMALIZERS[pre] or 'none'})")
 
 
 def _content(tok) -> str | None:
@@ -164,10 +179,8 @@ def tokenizer_kv(hf_dir, config: dict, vocab_size: int) -> KV:
     for i in eos_all:
         if not 0 <= i < vocab_size:
             raise ConversionError(f"EOS token id {i} is outside the vocabulary (size {vocab_size})")
-    eot = next((i for i in eos_all if tokens[i] in EOT_TEXTS), None)
-    if eot is None:
-        eot = next((index[t] for t in EOT_TEXTS if t in index), None)
-    eom = next((index[t] for t in EOM_TEXTS if t in index), None)
+    eot = turn_token_id(tokens, types, "eot", prefer=eos_all)
+    eom = turn_token_id(tokens, types, "eom")
 
     for key, v in (("bos", bos), ("eos", eos), ("unknown", unk), ("padding", pad),
                    ("eot", eot), ("eom", eom)):
@@ -180,6 +193,8 @@ def tokenizer_kv(hf_dir, config: dict, vocab_size: int) -> KV:
         add_bos = default_add_bos
     kv.append(("tokenizer.ggml.add_bos_token", bool(add_bos), T.BOOL, None))
     kv.append(("tokenizer.ggml.add_eos_token", bool(tok_cfg.get("add_eos_token", False)), T.BOOL, None))
+    # every id that ends generation, by the one rule (pyklei.formats.end_of_generation)
+    eos_all = end_of_generation_ids({k: v for k, v, *_ in kv} | {KEY_EOS_IDS: eos_all})
     if eos_all:
         kv.append((KEY_EOS_IDS, [int(i) for i in eos_all], T.ARRAY, T.UINT32))
     kv += chat_templates(hf_dir, tok_cfg)
@@ -205,6 +220,7 @@ def _bpe(hf_dir: Path, tok_cfg: dict, vocab_size: int):
             f"unsupported tokenizer.json model type {model.get('type')!r}; only byte-level BPE "
             f"(or a SentencePiece tokenizer.model) is supported")
     pre = detect_pre(tj.get("pre_tokenizer"))
+    check_normalizer(tj.get("normalizer"), pre)
     vocab: dict[str, int] = model.get("vocab") or {}
     added = _added_tokens(tok_cfg, tj)
     tokens: list[str | None] = [None] * vocab_size
@@ -293,6 +309,10 @@ def _spm(hf_dir: Path, tok_cfg: dict, vocab_size: int):
             tokens[i] = text
             scores[i] = -1000.0
             types[i] = CONTROL if special else USER_DEFINED
+        elif not special and types[i] == NORMAL:
+            # a piece the checkpoint lists as an added token (Gemma's "\n\n", "<div>", "▁▁"):
+            # Hugging Face matches it whole, and the sentencepiece API cannot tell it apart
+            types[i] = USER_DEFINED
     pieces = sp.EncodeAsPieces("a")
     add_space_prefix = bool(pieces) and pieces[0].startswith("\u2581")
     kv: KV = [

@@ -26,7 +26,9 @@ from gguf.quants import dequantize
 
 from pyklei.formats import gguf_keys as K
 from pyklei.formats import llama_tensors as L
+from pyklei.formats.end_of_generation import EOS_ID_KEYS, end_of_generation_ids, turn_token_id
 from pyklei.formats.families import FAMILIES, family
+from pyklei.formats.gguf_keys import TOKEN_CONTROL
 
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
@@ -60,25 +62,22 @@ def _field_value(f):
 
 
 def _eos_kv(fields) -> list:
-    """eot_token_id (when absent, found by the token's text) and pyklei.eos_token_ids."""
-    from .hf_tokenizer import EOM_TEXTS, EOT_TEXTS
-
+    """eot/eom_token_id (when absent, found by the token's text) and pyklei.eos_token_ids, by
+    the one end-of-generation rule (pyklei.formats.end_of_generation)."""
     if "tokenizer.ggml.tokens" not in fields or K.KEY_EOS_IDS in fields:
         return []
-    tokens = fields["tokenizer.ggml.tokens"].contents()
-    index = {}
-    for i, t in enumerate(tokens):
-        index.setdefault(t, i)
-    out, ids = [], []
-    for key, texts in (("eos", ()), ("eot", EOT_TEXTS), ("eom", EOM_TEXTS)):
-        f = fields.get(f"tokenizer.ggml.{key}_token_id")
-        i = int(f.contents()) if f is not None else next((index[t] for t in texts if t in index), None)
-        if i is None:
-            continue
-        if f is None:
-            out.append((f"tokenizer.ggml.{key}_token_id", i, T.UINT32, None))
-        if i not in ids:
-            ids.append(i)
+    meta = {key: fields[key].contents() for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                                                    *EOS_ID_KEYS) if key in fields}
+    types = meta.get("tokenizer.ggml.token_type") or [TOKEN_CONTROL] * len(meta["tokenizer.ggml.tokens"])
+    out = []
+    for role in ("eot", "eom"):
+        key = f"tokenizer.ggml.{role}_token_id"
+        if key not in meta:
+            i = turn_token_id(meta["tokenizer.ggml.tokens"], types, role)
+            if i is not None:
+                meta[key] = i
+                out.append((key, i, T.UINT32, None))
+    ids = end_of_generation_ids(meta)
     if ids:
         out.append((K.KEY_EOS_IDS, ids, T.ARRAY, T.UINT32))
     return out

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import gguf_keys as K
+from .end_of_generation import EndOfGenerationError, end_of_generation_ids
 from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
 from .families import FAMILIES, family
 from .llama_tensors import for_each_tensor
@@ -292,18 +293,10 @@ def read_model(path) -> ModelFile:
     if len(toks) != hp.vocab_size:
         raise ModelFileError(f"{path}: {len(toks)} tokens but vocab_size {hp.vocab_size}")
 
-    def token_id(key, value):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < hp.vocab_size:
-            raise ModelFileError(f"{path}: {key} holds {value!r}, not a token id in [0, {hp.vocab_size})")
-        return value
-
-    eos = md.get(K.KEY_EOS_IDS)
-    if eos is not None and not isinstance(eos, list):
-        raise ModelFileError(f"{path}: {K.KEY_EOS_IDS} is not an array of token ids")
-    eos_ids = [token_id(K.KEY_EOS_IDS, i) for i in eos] if eos is not None else []
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        if key in md and token_id(key, md[key]) not in eos_ids:
-            eos_ids.append(md[key])
+    try:        # the one end-of-generation rule, the tokenizer's too
+        eos_ids = end_of_generation_ids(md, strict=True)
+    except EndOfGenerationError as e:
+        raise ModelFileError(f"{path}: {e}") from None
     return ModelFile(path=path, hparams=hp, metadata=md, tensors=tensors, eos_token_ids=eos_ids,
                      metadata_types=types, rotations=rotations, _mmap=mm)
 

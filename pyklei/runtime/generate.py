@@ -65,6 +65,8 @@ class GenerationResponse:
     prompt_logprobs: list[TokenLogprob | None] | None = None   # pyklei.runtime.engine's prompt_logprobs:
                                      # on the first response, one per prompt token (the first None)
     tool_calls: list[dict] | None = None   # LLM.chat with tools: the calls parsed from the reply
+    reasoning: str | None = None     # LLM.chat of a thinking model: the <think> part (pyklei.text.reasoning),
+                                     # kept out of text (streaming: the new reasoning since the last response)
     drafted_tokens: int = 0          # speculative decoding (pyklei.runtime.speculative): tokens drafted
     accepted_tokens: int = 0         # so far, and of those, tokens the model agreed with
 

@@ -161,7 +161,7 @@ class _EventStream:
             except asyncio.TimeoutError:
                 raise _WriteTimeout() from None
 
-        def piece(i: int, r) -> dict:
+        def piece(i: int, r, reasoning: str = "") -> dict:
             lps = None
             if r.logprobs is not None:
                 lps = shape.chat(r.logprobs) if req.kind == "chat" else shape.text(
@@ -170,7 +170,7 @@ class _EventStream:
                     offsets[i] = (lps["text_offset"][-1] + len(lps["tokens"][-1])
                                   if lps["tokens"] else offsets[i])
             return api.chunk(req.kind, rid, created, s.model_id, r.text, r.finish_reason,
-                             index=i, logprobs=lps)
+                             index=i, logprobs=lps, reasoning=reasoning)
 
         try:
             await send({"type": "http.response.start", "status": 200, "headers": [
@@ -184,6 +184,9 @@ class _EventStream:
             prompt_lps = None
             held = [None] * n     # with tools: text held while it may be a tool call
             held_lps = [None] * n
+            # a thinking model: each choice's reasoning split from its content (which alone
+            # goes on to the tool-call parser), pyklei.text.reasoning
+            thinkers = [req.reasoning.parser() if req.reasoning else None for _ in range(n)]
             try:
                 while (item := await gen.next()) is not None:
                     i, r = item
@@ -195,6 +198,17 @@ class _EventStream:
                     if req.calls and lasts[i] is None:
                         held[i], held_lps[i] = "", []
                     lasts[i] = r
+                    thought = ""
+                    if thinkers[i] is not None:
+                        thought, content = thinkers[i].feed(r.text)
+                        if r.finish_reason is not None:
+                            more_t, more_c = thinkers[i].finish()
+                            thought, content = thought + more_t, content + more_c
+                        r = replace(r, text=content)
+                        if thought and held[i] is not None:   # the call path may hold this piece
+                            await event(api.chunk("chat", rid, created, s.model_id, index=i,
+                                                  reasoning=thought))
+                            thought = ""
                     if held[i] is not None:
                         held[i] += r.text
                         if r.logprobs is not None:
@@ -215,8 +229,8 @@ class _EventStream:
                                 continue
                             r = replace(r, text=text)
                             held_lps[i] = []
-                    if r.text or r.finish_reason or r.logprobs:
-                        await event(piece(i, r))
+                    if r.text or r.finish_reason or r.logprobs or thought:
+                        await event(piece(i, r, thought))
             except Exception as e:         # this request failed (or the engine): say so in the stream
                 if isinstance(e, RequestFailedError):
                     log.warning("%s", e)

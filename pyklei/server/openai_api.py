@@ -25,7 +25,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..text.chat_template import ChatTemplateError
+from ..text.chat_template import ChatTemplateError, check_template_kwargs
+from ..text.reasoning import reasoning_for
 from dataclasses import replace
 
 from ..runtime.generate import GenerationResponse, TokenLogprob
@@ -93,6 +94,7 @@ class Request:
     n: int = 1
     prediction: tuple[int, ...] = ()   # predicted outputs: the reply's expected token ids
     cache_salt: str | None = None  # divides the tenant's prefix cache (app.py's module doc)
+    reasoning: object = None     # pyklei.text.reasoning.Reasoning of a thinking model's reply
 
     def generations(self, eos_ids) -> list[GenerationRequest]:
         """The engine's requests, one per choice (the first follows `constraint`, the others
@@ -399,6 +401,15 @@ def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: b
         raise APIError(f"'{param}': {e}", param) from None
 
 
+def template_kwargs_from(body: dict) -> dict:
+    """vLLM's and llama.cpp's chat_template_kwargs: more variables for the chat template
+    (``{"enable_thinking": false}`` turns Qwen3's thinking off)."""
+    try:
+        return check_template_kwargs(body.get("chat_template_kwargs"))
+    except (TypeError, ValueError) as e:
+        raise APIError(str(e), "chat_template_kwargs") from None
+
+
 def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=(),
                special_in_content: bool = False) -> list[int]:
     """The prompt's token ids. A chat's message content is text: special tokens only where the
@@ -407,13 +418,15 @@ def prompt_ids(kind: str, body: dict, tokenizer, n_ctx: int, tools=(),
         messages = chat_messages(body)
         check_length(kind, (m["content"] or "" for m in messages), len(messages), tokenizer,
                      n_ctx)
+        kw = template_kwargs_from(body)
         try:
             if tools or has_tool_turns(messages):
                 return render_with_tools(tokenizer, messages, list(tools) or None,
-                                         parse_special_in_content=special_in_content)
+                                         parse_special_in_content=special_in_content,
+                                         template_kwargs=kw)
             return tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=True,
-                parse_special_in_content=special_in_content)
+                parse_special_in_content=special_in_content, **kw)
         except (ChatTemplateError, ValueError, TypeError) as e:
             raise APIError(f"cannot render the model's chat template: {e}", "messages") from None
     prompt = body.get("prompt")
@@ -504,7 +517,8 @@ def parse(kind: str, body, tokenizer, n_ctx: int, special_in_content: bool = Fal
                    tool_choice=tool_choice, parallel_tool_calls=parallel,
                    constraint=constrained, legacy_functions=legacy, calls=calls, best_of=best_of,
                    n=_int_field(body, "n", 1, MAX_N, 1),
-                   prediction=prediction_from(body, tokenizer, n_ctx), cache_salt=salt)
+                   prediction=prediction_from(body, tokenizer, n_ctx), cache_salt=salt,
+                   reasoning=reasoning_for(tokenizer, ids) if kind == "chat" else None)
 
 
 # ---- responses ------------------------------------------------------------------------------
@@ -581,11 +595,17 @@ class Logprobs:
 
 
 def _choice(kind: str, index: int, text: str, finish: str | None, logprobs,
-            parser=None, legacy: bool = False) -> dict:
-    """One choice of a whole response; a chat reply read for tool calls by `parser`
-    (pyklei.text.tool_calls.CallParser) when there is one."""
+            parser=None, legacy: bool = False, reasoning=None) -> dict:
+    """One choice of a whole response; a thinking model's reply split by `reasoning`
+    (pyklei.text.reasoning.Reasoning) into message.reasoning_content and .reasoning (llama.cpp's
+    and vLLM's names; both, so either kind of client finds it) and content; the content read
+    for tool calls by `parser` (pyklei.text.tool_calls.CallParser) when there is one."""
     if kind == "chat":
         message = {"role": "assistant", "content": text}
+        if reasoning is not None:
+            thought, message["content"] = reasoning.split(text)
+            message["reasoning_content"] = message["reasoning"] = thought
+            text = message["content"]
         if parser is not None:
             content, calls = parser.parse(text)
             message["content"] = content
@@ -626,7 +646,7 @@ def completion(req: Request, rid: str, model: str, texts: list[str],
             logprobs = shape.chat(lps[i]) if req.kind == "chat" else shape.text(
                 prompt_logprobs(req, prompt_lps) + lps[i], 0)
         choices.append(_choice(req.kind, i, req.prompt_text + text, last.finish_reason,
-                               logprobs, req.calls, req.legacy_functions))
+                               logprobs, req.calls, req.legacy_functions, req.reasoning))
     return {"id": rid, "object": "chat.completion" if req.kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model, "choices": choices,
             "usage": usage(lasts), "timings": timings(lasts[0])}
@@ -651,10 +671,12 @@ def tool_call_chunk(rid: str, created: int, model: str, index: int, content: str
 
 def chunk(kind: str, rid: str, created: int, model: str, text: str | None = None,
           finish: str | None = None, first: bool = False,
-          lasts: list[GenerationResponse] | None = None, index: int = 0, logprobs=None) -> dict:
+          lasts: list[GenerationResponse] | None = None, index: int = 0, logprobs=None,
+          reasoning: str | None = None) -> dict:
     """One streamed chunk of choice `index`: a piece of text (with finish_reason on the last
-    piece) and its tokens' logprobs, or with `lasts` the closing usage chunk, whose choices are
-    empty (OpenAI's include_usage)."""
+    piece), a piece of a thinking model's reasoning (delta.reasoning_content and
+    delta.reasoning, as _choice names it), and its tokens' logprobs, or with `lasts` the
+    closing usage chunk, whose choices are empty (OpenAI's include_usage)."""
     out = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
            "created": created, "model": model}
     if lasts is not None:
@@ -662,6 +684,8 @@ def chunk(kind: str, rid: str, created: int, model: str, text: str | None = None
     elif kind == "chat":
         delta = {"role": "assistant", "content": text or ""} if first else (
             {"content": text} if text else {})
+        if reasoning:
+            delta["reasoning_content"] = delta["reasoning"] = reasoning
         out["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
                            "finish_reason": finish}]
     else:

@@ -38,8 +38,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-__all__ = ["render", "compile_template", "ChatTemplateError", "ContentMarks", "MissingChatTemplateError",
-           "CHATML_TEMPLATE"]
+__all__ = ["render", "compile_template", "check_template_kwargs", "ChatTemplateError", "ContentMarks",
+           "MissingChatTemplateError", "CHATML_TEMPLATE"]
 
 #: The documented fallback: ChatML (``<|im_start|>role\ncontent<|im_end|>\n``), no system prompt
 #: of its own, ``<|im_start|>assistant\n`` as the generation prompt.
@@ -169,6 +169,29 @@ def _check_messages(messages) -> None:
         content = m.get("content")
         if not isinstance(content, str) and not (content is None and m.get("tool_calls")):
             raise ValueError(f"message {i} ({m['role']}): 'content' must be a string, got {content!r}")
+
+
+# Names a caller's template keywords may not set: the renderer's own (the conversation, the
+# tools, the special tokens of the file).
+_RESERVED = frozenset({"messages", "add_generation_prompt", "tools", "documents", "bos_token",
+                       "eos_token", "template", "fallback"})
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """A caller's extra template variables (OpenAI-compatible servers' ``chat_template_kwargs``,
+    e.g. ``{"enable_thinking": false}`` for Qwen3), checked where a request enters: a JSON
+    object of identifier keys, none of the renderer's own names. Returns a plain copy."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"chat_template_kwargs must be an object of template variables, got {kwargs!r}")
+    for k in kwargs:
+        if not isinstance(k, str) or not k.isidentifier():
+            raise ValueError(f"chat_template_kwargs: {k!r} is not a template variable name")
+        if k in _RESERVED:
+            raise ValueError(f"chat_template_kwargs: {k!r} is set by pyklei itself; pass it "
+                             f"through its own argument")
+    return _plain(dict(kwargs))
 
 
 def render(template: str | None, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, *,

@@ -17,7 +17,8 @@ class StreamingDetokenizer:
     ids of byte-level BPE vocabularies, and for SentencePiece ones whenever runs of byte tokens
     are valid UTF-8 (``decode`` then follows Hugging Face in turning a whole invalid run into
     U+FFFD, which a stream cannot know in advance). The leading space of a SentencePiece text
-    is stripped as ``decode`` does. ``text`` holds everything emitted so far.
+    is stripped where ``decode`` strips it (a dummy-prefix vocabulary). ``text`` holds
+    everything emitted so far.
     """
 
     # The tokenizer makes its detokenizers (Tokenizer.detokenizer), so this module does not
@@ -26,7 +27,7 @@ class StreamingDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special = skip_special
         self._skip = tokenizer.special_ids if skip_special else frozenset()
-        self._strip_space = tokenizer.model == "llama"
+        self._strip_space = tokenizer.strips_leading_space
         self.reset()
 
     def reset(self) -> None:

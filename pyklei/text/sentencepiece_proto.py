@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..formats.gguf_keys import TOKEN_BYTE, TOKEN_NORMAL
+from ..formats.gguf_keys import TOKEN_BYTE, TOKEN_NORMAL, TOKEN_USER_DEFINED
 
 
 def _varint(n: int) -> bytes:
@@ -40,9 +40,17 @@ def _pb_float(field_no: int, v: float) -> bytes:
 def sentencepiece_model_proto(tokens: Sequence[str], scores: np.ndarray, types: np.ndarray,
                                unk_id: int, bos_id: int, eos_id: int, add_dummy_prefix: bool) -> bytes:
     parts = []
+    n = len(tokens)
     # ModelProto.pieces (1): SentencePiece{piece=1, score=2, type=3}
-    for tok, score, ty in zip(tokens, scores.tolist(), types.tolist()):
+    for i, (tok, score, ty) in enumerate(zip(tokens, scores.tolist(), types.tolist())):
         ty = int(ty) if int(ty) in (1, 2, 3, 4, 5, 6) else TOKEN_NORMAL
+        if ty == TOKEN_USER_DEFINED and tok and not tok.strip(" \u2581"):
+            # A user-defined run of spaces ("▁▁" in the checkpoint, real spaces in llama.cpp's
+            # file). Hugging Face merges such runs by BPE, in vocabulary order, ahead of every
+            # ordinary piece (transformers' GGUF Gemma tokenizer does the same): a normal piece
+            # "▁▁" scored above all others (ordinary scores are <= 0) merges the same way,
+            # where a user-defined one would be matched greedily (40 spaces: 31 + 9, not 16 + 24).
+            tok, score, ty = "\u2581" * len(tok), float(n - i), TOKEN_NORMAL
         body = _pb_len(1, tok.encode("utf-8")) + _pb_float(2, float(score))
         if ty != TOKEN_NORMAL:
             body += _pb_int(3, ty)

@@ -14,20 +14,25 @@ llama.cpp GGUF file and builds one of two back ends:
   ``smollm``                  SmolLM/SmolLM2: ``Digits(individual_digits=True)`` +
                               ``ByteLevel(add_prefix_space=False, use_regex=True)``
   ``gpt2``, ``gpt-2``         GPT-2: ``ByteLevel(add_prefix_space=False, use_regex=True)``
+  ``qwen2``,                  Qwen2/2.5/3: ``NFC`` normalizer, then ``Split`` on Llama 3's
+  ``deepseek-r1-qwen``        regex with single digits + ``ByteLevel(use_regex=False)``
   ==========================  ======================================================
 
   Any other value raises :class:`TokenizerError`; pyklei never guesses a pre-tokenizer.
   tiktoken merges the adjacent pair whose concatenation has the lowest rank, and we use the
   token id as the rank. That is the Hugging Face BPE (merge the pair that comes first in the
   merge list) whenever every merged token's id grows with the position of its first merge,
-  which is checked when the file is loaded (it holds for Llama 3 and SmolLM2).
+  which is checked when the file is loaded (it holds for Llama 3, SmolLM2 and Qwen).
 
 * ``tokenizer.ggml.model = llama`` -- SentencePiece, run by **sentencepiece**. A ModelProto
-  (BPE, byte fallback when the vocabulary has byte tokens, identity normalizer, dummy
-  prefix, no removal of extra whitespace) is serialized from the tokens, scores and types
-  (a tiny hand-written protobuf encoder: no ``protobuf`` dependency). A pyklei file may carry
-  the original ``tokenizer.model`` bytes under ``gguf_keys.KEY_SPM_MODEL`` (a uint8 array);
-  they are used as they are when present.
+  (BPE, byte fallback when the vocabulary has byte tokens, identity normalizer, a dummy
+  prefix as ``tokenizer.ggml.add_space_prefix`` says (Llama 2: yes; Gemma: no), no removal of
+  extra whitespace) is serialized from the tokens, scores and types (a tiny hand-written
+  protobuf encoder: no ``protobuf`` dependency). A pyklei file may carry the original
+  ``tokenizer.model`` bytes under ``gguf_keys.KEY_SPM_MODEL`` (a uint8 array); they are used
+  as they are when present, unless the vocabulary has user-defined runs of spaces (Gemma's),
+  which Hugging Face merges by BPE where sentencepiece would match them whole
+  (sentencepiece_proto.py).
 
 Special tokens
     Tokens of type CONTROL and UNKNOWN are *special*: ``encode(..., parse_special=True)``
@@ -50,17 +55,20 @@ Bytes a vocabulary lacks
 
 Decoding follows the Hugging Face decoders: ByteLevel (UTF-8, invalid sequences become
 U+FFFD) for byte-level BPE; ``Replace("▁", " ")`` + ``ByteFallback`` + ``Fuse`` +
-``Strip(" ", 1, 0)`` for SentencePiece.
+``Strip(" ", 1, 0)`` for SentencePiece (the strip only with a dummy prefix: Gemma's decoder
+keeps a text's leading space).
 """
 from __future__ import annotations
 
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..formats.end_of_generation import END_OF_TURN_TEXTS, end_of_generation_ids
 from ..formats.gguf_keys import (KEY_EOS_IDS, KEY_SPM_MODEL, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
                                  TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED)
 from ..formats.gguf_reader import GGUFError
@@ -76,16 +84,8 @@ __all__ = [
     "END_OF_TURN_TOKENS",
 ]
 
-#: Control tokens that end a turn or a text in the models pyklei knows; ``Tokenizer.eos_ids``
-#: holds every CONTROL (or USER_DEFINED) token whose text is one of these, beside the ids named
-#: by ``tokenizer.ggml.eos_token_id``, ``eot_token_id``, ``eom_token_id`` and
-#: ``pyklei.eos_token_ids``.
-END_OF_TURN_TOKENS = frozenset({
-    "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",      # Llama 3
-    "<|im_end|>", "<|endoftext|>",                       # ChatML (SmolLM, Qwen), GPT-2
-    "</s>",                                              # Llama 2, Mistral
-    "<|end|>", "<end_of_turn>", "<|eot|>", "<EOT>",     # Phi-3, Gemma, others
-})
+#: Kept under its old name: the texts live in pyklei.formats.end_of_generation.
+END_OF_TURN_TOKENS = frozenset(END_OF_TURN_TEXTS)
 
 
 class TokenizerError(ValueError):
@@ -143,6 +143,8 @@ _GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 _SMOLLM_PAT = r"""\p{N}|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+"""
 _LLAMA3_PAT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
                r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Qwen2 / Qwen2.5 / Qwen3 (and their distills): Llama 3's regex with single digits.
+_QWEN2_PAT = _LLAMA3_PAT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 # tokenizer.ggml.pre -> (regex, add BOS when the file does not say)
 _PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
@@ -152,7 +154,12 @@ _PRE_TOKENIZERS: dict[str, tuple[str, bool]] = {
     "smollm": (_SMOLLM_PAT, False),
     "gpt2": (_GPT2_PAT, False),
     "gpt-2": (_GPT2_PAT, False),
+    "qwen2": (_QWEN2_PAT, False),
+    "deepseek-r1-qwen": (_QWEN2_PAT, False),
 }
+# Pre-tokenizers whose Hugging Face tokenizer has an NFC normalizer (Qwen's): the text between
+# special tokens is NFC-normalized before it is split.
+_NFC_PRE = frozenset({"qwen2", "deepseek-r1-qwen"})
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
@@ -213,6 +220,8 @@ class Tokenizer:
     _sp_byte: np.ndarray | None = field(default=None, repr=False)  # SPM: byte value of <0xXX> tokens, else -1
     _token_to_id: dict[str, int] | None = field(default=None, repr=False)
     _max_token_chars: int | None = field(default=None, repr=False)
+    _nfc: bool = field(default=False, repr=False)    # NFC-normalize text first (Qwen's normalizer)
+    strips_leading_space: bool = field(default=False, repr=False)  # SPM dummy prefix undone in decode
 
     # ---- construction -----------------------------------------------------------------------
     @classmethod
@@ -263,22 +272,9 @@ class Tokenizer:
         if add_bos and bos is None:
             raise TokenizerError(f"{where}: the tokenizer adds BOS but has no valid tokenizer.ggml.bos_token_id")
 
-        # eos_ids, the one end-of-generation rule (LLM, Engine, stream_generate and the server
-        # all stop on these): the metadata's EOS/EOT/EOM ids first, then the ids a pyklei file
-        # lists (KEY_EOS_IDS: the converter's, from the checkpoint's generation_config), then
-        # end-of-turn control tokens by name.
-        eos_list: list[int] = []
-        listed = meta.get(KEY_EOS_IDS)
-        listed = (listed.tolist() if isinstance(listed, np.ndarray)
-                  else list(listed) if isinstance(listed, (list, tuple)) else [])
-        for v in [tid(key) for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                        "tokenizer.ggml.eom_token_id")] + list(listed):
-            if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v < n \
-                    and int(v) not in eos_list:
-                eos_list.append(int(v))
-        for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_USER_DEFINED))[0].tolist():
-            if tokens[i] in END_OF_TURN_TOKENS and i not in eos_list:
-                eos_list.append(i)
+        # eos_ids: the one end-of-generation rule (pyklei.formats.end_of_generation), which LLM,
+        # Engine, stream_generate and the server all stop on.
+        eos_list = end_of_generation_ids(meta)
 
         template = meta.get("tokenizer.chat_template")
         if isinstance(template, bytes):
@@ -287,10 +283,13 @@ class Tokenizer:
         special = {tokens[i]: i for i in np.nonzero((types == TOKEN_CONTROL) | (types == TOKEN_UNKNOWN))[0].tolist()
                    if tokens[i]}
         user = {tokens[i]: i for i in np.nonzero(types == TOKEN_USER_DEFINED)[0].tolist() if tokens[i]}
+        if model == "llama":    # runs of spaces are merged by the BPE, not matched (_build_spm)
+            user = {t: i for t, i in user.items() if not _space_run(t)}
 
         self = cls(model=model, pre=pre, tokens=list(tokens), token_types=types, bos_id=bos, eos_id=eos,
                    eos_ids=tuple(eos_list), unk_id=unk, pad_id=pad, add_bos=add_bos, add_eos=add_eos,
-                   chat_template=template or None, path=path, _special=special, _user=user)
+                   chat_template=template or None, path=path, _special=special, _user=user,
+                   _nfc=model == "gpt2" and pre in _NFC_PRE)
         self._special_re = _alternation(special)
         self._user_re = _alternation(user)
         self._all_re = _alternation({**user, **special})
@@ -363,8 +362,17 @@ class Tokenizer:
         import sentencepiece as spm
 
         tokens, types = self.tokens, self.token_types
+        add_prefix = meta.get("tokenizer.ggml.add_space_prefix")
+        add_prefix = True if add_prefix is None else bool(add_prefix)
+        # Hugging Face's decoder strips the first space only where the normalizer added one
+        # (Llama 2's Prepend("▁")); Gemma's adds none and keeps a text's own leading space.
+        self.strips_leading_space = add_prefix
         raw = meta.get(KEY_SPM_MODEL)
-        if raw is not None:
+        # A checkpoint's own model is used as it is, unless it has user-defined runs of spaces
+        # (Gemma's "▁▁"...): sentencepiece would match those greedily where Hugging Face merges
+        # them by BPE, so the model is rebuilt from the arrays (sentencepiece_proto says how).
+        if raw is not None and not any(types[i] == TOKEN_USER_DEFINED and _space_run(t)
+                                       for i, t in enumerate(tokens)):
             proto = raw.tobytes() if isinstance(raw, np.ndarray) else bytes(raw)
         else:
             scores = meta.get("tokenizer.ggml.scores")
@@ -375,8 +383,6 @@ class Tokenizer:
                 if len(unk) == 0:
                     raise TokenizerError(f"{where}: a SentencePiece vocabulary needs an unknown token")
                 self.unk_id = int(unk[0])
-            add_prefix = meta.get("tokenizer.ggml.add_space_prefix")
-            add_prefix = True if add_prefix is None else bool(add_prefix)
             proto = _sentencepiece_model_proto(
                 tokens, np.asarray(scores, np.float32), types, self.unk_id,
                 -1 if self.bos_id is None else self.bos_id, -1 if self.eos_id is None else self.eos_id,
@@ -471,6 +477,8 @@ class Tokenizer:
         return [self.encode(t, **kw) for t in texts]
 
     def _encode_ordinary(self, text: str) -> list[int]:
+        if self._nfc:
+            text = unicodedata.normalize("NFC", text)
         if self._enc is None:
             return self._sp.encode(text)
         if self._missing_re is not None and self._missing_re.search(text):
@@ -524,7 +532,7 @@ class Tokenizer:
         if run:
             out.append(_decode_run(run))
         text = "".join(out)
-        return text[1:] if text.startswith(" ") else text
+        return text[1:] if self.strips_leading_space and text.startswith(" ") else text
 
     def detokenizer(self, skip_special: bool = False) -> "StreamingDetokenizer":
         """A fresh :class:`StreamingDetokenizer` for this tokenizer."""
@@ -614,6 +622,11 @@ class Tokenizer:
         if self._max_token_chars is None:
             self._max_token_chars = max(max(map(len, self.tokens)), max(map(len, self._pieces)), 1)
         return self._max_token_chars
+
+
+def _space_run(token: str) -> bool:
+    """A token of spaces only, spelled as spaces (llama.cpp) or as "▁" (the checkpoint)."""
+    return bool(token) and not token.strip(" \u2581")
 
 
 def _valid_unicode(text: str) -> str:

@@ -151,9 +151,10 @@ def template_messages(messages: Sequence[dict], native: bool) -> list[dict]:
 
 
 def render(tokenizer, messages: Sequence[dict], tools: list[dict] | None,
-           parse_special_in_content: bool = False) -> list[int]:
+           parse_special_in_content: bool = False, template_kwargs: dict | None = None) -> list[int]:
     """The prompt's token ids: the chat template, with the tools (module doc).
-    parse_special_in_content: as Tokenizer.apply_chat_template's (off: content is text)."""
+    parse_special_in_content: as Tokenizer.apply_chat_template's (off: content is text);
+    template_kwargs: more template variables (checked: chat_template.check_template_kwargs)."""
     native = knows_tools(tokenizer.chat_template)
     msgs = template_messages(messages, native)
     if tools and not native:
@@ -163,7 +164,7 @@ def render(tokenizer, messages: Sequence[dict], tools: list[dict] | None,
             msgs[0] = {**msgs[0], "content": msgs[0]["content"] + "\n\n" + note}
         else:
             msgs.insert(0, {"role": "system", "content": note})
-    kw = {"tools": tools} if tools and native else {}
+    kw = {**(template_kwargs or {}), **({"tools": tools} if tools and native else {})}
     return tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                          parse_special_in_content=parse_special_in_content, **kw)
 
