@@ -101,7 +101,7 @@ static inline __attribute__((always_inline)) void qk_span(const int G, const int
 static inline __attribute__((always_inline)) void pv_rows(const int G, const int HD, int n,
                                                           const float *restrict sc, size_t ld,
                                                           const float *restrict v, float *restrict acc) {
-    float a[4][128];   /* G <= 4, HD <= 128: the fast paths' shapes */
+    float a[4][256];   /* G <= 4, HD <= 256: the fast paths' shapes */
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) a[g][i] = acc[g * HD + i];
     for (int j = 0; j < n; j++) {
@@ -248,15 +248,27 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
  * slower). The family's shapes: SmolLM2 135M / 360M (3, 64), 1.7B (1, 64); Llama 3.2 1B (4,
  * 64), 3B (3, 128); Llama 3.1 8B (4, 128); Llama 2 7B (1, 128); TinyLlama (8, 64). (3, 128)
  * was missing until Llama 3.2 3B's attention was found on the reference: tests/c/test_matmul.c
- * now asks pk_attend_is_fast for each of these. */
-#define PK_ATTEND_SHAPES(X) X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(1, 128) X(2, 128) X(3, 128) X(4, 128)
+ * now asks pk_attend_is_fast for each of these.
+ * The other families (issue 42): Gemma 3 270M and 1B (4, 256), 4B (2, 256); Qwen2.5 0.5B (7, 64:
+ * 4 + 3), 1.5B (6, 128: 4 + 2); Qwen3 0.6B / 1.7B (2, 128); Phi-4-mini (3, 128); SmolLM3 3B and
+ * Ministral 8B (4, 128). */
+#define PK_ATTEND_SHAPES(X) X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(1, 128) X(2, 128) X(3, 128) X(4, 128) \
+    X(2, 256) X(4, 256)
 
-int pk_attend_is_fast(int group, int hd) {
+static int shape_compiled(int group, int hd) {
 #define SHAPE(G, HD) if (group == G && hd == HD) return 1;
     PK_ATTEND_SHAPES(SHAPE)
 #undef SHAPE
-    return group % 4 == 0 && (hd == 64 || hd == 128);
+    return 0;
 }
+
+/* A group of more than 4 heads runs as fours and a remainder when those shapes are compiled:
+ * each head's arithmetic is its own, so the split changes no bits. */
+static int by_fours(int group, int hd) {
+    return group > 4 && shape_compiled(4, hd) && (group % 4 == 0 || shape_compiled(group % 4, hd));
+}
+
+int pk_attend_is_fast(int group, int hd) { return shape_compiled(group, hd) || by_fours(group, hd); }
 
 /* One function per (G, HD) and cache type, so that each keeps no test of the others. */
 #define ATTEND(G, HD)                                                                              \
@@ -359,11 +371,11 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
         for (int t0 = 0; t0 < NQ;) {
             /* a tile of query vectors (without AVX-512: one row's G, pv_rows' registers);
              * scores normalised above */
-            const int nt = !wide ? G : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
+            const int nt = !wide || HD > 128 ? G : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
             int joint = p1;   /* the positions of the span that all its rows see */
             for (int t = t0; t < t0 + nt; t++) joint = n_pos[t / G] < joint ? n_pos[t / G] : joint;
             const float *restrict st = scores + (size_t)t0 * ld_scores + p0;
-            if (!wide) {
+            if (!wide || HD > 128) {   /* pv_tile holds at most 128 sums of a vector */
                 if (joint > p0) pv_rows(G, HD, joint - p0, st, ld_scores, tile, accs[t0]);
                 t0 += nt;
                 continue;
@@ -427,10 +439,10 @@ void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_k
         return; }
     PK_ATTEND_SHAPES(CASE)
 #undef CASE
-    if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
+    if (by_fours(group, hd)) {
         for (int g = 0; g < group; g += 4)
-            pk_attend_part(4, hd, p0, n, q + (size_t)g * hd, kv, scale, scores, ld_scores, out + (size_t)g * hd,
-                           ml + 2 * g);
+            pk_attend_part(group - g < 4 ? group - g : 4, hd, p0, n, q + (size_t)g * hd, kv, scale, scores,
+                           ld_scores, out + (size_t)g * hd, ml + 2 * g);
         return;
     }
     pk_attend_part_reference(group, hd, n, q, &c, scale, scores, out, ml);
@@ -513,13 +525,14 @@ static void attend_rows_part(int rows, const int *n, int group, int hd, int p0, 
         return; }
         PK_ATTEND_SHAPES(CASE)
 #undef CASE
-        if (group % 4 == 0 && (hd == 64 || hd == 128)) {   /* groups of 8, 16, ...: by fours */
+        if (by_fours(group, hd)) {
             float ml4[PK_ATTEND_ROWS][4][2];
             for (int g = 0; g < group; g += 4) {
-                attend_rows_part(rows, n, 4, hd, p0, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
+                const int ng = group - g < 4 ? group - g : 4;
+                attend_rows_part(rows, n, ng, hd, p0, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
                                  out + (size_t)g * hd, ldo, &ml4[0][0][0]);
                 for (int r = 0; r < rows; r++)
-                    memcpy(ml + ((size_t)r * group + g) * 2, ml4[r], sizeof ml4[r]);
+                    memcpy(ml + ((size_t)r * group + g) * 2, &ml4[0][0][0] + (size_t)r * 2 * ng, sizeof(float) * 2 * ng);
             }
             return;
         }

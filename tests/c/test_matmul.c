@@ -379,16 +379,18 @@ static void test_elementwise_exact(void) {
 static void test_attention_shapes(void) {
     static const struct { const char *model; int group, hd; } shapes[] = {
         {"SmolLM2-135M/360M", 3, 64}, {"SmolLM2-1.7B", 1, 64}, {"Llama-3.2-1B", 4, 64}, {"Llama-3.2-3B", 3, 128},
-        {"Llama-3.1-8B", 4, 128}, {"Llama-2-7B", 1, 128}, {"TinyLlama-1.1B", 8, 64}, {"Llama-2-70B", 8, 128}};
+        {"Llama-3.1-8B", 4, 128}, {"Llama-2-7B", 1, 128}, {"TinyLlama-1.1B", 8, 64}, {"Llama-2-70B", 8, 128},
+        {"Gemma-3-270M/1B", 4, 256}, {"Gemma-3-4B", 2, 256}, {"Qwen2.5-0.5B", 7, 64}, {"Qwen2.5-1.5B", 6, 128},
+        {"Qwen3-0.6B/1.7B", 2, 128}, {"Phi-4-mini", 3, 128}, {"SmolLM3-3B", 4, 128}};
     for (int i = 0; i < COUNT(shapes); i++)
         CHECK(pk_attend_is_fast(shapes[i].group, shapes[i].hd), "attention of %s (group %d, head size %d) "
               "has no compiled kernel", shapes[i].model, shapes[i].group, shapes[i].hd);
-    CHECK(!pk_attend_is_fast(5, 64) && !pk_attend_is_fast(3, 96), "pk_attend_is_fast claims a shape it lacks");
+    CHECK(!pk_attend_is_fast(5, 32) && !pk_attend_is_fast(3, 96), "pk_attend_is_fast claims a shape it lacks");
 }
 
 static void test_attention(int quick) {
-    static const int groups[] = {1, 2, 3, 4, 5, 8};
-    static const int hds[] = {64, 128, 32, 96};
+    static const int groups[] = {1, 2, 3, 4, 5, 8, 7, 6};
+    static const int hds[] = {64, 128, 32, 96, 256};
     /* past PK_ATTEND_CHUNK: 530 (two chunks, kept by --quick), 1100 (three) */
     static const int npos[] = {1, 2, 15, 16, 17, 33, 100, 530, 257, 1100};
     const int p0 = n_pass, f0 = n_fail;
@@ -421,6 +423,19 @@ static void test_attention(int quick) {
                     worst = fmax(worst, err);
                     CHECK(err <= 1e-5, "attention reference G=%d hd=%d n=%d %s: %.3g from double", G, hd, n,
                           kv_names[t], err);
+                    /* a sliding window [lo, n): its unaligned head in plain C, then chunks */
+                    const int lo = rnd_int(0, n - 1);
+                    const pk_kv_head wkv = kv_case_head(&c, (pk_kv_type)t,
+                                                        t != PK_KV_F32 ? pk_f16_to_f32_for_isa("scalar") : NULL);
+                    attend_double(G, hd, n - lo, q, c.kl + (size_t)lo * hd, c.vl + (size_t)lo * hd, scale, exact);
+                    pk_attend_window(G, hd, lo, n, q, &wkv, scale, scores, ld, got);
+                    err = 0.0;
+                    for (int i = 0; i < G * hd; i++) err = fmax(err, fabs(got[i] - exact[i]));
+                    CHECK(err <= 1e-5, "pk_attend_window G=%d hd=%d [%d, %d) %s: %.3g from double", G, hd, lo, n,
+                          kv_names[t], err);
+                    pk_attend_window(G, hd, 0, n, q, &wkv, scale, scores, ld, got);
+                    CHECK(!memcmp(got, want, sizeof(float) * (size_t)G * hd),
+                          "pk_attend_window from 0 differs from pk_attend_group G=%d hd=%d n=%d %s", G, hd, n, kv_names[t]);
                     for (int ii = 0; ii < (t != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
                         pk_f16_to_f32_fn fn = t != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
                         if (t != PK_KV_F32 && !fn) continue;
