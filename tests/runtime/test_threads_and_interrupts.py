@@ -32,7 +32,7 @@ from pyklei.formats.model_file import ModelFileError, read_model
 from pyklei.llm import LLM
 from pyklei.model import Model
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]   # tests/ (moved to tests/runtime/; split next)
 SEED = HERE / "fuzz_corpus" / "seed-tied-q4.gguf"
 SEED_SPM = HERE / "fuzz_corpus" / "seed-untied-q8.gguf"
 REPO = HERE.parent
