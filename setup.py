@@ -14,10 +14,10 @@ from setuptools import Extension, find_packages, setup
 c_sources = sorted(glob.glob("pyklei_ext/contract/*.c") + glob.glob("pyklei_ext/isa/*.c")
                    + glob.glob("pyklei_ext/ops/*.c") + glob.glob("pyklei_ext/model/*.c"))
 # A test build (PYKLEI_TEST_HOOKS=1; scripts/test.sh) also links the PYKLEI_TEST_BREAK_KERNEL
-# hook, which tests/test_kernels.py's self-check tests use; elsewhere the dispatcher's weak
+# hook, which tests/kernels/test_kernels.py's self-check tests use; elsewhere the dispatcher's weak
 # reference to it is NULL and the extension holds no test code (docs/KERNELS.md).
 if os.environ.get("PYKLEI_TEST_HOOKS") == "1":
-    c_sources.append("tests/c/pk_testhook.c")
+    c_sources.append("tests/kernels/c/pk_testhook.c")
 
 
 def read_cflags(path="pyklei_ext/cflags.txt"):

@@ -1,5 +1,10 @@
 """Shared, session-scoped fixtures: real and tiny models, made once per test run.
 
+tests/ mirrors pyklei/: tests/formats, converters, runtime, text, server and cli test those
+packages, tests/kernels the C kernel layer (tests/kernels/c: the standalone C tests), tests/docs
+the README and docs/, and the files directly in tests/ the top-level modules (the API, the hub)
+and the house itself (layering, packaging). Helpers and committed data live in tests/fixtures/.
+
 Real model files are cached under ~/.cache/pyklei (see pyklei_dev.assets); converted files live
 in pytest's temporary directory so every run tests the current converter.
 """
@@ -9,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))   # tests/models.py, tests/hf_reference.py
+# tests/fixtures/ (models.py, hf_reference.py, live_server.py, child_watch.py, kernel_log.py,
+# paths.py, data/, fuzz_corpus/): imported by name, `from models import make_tiny_llama`
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 sys.path.append(str(Path(__file__).parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
 
