@@ -247,7 +247,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
  * are multiples of 4 run by fours, and any other shape takes the reference (correct, 50x
  * slower). The family's shapes: SmolLM2 135M / 360M (3, 64), 1.7B (1, 64); Llama 3.2 1B (4,
  * 64), 3B (3, 128); Llama 3.1 8B (4, 128); Llama 2 7B (1, 128); TinyLlama (8, 64). (3, 128)
- * was missing until Llama 3.2 3B's attention was found on the reference: tests/c/test_matmul.c
+ * was missing until Llama 3.2 3B's attention was found on the reference: tests/kernels/c/test_matmul.c
  * now asks pk_attend_is_fast for each of these. */
 #define PK_ATTEND_SHAPES(X) X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(1, 128) X(2, 128) X(3, 128) X(4, 128)
 
