@@ -71,12 +71,14 @@ def _add_command(sub, name, help, description, epilog=None):
     return p
 
 
-def _int_at_least(lo: int, what: str = "value"):
+def _int_at_least(lo: int, what: str = "value", hi: int | None = None):
     def conv(s: str) -> int:
         try:
             v = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: expected an integer") from None
+        if hi is not None and not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: must be in [{lo}, {hi}]")
         if v < lo:
             raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: must be >= {lo}")
         return v
@@ -127,11 +129,17 @@ def _add_model_options(p, ctx_help=None, threads=True):
     for o in MODEL_OPTIONS:
         if not o.flags or (o.name == "n_threads" and not threads):
             continue
-        text = ctx_help if o.name == "n_ctx" and ctx_help else f"{o.help} ({o.default_help})"
-        kw = dict(choices=o.choices) if o.choices else dict(type=_option_type(o), metavar=o.metavar)
-        g.add_argument(*o.flags, dest=_DEST.get(o.name, o.name), default=o.default, help=text,
-                       **kw)
+        _add_option(g, o, dest=_DEST.get(o.name, o.name),
+                    help=ctx_help if o.name == "n_ctx" and ctx_help else None)
     return g
+
+
+def _add_option(g, o, dest=None, help=None):
+    """The flag of one pyklei.runtime.options.Option: its type and range, default and help;
+    argparse stores the value under `dest` (default: the option's name)."""
+    kw = dict(choices=o.choices) if o.choices else dict(type=_option_type(o), metavar=o.metavar)
+    g.add_argument(*o.flags, dest=dest or o.name, default=o.default,
+                   help=help or f"{o.help} ({o.default_help})", **kw)
 
 
 # the attribute names the commands read (args.threads, args.ctx_size, args.batch_size)
@@ -141,7 +149,8 @@ _DEST = {"n_threads": "threads", "n_ctx": "ctx_size", "n_batch": "batch_size"}
 def _option_type(o):
     """The argparse type of a pyklei.runtime.options.Option: its range, the CLI's messages."""
     if o.kind is int:
-        return int if o.lo is None else _int_at_least(int(o.lo), o.what)
+        return int if o.lo is None else _int_at_least(int(o.lo), o.what,
+                                                      None if o.hi is None else int(o.hi))
     return _float_in(o.lo, o.hi, o.lo_open, o.hi_open, what=o.what)
 
 

@@ -44,3 +44,30 @@ def test_the_model_and_the_cli_use_the_same_rules(tiny64):
     r = subprocess.run([sys.executable, "-m", "pyklei", "generate", str(tiny_gguf), "-p", "x",
                         "--kv-cache", "bf16"], capture_output=True, text=True)
     assert r.returncode == 2 and "invalid choice: 'bf16'" in r.stderr, r.stderr
+
+
+def test_engine_server_and_serve_flags_read_one_table():
+    """The engine's and the server's numbers (parallel sequences, queue, prefill chunk, port,
+    connections, timeouts): one default and one rule each, which Engine, serve() and `pyklei
+    serve`'s flags all take from pyklei.runtime.options."""
+    import inspect
+
+    from pyklei.cli import build_parser
+    from pyklei.runtime.engine import Engine
+    from pyklei.runtime.options import (ENGINE_OPTION, ENGINE_OPTIONS, MODEL_OPTION, SERVER_OPTIONS,
+                                        check_options)
+    from pyklei.server.run import serve
+
+    engine = inspect.signature(Engine).parameters
+    server = inspect.signature(serve).parameters
+    args = build_parser().parse_args(["serve", "m.gguf"])
+    for o in ENGINE_OPTIONS:
+        assert engine[o.name].default == server[o.name].default == o.default, o.name
+        if o.flags:
+            assert getattr(args, o.name) == o.default, o.name
+    for o in SERVER_OPTIONS:
+        assert server[o.name].default == getattr(args, o.name) == o.default, o.name
+    assert ENGINE_OPTION["prefill_chunk"].default == MODEL_OPTION["n_batch"].default
+    assert ENGINE_OPTION["n_parallel"].default == MODEL_OPTION["n_seq"].default
+    with pytest.raises(ValueError, match="max_queue must be >= 1, got 0"):
+        check_options(ENGINE_OPTION, max_queue=0)
