@@ -250,25 +250,22 @@ def _sampling(args) -> dict:
 
 # ---- models, files, output ------------------------------------------------------------------
 
-def _model_path(path: str) -> Path:
+def _model_path(path: str, pyklei_only: bool = True) -> Path:
     """The model file a command runs: a local path, or `org/name:file.gguf` on the Hugging Face
-    Hub, fetched into its cache (pyklei.hub; a HubError is a one-line error)."""
-    from ..formats.model_file import check_model_path
+    Hub, fetched into its cache (pyklei.hub; a HubError is a one-line error), there a pyklei
+    file unless not pyklei_only (`info` describes any GGUF)."""
+    from ..formats.model_file import check_model_path, is_model_file
     from ..hub import model_file
-    return check_model_path(model_file(path))
+    return check_model_path(model_file(path, is_model=is_model_file if pyklei_only else None))
 
 
 def _load(args, n_ctx: int | None = None, n_threads: int | None = None, model: str | None = None,
           **kw):
     """The model of args.model (or `model`) with the model options; kw: more pyklei.load
     keywords."""
-    from ..hub import split_file_ref
     from ..llm import load
 
-    model = model or args.model
-    # a hub file goes to load() as named: a llama.cpp GGUF there gets a convert line naming the repo
-    path = model if split_file_ref(model) else _model_path(model)
-    return load(path, n_threads=n_threads or args.threads,
+    return load(_model_path(model or args.model), n_threads=n_threads or args.threads,
                 n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
                 activations=args.activations, **kw)
 

@@ -27,7 +27,7 @@ def add_parser(sub):
 def run(args) -> int:
     from ..info import info_text, model_info
 
-    info = model_info(_model_path(args.model), activations=args.activations,
+    info = model_info(_model_path(args.model, pyklei_only=False), activations=args.activations,
                       batch_size=args.batch_size)
     if args.json:
         _print_json(info)
