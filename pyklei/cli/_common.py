@@ -304,3 +304,12 @@ def _progress_bar(args, desc: str, unit: str, leave: bool = True):
 def _print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def _print_report(args, report: dict, as_text) -> int:
+    """A command's report: as JSON with --json, else as_text(report); exit code 0."""
+    if args.json:
+        _print_json(report)
+    else:
+        print(as_text(report))
+    return 0
