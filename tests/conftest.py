@@ -27,12 +27,17 @@ def smollm2_hf_path():
 
 
 @pytest.fixture(scope="session")
-def smollm2_q4(smollm2_hf_path, tmp_path_factory):
-    """SmolLM2-135M-Instruct converted by pyklei (qsi4c32, group 32, defaults)."""
+def smollm2_conversion(smollm2_hf_path, tmp_path_factory):
+    """SmolLM2-135M-Instruct converted by pyklei (qsi4c32, group 32, defaults): (path, the
+    ConversionResult). Read only: every test that converts SmolLM2 so shares this one."""
     from pyklei.converters import convert
     out = tmp_path_factory.mktemp("smollm2") / "smollm2-q4.gguf"
-    convert(smollm2_hf_path, out)
-    return out
+    return out, convert(smollm2_hf_path, out)
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4(smollm2_conversion):
+    return smollm2_conversion[0]
 
 
 def _tiny(tmp_path_factory, head_dim):

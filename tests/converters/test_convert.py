@@ -1,7 +1,8 @@
 """Converter tests: HF checkpoints and llama.cpp GGUFs -> pyklei GGUF (issue 3).
 
-Fixtures: tiny random Llama 3.2-style checkpoints (tests/fixtures/models.py: make_tiny_llama), the real
-SmolLM2-135M-Instruct as a HF checkpoint built from llama.cpp's GGUF (smollm2_hf_dir) and that
+Fixtures: tiny random Llama 3.2-style checkpoints (tests/fixtures/models.py: make_tiny_llama), the
+real SmolLM2-135M-Instruct as a HF checkpoint built from llama.cpp's GGUF (smollm2_hf_path), its
+conversion (smollm2_conversion: both in tests/conftest.py, shared with the other tests) and that
 GGUF itself. The 1.24 B random Llama 3.2 1B checkpoint test is marked slow.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 import gguf  # noqa: E402
-from models import make_tiny_llama, smollm2_hf_dir  # noqa: E402
+from models import make_tiny_llama  # noqa: E402
 from paths import ROOT  # noqa: E402
 
 from pyklei.converters import ConversionError, convert  # noqa: E402
@@ -148,18 +149,6 @@ def tiny_spm(tmp_path_factory):
 def smollm2_gguf_path():
     from pyklei_dev.assets import smollm2_gguf
     return smollm2_gguf()
-
-
-@pytest.fixture(scope="module")
-def smollm2_hf():
-    return smollm2_hf_dir()
-
-
-@pytest.fixture(scope="module")
-def smollm2_converted(smollm2_hf, tmp_path_factory):
-    out = tmp_path_factory.mktemp("smol") / "smollm2.gguf"
-    res = convert(smollm2_hf, out)
-    return out, res
 
 
 # ----------------------------------------------------------------------------- unit pieces
@@ -781,17 +770,17 @@ def test_llama_file_type_names_match_gguf():
 
 # ----------------------------------------------------------------------------- the real SmolLM2
 
-def test_smollm2_hf_checkpoint_generates_paris(smollm2_hf):
+def test_smollm2_hf_checkpoint_generates_paris(smollm2_hf_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    cfg = json.loads((smollm2_hf / "config.json").read_text())
+    cfg = json.loads((smollm2_hf_path / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["tie_word_embeddings"] is True
     assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (9, 3)
-    tj = json.loads((smollm2_hf / "tokenizer.json").read_text())
+    tj = json.loads((smollm2_hf_path / "tokenizer.json").read_text())
     assert detect_pre(tj["pre_tokenizer"]) == "smollm" and tj["decoder"]["type"] == "ByteLevel"
-    tok = AutoTokenizer.from_pretrained(smollm2_hf)
-    model = AutoModelForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(smollm2_hf_path)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_hf_path, dtype=torch.float32)
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=8, do_sample=False)
@@ -802,8 +791,8 @@ def test_smollm2_hf_checkpoint_generates_paris(smollm2_hf):
     assert chat.endswith("<|im_start|>assistant\n")
 
 
-def test_smollm2_end_to_end(smollm2_hf, smollm2_converted, smollm2_gguf_path):
-    out, res = smollm2_converted
+def test_smollm2_end_to_end(smollm2_hf_path, smollm2_conversion, smollm2_gguf_path):
+    out, res = smollm2_conversion
     r = gguf.GGUFReader(out)
     assert len(r.tensors) == 30 * 7 * 2 + 30 * 2 + 2 + 1  # qs+scales per linear, norms, embd(+scales), output_norm
     mf = read_model(out)
@@ -820,21 +809,21 @@ def test_smollm2_end_to_end(smollm2_hf, smollm2_converted, smollm2_gguf_path):
                 "llama.context_length", "llama.rope.dimension_count"):
         assert md[key] == src.fields[key].contents(), key
     assert mf.eos_token_ids == [2]
-    errs = check_against_hf(mf, hf_tensors(smollm2_hf))
+    errs = check_against_hf(mf, hf_tensors(smollm2_hf_path))
     q4 = [e for n, e in errs.items() if mf.tensors[n].format == "qsi4c32"]
     assert np.mean(q4) < 0.1 and max(q4) < 0.12
     assert res.bits_per_weight(("qsi4c32",)) == pytest.approx(4.5)
     assert res.peak_rss_mb < 2000
 
 
-def test_smollm2_llamacpp_import_matches_hf_route(smollm2_gguf_path, smollm2_converted, tmp_path):
+def test_smollm2_llamacpp_import_matches_hf_route(smollm2_gguf_path, smollm2_conversion, tmp_path):
     """Real Q4_1 GGUF import; its tensors agree with the HF route's (the q/k permutation is
     undone by gguf_to_hf and redone by the converter), and with the source within the bound."""
     from gguf.quants import dequantize
 
     out = tmp_path / "imported.gguf"
     convert(smollm2_gguf_path, out)
-    a, b = read_model(out), read_model(smollm2_converted[0])
+    a, b = read_model(out), read_model(smollm2_conversion[0])
     assert a.metadata["tokenizer.ggml.tokens"] == b.metadata["tokenizer.ggml.tokens"]
     assert a.eos_token_ids == b.eos_token_ids == [2]
     src = {t.name: t for t in gguf.GGUFReader(smollm2_gguf_path).tensors}
