@@ -37,7 +37,7 @@ def server(smollm2_q4):
 
 
 def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    return srv.openai_client()
 
 
 # ---- the sampler's processors ------------------------------------------------------------

@@ -35,7 +35,7 @@ def tight(smollm2_q4):
 
 
 def client(srv, key="none", **kw):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
+    return srv.openai_client(key, **kw)
 
 
 def post(srv, path, body=None, raw=None, headers=None):
