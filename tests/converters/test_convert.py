@@ -1,19 +1,20 @@
-"""Converter tests: HF checkpoints and llama.cpp GGUFs -> pyklei GGUF (issue 3).
+"""Converter tests: HF checkpoints -> pyklei GGUF (issue 3); llama.cpp GGUFs are
+test_llamacpp_import.py's, conversions that must fail test_converter_failures.py's, the checks
+they share tests/fixtures/converter_checks.py's.
 
 Fixtures: tiny random Llama 3.2-style checkpoints (tests/fixtures/models.py: make_tiny_llama), the
 real SmolLM2-135M-Instruct as a HF checkpoint built from llama.cpp's GGUF (smollm2_hf_path), its
 conversion (smollm2_conversion: both in tests/conftest.py, shared with the other tests) and that
-GGUF itself. The 1.24 B random Llama 3.2 1B checkpoint test is marked slow.
+GGUF itself (tests/converters/conftest.py). The 1.24 B random Llama 3.2 1B checkpoint test is
+marked slow.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,133 +23,15 @@ import gguf  # noqa: E402
 from models import make_tiny_llama  # noqa: E402
 from paths import ROOT  # noqa: E402
 
+from converter_checks import (check_against_hf, check_tensor, hf_name, hf_tensors,  # noqa: E402
+                              leftovers, reshard)
 from pyklei.converters import ConversionError, convert  # noqa: E402
-from pyklei.cli import main as _pyklei_main  # noqa: E402
-
-
-def cli_main(argv):
-    return _pyklei_main(["convert", *argv])
 from pyklei.converters.hf_llama import llama3_rope_factors, permute_qk, unpermute_qk  # noqa: E402
 from pyklei.converters.hf_tokenizer import LLAMA3_REGEX, detect_pre  # noqa: E402
-from pyklei.formats import bf16_to_f32, unpack_nibbles  # noqa: E402
 from pyklei.formats import gguf_keys as K  # noqa: E402
-from pyklei.formats.model_file import ModelFileError, read_model  # noqa: E402
+from pyklei.formats.model_file import read_model  # noqa: E402
 
 REPO = ROOT
-EPS = float(np.finfo(np.float32).eps)
-# The test's own GGUF -> HF name map, on purpose independent of the converter's (a shared
-# table would hide a naming bug on both sides at once).
-HF_PARTS = {
-    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
-
-
-# ----------------------------------------------------------------------------- helpers
-
-def hf_tensors(d: Path) -> dict[str, np.ndarray]:
-    """All tensors of a (small) HF checkpoint as float32, read with the safetensors library."""
-    import torch
-    from safetensors import safe_open
-
-    out = {}
-    files = sorted(d.glob("*.safetensors"))
-    for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():
-                out[k] = sf.get_tensor(k).to(torch.float32).numpy()
-    return out
-
-
-def hf_name(gname: str) -> str:
-    if gname == K.TOKEN_EMBD:
-        return "model.embed_tokens.weight"
-    if gname == K.OUTPUT_NORM:
-        return "model.norm.weight"
-    if gname == K.OUTPUT:
-        return "lm_head.weight"
-    _, i, part, _ = gname.split(".")
-    return f"model.layers.{i}.{HF_PARTS[part]}.weight"
-
-
-def check_qsi4c32_bound(x: np.ndarray, t) -> float:
-    """|x - s q| <= s/2 for every element not clipped; returns the relative RMSE."""
-    q = unpack_nibbles(t.qs).astype(np.float32)
-    n, k = x.shape
-    bl = t.block_size
-    s = np.repeat(bf16_to_f32(t.scales), bl, axis=1)
-    err = np.abs(x - s * q)
-    clipped = ((q == -8) & (x < -8 * s)) | ((q == 7) & (x > 7 * s))
-    tol = s / 2 + EPS * (np.abs(x) + np.abs(s * q))  # float32 rounding of x - s*q
-    ok = (err <= tol) | clipped
-    assert ok.all(), f"{t.name}: {np.count_nonzero(~ok)} elements outside the 4-bit bound"
-    return float(np.sqrt(((x - s * q) ** 2).sum() / (x ** 2).sum()))
-
-
-def check_tensor(x: np.ndarray, t, name: str) -> float:
-    if t.format == "qsi4c32":
-        rel = check_qsi4c32_bound(x, t)
-        assert rel < 0.15, (name, rel)
-        return rel
-    y = t.dequantize()
-    if t.format == "qsi6c32":   # within half a step wherever not clipped to [-32, 31]
-        sf = bf16_to_f32(t.scales).repeat(32, axis=1)
-        q = np.rint(y / np.where(sf > 0, sf, 1))
-        inside = (q > -32) & (q < 31)
-        assert np.all(np.abs(x - y)[inside] <= sf[inside] / 2 * (1 + 1e-6) + EPS * np.abs(x)[inside]), name
-        rel = float(np.sqrt(((x - y) ** 2).sum() / max((x ** 2).sum(), 1e-30)))
-        assert rel < 0.03, (name, rel)
-        return rel
-    if t.format == "qsi8cx":
-        s = t.scales[:, None]
-        assert (np.abs(x - y) <= s / 2 + EPS * (np.abs(x) + np.abs(y))).all(), name
-    elif t.format == "f32":
-        np.testing.assert_array_equal(x, y, err_msg=name)
-    else:
-        np.testing.assert_allclose(y, x, rtol=2 ** -8, atol=1e-6, err_msg=name)
-    return float(np.sqrt(((x - y) ** 2).sum() / max((x ** 2).sum(), 1e-30)))
-
-
-def check_against_hf(mf, hf: dict[str, np.ndarray]) -> dict[str, float]:
-    hp = mf.hparams
-    errs = {}
-    for name, t in mf.tensors.items():
-        if name == K.ROPE_FREQS:
-            continue
-        x = hf[hf_name(name)]
-        if name.endswith("attn_q.weight"):
-            x = permute_qk(x, hp.n_head)
-        elif name.endswith("attn_k.weight"):
-            x = permute_qk(x, hp.n_head_kv)
-        assert tuple(t.shape) == x.shape, name
-        errs[name] = check_tensor(x, t, name)
-    return errs
-
-
-def leftovers(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if p.suffix in (".gguf", ".part"))
-
-
-# ----------------------------------------------------------------------------- fixtures
-
-@pytest.fixture(scope="module")
-def tiny_bpe(tmp_path_factory):
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "bpe64", head_dim=64, tied=True,
-                           tokenizer="bpe", seed=0)
-
-
-@pytest.fixture(scope="module")
-def tiny_spm(tmp_path_factory):
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "spm128", head_dim=128, tied=False,
-                           tokenizer="spm", seed=1)
-
-
-@pytest.fixture(scope="module")
-def smollm2_gguf_path():
-    from pyklei_dev.assets import smollm2_gguf
-    return smollm2_gguf()
 
 
 # ----------------------------------------------------------------------------- unit pieces
@@ -397,28 +280,8 @@ def test_norm_gain_weighting(tmp_path):
     check_against_hf(on, hf)
 
 
-def _reshard(src: Path, dst: Path, n_shards: int = 2):
-    """Copy a single-file checkpoint into a sharded one (with model.safetensors.index.json)."""
-    from safetensors.torch import load_file as load_pt
-    from safetensors.torch import save_file as save_pt
-
-    shutil.copytree(src, dst)
-    (dst / "model.safetensors").unlink()
-
-    tensors = load_pt(str(src / "model.safetensors"))
-    names = sorted(tensors)
-    weight_map = {}
-    for i in range(n_shards):
-        part = names[i::n_shards]
-        fname = f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
-        save_pt({k: tensors[k].contiguous() for k in part}, str(dst / fname), metadata={"format": "pt"})
-        weight_map.update({k: fname for k in part})
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return dst
-
-
 def test_sharded_equals_single(tiny_bpe, tmp_path):
-    sharded = _reshard(tiny_bpe, tmp_path / "sharded")
+    sharded = reshard(tiny_bpe, tmp_path / "sharded")
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     convert(tiny_bpe, a, name="x")
     convert(sharded, b, name="x")
@@ -448,324 +311,6 @@ def test_tiny_checkpoints_load_in_transformers(tiny_bpe, tiny_spm):
     tok = AutoTokenizer.from_pretrained(tiny_bpe)
     ids = tok("The capital of France is Paris.").input_ids
     assert ids[0] == tok.convert_tokens_to_ids("<|begin_of_text|>")
-
-
-# ----------------------------------------------------------------------------- bad inputs
-
-def _fails(src, out: Path, match: str, **kw):
-    with pytest.raises(ConversionError, match=match):
-        convert(src, out, **kw)
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.endswith(".part")]
-
-
-def _edit_config(d: Path, **changes):
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def test_errors(tiny_bpe, tmp_path):
-    out = tmp_path / "out" / "m.gguf"
-    out.parent.mkdir()
-    _fails(tmp_path / "nope", out, "missing input")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    _fails(empty, out, "missing config.json")
-
-    def copy(name):
-        return Path(shutil.copytree(tiny_bpe, tmp_path / name))
-
-    d = copy("arch")
-    _edit_config(d, architectures=["GPT2LMHeadModel"], model_type="gpt2")
-    _fails(d, out, "unsupported architecture GPT2LMHeadModel")
-    d = copy("bias")
-    _edit_config(d, attention_bias=True)
-    _fails(d, out, "unsupported feature: attention_bias")
-    d = copy("yarn")
-    _edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
-    _fails(d, out, "rope scaling of type 'yarn'")
-    d = copy("lies_hidden")
-    _edit_config(d, intermediate_size=1024)
-    _fails(d, out, r"does not match the weights: model.layers.0.mlp.gate_proj.weight has shape \[512, 256\]")
-    d = copy("lies_layers")
-    _edit_config(d, num_hidden_layers=3)
-    _fails(d, out, "lacks tensor.*model.layers.2")
-    d = copy("lies_layers1")
-    _edit_config(d, num_hidden_layers=1)
-    _fails(d, out, "does not account for: model.layers.1")
-    d = copy("lies_untied")
-    _edit_config(d, tie_word_embeddings=False)
-    _fails(d, out, "lacks tensor.*lm_head.weight")
-    d = copy("no_weights")
-    (d / "model.safetensors").unlink()
-    _fails(d, out, "missing model weights")
-    d = copy("no_tok")
-    (d / "tokenizer.json").unlink()
-    _fails(d, out, "missing tokenizer")
-    d = copy("truncated")
-    st = d / "model.safetensors"
-    st.write_bytes(st.read_bytes()[: st.stat().st_size - 1000])
-    _fails(d, out, "truncated safetensors file")
-    d = copy("corrupt")
-    raw = bytearray((tiny_bpe / "model.safetensors").read_bytes())
-    raw[8:20] = b"\x00garbage!!!!"
-    (d / "model.safetensors").write_bytes(bytes(raw))
-    _fails(d, out, "corrupt safetensors header")
-    d = copy("corrupt_len")
-    raw = bytearray((tiny_bpe / "model.safetensors").read_bytes())
-    raw[0:8] = (1 << 40).to_bytes(8, "little")
-    (d / "model.safetensors").write_bytes(bytes(raw))
-    _fails(d, out, "corrupt or truncated safetensors")
-    sh = _reshard(tiny_bpe, tmp_path / "missing_shard")
-    (sh / "model-00002-of-00002.safetensors").unlink()
-    _fails(sh, out, "missing shard model-00002-of-00002.safetensors")
-    # dimension not divisible by the group size
-    d = make_tiny_llama(tmp_path / "ffn480", head_dim=64, tokenizer="bpe", n_layer=1,
-                        intermediate_size=480)
-    _fails(d, out, r"ffn_down.weight: input dimension K=480 is not divisible by the group size 64; "
-                   r"use --group-size 32", group_size=64)
-    _fails(tiny_bpe, out, "group-size must be one of", group_size=48)
-    _fails(tiny_bpe, out, "embedding-bits must be", embedding_bits=2)
-    # NaN weights fail while streaming: the partly written temporary file is removed
-    d = copy("nan")
-    from safetensors.torch import load_file, save_file
-    ts = load_file(str(d / "model.safetensors"))
-    ts["model.layers.1.mlp.down_proj.weight"][3, 7] = float("nan")
-    save_file(ts, str(d / "model.safetensors"), metadata={"format": "pt"})
-    _fails(d, out, "NaN")
-    # an existing output needs force
-    out.write_bytes(b"old")
-    with pytest.raises(ConversionError, match="exists; pass force=True"):
-        convert(tiny_bpe, out)
-    assert out.read_bytes() == b"old"
-    convert(tiny_bpe, out, force=True)
-    read_model(out)
-    assert leftovers(out.parent) == ["m.gguf"]
-
-
-def test_interrupt_leaves_nothing(tiny_bpe, tmp_path, monkeypatch):
-    from pyklei.converters import core
-
-    calls = {"n": 0}
-    real = core._write_tensor
-
-    def boom(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-
-    monkeypatch.setattr(core, "_write_tensor", boom)
-    with pytest.raises(KeyboardInterrupt):
-        convert(tiny_bpe, tmp_path / "m.gguf")
-    assert leftovers(tmp_path) == []
-
-
-def test_cli(tiny_bpe, tmp_path, capsys):
-    out = tmp_path / "c.gguf"
-    assert cli_main([str(tiny_bpe), "-o", str(out), "--group-size", "64", "--embedding-bits", "4",
-                     "--keep", "blk.0.*=q8", "--name", "tiny", "--no-progress"]) == 0
-    text = capsys.readouterr().out
-    assert "bits per weight" in text and "peak RSS" in text
-    mf = read_model(out)
-    assert mf.metadata["general.name"] == "tiny" and mf.layer(0, "attn_q").format == "qsi8cx"
-    assert cli_main([str(tiny_bpe), "-o", str(out), "--no-progress"]) == 2
-    assert "exists" in capsys.readouterr().err
-    nw = tmp_path / "nw.gguf"   # --norm-weighting: the same bytes as the Python API's
-    assert cli_main([str(tiny_bpe), "-o", str(nw), "--norm-weighting", "--no-progress"]) == 0
-    convert(tiny_bpe, tmp_path / "nw2.gguf", norm_weighting=True)
-    assert nw.read_bytes() == (tmp_path / "nw2.gguf").read_bytes()
-    convert(tiny_bpe, tmp_path / "plain.gguf")
-    assert nw.read_bytes() != (tmp_path / "plain.gguf").read_bytes()   # the flag took effect
-
-
-def test_read_model_rejects(tmp_path, tiny_bpe, smollm2_gguf_path, monkeypatch):
-    with pytest.raises(ModelFileError, match="not a pyklei model file"):
-        read_model(smollm2_gguf_path)
-    monkeypatch.setattr(K, "FORMAT_VERSION", 2)
-    convert(tiny_bpe, tmp_path / "v2.gguf")
-    monkeypatch.setattr(K, "FORMAT_VERSION", 1)
-    with pytest.raises(ModelFileError, match="format version 2"):
-        read_model(tmp_path / "v2.gguf")
-    with pytest.raises(ModelFileError, match="no such model file"):
-        read_model(tmp_path / "none.gguf")
-    good = tmp_path / "good.gguf"
-    convert(tiny_bpe, good)
-    raw = good.read_bytes()
-    (tmp_path / "trunc.gguf").write_bytes(raw[: len(raw) - 100])
-    with pytest.raises(ModelFileError, match="truncated"):
-        read_model(tmp_path / "trunc.gguf")
-    (tmp_path / "head.gguf").write_bytes(raw[:5000])
-    with pytest.raises(ModelFileError, match="truncated"):
-        read_model(tmp_path / "head.gguf")
-    (tmp_path / "magic.gguf").write_bytes(b"GGML" + raw[4:])
-    with pytest.raises(ModelFileError, match="bad magic"):
-        read_model(tmp_path / "magic.gguf")
-
-
-# ----------------------------------------------------------------------------- llama.cpp GGUF import
-
-def _write_llamacpp_gguf(hf_dir: Path, out: Path, qtype) -> None:
-    """A llama.cpp-style GGUF of a tiny HF checkpoint (q/k permuted), tensors in `qtype`."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import quantize
-
-    tmp = out.with_suffix(".pyklei.gguf")
-    convert(hf_dir, tmp, embedding_bits=16)  # reuse its metadata
-    mf = read_model(tmp)
-    hf = hf_tensors(hf_dir)
-    w = gguf.GGUFWriter(out, "llama")
-    for k, v in mf.metadata.items():
-        if k.startswith("pyklei.") or k in ("general.architecture", "general.alignment"):
-            continue
-        vt, sub = mf.metadata_types[k]
-        w.add_key_value(k, v, gguf.GGUFValueType(vt), None if sub is None else gguf.GGUFValueType(sub))
-    for name in mf.tensors:
-        if name == K.ROPE_FREQS:
-            w.add_tensor(name, mf.tensor(name).data.copy())
-            continue
-        x = hf[hf_name(name)]
-        if name.endswith("attn_q.weight"):
-            x = permute_qk(x, mf.hparams.n_head)
-        elif name.endswith("attn_k.weight"):
-            x = permute_qk(x, mf.hparams.n_head_kv)
-        t = qtype if x.ndim == 2 else Q.F32
-        if t == Q.F32:
-            w.add_tensor(name, x.astype(np.float32))
-        elif t in (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
-            w.add_tensor(name, quantize(x.astype(np.float32), t), raw_dtype=t)
-        else:
-            w.add_tensor(name, _random_blocks(x.shape, t), raw_dtype=t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    tmp.unlink()
-
-
-def _random_blocks(shape, qtype) -> np.ndarray:
-    """Random blocks of a type gguf cannot quantize (K-quants, IQ types): every byte below
-    0x30, so that any f16 scale the layout holds is small and finite (exponent field <= 11)."""
-    from gguf.constants import GGML_QUANT_SIZES
-    block, nbytes = GGML_QUANT_SIZES[qtype]
-    n, k = shape
-    rng = np.random.default_rng(int(qtype))
-    return rng.integers(0, 0x30, (n, k // block * nbytes), dtype=np.uint8)
-
-
-@pytest.mark.parametrize("qname", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
-def test_import_llamacpp_types(tiny_bpe, tmp_path, qname):
-    from gguf import GGMLQuantizationType as Q
-    from gguf.quants import dequantize
-
-    qtype = Q[qname]
-    src = tmp_path / f"tiny-{qname}.gguf"
-    _write_llamacpp_gguf(tiny_bpe, src, qtype)
-    out = tmp_path / "out.gguf"
-    res = convert(src, out)
-    mf = read_model(out)
-    r = gguf.GGUFReader(src)
-    for t in r.tensors:
-        x = np.asarray(dequantize(t.data, t.tensor_type), np.float32).reshape(mf.tensor(t.name).shape)
-        check_tensor(x, mf.tensor(t.name), t.name)
-    assert mf.metadata["tokenizer.ggml.tokens"] == r.fields["tokenizer.ggml.tokens"].contents()
-    assert mf.metadata[K.KEY_SOURCE] == "gguf" and mf.hparams.has_rope_freqs
-    requantized = "re-quantizing adds pyklei's rounding error" in res.summary()
-    assert requantized == (qname not in ("F32", "F16", "BF16"))
-
-
-def test_import_llamacpp_errors(tmp_path, tiny_bpe):
-    out = tmp_path / "o.gguf"
-    bad = tmp_path / "bad.gguf"
-    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 10)
-    _fails(bad, out, "not a readable GGUF")
-    w = gguf.GGUFWriter(tmp_path / "phi.gguf", "phi2")
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    _fails(tmp_path / "phi.gguf", out, "unsupported architecture 'phi2'")
-    conv = tmp_path / "conv.gguf"
-    convert(tiny_bpe, conv)
-    _fails(conv, out, "already a pyklei model file")
-
-
-def test_info_of_a_llamacpp_gguf_and_its_convert_line(tiny_bpe, tmp_path):
-    """pyklei.info on a llama.cpp GGUF the test writes: what the file holds, counted as the gguf
-    package reads it, and a `pyklei convert` line that, run as printed, makes a pyklei file."""
-    import shlex
-    from collections import Counter
-
-    from gguf import GGMLQuantizationType as Q
-
-    from pyklei.info import gguf_info, info_text, model_info
-
-    src = tmp_path / "tiny q8.gguf"        # a space: the command must quote the path
-    _write_llamacpp_gguf(tiny_bpe, src, Q.Q8_0)
-    info = model_info(src)
-    assert info == gguf_info(src) and info["file_kind"] == "gguf"
-    r = gguf.GGUFReader(src)
-    assert {k: v["tensors"] for k, v in info["tensor_types"].items()} == \
-        dict(Counter(t.tensor_type.name for t in r.tensors))
-    assert {k: v["bytes"] for k, v in info["tensor_types"].items()} == \
-        {name: sum(int(t.n_bytes) for t in r.tensors if t.tensor_type.name == name)
-         for name in info["tensor_types"]}
-    assert info["params"] == sum(int(t.n_elements) for t in r.tensors)
-    cfg = json.loads((tiny_bpe / "config.json").read_text())
-    hp = info["hparams"]
-    assert (hp["n_layer"], hp["n_embd"], hp["n_ff"], hp["n_head"], hp["n_head_kv"]) == \
-        (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"],
-         cfg["num_attention_heads"], cfg["num_key_value_heads"])
-    assert hp["tied_embeddings"] is True and info["architecture"] == "llama"
-    assert info["tokenizer"]["vocab_size"] == cfg["vocab_size"]
-    assert "Q8_0 weights are dequantized and quantized again" in info["convert_note"]
-    text = info_text(info)
-    assert "not a pyklei file" in text and info["convert_command"] in text
-
-    argv = shlex.split(info["convert_command"])
-    assert argv[:3] == ["pyklei", "convert", str(src)] and argv[3] == "-o"
-    run = subprocess.run([sys.executable, "-m", "pyklei", *argv[1:], "--no-progress"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    assert model_info(tmp_path / argv[4])["file_kind"] == "pyklei"
-
-
-def test_info_of_a_gguf_pyklei_cannot_convert(tmp_path):
-    """Another architecture: described, no convert line but the reason; a broken GGUF is a
-    GGUFError (ValueError) naming the problem."""
-    from pyklei.info import info_text, model_info
-
-    w = gguf.GGUFWriter(tmp_path / "qwen.gguf", "qwen2")
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_file_type(1)
-    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float16))
-    w.add_tensor("output_norm.weight", np.ones(32, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    info = model_info(tmp_path / "qwen.gguf")
-    assert (info["architecture"], info["file_type"], info["convert_command"]) == ("qwen2", "F16", None)
-    assert info["hparams"]["n_layer"] == 1 and info["hparams"]["n_embd"] is None
-    assert info["tensor_types"]["F16"] == {"tensors": 1, "params": 256, "bytes": 512,
-                                           "bits_per_weight": 16.0}
-    text = info_text(info)
-    assert "pyklei converts llama models only; this file's architecture is 'qwen2'" in text
-    assert "pyklei convert " not in text and "convert it:" not in text and "embedding -," in text
-    (tmp_path / "cut.gguf").write_bytes((tmp_path / "qwen.gguf").read_bytes()[:100])
-    with pytest.raises(ValueError, match="cut.gguf"):
-        model_info(tmp_path / "cut.gguf")
-
-
-def test_llama_file_type_names_match_gguf():
-    from pyklei.info import LLAMA_FILE_TYPES
-
-    names = {m.value: m.name.removeprefix("MOSTLY_") for m in gguf.LlamaFileType}
-    assert {k: names[k].replace("ALL_", "") for k in LLAMA_FILE_TYPES} == LLAMA_FILE_TYPES
 
 
 # ----------------------------------------------------------------------------- the real SmolLM2
