@@ -2,9 +2,9 @@
 
     python benchmarks/bench_tokenizer.py [--repeat 3] [--vocab smollm2 llama3 llama2]
 
-Encodes the test corpus (tests/data/tokenizer_corpus.py, ~400 KB) text by text, then as one
+Encodes the test corpus (tests/fixtures/data/tokenizer_corpus.py, ~400 KB) text by text, then as one
 joined document, and decodes the ids, with pyklei and with the reference tokenizers the tests
-build (tests/test_tokenizer.py). Both run on one thread (TOKENIZERS_PARALLELISM=false,
+build (tests/text/test_tokenizer.py). Both run on one thread (TOKENIZERS_PARALLELISM=false,
 sequential calls). Reports tokens/s (best of --repeat) and checks that the ids agree.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))   # paths.py, which the test module imports
 
 
 def _load(name: str, path: Path):
@@ -43,7 +44,7 @@ def main() -> None:
     ap.add_argument("--vocab", nargs="*", default=["smollm2", "llama3", "llama2"])
     args = ap.parse_args()
 
-    tests = _load("bench_test_tokenizer", ROOT / "tests" / "test_tokenizer.py")
+    tests = _load("bench_test_tokenizer", ROOT / "tests" / "text" / "test_tokenizer.py")
     texts = tests.CORPUS
     doc = "\n".join(texts)
     nbytes = sum(len(t.encode("utf-8")) for t in texts)

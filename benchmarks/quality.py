@@ -3,7 +3,7 @@
     python benchmarks/quality.py                       # both test beds, both texts
     python benchmarks/quality.py --beds smollm2 --variants default
 
-For each test bed (SmolLM2-135M-Instruct as shipped; its off-grid twin, tests/models.py) and
+For each test bed (SmolLM2-135M-Instruct as shipped; its off-grid twin, tests/fixtures/models.py) and
 each text never used for calibration (Python's Language Reference topics of
 pyklei.imatrix.EVAL_TOPICS; the GPL-3 licence text), the first --tokens tokens run through
 transformers in float32 (the reference) and through pyklei on each converted variant, in one
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))          # tests/models.py: the test beds
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))          # tests/fixtures/models.py: the test beds
 sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 RESULTS = ROOT / "benchmarks" / "results"
 GPL3 = Path("/usr/share/common-licenses/GPL-3")

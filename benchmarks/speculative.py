@@ -220,7 +220,7 @@ LLAMACPP_DRAFTS = (3, 8, 16)     # llama-lookup's --spec-draft-n-max settings (3
 
 def llamacpp_file(kind: str) -> Path:
     """llama.cpp's `kind` file of SmolLM2-135M-Instruct, made by its own tools (cached)."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import llamacpp_quality as lcpp
     from models import smollm2_hf_dir

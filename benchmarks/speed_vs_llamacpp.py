@@ -49,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 
 
@@ -125,7 +125,7 @@ DOC_BLOCK = re.compile(r"(<!-- speed-vs-llamacpp:begin -->\n).*?(<!-- speed-vs-l
 def doc_table(results: dict) -> str:
     """docs/QUALITY.md's speed table from speed-vs-llamacpp.json: at depth 0 with the default
     f16 cache, pyklei's default file against each llama.cpp file, per thread count (the
-    median over the rounds; tests/test_doc_figures.py checks the doc against this)."""
+    median over the rounds; tests/docs/test_doc_figures.py checks the doc against this)."""
     med = {}
     for key, rounds in results["rounds"].items():
         engine, threads, kv = key.split(" | ")
@@ -156,7 +156,7 @@ def readme_block(name: str) -> re.Pattern:
 def readme_table(results: dict) -> str:
     """README.md's block from a results file: every test and cache type, tok/s medians over the
     rounds for each engine, and pyklei's ratio to each llama.cpp file in bold
-    (tests/test_doc_figures.py checks the README against the results files)."""
+    (tests/docs/test_doc_figures.py checks the README against the results files)."""
     med = {}
     for key, rounds in results["rounds"].items():
         engine, threads, kv = key.split(" | ")

@@ -144,14 +144,14 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     import gc
 
     from .runtime.activation_policy import choose_activations
-    from .formats.model_file import check_model_path, read_model
+    from .formats.model_file import check_model_path, is_model_file, read_model
     from .hub import model_file
     from .runtime.generate import peak_rss_mb
     from .runtime.kernels import cpu_features, selected_kernel
     from .llm import LLM
     from .runtime.model import physical_cores
 
-    path = check_model_path(model_file(path))     # org/name:file.gguf: the hub cache's copy
+    path = check_model_path(model_file(path, is_model=is_model_file))   # org/name:file.gguf: fetched
     lengths = list(prompt_lengths)
     if depth < 0:
         raise ValueError(f"depth must be >= 0, not {depth}")

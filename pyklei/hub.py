@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 # what a checkpoint needs: config and tokenizer files, the weights as safetensors (not the
 # .bin/.pth copies many repos also carry), a SentencePiece model where there is one
@@ -133,10 +134,17 @@ def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
         raise _fail(e, repo_id, what, revision, f"give the path of a local copy of {filename}") from None
 
 
-def model_file(arg) -> Path:
+def model_file(arg, is_model: Callable[[Path], bool] | None = None) -> Path:
     """`arg` as a local path: `org/name:file.gguf` is fetched from the hub (HubError if it
-    cannot be); anything else is returned as it is, for the loader to check."""
+    cannot be); anything else is returned as it is, for the loader to check. The one place a
+    model argument is resolved (pyklei.load, bench, the CLI). is_model(path): whether a fetched
+    file is a pyklei model file; one that is not (a llama.cpp GGUF, what most GGUF repos hold)
+    is a HubError whose convert line names the repo, not the cache's path."""
     ref = split_file_ref(arg)
     if ref is None:
         return Path(arg)
-    return hub_file(*ref)
+    path = hub_file(*ref)
+    if is_model is not None and not is_model(path):
+        raise HubError(f"{arg} is not a pyklei model file; convert it with `pyklei convert "
+                       f"{ref[0]} --file {ref[1]} -o OUT.gguf`")
+    return path

@@ -31,14 +31,13 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     well-formed GGUF file, or a broken pyklei one."""
     from .runtime.activation_policy import choose_activations
     from .formats import gguf_keys as K
-    from .formats.gguf_reader import read_gguf_metadata
     from .formats.llama_tensors import BLOCK_LINEARS
-    from .formats.model_file import check_model_path, read_model
+    from .formats.model_file import check_model_path, is_model_file, read_model
     from .formats.registry import WEIGHT_FORMATS
     from .runtime.kernels import available_kernels, cpu_features, selected_kernel
 
     path = check_model_path(path)
-    if K.KEY_FORMAT_VERSION not in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,)):
+    if not is_model_file(path):
         return gguf_info(path)
     mf = read_model(path)
     hp, md = mf.hparams, mf.metadata

@@ -25,7 +25,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .hub import model_file, split_file_ref
+from .formats.model_file import is_model_file
+from .hub import model_file
 from .runtime.engine import Engine
 from .runtime.generate import GenerationResponse, stream_request
 from .runtime.model import Model
@@ -46,9 +47,7 @@ class LLM:
         """The model options are pyklei.runtime.options.MODEL_OPTIONS (Model checks them).
         chat_template: a Jinja chat template to use in place of the file's (a base model's
         file, such as Gemma 3 270M's, has none; chat() needs one), checked here."""
-        ref = split_file_ref(path)
-        if ref is not None:          # org/name:file.gguf -> the hub cache's copy
-            path = _hub_model(path, *ref)
+        path = model_file(path, is_model=is_model_file)    # org/name:file.gguf: the hub cache's copy
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
                            kv_cache=kv_cache, activations=activations, n_seq=n_seq)
         self.tokenizer = Tokenizer.from_gguf(path)
@@ -279,20 +278,6 @@ class LLM:
             return out
         return dataclasses.replace(out, text=content or "", tool_calls=calls,
                                    finish_reason="tool_calls")
-
-
-def _hub_model(arg: str, repo_id: str, filename: str):
-    """The local copy of a hub file, checked to be a pyklei file: a llama.cpp GGUF (what most
-    GGUF repos hold) gets the convert line that names the repo, not the cache's path."""
-    from .formats import gguf_keys as K
-    from .formats.gguf_reader import read_gguf_metadata
-    from .formats.model_file import ModelFileError
-
-    path = model_file(arg)
-    if K.KEY_FORMAT_VERSION not in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,)):
-        raise ModelFileError(f"{arg} is not a pyklei model file; convert it with `pyklei convert "
-                             f"{repo_id} --file {filename} -o OUT.gguf`")
-    return path
 
 
 def _sampling_params(sampling: dict) -> SamplingParams:

@@ -40,8 +40,10 @@ def _wheel(project: str) -> Path:
     def cached():
         return sorted(cache_dir().glob(project.replace("-", "_") + "-*.whl"))
     if not cached():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "-d", str(cache_dir()), project], check=True)
+        # pip's lines and download bar on stderr (stdout may be read for a path): on a fresh
+        # machine this is the first wait
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                        "-d", str(cache_dir()), project], check=True, stdout=2)
         if not cached():
             raise RuntimeError(f"pip download {project} produced no wheel in {cache_dir()}")
     return cached()[-1]

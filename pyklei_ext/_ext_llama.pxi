@@ -105,7 +105,7 @@ cdef const float *_f32_ptr(object arr, list keep, Py_ssize_t n, str what) except
 
 # The fields of pk_llama_layer (model/pk_llama.h) a layer dict gives LlamaRuntime: the norms'
 # gains (f32 [n_embd]), then the linears (QWeight). Model fills them by the `field` column of the
-# tensor table (pyklei/formats/llama_tensors.py); tests/test_llama_tensors.py checks the two agree.
+# tensor table (pyklei/formats/llama_tensors.py); tests/formats/test_llama_tensors.py checks the two agree.
 LAYER_NORM_FIELDS = ("attn_norm", "ffn_norm")
 LAYER_LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Per-layer features a layer dict may give (None or absent: the layer has none): f32 vectors

@@ -41,7 +41,7 @@ log "building llama.cpp and pyklei's extension"
 lcpp=$!
 python3 setup.py build_ext --inplace -q >"$work/ext-build.log" 2>&1 || { tail -30 "$work/ext-build.log" >>"$res/steps.log"; exit 1; }
 source scripts/cflags.sh
-gcc -O3 -Ipyklei_ext "${PK_CFLAGS[@]}" tests/c/test_matmul.c tests/c/pk_testhook.c pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c -lm \
+gcc -O3 -Ipyklei_ext "${PK_CFLAGS[@]}" tests/kernels/c/test_matmul.c tests/kernels/c/pk_testhook.c pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c -lm \
     -o "$work/test_matmul"
 gcc -O2 -march=native -pthread benchmarks/read_bandwidth.c -o "$work/read_bandwidth"
 wait $lcpp || { tail -30 "$work/llama-build.log" >>"$res/steps.log"; exit 1; }

@@ -22,8 +22,8 @@ if [ ${#need_pkgs[@]} -gt 0 ] && command -v apt-get >/dev/null; then
         $SUDO apt-get install -y --no-install-recommends "${need_pkgs[@]}" >/dev/null
     fi
 fi
-# a test build: PYKLEI_TEST_HOOKS=1 links the PYKLEI_TEST_BREAK_KERNEL hook (tests/c/pk_testhook.c)
-# that tests/test_kernels.py's self-check tests use, and PYKLEI_REQUIRE_TEST_HOOKS=1 makes
+# a test build: PYKLEI_TEST_HOOKS=1 links the PYKLEI_TEST_BREAK_KERNEL hook (tests/kernels/c/pk_testhook.c)
+# that tests/kernels/test_kernels.py's self-check tests use, and PYKLEI_REQUIRE_TEST_HOOKS=1 makes
 # them fail rather than skip without it. setuptools keeps an up-to-date extension built without
 # the hook, so that one is rebuilt.
 export PYKLEI_TEST_HOOKS=1 PYKLEI_REQUIRE_TEST_HOOKS=1

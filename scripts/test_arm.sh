@@ -3,7 +3,7 @@
 #
 #   scripts/test_arm.sh [--full] [--objects DIR]
 #
-# Cross-compiles tests/c/test_matmul.c (and the test hook, tests/c/pk_testhook.c) with the
+# Cross-compiles tests/kernels/c/test_matmul.c (and the test hook, tests/kernels/c/pk_testhook.c) with the
 # whole kernel layer (pyklei_ext/contract, pyklei_ext/ops, pyklei_ext/isa) for aarch64
 # (static), runs it under qemu-aarch64 with three CPU models
 # and checks from its output which code paths ran:
@@ -68,7 +68,7 @@ trap 'rm -rf "$WORK"' EXIT
 # the kernel layer's sources, and the test program with the test hook (test builds only: the
 # dispatcher's weak reference to it, ops/pk_dispatch.c)
 SRCS=(pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
-TEST_SRCS=(tests/c/test_matmul.c tests/c/pk_testhook.c)
+TEST_SRCS=(tests/kernels/c/test_matmul.c tests/kernels/c/pk_testhook.c)
 # the flags of setup.py (pyklei_ext/cflags.txt: no fp contraction), at the arch baseline, and
 # its -O3: -O2 vectorizes less, and a cloned RoPE that became vfmaddsub passed at -O2 only
 source scripts/cflags.sh
@@ -98,7 +98,7 @@ if [ -n "$OBJDIR" ]; then
     for o in "${OBJS[@]}"; do
         readelf -h "$o" | grep -q 'Machine:.*AArch64' || die "$o is not an aarch64 object"
     done
-    say "linking tests/c/test_matmul.c with the ${#OBJS[@]} aarch64 objects of $OBJDIR (static)"
+    say "linking tests/kernels/c/test_matmul.c with the ${#OBJS[@]} aarch64 objects of $OBJDIR (static)"
     aarch64-linux-gnu-gcc "${TEST_CFLAGS[@]}" -static "${TEST_SRCS[@]}" "${OBJS[@]}" -lm \
         -o "$WORK/test_matmul_aarch64"
 else
@@ -166,7 +166,7 @@ check_run() {
 }
 
 # --emulated: the thread pool's drop under contention depends on the scheduler's timing, which
-# the emulator changes (tests/c/test_matmul.c, pool_contention_child); the native runs require it
+# the emulator changes (tests/kernels/c/test_matmul.c, pool_contention_child); the native runs require it
 QARGS=(--quick --emulated)
 [ $FULL -eq 1 ] && QARGS=(--emulated)
 Q4=qai8dx_qsi4c32

@@ -4,7 +4,7 @@
 #
 #   scripts/test_arm_pytest.sh [--cpu cortex-a53|neoverse-n1|max] [pytest args...]
 #
-# Default: --cpu max, tests/test_kernels.py tests/test_formats.py (the tests that need only
+# Default: --cpu max, tests/kernels/test_kernels.py tests/formats/test_formats.py (the tests that need only
 # numpy, pytest and hypothesis; the converter / tokenizer / HF-reference tests need torch,
 # transformers, ... which are not fetched for aarch64 here).
 #
@@ -27,7 +27,7 @@ REPO=$(pwd)
 
 CPU=max
 if [ "${1:-}" = "--cpu" ]; then CPU=$2; shift 2; fi
-if [ $# -eq 0 ]; then set -- tests/test_kernels.py tests/test_formats.py; fi
+if [ $# -eq 0 ]; then set -- tests/kernels/test_kernels.py tests/formats/test_formats.py; fi
 
 T0=$(date +%s)
 say() { printf '[test_arm_pytest %3ds] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -94,21 +94,20 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pyklei_arm_pytest.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 STAGE=$WORK/stage
-mkdir -p "$STAGE/tests" "$WORK/bin"
+mkdir -p "$STAGE" "$WORK/bin"
 cp -r pyklei "$STAGE/pyklei"
 find "$STAGE/pyklei" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
 cp -r pyklei_dev "$STAGE/pyklei_dev"   # the tests' model files (not part of the package)
-cp tests/*.py "$STAGE/tests/"
-[ -d tests/data ] && cp -r tests/data "$STAGE/tests/"
-[ -d tests/fuzz_corpus ] && cp -r tests/fuzz_corpus "$STAGE/tests/"   # the self-check test's model
+cp -r tests "$STAGE/tests"   # the tests, their fixtures and data (the self-check test's model)
+find "$STAGE/tests" -name __pycache__ -prune -exec rm -rf {} +
 cp pyproject.toml "$STAGE/"
 
 say "cythonize + cross-compile pyklei._ext for aarch64"
 "$PY" -m cython -3 -I pyklei_ext pyklei_ext/_ext.pyx -o "$WORK/_ext.c" >/dev/null
-# as setup.py with PYKLEI_TEST_HOOKS=1 (a test build: tests/test_kernels.py's self-check tests
+# as setup.py with PYKLEI_TEST_HOOKS=1 (a test build: tests/kernels/test_kernels.py's self-check tests
 # break a kernel through the hook)
 C_SOURCES=$(ls pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c pyklei_ext/model/*.c \
-            tests/c/pk_testhook.c 2>/dev/null)
+            tests/kernels/c/pk_testhook.c 2>/dev/null)
 source scripts/cflags.sh   # PK_CFLAGS: pyklei_ext/cflags.txt, as setup.py (-w: Cython's warnings)
 # shellcheck disable=SC2086
 aarch64-linux-gnu-gcc -shared -fPIC -O3 "${PK_CFLAGS[@]}" -w \

@@ -3,14 +3,15 @@
 #
 #   scripts/test_sanitizers.sh [--no-python | --python-only]
 #
-# 1. tests/c/test_llama.c: the forward pass (pyklei_ext/model) with the whole kernel layer on
+# 1. tests/kernels/c/test_llama.c: the forward pass (pyklei_ext/model) with the whole kernel layer on
 #    random tiny weights: prefill vs decode, chunking, bad tokens/positions, interrupts,
 #    bad hyperparameters; LeakSanitizer on at exit.
-# 2. tests/c/test_matmul.c --quick: every kernel this CPU runs against the reference.
+# 2. tests/kernels/c/test_matmul.c --quick: every kernel this CPU runs against the reference.
 # 3. (unless --no-python) the Python extension itself built with
 #    PYKLEI_DEBUG_BUILD="-fsanitize=address,undefined" in a scratch copy of the tree, then
-#    tests/test_fuzz_loader.py (mutated model files through read_model -> Model -> forward)
-#    and the fast tests of tests/test_reliability.py, with libasan preloaded into python.
+#    tests/formats/test_fuzz_loader.py (mutated model files through read_model -> Model -> forward)
+#    and the fast reliability tests (threads and Ctrl-C, generation edges, hand-made hostile
+#    files, converter failures: RELIABILITY below), with libasan preloaded into python.
 #    Leak detection is off there (the interpreter keeps memory until exit by design), and the
 #    RSS-based leak tests are left out (ASan's quarantine holds freed memory: RSS grows).
 # Any sanitizer report fails the run (-fno-sanitize-recover, halt_on_error).
@@ -56,6 +57,10 @@ export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 source scripts/cflags.sh   # PK_CFLAGS: pyklei_ext/cflags.txt, as setup.py
 CFLAGS=(-O1 -g "${PK_CFLAGS[@]}" -Ipyklei_ext "${SAN[@]}")
 KERNEL_SRCS=(pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
+# the fast reliability tests (runtime/test_leaks.py stays out: ASan's quarantine grows RSS)
+RELIABILITY=(tests/runtime/test_threads_and_interrupts.py tests/runtime/test_generate_edges.py
+             tests/formats/test_hostile_files.py
+             tests/converters/test_converter_failures.py::test_converter_bad_shards_and_lying_configs)
 FAILED=0
 
 run_c() {   # NAME LOG-CHECK ARGS...
@@ -74,9 +79,9 @@ run_c() {   # NAME LOG-CHECK ARGS...
 }
 
 if [ $C_TESTS -eq 1 ]; then
-    say "building tests/c/test_llama.c and tests/c/test_matmul.c with -fsanitize=address,undefined"
-    gcc "${CFLAGS[@]}" tests/c/test_llama.c pyklei_ext/model/*.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_llama"
-    gcc "${CFLAGS[@]}" tests/c/test_matmul.c tests/c/pk_testhook.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_matmul"
+    say "building tests/kernels/c/test_llama.c and tests/kernels/c/test_matmul.c with -fsanitize=address,undefined"
+    gcc "${CFLAGS[@]}" tests/kernels/c/test_llama.c pyklei_ext/model/*.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_llama"
+    gcc "${CFLAGS[@]}" tests/kernels/c/test_matmul.c tests/kernels/c/pk_testhook.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_matmul"
     say "test_llama (forward pass)"
     run_c test_llama --verbose
     say "test_matmul --quick (kernels)"
@@ -100,17 +105,17 @@ if [ $PYTHON_TESTS -eq 1 ]; then
     LIBASAN=$(gcc -print-file-name=libasan.so)
     DEPS=$(ldd "$SRC"/pyklei/_ext*.so)
     [[ "$DEPS" == *libubsan* && "$DEPS" == *libasan* ]] || { say "  the extension is not linked to libasan/libubsan"; exit 1; }
-    say "pytest tests/test_fuzz_loader.py tests/test_reliability.py (fast) under ASan+UBSan"
+    say "pytest tests/formats/test_fuzz_loader.py and the reliability tests (fast) under ASan+UBSan"
     rc=0
     # PYKLEI_TEST_TIME_SCALE: this build's C pass is many times slower (the Ctrl-C test's prefill
     # chunks of 256 rows took 0.5, 1.5 and 2.5 s here; the whole 8192-token prefill takes ~4 s in
-    # the normal build), and Ctrl-C takes effect at a chunk's end, so test_reliability.py's
+    # the normal build), and Ctrl-C takes effect at a chunk's end, so the Ctrl-C tests'
     # wall-clock bounds are widened here, not in the normal run.
     (cd "$SRC" && LD_PRELOAD="$LIBASAN" PYKLEI_TEST_TIME_SCALE=4 \
         ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" PYTHONPATH="$SRC" \
         PYKLEI_FUZZ_EXAMPLES="${PYKLEI_FUZZ_EXAMPLES:-150}" PYKLEI_FUZZ_SECONDS="${PYKLEI_FUZZ_SECONDS:-60}" \
         python -m pytest -q -p no:cacheprovider -m "not slow" -k "not no_leak" \
-            tests/test_fuzz_loader.py tests/test_reliability.py >"$WORK/pytest.log" 2>&1) || rc=$?
+            tests/formats/test_fuzz_loader.py "${RELIABILITY[@]}" >"$WORK/pytest.log" 2>&1) || rc=$?
     if [ $rc -eq 0 ] && ! grep -qE 'ERROR: AddressSanitizer|runtime error:' "$WORK/pytest.log"; then
         # the extension really was the sanitized one
         if (cd "$SRC" && LD_PRELOAD="$LIBASAN" ASAN_OPTIONS=detect_leaks=0 PYTHONPATH="$SRC" python -c \

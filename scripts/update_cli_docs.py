@@ -20,7 +20,7 @@ whose ~/.cache/pyklei holds links to the model files of the real cache (the file
 examples/convert_and_generate.py writes, and llama.cpp's SmolLM2 GGUF), `M` is what the doc's
 own `M=...` line sets, the working directory is an empty temporary one shared by every
 command, COLUMNS=100 fixes the help texts' width, and the temporary HOME is written back as
-`~` in the output. tests/test_docs.py runs the same session on the test's own model file.
+`~` in the output. tests/docs/test_docs.py runs the same session on the test's own model file.
 
 A flag table is the block between `<!-- flags: pyklei COMMAND ... -->` and `<!-- flags: end -->`
 (docs/SERVE.md's for `pyklei serve`): one row per option of the command's own argument groups,

@@ -1,5 +1,10 @@
 """Shared, session-scoped fixtures: real and tiny models, made once per test run.
 
+tests/ mirrors pyklei/: tests/formats, converters, runtime, text, server and cli test those
+packages, tests/kernels the C kernel layer (tests/kernels/c: the standalone C tests), tests/docs
+the README and docs/, and the files directly in tests/ the top-level modules (the API, the hub)
+and the house itself (layering, packaging). Helpers and committed data live in tests/fixtures/.
+
 Real model files are cached under ~/.cache/pyklei (see pyklei_dev.assets); converted files live
 in pytest's temporary directory so every run tests the current converter.
 """
@@ -9,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))   # tests/models.py, tests/hf_reference.py
+# tests/fixtures/ (models.py, hf_reference.py, live_server.py, child_watch.py, kernel_log.py,
+# paths.py, data/, fuzz_corpus/): imported by name, `from models import make_tiny_llama`
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 sys.path.append(str(Path(__file__).parents[1]))  # pyklei_dev/ (not installed: its __init__.py)
 
 
@@ -20,12 +27,17 @@ def smollm2_hf_path():
 
 
 @pytest.fixture(scope="session")
-def smollm2_q4(smollm2_hf_path, tmp_path_factory):
-    """SmolLM2-135M-Instruct converted by pyklei (qsi4c32, group 32, defaults)."""
+def smollm2_conversion(smollm2_hf_path, tmp_path_factory):
+    """SmolLM2-135M-Instruct converted by pyklei (qsi4c32, group 32, defaults): (path, the
+    ConversionResult). Read only: every test that converts SmolLM2 so shares this one."""
     from pyklei.converters import convert
     out = tmp_path_factory.mktemp("smollm2") / "smollm2-q4.gguf"
-    convert(smollm2_hf_path, out)
-    return out
+    return out, convert(smollm2_hf_path, out)
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4(smollm2_conversion):
+    return smollm2_conversion[0]
 
 
 def _tiny(tmp_path_factory, head_dim):

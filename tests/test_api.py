@@ -1,7 +1,7 @@
 """The Python API's edges (issue 13): it checks what the CLI checks, with the same messages, and
 a user walking the REPL never gets silently wrong text or an error from deep inside numpy.
 
-Runs on the tiny committed model (tests/fuzz_corpus/seed-tied-q4.gguf: byte-level BPE, 384
+Runs on the tiny committed model (tests/fixtures/fuzz_corpus/seed-tied-q4.gguf: byte-level BPE, 384
 tokens, a chat template, 131072-token context); the CLI side runs `python -m pyklei` on it.
 """
 from __future__ import annotations
@@ -9,15 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from paths import ROOT, SEED
 import pyklei
 from pyklei.llm import LLM
-
-HERE = Path(__file__).resolve().parent
-SEED = HERE / "fuzz_corpus" / "seed-tied-q4.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +24,7 @@ def llm():
 
 def pyklei_cli(*args, timeout=120, **kw):
     return subprocess.run([sys.executable, "-m", "pyklei", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=HERE.parent, **kw)
+                          text=True, timeout=timeout, cwd=ROOT, **kw)
 
 
 # ---- token ids ------------------------------------------------------------------------------
@@ -208,7 +205,7 @@ def test_generate_into_a_closed_pipe_exits_quietly():
         p = subprocess.Popen([sys.executable, "-m", "pyklei", "generate", str(SEED), "-p", "hello",
                               "-c", "8192", "-n", "-1", "--temperature", "1", "--seed", str(seed),
                               "-t", "1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE.parent)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
         head = p.stdout.read(50)
         p.stdout.close()
         err = p.stderr.read().decode()

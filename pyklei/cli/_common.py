@@ -71,12 +71,14 @@ def _add_command(sub, name, help, description, epilog=None):
     return p
 
 
-def _int_at_least(lo: int, what: str = "value"):
+def _int_at_least(lo: int, what: str = "value", hi: int | None = None):
     def conv(s: str) -> int:
         try:
             v = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: expected an integer") from None
+        if hi is not None and not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: must be in [{lo}, {hi}]")
         if v < lo:
             raise argparse.ArgumentTypeError(f"invalid {what} {s!r}: must be >= {lo}")
         return v
@@ -127,11 +129,17 @@ def _add_model_options(p, ctx_help=None, threads=True):
     for o in MODEL_OPTIONS:
         if not o.flags or (o.name == "n_threads" and not threads):
             continue
-        text = ctx_help if o.name == "n_ctx" and ctx_help else f"{o.help} ({o.default_help})"
-        kw = dict(choices=o.choices) if o.choices else dict(type=_option_type(o), metavar=o.metavar)
-        g.add_argument(*o.flags, dest=_DEST.get(o.name, o.name), default=o.default, help=text,
-                       **kw)
+        _add_option(g, o, dest=_DEST.get(o.name, o.name),
+                    help=ctx_help if o.name == "n_ctx" and ctx_help else None)
     return g
+
+
+def _add_option(g, o, dest=None, help=None):
+    """The flag of one pyklei.runtime.options.Option: its type and range, default and help;
+    argparse stores the value under `dest` (default: the option's name)."""
+    kw = dict(choices=o.choices) if o.choices else dict(type=_option_type(o), metavar=o.metavar)
+    g.add_argument(*o.flags, dest=dest or o.name, default=o.default,
+                   help=help or f"{o.help} ({o.default_help})", **kw)
 
 
 # the attribute names the commands read (args.threads, args.ctx_size, args.batch_size)
@@ -141,7 +149,8 @@ _DEST = {"n_threads": "threads", "n_ctx": "ctx_size", "n_batch": "batch_size"}
 def _option_type(o):
     """The argparse type of a pyklei.runtime.options.Option: its range, the CLI's messages."""
     if o.kind is int:
-        return int if o.lo is None else _int_at_least(int(o.lo), o.what)
+        return int if o.lo is None else _int_at_least(int(o.lo), o.what,
+                                                      None if o.hi is None else int(o.hi))
     return _float_in(o.lo, o.hi, o.lo_open, o.hi_open, what=o.what)
 
 
@@ -280,27 +289,24 @@ def _sampling(args) -> dict:
 
 # ---- models, files, output ------------------------------------------------------------------
 
-def _model_path(path: str) -> Path:
+def _model_path(path: str, pyklei_only: bool = True) -> Path:
     """The model file a command runs: a local path, or `org/name:file.gguf` on the Hugging Face
-    Hub, fetched into its cache (pyklei.hub; a HubError is a one-line error)."""
-    from ..formats.model_file import check_model_path
+    Hub, fetched into its cache (pyklei.hub; a HubError is a one-line error), there a pyklei
+    file unless not pyklei_only (`info` describes any GGUF)."""
+    from ..formats.model_file import check_model_path, is_model_file
     from ..hub import model_file
-    return check_model_path(model_file(path))
+    return check_model_path(model_file(path, is_model=is_model_file if pyklei_only else None))
 
 
 def _load(args, n_ctx: int | None = None, n_threads: int | None = None, model: str | None = None,
           **kw):
     """The model of args.model (or `model`) with the model options; kw: more pyklei.load
     keywords."""
-    from ..hub import split_file_ref
     from ..llm import load
 
     if model is None and getattr(args, "chat_template", None) is not None:
         kw.setdefault("chat_template", _chat_template(args))     # not the draft model's
-    model = model or args.model
-    # a hub file goes to load() as named: a llama.cpp GGUF there gets a convert line naming the repo
-    path = model if split_file_ref(model) else _model_path(model)
-    return load(path, n_threads=n_threads or args.threads,
+    return load(_model_path(model or args.model), n_threads=n_threads or args.threads,
                 n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
                 activations=args.activations, **kw)
 
@@ -339,3 +345,12 @@ def _progress_bar(args, desc: str, unit: str, leave: bool = True):
 def _print_json(obj) -> None:
     json.dump(obj, sys.stdout, indent=2)
     sys.stdout.write("\n")
+
+
+def _print_report(args, report: dict, as_text) -> int:
+    """A command's report: as JSON with --json, else as_text(report); exit code 0."""
+    if args.json:
+        _print_json(report)
+    else:
+        print(as_text(report))
+    return 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ._common import (_add_command, _add_model_options, _float_in, _int_at_least, _int_list,
-                      _print_json, _progress_bar)
+                      _print_report, _progress_bar)
 
 
 def add_parser(sub):
@@ -49,8 +49,4 @@ def run(args) -> int:
                            args.repeats, args.seed, args.price_per_hour, args.ctx_size,
                            args.batch_size, args.kv_cache, args.activations, progress=progress,
                            depth=args.depth)
-    if args.json:
-        _print_json(report)
-    else:
-        print(bench_text(report))
-    return 0
+    return _print_report(args, report, bench_text)

@@ -14,6 +14,8 @@ HELP = "convert a Hugging Face Llama checkpoint or a llama.cpp GGUF into a pykle
 
 
 def add_parser(sub):
+    from ..converters.calibration_forward import DEFAULT_CALIBRATION_TOKENS, DEFAULT_SEQ_LEN
+
     c = sub.add_parser("convert", help=HELP, description=HELP + ".")
     _configure(c)
     c.formatter_class = _Formatter
@@ -21,8 +23,9 @@ def add_parser(sub):
                    help="calibration text of the default method, GPTQ (error-compensating "
                         "rounding over the Hessian of each layer's inputs, run through the model "
                         "in numpy); default: Python's Language Reference")
-    c.add_argument("--calib-tokens", type=int, default=8192, metavar="N",
-                   help="calibration tokens for GPTQ, as windows of 512 (default %(default)s)")
+    c.add_argument("--calib-tokens", type=int, default=DEFAULT_CALIBRATION_TOKENS, metavar="N",
+                   help=f"calibration tokens for GPTQ, as windows of {DEFAULT_SEQ_LEN} "
+                        "(default %(default)s)")
     c.add_argument("--no-rotate", action="store_true",
                    help="GPTQ without rotating the model first (worse: docs/QUALITY.md)")
     c.add_argument("--no-calibrate", action="store_true",

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..runtime.activation_policy import ACTIVATIONS
-from ._common import _add_command, _int_at_least, _model_path, _print_json
+from ._common import _add_command, _int_at_least, _model_path, _print_report
 
 
 def add_parser(sub):
@@ -27,10 +27,6 @@ def add_parser(sub):
 def run(args) -> int:
     from ..info import info_text, model_info
 
-    info = model_info(_model_path(args.model), activations=args.activations,
+    info = model_info(_model_path(args.model, pyklei_only=False), activations=args.activations,
                       batch_size=args.batch_size)
-    if args.json:
-        _print_json(info)
-    else:
-        print(info_text(info))
-    return 0
+    return _print_report(args, info, info_text)

@@ -5,8 +5,8 @@ import importlib
 import os
 from pathlib import Path
 
-from ._common import (CLIError, _add_chat_template_option, _add_command, _add_model_options, _float_in,
-                      _int_at_least, _load)
+from ._common import (CLIError, _add_chat_template_option, _add_command, _add_model_options, _add_option,
+                      _load)
 
 
 # What pyproject.toml's `serve` extra installs. pyklei.server imports them only when the server
@@ -15,15 +15,9 @@ from ._common import (CLIError, _add_chat_template_option, _add_command, _add_mo
 SERVE_EXTRA_MODULES = ("starlette", "uvicorn", "prometheus_client")
 
 
-def _port(s: str) -> int:
-    v = _int_at_least(0, "port")(s)
-    if v > 65535:
-        import argparse
-        raise argparse.ArgumentTypeError(f"invalid port {s!r}: must be in [0, 65535]")
-    return v
-
-
 def add_parser(sub):
+    from ..runtime.options import ENGINE_OPTION, SERVER_OPTION
+
     p = _add_command(
         sub, "serve", "OpenAI-compatible HTTP server with a chat page",
         "Serve the model over HTTP: POST /v1/chat/completions and /v1/completions (OpenAI's "
@@ -41,13 +35,9 @@ def add_parser(sub):
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default %(default)s: this machine only; 0.0.0.0 "
                         "or :: exposes the server to the network)")
-    g.add_argument("--port", type=_port, default=8000,
-                   help="port; 0 picks a free one, which the first line printed names "
-                        "(default %(default)s)")
-    g.add_argument("--parallel", "-np", type=_int_at_least(1, "parallel count"), default=4, metavar="N",
-                   help="sequences decoded together (pyklei.engine's n_parallel; default %(default)s)")
-    g.add_argument("--max-queue", type=_int_at_least(1, "queue size"), default=64, metavar="N",
-                   help="requests that may wait for a sequence; more get 429 (default %(default)s)")
+    _add_option(g, SERVER_OPTION["port"])
+    _add_option(g, ENGINE_OPTION["n_parallel"])
+    _add_option(g, ENGINE_OPTION["max_queue"])
     g.add_argument("--api-key", metavar="KEYS", action="append", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1, one of these keys "
                         "(comma-separated, repeatable; each key is a tenant: no prompt cache is "
@@ -57,28 +47,13 @@ def add_parser(sub):
                    help="allow browser requests from these origins (comma-separated, or '*'); "
                         "repeatable (default: none)")
     g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the file name)")
-    g.add_argument("--drain-timeout", type=_float_in(0, None, what="drain timeout"), default=30.0,
-                   metavar="S", help="on SIGTERM or Ctrl-C, seconds to let replies finish before cancelling "
-                                     "them (default %(default)s)")
+    _add_option(g, SERVER_OPTION["drain_timeout"])
     g.add_argument("--allow-host", metavar="NAME", action="append", default=[],
                    help="answer requests whose Host header is NAME, besides 127.0.0.1, localhost "
                         "and ::1 (repeatable; for a reverse proxy or a local DNS name). On a "
                         "loopback address other names get 403, which stops DNS rebinding")
-    g.add_argument("--max-connections", type=_int_at_least(1, "connection count"), default=2048,
-                   metavar="N", help="open connections at most; more get 503 at once "
-                                     "(default %(default)s, lowered to fit the open-file limit)")
-    g.add_argument("--timeout-header", type=_float_in(0, None, lo_open=True, what="header timeout"),
-                   default=10.0, metavar="S", help="seconds a request's headers may take to "
-                   "arrive; slower connections are closed (default %(default)s)")
-    g.add_argument("--timeout-body", type=_float_in(0, None, lo_open=True, what="body timeout"),
-                   default=60.0, metavar="S", help="seconds a request's body may take to arrive; "
-                   "slower uploads get 408 (default %(default)s)")
-    g.add_argument("--timeout-write", type=_float_in(0, None, lo_open=True, what="write timeout"),
-                   default=30.0, metavar="S", help="seconds a streamed reply may wait for its "
-                   "client to read; then the request is cancelled (default %(default)s)")
-    g.add_argument("--timeout-idle", type=_float_in(0, None, lo_open=True, what="idle timeout"),
-                   default=5.0, metavar="S", help="seconds a kept-alive connection may wait for "
-                   "its next request (default %(default)s)")
+    for name in ("max_connections", "timeout_header", "timeout_body", "timeout_write", "timeout_idle"):
+        _add_option(g, SERVER_OPTION[name])
     g.add_argument("--quiet", action="store_true", help="no request log")
     g.add_argument("--special-in-content", action="store_true",
                    help="read special-token text in chat messages (<|im_start|>, <|eot_id|>, "
@@ -112,18 +87,16 @@ def run(args) -> int:
     keys = args.api_key if args.api_key is not None else [os.environ.get("PYKLEI_API_KEY", "")]
     keys = [k.strip() for arg in keys for k in arg.split(",") if k.strip()] or None
     from ..hub import split_file_ref
+    from ..runtime.options import SERVER_OPTIONS
 
-    llm = _load(args, n_seq=args.parallel)     # a KV cache slot per parallel sequence
+    llm = _load(args, n_seq=args.n_parallel)     # a KV cache slot per parallel sequence
     speculative = "lookup" if args.lookup else None
     if args.draft_model:      # its slot s drafts for the target's slot s, at the same positions
-        speculative = _load(args, model=args.draft_model, n_ctx=llm.n_ctx, n_seq=args.parallel)
+        speculative = _load(args, model=args.draft_model, n_ctx=llm.n_ctx, n_seq=args.n_parallel)
     ref = split_file_ref(args.model)          # org/name:file.gguf: the file names the model
     model_id = args.model_id or Path(ref[1] if ref else args.model).stem
-    return serve(llm, host=args.host, port=args.port, model_id=model_id, n_parallel=args.parallel,
+    numbers = {o.name: getattr(args, o.name) for o in SERVER_OPTIONS}
+    return serve(llm, host=args.host, model_id=model_id, n_parallel=args.n_parallel,
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=keys,
-                 cors=cors, drain_timeout=args.drain_timeout, quiet=args.quiet,
-                 timeout_header=args.timeout_header, timeout_body=args.timeout_body,
-                 timeout_write=args.timeout_write,
-                 timeout_idle=args.timeout_idle, max_connections=args.max_connections,
-                 allow_hosts=args.allow_host, speculative=speculative,
-                 special_in_content=args.special_in_content)
+                 cors=cors, quiet=args.quiet, allow_hosts=args.allow_host,
+                 speculative=speculative, special_in_content=args.special_in_content, **numbers)

@@ -106,7 +106,7 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 KEY_SPM_MODEL = "pyklei.tokenizer.sentencepiece_model"
 
 # Keys a pyklei file carries for people and tools (`pyklei info`, llama.cpp's gguf-dump) that
-# the loader does not need: tests/test_convert.py checks every other key written is read.
+# the loader does not need: tests/converters/test_convert.py checks every other key written is read.
 INFORMATIONAL = frozenset({
     GENERAL_NAME, "general.type", KEY_SOURCE, KEY_CONVERTER_VERSION, GENERAL_ALIGNMENT,
     ROPE_SCALING_TYPE, ROPE_SCALING_FACTOR, ROPE_SCALING_LOW, ROPE_SCALING_HIGH,

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import gguf_keys as K
 from .end_of_generation import EndOfGenerationError, end_of_generation_ids
-from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf
+from .gguf_reader import VALUE_TYPE_NAMES, GGUFError, read_gguf, read_gguf_metadata
 from .families import FAMILIES, family
 from .llama_tensors import for_each_tensor
 from .qsi4c32 import QSI4C32_BLOCK_SIZES
@@ -183,6 +183,12 @@ def check_model_path(path) -> Path:
     if not path.is_file():
         raise ModelFileError(f"no such model file: {path}")
     return path
+
+
+def is_model_file(path) -> bool:
+    """Whether the GGUF file at `path` says it is a pyklei model file (its format version key;
+    the rest unread): not, for a llama.cpp GGUF."""
+    return K.KEY_FORMAT_VERSION in read_gguf_metadata(path, prefixes=(K.KEY_FORMAT_VERSION,))
 
 
 def read_model(path) -> ModelFile:

@@ -82,6 +82,7 @@ from .generate import Generation, GenerationResponse, token_logprob
 from .request import GenerationRequest, check_params, make_request
 from .engine_drafts import common_prefix, lookup_draft, model_drafts
 from .model import Model
+from .options import ENGINE_OPTION, check_options, default
 from .sampler import SamplingParams
 from .speculative import DraftLength, PassCost, PromptLookup, check_speculative, drafting
 
@@ -190,14 +191,12 @@ class _Request:
 
 
 class Engine:
-    def __init__(self, model: Model, tokenizer, *, n_parallel: int = 4, max_queue: int = 64,
-                 prefill_chunk: int = 256, speculative=None):
-        for name, v in (("n_parallel", n_parallel), ("max_queue", max_queue),
-                        ("prefill_chunk", prefill_chunk)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{name} must be an integer, got {v!r}")
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+    def __init__(self, model: Model, tokenizer, *,
+                 n_parallel: int = default(ENGINE_OPTION, "n_parallel"),
+                 max_queue: int = default(ENGINE_OPTION, "max_queue"),
+                 prefill_chunk: int = default(ENGINE_OPTION, "prefill_chunk"), speculative=None):
+        check_options(ENGINE_OPTION, n_parallel=n_parallel, max_queue=max_queue,
+                      prefill_chunk=prefill_chunk)
         model.check_open()
         if n_parallel > model.n_seq:
             raise ValueError(f"n_parallel={n_parallel} needs as many KV cache slots; the model has "

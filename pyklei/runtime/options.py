@@ -3,9 +3,13 @@ help -- read by the code that takes the option, the CLI that makes flags of it a
 that checks requests with it, so each rule and message is written once.
 
     MODEL_OPTIONS      Model / LLM / pyklei.load keywords and the CLI's "model" flags (here)
+    ENGINE_OPTIONS     Engine's keywords: parallel sequences, queue, prefill chunk (here)
+    SERVER_OPTIONS     pyklei.server.run.serve's port, connection cap and timeouts (here)
     SAMPLING_OPTIONS   max_tokens and SamplingParams' fields (pyklei.runtime.sampler)
 
     check_model_options(n_ctx=2048, kv_cache="f16")   # TypeError / ValueError naming the option
+    check_options(ENGINE_OPTION, n_parallel=4)        # the same, for any table
+    default(ENGINE_OPTION, "max_queue")               # 64
 """
 from __future__ import annotations
 
@@ -119,15 +123,63 @@ MODEL_OPTIONS: tuple[Option, ...] = (
 MODEL_OPTION = {o.name: o for o in MODEL_OPTIONS}
 
 
+#: What pyklei.runtime.engine.Engine takes besides the model and tokenizer, and `pyklei serve`'s
+#: flags for them. As many parallel sequences as an LLM has KV cache slots by default; a prefill
+#: chunk as long as the model's (serve's --batch-size sets both).
+ENGINE_OPTIONS: tuple[Option, ...] = (
+    Option("n_parallel", int, MODEL_OPTION["n_seq"].default, ("--parallel", "-np"), "N",
+           "parallel count", "sequences decoded together",
+           "pyklei.engine's n_parallel; default %(default)s", lo=1),
+    Option("max_queue", int, 64, ("--max-queue",), "N", "queue size",
+           "requests that may wait for a sequence; more get 429", lo=1),
+    Option("prefill_chunk", int, MODEL_OPTION["n_batch"].default, (), "N", "prefill chunk",
+           "prompt tokens per step of the request being prefilled", lo=1),
+)
+ENGINE_OPTION = {o.name: o for o in ENGINE_OPTIONS}
+
+#: What pyklei.server.run.serve takes for its socket, connections and deadlines (seconds), and
+#: `pyklei serve`'s flags for them.
+SERVER_OPTIONS: tuple[Option, ...] = (
+    Option("port", int, 8000, ("--port",), "PORT", "port",
+           "port; 0 picks a free one, which the first line printed names", lo=0, hi=65535),
+    Option("drain_timeout", float, 30.0, ("--drain-timeout",), "S", "drain timeout",
+           "on SIGTERM or Ctrl-C, seconds to let replies finish before cancelling them", lo=0),
+    Option("max_connections", int, 2048, ("--max-connections",), "N", "connection count",
+           "open connections at most; more get 503 at once",
+           "default %(default)s, lowered to fit the open-file limit", lo=1),
+    Option("timeout_header", float, 10.0, ("--timeout-header",), "S", "header timeout",
+           "seconds a request's headers may take to arrive; slower connections are closed",
+           lo=0, lo_open=True),
+    Option("timeout_body", float, 60.0, ("--timeout-body",), "S", "body timeout",
+           "seconds a request's body may take to arrive; slower uploads get 408",
+           lo=0, lo_open=True),
+    Option("timeout_write", float, 30.0, ("--timeout-write",), "S", "write timeout",
+           "seconds a streamed reply may wait for its client to read; then the request is "
+           "cancelled", lo=0, lo_open=True),
+    Option("timeout_idle", float, 5.0, ("--timeout-idle",), "S", "idle timeout",
+           "seconds a kept-alive connection may wait for its next request", lo=0, lo_open=True),
+)
+SERVER_OPTION = {o.name: o for o in SERVER_OPTIONS}
+
+
+def default(table: dict[str, Option], name: str):
+    return table[name].default
+
+
 def model_default(name: str):
     return MODEL_OPTION[name].default
 
 
-def check_model_options(**values) -> None:
-    """Checks model keywords against MODEL_OPTIONS: types first (a string where a number goes
+def check_options(table: dict[str, Option], **values) -> None:
+    """Checks keywords against a table of options: types first (a string where a number goes
     would otherwise fail far from the call), then ranges and choices."""
-    opts = [(MODEL_OPTION[k], v) for k, v in values.items()]
+    opts = [(table[k], v) for k, v in values.items()]
     for o, v in opts:
         o.check_type(v)
     for o, v in opts:
         o.check_range(v)
+
+
+def check_model_options(**values) -> None:
+    """check_options against MODEL_OPTIONS."""
+    check_options(MODEL_OPTION, **values)

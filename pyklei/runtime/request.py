@@ -107,12 +107,22 @@ def check_depth(obj, limit: int) -> None:
             stack.extend((v, d + 1) for v in o if isinstance(v, (dict, list)))
 
 
-def check_logprobs(logprobs) -> int | None:
+def check_logprobs(logprobs, name: str = "logprobs") -> int | None:
+    """None (no logprobs) or the alternatives to report per token, an integer in
+    [0, MAX_TOP_LOGPROBS]; `name` is the field the message names (the server's top_logprobs)."""
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                  or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}] "
-                         f"(alternatives per token), got {logprobs!r}")
+        raise ValueError(f"{name} must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives "
+                         f"per token), got {logprobs!r}")
     return logprobs
+
+
+def check_logit_bias_ids(logit_bias, vocab_size: int) -> None:
+    """logit_bias ((id, bias) pairs sorted by id, as check_logit_bias makes them): every id in
+    the vocabulary."""
+    if logit_bias and logit_bias[-1][0] >= vocab_size:
+        raise ValueError(f"logit_bias: token id {logit_bias[-1][0]} is outside the "
+                         f"vocabulary [0, {vocab_size})")
 
 
 def check_params(params: SamplingParams | None, vocab_size: int) -> SamplingParams:
@@ -122,9 +132,7 @@ def check_params(params: SamplingParams | None, vocab_size: int) -> SamplingPara
         return SamplingParams()
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a pyklei.sampler.SamplingParams, got {params!r}")
-    if params.logit_bias and params.logit_bias[-1][0] >= vocab_size:
-        raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is outside the "
-                         f"vocabulary [0, {vocab_size})")
+    check_logit_bias_ids(params.logit_bias, vocab_size)
     return params
 
 

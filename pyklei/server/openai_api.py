@@ -30,8 +30,8 @@ from ..text.reasoning import reasoning_for
 from dataclasses import replace
 
 from ..runtime.generate import GenerationResponse, TokenLogprob
-from ..runtime.request import (MAX_STOPS, MAX_TOP_LOGPROBS, GenerationRequest, check_stops,
-                       prediction_ids, stop_chars_bound, token_budget)
+from ..runtime.request import (MAX_STOPS, GenerationRequest, check_logit_bias_ids, check_logprobs,
+                               check_stops, prediction_ids, stop_chars_bound, token_budget)
 from ..runtime.sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..text.tokenizer import token_ids
 from ..text.tool_calls import ToolError, check_tool_choice, check_tools, has_tool_turns
@@ -134,11 +134,9 @@ def sampling_from(body: dict, vocab_size: int) -> SamplingParams:
                            "[-100, 100]", "logit_bias")
         try:
             kw["logit_bias"] = check_logit_bias(bias)
+            check_logit_bias_ids(kw["logit_bias"], vocab_size)
         except (TypeError, ValueError) as e:
             raise APIError(str(e), "logit_bias") from None
-        if kw["logit_bias"] and kw["logit_bias"][-1][0] >= vocab_size:
-            raise APIError(f"logit_bias: token id {kw['logit_bias'][-1][0]} is outside the "
-                           f"vocabulary [0, {vocab_size})", "logit_bias")
     return SamplingParams(**kw)
 
 
@@ -185,11 +183,18 @@ def logprobs_from(kind: str, body: dict) -> int | None:
         on = body.get("logprobs")
         if on is not None and not isinstance(on, bool):
             raise APIError("'logprobs' must be true or false", "logprobs")
-        top = _int_field(body, "top_logprobs", 0, MAX_TOP_LOGPROBS, None)
+        top = _logprobs_field(body, "top_logprobs")
         if top is not None and not on:
             raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return (top or 0) if on else None
-    return _int_field(body, "logprobs", 0, MAX_TOP_LOGPROBS, None)
+    return _logprobs_field(body, "logprobs")
+
+
+def _logprobs_field(body: dict, name: str) -> int | None:
+    try:
+        return check_logprobs(body.get(name), name)
+    except ValueError as e:
+        raise APIError(str(e), name) from None
 
 
 def stops_from(body: dict, tokenizer, n_ctx: int) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
+from ..runtime.options import ENGINE_OPTION, SERVER_OPTION, check_options, default
 from .transport import bind, open_file_budget, protocol_class, quiet_accept_errors
 
 DRAIN_BACKSTOP_S = 10.0    # uvicorn cancels tasks this long after our own drain deadline
@@ -65,12 +66,19 @@ def _draining_server(config, drain_timeout: float, on_deadline):
     return DrainingServer(config)
 
 
-def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, max_queue=64,
-          prefill_chunk=256, api_key=None, cors=(), drain_timeout=30.0, quiet=False,
-          timeout_header=10.0, timeout_body=60.0, timeout_write=30.0, timeout_idle=5.0,
-          max_connections=2048, allow_hosts=(), announce=print, speculative=None,
-          special_in_content=False) -> int:
-    """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. announce(line) gets the address line
+_E, _S = ENGINE_OPTION, SERVER_OPTION
+
+
+def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
+          n_parallel=default(_E, "n_parallel"), max_queue=default(_E, "max_queue"),
+          prefill_chunk=default(_E, "prefill_chunk"), api_key=None, cors=(),
+          drain_timeout=default(_S, "drain_timeout"), quiet=False,
+          timeout_header=default(_S, "timeout_header"), timeout_body=default(_S, "timeout_body"),
+          timeout_write=default(_S, "timeout_write"), timeout_idle=default(_S, "timeout_idle"),
+          max_connections=default(_S, "max_connections"), allow_hosts=(), announce=print,
+          speculative=None, special_in_content=False) -> int:
+    """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. The numbers' defaults and ranges are
+    pyklei.runtime.options' ENGINE_OPTIONS and SERVER_OPTIONS. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
     draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.runtime.engine). api_key: a
@@ -82,6 +90,9 @@ def serve(llm, *, host="127.0.0.1", port=8000, model_id="model", n_parallel=4, m
     from ..runtime.engine import Engine
     from .app import MAX_BODY, create_app
 
+    check_options(_S, port=port, drain_timeout=drain_timeout, max_connections=max_connections,
+                  timeout_header=timeout_header, timeout_body=timeout_body,
+                  timeout_write=timeout_write, timeout_idle=timeout_idle)
     budget = open_file_budget()
     if budget < max_connections:
         print(f"pyklei serve: warning: the open-file limit allows {max(budget, 0)} connections, "

@@ -2,7 +2,7 @@
  * element getters. docs/FORMAT.md defines the bytes and the arithmetic.
  *
  * Ids: the quantized weight formats first, with the ids of the Python registry
- * (pyklei/formats/registry.py, WeightFormat.c_id: tests/test_formats.py checks _ext.FORMATS
+ * (pyklei/formats/registry.py, WeightFormat.c_id: tests/formats/test_formats.py checks _ext.FORMATS
  * against it); the kernels and the dispatch table index by them (< PK_FMT_QUANT_COUNT).
  * The plain types follow; only embedding tables (pk_tensor, ops/pk_nn.h) use them.
  *

@@ -247,7 +247,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
  * are multiples of 4 run by fours, and any other shape takes the reference (correct, 50x
  * slower). The family's shapes: SmolLM2 135M / 360M (3, 64), 1.7B (1, 64); Llama 3.2 1B (4,
  * 64), 3B (3, 128); Llama 3.1 8B (4, 128); Llama 2 7B (1, 128); TinyLlama (8, 64). (3, 128)
- * was missing until Llama 3.2 3B's attention was found on the reference: tests/c/test_matmul.c
+ * was missing until Llama 3.2 3B's attention was found on the reference: tests/kernels/c/test_matmul.c
  * now asks pk_attend_is_fast for each of these.
  * The other families (issue 42): Gemma 3 270M and 1B (4, 256), 4B (2, 256); Qwen2.5 0.5B (7, 64:
  * 4 + 3), 1.5B (6, 128: 4 + 2); Qwen3 0.6B / 1.7B (2, 128); Phi-4-mini (3, 128); SmolLM3 3B and

@@ -69,7 +69,7 @@ static int forced_match(const char *list, const pk_kernel *kern) {
  * of their format) and drops the ones that fail; a format left with none (PYKLEI_KERNEL forced
  * only failing kernels) gets its scalar kernel, the reference, which never leaves. Test builds
  * only: PYKLEI_TEST_BREAK_KERNEL has the check run a corrupted copy of the kernel it names
- * (tests/c/pk_testhook.c, linked in where the weak pk_test_hook_kernels_to_check is not NULL),
+ * (tests/kernels/c/pk_testhook.c, linked in where the weak pk_test_hook_kernels_to_check is not NULL),
  * so that kernel fails; the table itself only ever holds registry records. */
 static void drop_failing_kernels(void) {
     enum { N = PK_SELFCHECK_MAX };

@@ -65,10 +65,10 @@ const pk_kernel *pk_kernel_scalar_for(pk_format fmt);
  * 0. log: one stderr line listing those that passed. Writes no table. */
 void pk_self_check(int n, const pk_kernel *const *kernels, int *failed, int log);
 
-/* ---- test hook (tests/c/pk_testhook.c), test builds only --------------------------------- */
+/* ---- test hook (tests/kernels/c/pk_testhook.c), test builds only ------------------------- */
 
 /* checked[i] = the kernel record the self-check runs for kernels[i], where PYKLEI_TEST_BREAK_KERNEL
- * names one to corrupt. Defined only in test builds, which link tests/c/pk_testhook.c (the C
+ * names one to corrupt. Defined only in test builds, which link tests/kernels/c/pk_testhook.c (the C
  * test programs; the extension built with PYKLEI_TEST_HOOKS=1): a weak reference, NULL in
  * the library itself, so that the product holds no test code and the dispatcher no #ifdef. */
 void pk_test_hook_kernels_to_check(int n, const pk_kernel *const *kernels, const pk_kernel **checked)

@@ -2,7 +2,7 @@
  * what kernels exist and their contracts, and their row helpers (FWHT, f16 conversion,
  * activation quantizer) as one list of records. Nothing here changes at run time: which of them the
  * dispatch table uses is pk_dispatch.c's business, the start-up check of them pk_selfcheck.c's,
- * and the test hook that breaks one on purpose tests/c/pk_testhook.c's (test builds only). */
+ * and the test hook that breaks one on purpose tests/kernels/c/pk_testhook.c's (test builds only). */
 #include "pk_ops_internal.h"
 
 #include <string.h>

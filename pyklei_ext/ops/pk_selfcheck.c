@@ -33,7 +33,7 @@
  * Tolerance: kernels compute exact int32 block dots and differ from the scalar kernel only
  * in the float32 order of the block sums and of the zero-point term. Each result is within
  * (nb + 24) u T of the exact value (u = 2^-24; T the sum of the magnitudes of all terms; see
- * tolerance() in tests/test_kernels.py), so two kernels agree within 2 (nb + 24) u T. Here T
+ * tolerance() in tests/kernels/test_kernels.py), so two kernels agree within 2 (nb + 24) u T. Here T
  * is bounded for all outputs at once by ascale_max * K * (128 + 128 + 256) * wmax; with this
  * data the bound is about 1e-4 of the largest output (the largest difference seen here: 2e-6,
  * 1/4000 of the bound), while one wrong product (one k of one output) moves that output by
