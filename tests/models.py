@@ -244,3 +244,92 @@ def smollm2_offgrid_dir(sigma: float = 0.5) -> Path:
             import shutil
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# Tiny random checkpoints of the other families (issue 42): odd sizes, GQA, and every feature
+# on, so that a converter that drops one is caught (tests/test_hf_families.py). Each entry: the
+# transformers config class, the model class, and the config (vocab and specials come from the
+# tokenizer).
+FAMILY_CONFIGS = {
+    # q/k/v biases; the sliding window only on layers >= max_window_layers
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=96, num_attention_heads=3, num_key_value_heads=1, num_hidden_layers=3,
+        intermediate_size=160, use_sliding_window=True, sliding_window=16, max_window_layers=1,
+        rope_theta=10000.0, tie_word_embeddings=True)),
+    # q/k head norms; head_dim explicit (n_head * head_dim = 256 != hidden_size 160)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=160, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        num_hidden_layers=3, intermediate_size=224, rope_theta=1000000.0,
+        tie_word_embeddings=False)),
+    # a sliding window on every layer
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=160, num_attention_heads=5, num_key_value_heads=1, head_dim=32,
+        num_hidden_layers=2, intermediate_size=288, sliding_window=20, rope_theta=10000.0,
+        tie_word_embeddings=False)),
+    # layers without RoPE (no_rope_layers: 0 = no RoPE)
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        hidden_size=96, num_attention_heads=3, num_key_value_heads=1, num_hidden_layers=4,
+        intermediate_size=160, no_rope_layers=[1, 0, 1, 0], rope_theta=10000.0,
+        tie_word_embeddings=True)),
+    # fused qkv / gate_up, partial rotary (rope_dim 16 of head_dim 32), LongRoPE with its
+    # attention factor (max/original = 4: sqrt(1 + ln 4 / ln 64)), a window on every layer
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+        intermediate_size=192, sliding_window=24, max_position_embeddings=256,
+        original_max_position_embeddings=64, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.5,
+                             short_factor=[1.0, 1.3, 1.7, 2.2, 2.9, 3.5, 4.0, 4.6],
+                             long_factor=[1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0],
+                             original_max_position_embeddings=64))),
+    # four norms per block, q/k norms, GeGLU, sqrt(d) embeddings, sliding layers with their
+    # own RoPE base, query_pre_attn_scalar != head_dim, final logit soft-capping
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=96, num_attention_heads=3, num_key_value_heads=1, head_dim=64,
+        num_hidden_layers=4, intermediate_size=160, sliding_window=16,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"],
+        query_pre_attn_scalar=48, final_logit_softcapping=4.0, max_position_embeddings=512,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
+        tie_word_embeddings=True)),
+}
+
+
+def make_tiny_family(dir, family: str, seed: int = 0, *, vocab_size: int = 512,
+                     dtype: str = "bfloat16", multimodal: bool = False, **overrides) -> Path:
+    """Write a tiny random checkpoint of `family` (FAMILY_CONFIGS, with overrides) into `dir`
+    and return it: transformers' own save_pretrained, a byte-level BPE tokenizer.json. Norm
+    gains are random around their mean (1, or 0 for Gemma's 1 + w), biases nonzero.
+    multimodal (gemma3): a Gemma3ForConditionalGeneration with a one-layer vision tower."""
+    import torch
+    import transformers
+
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _bpe_tokenizer(out, vocab_size, seed)
+    cfg_name, model_name, kw = FAMILY_CONFIGS[family]
+    kw = {**kw, **overrides}
+    cfg = getattr(transformers, cfg_name)(vocab_size=vocab_size, rms_norm_eps=1e-5,
+                                          initializer_range=0.05, **{**ids, **kw})
+    if multimodal:
+        vision = transformers.SiglipVisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            image_size=28, patch_size=14)
+        cfg = transformers.Gemma3Config(text_config=cfg.to_dict(), vision_config=vision.to_dict(),
+                                        mm_tokens_per_image=4, **ids)
+        model_name = "Gemma3ForConditionalGeneration"
+    cfg.architectures = [model_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg)
+    mean = 0.0 if family == "gemma3" else 1.0
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed + 1)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(mean + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    return out

@@ -244,6 +244,10 @@ def hparams_from_config(cfg: dict) -> dict:
     hp["notes"] = []
     if sc and sc["rope_type"] == "longrope":
         _longrope(hp, sc, c)
+    # The runtime holds no position at or past the file's context length, so a window that
+    # long never excludes one (Phi-4-mini's 262144): the layer attends globally, without the
+    # windowed attention's cost
+    hp["layer_window"] = [w if w < hp["context_length"] else 0 for w in hp["layer_window"]]
     return hp
 
 
