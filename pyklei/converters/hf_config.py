@@ -80,7 +80,8 @@ def _rope_dicts(c: dict, fam) -> dict[str, dict]:
         if fam.arch == "gemma3":     # its local layers: own base, never scaled
             out[SLIDING] = {"rope_theta": c.get("rope_local_base_freq", 10000.0)}
     for t, d in out.items():
-        d.setdefault("rope_theta", c.get("rope_theta", 10000.0))
+        local = fam.arch == "gemma3" and t == SLIDING
+        d.setdefault("rope_theta", c.get("rope_local_base_freq" if local else "rope_theta", 10000.0))
         if "type" in d and "rope_type" not in d:
             d["rope_type"] = d.pop("type")
         d.setdefault("rope_type", "default")
@@ -91,7 +92,7 @@ def _rope_dicts(c: dict, fam) -> dict[str, dict]:
     return out
 
 
-def _scaling(rope: dict, used_types: set, fam) -> dict | None:
+def _scaling(rope: dict, used_types: set) -> dict | None:
     """The one RoPE scaling of the model (rope_freqs holds one set of divisors for every
     layer), checked; None: none."""
     kinds = {t: rope[t]["rope_type"] for t in used_types}
@@ -213,7 +214,7 @@ def hparams_from_config(cfg: dict) -> dict:
                               f"head_dim {hp['head_dim']}; pyklei rotates an even number, at least 2")
     hp["rope_dim"] = rope_dim
     uses_rope = _uses_rope(c, n_layer) if fam.arch == "smollm3" else [True] * n_layer
-    hp["rope_scaling"] = _scaling(rope, {t for t, r in zip(types, uses_rope) if r}, fam)
+    hp["rope_scaling"] = _scaling(rope, {t for t, r in zip(types, uses_rope) if r})
     hp["rope_theta"] = float(rope[FULL]["rope_theta"])
     hp["layer_rope_base"] = [float(rope[t]["rope_theta"]) if r else 0.0
                              for t, r in zip(types, uses_rope)]
@@ -243,7 +244,7 @@ def hparams_from_config(cfg: dict) -> dict:
     sc = hp["rope_scaling"]
     hp["notes"] = []
     if sc and sc["rope_type"] == "longrope":
-        _longrope(hp, sc, c)
+        _longrope(hp, sc)
     # The runtime holds no position at or past the file's context length, so a window that
     # long never excludes one (Phi-4-mini's 262144): the layer attends globally, without the
     # windowed attention's cost
@@ -251,7 +252,7 @@ def hparams_from_config(cfg: dict) -> dict:
     return hp
 
 
-def _longrope(hp: dict, sc: dict, c: dict) -> None:
+def _longrope(hp: dict, sc: dict) -> None:
     """Phi-3's LongRoPE as far as a file with one set of frequencies can hold it: the short
     factors (transformers uses them while the sequence is within
     original_max_position_embeddings, the long ones for a longer sequence, switching every
