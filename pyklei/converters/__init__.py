@@ -1,4 +1,4 @@
-"""pyklei's converters: Hugging Face Llama checkpoints or llama.cpp GGUF files -> one
+"""pyklei's converters: Hugging Face checkpoints or llama.cpp GGUF files -> one
 self-contained pyklei GGUF (qsi4c32 weights). See docs/FORMAT.md, section "Converter".
 
     from pyklei.converters import convert
@@ -61,10 +61,11 @@ def convert(hf_dir, out_path, group_size: int = 32,
             norm_weighting: bool = False, rotate: bool = False,
             gptq=None, recipe: str | None = None, bits: float | None = None,
             revision: str | None = None, filename: str | None = None) -> ConversionResult:
-    """Convert a Hugging Face LlamaForCausalLM directory, or a llama.cpp GGUF file of a llama
-    model, into a pyklei GGUF at out_path (written atomically). hf_dir may also be a Hugging
-    Face Hub id, `org/name` (resolve_source: downloaded into the hub cache; revision, and
-    filename for a GGUF repo's file).
+    """Convert a Hugging Face checkpoint directory of a family pyklei runs
+    (pyklei.formats.families.supported()), or a llama.cpp GGUF file, into a pyklei GGUF at
+    out_path (written atomically). hf_dir may also be a Hugging Face Hub id, `org/name`
+    (resolve_source: downloaded into the hub cache; revision, and filename for a GGUF repo's
+    file).
 
     group_size: qsi4c32 block length (32, 64, 128, 256).
     embedding_bits: 4 (qsi4c32), 6 (qsi6c32, default), 8 (qsi8cx) or 16 (f16) for token_embd.weight and,

@@ -1,8 +1,18 @@
-"""Hugging Face LlamaForCausalLM checkpoints (config.json + safetensors) -> a ModelSource."""
+"""Hugging Face checkpoints (config.json + safetensors) of every family pyklei runs
+(pyklei/formats/families.py) -> a ModelSource.
+
+The config is read by hf_config.py; the tensors are the Llama table's (llama_tensors.py) with
+the family's Hugging Face names (Family.hf_part, and Family.hf_nested for a language model
+inside an image-text checkpoint), transformed at read time into what a pyklei file holds:
+q/k rows (weights, biases, head norms) from rotate-half into interleaved-pair order over the
+rotated dimensions, RMSNorm gains as used (Gemma's 1 + w), fused projections (Phi-3's qkv_proj,
+gate_up_proj) split into their row blocks, and LongRoPE's attention factor folded into q's and
+k's rotated rows."""
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +23,10 @@ from pyklei.formats import llama_tensors as L
 
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
+from .hf_config import hparams_from_config, hparams_kv  # noqa: F401  (the converter's API)
 from .hf_tokenizer import tokenizer_kv
 from .safetensors_mmap import SafetensorsModel
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM",)
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -83,110 +93,101 @@ def _load_config(hf_dir: Path) -> dict:
         raise ConversionError(f"{p}: invalid JSON ({e})") from None
 
 
-def _rope(cfg: dict) -> tuple[float, dict | None]:
-    """(rope_theta, scaling dict or None), from transformers 4 (rope_theta + rope_scaling) or
-    transformers 5 (rope_parameters) config files."""
-    rp = cfg.get("rope_parameters")
-    if isinstance(rp, dict) and "rope_theta" in rp:
-        theta = float(rp["rope_theta"])
-        kind = rp.get("rope_type", rp.get("type", "default"))
-        scaling = None if kind == "default" else dict(rp)
-    else:
-        theta = float(cfg.get("rope_theta", 10000.0))
-        scaling = cfg.get("rope_scaling")
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind == "default":
-            return theta, None
-        if kind != "llama3":
-            raise ConversionError(
-                f"unsupported feature: rope scaling of type {kind!r} (only 'llama3' is supported)")
-        for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-            if k not in scaling:
-                raise ConversionError(f"rope scaling 'llama3' lacks {k!r} in config.json")
-    return theta, scaling
+@dataclass(frozen=True)
+class HFTensor:
+    """Where a tensor of the file comes from in the checkpoint."""
+    name: str                  # GGUF name
+    shape: tuple[int, ...]     # the file's shape
+    kind: str
+    hf: str                    # the checkpoint's tensor
+    row0: int = 0              # its rows [row0, row0 + shape[0]) (a block of a fused tensor)
+    heads: int = 0             # q/k: heads whose rows are permuted (0: none)
 
 
-def hparams_from_config(cfg: dict) -> dict:
-    archs = cfg.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHS for a in archs):
-        what = ", ".join(archs) if archs else f"model_type {cfg.get('model_type')!r}"
-        raise ConversionError(
-            f"unsupported architecture {what}; supported: {', '.join(SUPPORTED_ARCHS)}")
-    for feat in ("attention_bias", "mlp_bias"):
-        if cfg.get(feat):
-            raise ConversionError(f"unsupported feature: {feat}=true (bias terms)")
-    if cfg.get("quantization_config"):
-        raise ConversionError("unsupported feature: a pre-quantized checkpoint "
-                              f"(quantization_config {cfg['quantization_config'].get('quant_method')!r}); "
-                              "convert the original bf16/f16/f32 weights")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConversionError(f"unsupported feature: hidden_act={act!r} (only 'silu')")
-    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ConversionError("unsupported feature: partial_rotary_factor != 1")
-    try:
-        h = int(cfg["hidden_size"])
-        nh = int(cfg["num_attention_heads"])
-        hp = dict(
-            vocab_size=int(cfg["vocab_size"]),
-            n_embd=h,
-            n_layer=int(cfg["num_hidden_layers"]),
-            n_ff=int(cfg["intermediate_size"]),
-            n_head=nh,
-            n_head_kv=int(cfg.get("num_key_value_heads") or nh),
-            head_dim=int(cfg.get("head_dim") or h // nh),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            context_length=int(cfg.get("max_position_embeddings", 2048)),
-            tied=bool(cfg.get("tie_word_embeddings", False)),
-        )
-    except KeyError as e:
-        raise ConversionError(f"config.json lacks {e.args[0]!r}") from None
-    if hp["n_head"] % hp["n_head_kv"]:
-        raise ConversionError(f"num_attention_heads={nh} is not a multiple of "
-                              f"num_key_value_heads={hp['n_head_kv']}")
-    if hp["head_dim"] % 2:
-        raise ConversionError(f"head_dim={hp['head_dim']} must be even for RoPE")
-    hp["rope_theta"], hp["rope_scaling"] = _rope(cfg)
-    return hp
-
-
-def hparams_kv(hp: dict, name: str):
-    kv = [
-        ("general.type", "model", T.STRING, None),
-        (K.GENERAL_NAME, name, T.STRING, None),
-        (K.CONTEXT_LENGTH, hp["context_length"], T.UINT32, None),
-        (K.EMBEDDING_LENGTH, hp["n_embd"], T.UINT32, None),
-        (K.BLOCK_COUNT, hp["n_layer"], T.UINT32, None),
-        (K.FEED_FORWARD_LENGTH, hp["n_ff"], T.UINT32, None),
-        (K.HEAD_COUNT, hp["n_head"], T.UINT32, None),
-        (K.HEAD_COUNT_KV, hp["n_head_kv"], T.UINT32, None),
-        (K.KEY_LENGTH, hp["head_dim"], T.UINT32, None),
-        (K.VALUE_LENGTH, hp["head_dim"], T.UINT32, None),
-        (K.RMS_EPS, hp["rms_eps"], T.FLOAT32, None),
-        (K.ROPE_FREQ_BASE, hp["rope_theta"], T.FLOAT32, None),
-        (K.ROPE_DIM, hp["head_dim"], T.UINT32, None),
-        (K.VOCAB_SIZE, hp["vocab_size"], T.UINT32, None),
-    ]
-    sc = hp.get("rope_scaling")
-    if sc:
-        kv += [
-            (K.ROPE_SCALING_TYPE, "llama3", T.STRING, None),
-            (K.ROPE_SCALING_FACTOR, float(sc["factor"]), T.FLOAT32, None),
-            (K.ROPE_SCALING_LOW, float(sc["low_freq_factor"]), T.FLOAT32, None),
-            (K.ROPE_SCALING_HIGH, float(sc["high_freq_factor"]), T.FLOAT32, None),
-            (K.ROPE_SCALING_ORIG_CTX, int(sc["original_max_position_embeddings"]), T.UINT32, None),
-        ]
-    return kv
-
-
-def expected_tensors(hp: dict) -> dict[str, tuple[str, tuple[int, ...], str, int]]:
-    """HF name -> (GGUF name, shape, kind, q/k heads to permute or 0), in file order."""
-    dims = L.Dims(vocab_size=hp["vocab_size"], n_embd=hp["n_embd"], n_layer=hp["n_layer"],
+def _dims(hp: dict) -> L.Dims:
+    return L.Dims(vocab_size=hp["vocab_size"], n_embd=hp["n_embd"], n_layer=hp["n_layer"],
                   n_ff=hp["n_ff"], n_head=hp["n_head"], n_head_kv=hp["n_head_kv"],
-                  head_dim=hp["head_dim"], tied=hp["tied"])
-    return {spec.hf_name(layer): (name, spec.shape(dims), spec.kind, spec.head_count(dims))
-            for name, spec, layer in L.for_each_tensor(dims) if spec.hf is not None}
+                  head_dim=hp["head_dim"], tied=hp["tied"], features=hp["family"].features)
+
+
+def expected_tensors(hp: dict, prefixes: tuple[str, str] = ("model.", "")) -> list[HFTensor]:
+    """The file's tensors (table order) and where each lies in the checkpoint. prefixes: the
+    text model's (prefix of "model." names, prefix of "lm_head")."""
+    fam, dims = hp["family"], _dims(hp)
+    out, next_row = [], {}
+    for name, spec, layer in L.for_each_tensor(dims):
+        hf = spec.hf_name(layer, fam.hf_part(spec.part, spec.hf))
+        if hf is None:
+            continue
+        hf = prefixes[0] + hf[len("model."):] if hf.startswith("model.") else prefixes[1] + hf
+        shape = spec.shape(dims)
+        row0 = next_row.get(hf, 0)          # parts sharing a name: consecutive row blocks
+        next_row[hf] = row0 + shape[0]
+        out.append(HFTensor(name, shape, spec.kind, hf, row0, spec.head_count(dims)))
+    return out
+
+
+def _text_prefixes(hp: dict, st: SafetensorsModel) -> tuple[str, str]:
+    """The checkpoint's (model, lm_head) prefixes: the first of the class's candidates under
+    which the embedding lies."""
+    nested = hp["family"].hf_nested.get(hp["hf_class"])
+    if nested is None:
+        return "model.", ""
+    embd = L.BY_PART["token_embd"].hf_name()[len("model."):]
+    for prefixes in nested[1]:
+        if prefixes[0] + embd in st:
+            return prefixes
+    raise ConversionError(f"checkpoint lacks the language model's {embd} under any of "
+                          f"{', '.join(p for p, _ in nested[1])}")
+
+
+def _check_tensors(hp: dict, st: SafetensorsModel, want: list[HFTensor], prefixes) -> None:
+    fused: dict[str, tuple[int, ...]] = {}
+    for t in want:
+        rows = t.row0 + t.shape[0]
+        fused[t.hf] = (max(rows, fused.get(t.hf, (0,))[0]),) + t.shape[1:]
+    missing = [n for n in fused if n not in st]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise ConversionError(f"checkpoint lacks tensor(s) {', '.join(missing[:3])}{more} "
+                              f"that config.json implies")
+    head = prefixes[1] + L.BY_PART["output"].hf_name()
+    nested = hp["family"].hf_nested.get(hp["hf_class"]) is not None
+    extra = [n for n in st.keys() if n not in fused and not n.endswith(IGNORED_TENSOR_SUFFIXES)
+             and not (hp["tied"] and n == head)
+             # an image-text checkpoint's other parts (vision tower, projector) are not ours
+             and not (nested and not n.startswith(prefixes[0]) and n != head)]
+    if extra:
+        raise ConversionError(f"checkpoint has tensor(s) config.json does not account for: "
+                              f"{', '.join(sorted(extra)[:5])}"
+                              f"{' …' if len(extra) > 5 else ''} (unsupported feature or wrong config)")
+    for n, shape in fused.items():
+        if tuple(st.shape(n)) != shape:
+            raise ConversionError(f"config.json does not match the weights: {n} has shape "
+                                  f"{list(st.shape(n))}, config implies {list(shape)}")
+
+
+def _reader(hp: dict, st: SafetensorsModel, t: HFTensor):
+    """rows r0:r1 of tensor t as the file holds them (float32)."""
+    fam = hp["family"]
+    offset = fam.hf_norm_offset if t.kind in (L.NORM, L.HEAD_NORM) else 0.0
+    gain = hp.get("qk_rope_gain", 1.0) if t.heads and t.kind == L.LINEAR else 1.0
+    if not t.heads:
+        def read(r0, r1):
+            w = st.read(t.hf, t.row0 + r0, t.row0 + r1)
+            return w + np.float32(offset) if offset else w
+        return read
+
+    def read_whole(r0, r1):
+        w = np.asarray(st.read(t.hf, t.row0, t.row0 + t.shape[0]), np.float32)
+        if offset:
+            w = w + np.float32(offset)
+        if gain != 1.0:      # LongRoPE's attention factor, on the rotated rows of each head
+            w = w.reshape(t.heads, -1, *w.shape[1:]).copy()
+            w[:, :hp["rope_dim"]] *= np.float32(gain)
+            w = w.reshape(t.shape)
+        return permute_qk_rows(w, t.heads, hp["rope_dim"])[r0:r1]
+    return read_whole
 
 
 def hf_source(hf_dir, name: str | None = None) -> ModelSource:
@@ -196,39 +197,30 @@ def hf_source(hf_dir, name: str | None = None) -> ModelSource:
     cfg = _load_config(hf_dir)
     hp = hparams_from_config(cfg)
     st = SafetensorsModel(hf_dir)
-    want = expected_tensors(hp)
-    missing = [n for n in want if n not in st]
-    if missing:
-        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
-        raise ConversionError(f"checkpoint lacks tensor(s) {', '.join(missing[:3])}{more} "
-                              f"that config.json implies")
-    extra = [n for n in st.keys() if n not in want and not n.endswith(IGNORED_TENSOR_SUFFIXES)
-             and not (hp["tied"] and n == L.BY_PART["output"].hf_name())]
-    if extra:
-        raise ConversionError(f"checkpoint has tensor(s) config.json does not account for: "
-                              f"{', '.join(sorted(extra)[:5])}"
-                              f"{' …' if len(extra) > 5 else ''} (unsupported feature or wrong config)")
-    for n, (_, shape, _, _) in want.items():
-        if tuple(st.shape(n)) != shape:
-            raise ConversionError(f"config.json does not match the weights: {n} has shape "
-                                  f"{list(st.shape(n))}, config implies {list(shape)}")
+    prefixes = _text_prefixes(hp, st)
+    want = expected_tensors(hp, prefixes)
+    _check_tensors(hp, st, want, prefixes)
     kv = hparams_kv(hp, name or hf_dir.name)
-    kv += tokenizer_kv(hf_dir, cfg, hp["vocab_size"])
+    nested = hp["family"].hf_nested.get(hp["hf_class"])
+    text_cfg = {**cfg, **cfg[nested[0]]} if nested else cfg
+    kv += tokenizer_kv(hf_dir, text_cfg, hp["vocab_size"])
 
     tensors = []
     sc = hp["rope_scaling"]
-    if sc:
-        factors = llama3_rope_factors(hp["head_dim"], hp["rope_theta"], float(sc["factor"]),
+    factors = None
+    if sc and sc["rope_type"] == "llama3":
+        factors = llama3_rope_factors(hp["rope_dim"], hp["rope_theta"], float(sc["factor"]),
                                       float(sc["low_freq_factor"]), float(sc["high_freq_factor"]),
                                       int(sc["original_max_position_embeddings"]))
+    elif sc:
+        factors = hp["rope_factors"]
+    if factors is not None:
         tensors.append(SourceTensor(K.ROPE_FREQS, factors.shape, "rope_freqs",
                                     lambda r0, r1, f=factors: f[r0:r1], "rope_scaling"))
-    for n, (gname, shape, kind, heads) in want.items():
-        if heads:
-            read = (lambda r0, r1, n=n, heads=heads: permute_qk(st.read(n), heads)[r0:r1])
-        else:
-            read = (lambda r0, r1, n=n: st.read(n, r0, r1))
-        tensors.append(SourceTensor(gname, shape, kind, read, n, whole=bool(heads)))
-    dtypes = sorted({st.dtype(n) for n in want})
+    for t in want:
+        tensors.append(SourceTensor(t.name, t.shape, t.kind, _reader(hp, st, t), t.hf,
+                                    whole=bool(t.heads)))
+    dtypes = sorted({st.dtype(t.hf) for t in want})
     return ModelSource(kv=kv + [(K.KEY_SOURCE, "hf", T.STRING, None)], tensors=tensors,
-                       description=f"{hf_dir} (HF {'/'.join(dtypes).lower()})")
+                       description=f"{hf_dir} (HF {'/'.join(dtypes).lower()})",
+                       notes=list(hp["notes"]))

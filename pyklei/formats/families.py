@@ -29,9 +29,20 @@ class Family:
     # llama.cpp keeps q/k rows in Hugging Face's rotate-half ("NeoX") order for this family; it
     # permutes only Llama's into interleaved pairs, which pyklei's RoPE rotates
     gguf_neox: bool = True
+    # Hugging Face checkpoints of a class that nests the language model (Gemma 3's image-text
+    # model): {class: (the config.json key of its text config, ((prefix of the "model." names,
+    # prefix of "lm_head"), ...) tried in order)}. transformers 4 and 5 save
+    # language_model.model.*; transformers 5's module tree says model.language_model.*. The
+    # checkpoint's other tensors (the vision tower) are not the text model's and are skipped.
+    hf_nested: dict = field(default_factory=dict)
+    # added to a Hugging Face checkpoint's RMSNorm gains (block, q/k and final norms): Gemma
+    # computes x * (1 + w), and a pyklei file stores the gain as used
+    hf_norm_offset: float = 0.0
 
     def hf_part(self, part: str, default: str | None) -> str | None:
-        """The Hugging Face name of a block part (without model.layers.{i}. and .weight)."""
+        """The Hugging Face name of a block part (without model.layers.{i}. and .weight).
+        Parts that share one name are row blocks of that fused tensor, in the table's order
+        (Phi-3's qkv_proj = [q; k; v], gate_up_proj = [gate; up])."""
         return self.hf_names.get(part, default)
 
 
@@ -46,9 +57,18 @@ FAMILIES = {f.arch: f for f in (
            # input as Llama's does
            hf_names={"ffn_norm": "pre_feedforward_layernorm",
                      "post_attention_norm": "post_attention_layernorm",
-                     "post_ffw_norm": "post_feedforward_layernorm"}),
+                     "post_ffw_norm": "post_feedforward_layernorm"},
+           hf_nested={"Gemma3ForConditionalGeneration": (
+               "text_config", (("language_model.model.", "language_model."),
+                               ("model.language_model.", "")))},
+           hf_norm_offset=1.0),
     Family("smollm3", ("SmolLM3ForCausalLM",)),
-    Family("phi3", ("Phi3ForCausalLM",)),
+    Family("phi3", ("Phi3ForCausalLM",),
+           # fused projections, split at conversion (gate before up: transformers' Phi3MLP
+           # chunks gate_up_proj's output into gate, up)
+           hf_names={"attn_q": "self_attn.qkv_proj", "attn_k": "self_attn.qkv_proj",
+                     "attn_v": "self_attn.qkv_proj", "ffn_gate": "mlp.gate_up_proj",
+                     "ffn_up": "mlp.gate_up_proj"}),
 )}
 
 

@@ -1,0 +1,411 @@
+"""Hugging Face checkpoints of every family (issue 42) -> pyklei files, against transformers fp32.
+
+Tiny random checkpoints (tests/models.py: make_tiny_family, every feature of the family on,
+saved by transformers 5) are converted with q8 weights (`keep=["*=q8"]`, 8-bit embedding)
+and with the default 4-bit weights, and run by the C runtime (qai8dx2 activations) over 60
+positions, beyond every sliding window (16-24). Stated tolerances (`-s` prints the measured
+values):
+
+- exact: pyklei (q8 file) against transformers running the *same* dequantized weights,
+  mapped back by this file's own name map (independent of the converter's): max |dlogit| <=
+  5e-3, top-1 100% — the tolerance test_runtime.py states for Llama (logits of std ~0.5 here).
+- each feature matters: the same reference with one feature switched off (a window, a RoPE
+  base, NoPE layers, biases, q/k norms, LongRoPE's factors or attention factor, Gemma's scales
+  and soft-capping) differs by max |dlogit| >= 0.1, twenty times the tolerance, so a converter
+  that dropped it fails the exact check.
+- against the original checkpoint (transformers' own from_pretrained, fp32): KLD <= 1e-3 and
+  top-1 >= 90% at q8; KLD <= 0.05 at 4 bits (random tiny models have flat distributions, so
+  4-bit top-1 is not a useful measure there).
+
+Plus shape checks on the published configs (no weights) and refusals with one line.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from models import make_tiny_family  # noqa: E402
+
+from pyklei.converters import ConversionError, convert  # noqa: E402
+from pyklei.converters.hf_config import hparams_from_config  # noqa: E402
+from pyklei.converters.hf_llama import expected_tensors  # noqa: E402
+from pyklei.formats.model_file import read_model  # noqa: E402
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+FAMILIES = ("qwen2", "qwen3", "mistral", "smollm3", "phi3", "gemma3")
+TOKENS = list(range(5, 65))            # 60 positions
+EXACT_MAX_DIFF = 5e-3
+FEATURE_MIN_DIFF = 20 * EXACT_MAX_DIFF
+Q8_KLD, Q8_TOP1, Q4_KLD = 1e-3, 0.9, 0.05
+# Phi-3's LongRoPE attention factor of the fixture (max 256 / original 64 = 4)
+PHI3_ATTENTION_FACTOR = math.sqrt(1 + math.log(4) / math.log(64))
+
+# The test's own GGUF part -> HF part map, on purpose apart from the converter's table.
+HF_PARTS = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+GEMMA_PARTS = {"ffn_norm": "pre_feedforward_layernorm",
+               "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"}
+GLOBALS = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def kld(ref, out):
+    """Mean KL(ref || out) over positions, in nats."""
+    lr, lo = log_softmax(ref.astype(np.float64)), log_softmax(out.astype(np.float64))
+    return float((np.exp(lr) * (lr - lo)).sum(-1).mean())
+
+
+def hf_logits(model, ids=TOKENS):
+    with torch.no_grad():
+        return model(torch.tensor([list(ids)]), use_cache=False).logits[0].float().numpy()
+
+
+def pyklei_logits(path, ids=TOKENS):
+    from pyklei.runtime.model import Model
+    return Model(path, n_threads=2, n_ctx=64, activations="qai8dx2").logits(list(ids))
+
+
+def _unpermute_rows(w, n_head, rope_dim):
+    """Interleaved pairs -> HF's rotate-half order, on the first rope_dim rows of each head."""
+    heads = w.reshape(n_head, -1, *w.shape[1:]).copy()
+    r = heads[:, :rope_dim]
+    heads[:, :rope_dim] = r.reshape(n_head, rope_dim // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(r.shape)
+    return heads.reshape(w.shape)
+
+
+def file_state_dict(gguf, family) -> dict:
+    """The HF state dict of a pyklei file's dequantized weights (its q/k rows, norm offsets,
+    fused projections and LongRoPE gain undone)."""
+    mf = read_model(gguf)
+    hp = mf.hparams
+    parts = {**HF_PARTS, **(GEMMA_PARTS if family == "gemma3" else {})}
+    state, fused = {}, {}
+    for name, t in mf.tensors.items():
+        if name == "rope_freqs.weight":
+            continue
+        w = t.dequantize().astype(np.float32)
+        bits = name.split(".")
+        part = bits[2] if bits[0] == "blk" else None
+        heads = {"attn_q": hp.n_head, "attn_k": hp.n_head_kv,
+                 "attn_q_norm": 1, "attn_k_norm": 1}.get(part)
+        if heads:
+            w = _unpermute_rows(w, heads, hp.rope_dim)
+            if family == "phi3" and w.ndim == 2:
+                w = w.reshape(heads, -1, w.shape[1]).copy()
+                w[:, :hp.rope_dim] /= np.float32(PHI3_ATTENTION_FACTOR)
+                w = w.reshape(-1, w.shape[-1])
+        if family == "gemma3" and name.endswith("norm.weight"):
+            w = w - np.float32(1.0)
+        if bits[0] != "blk":
+            state[GLOBALS[name]] = w
+            continue
+        prefix = f"model.layers.{bits[1]}."
+        if family == "phi3" and part in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"):
+            key = prefix + ("self_attn.qkv_proj.weight" if part.startswith("attn") else "mlp.gate_up_proj.weight")
+            fused.setdefault(key, {})[part] = w
+            continue
+        state[prefix + parts[part] + "." + bits[3]] = w
+    for key, blocks in fused.items():
+        order = ("attn_q", "attn_k", "attn_v") if "qkv" in key else ("ffn_gate", "ffn_up")
+        state[key] = np.concatenate([blocks[p] for p in order])
+    if hp.tied:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()}
+
+
+def hf_model(hf_dir, state=None, config_edit=None, state_edit=None):
+    """transformers fp32 of the checkpoint (or of `state`), a config or state edit applied."""
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    if config_edit:
+        config_edit(cfg)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, config=cfg, dtype=torch.float32)
+    if state is not None:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected and not [m for m in missing if "rotary" not in m], (missing, unexpected)
+    if state_edit:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                state_edit(name, p)
+    return model.eval()
+
+
+def _set(**kw):
+    def edit(cfg):
+        for k, v in kw.items():
+            setattr(cfg, k, v)
+    return edit
+
+
+def _rope_edit(**kw):
+    def edit(cfg):
+        cfg.rope_parameters = {**cfg.rope_parameters, **kw}
+    return edit
+
+
+def _gemma_local_base(cfg):
+    rp = copy.deepcopy(cfg.rope_parameters)
+    rp["sliding_attention"]["rope_theta"] = rp["full_attention"]["rope_theta"]
+    cfg.rope_parameters = rp
+
+
+def _fill(suffix, value):
+    def edit(name, p):
+        if name.endswith(suffix):
+            p.fill_(value)
+    return edit
+
+
+# Twins: the reference with one feature of the family off (a config or a weight edit).
+TWINS = {
+    "qwen2": {"no sliding window": dict(config_edit=_set(layer_types=["full_attention"] * 3)),
+              "no q/k/v biases": dict(state_edit=_fill("proj.bias", 0.0))},
+    "qwen3": {"no q/k norm gains": dict(state_edit=_fill("_norm.weight", 1.0))},
+    "mistral": {"no sliding window": dict(config_edit=_set(sliding_window=None))},
+    "smollm3": {"RoPE on every layer": dict(config_edit=_set(no_rope_layers=[1, 1, 1, 1]))},
+    "phi3": {"no sliding window": dict(config_edit=_set(sliding_window=None)),
+             "LongRoPE factors 1": dict(config_edit=_rope_edit(short_factor=[1.0] * 8)),
+             "no attention factor": dict(config_edit=_rope_edit(attention_factor=1.0))},
+    "gemma3": {"no sliding window": dict(config_edit=_set(layer_types=["full_attention"] * 4)),
+               "one RoPE base": dict(config_edit=_gemma_local_base),
+               "no logit soft-cap": dict(config_edit=_set(final_logit_softcapping=None)),
+               "1/sqrt(head_dim) scores": dict(config_edit=_set(query_pre_attn_scalar=64)),
+               "no post-norm gains": dict(state_edit=_fill("post_feedforward_layernorm.weight", 0.0))},
+}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def converted(request, tmp_path_factory):
+    """(family, checkpoint, {"q8" | "q4": file}, original fp32 logits)."""
+    family = request.param
+    d = tmp_path_factory.mktemp(family)
+    hf = make_tiny_family(d / "hf", family, seed=FAMILIES.index(family))
+    files = {"q8": d / "q8.gguf", "q4": d / "q4.gguf"}
+    convert(hf, files["q8"], keep=["*=q8"], embedding_bits=8)
+    convert(hf, files["q4"])
+    return family, hf, files, hf_logits(hf_model(hf))
+
+
+def test_q8_file_is_exact_against_transformers_on_its_weights(converted):
+    family, hf, files, _ = converted
+    state = file_state_dict(files["q8"], family)
+    ref = hf_logits(hf_model(hf, state))
+    out = pyklei_logits(files["q8"])
+    diff = np.abs(out - ref).max()
+    print(f"\n{family} q8, same weights: max |dlogit| {diff:.2e} (logit std {ref.std():.2f})")
+    assert diff <= EXACT_MAX_DIFF
+    assert (out.argmax(-1) == ref.argmax(-1)).all()
+    for what, edit in TWINS[family].items():
+        twin = hf_logits(hf_model(hf, state, **edit))
+        far = np.abs(twin - ref).max()
+        print(f"  twin '{what}': max |dlogit| {far:.3f} from the reference")
+        assert far >= FEATURE_MIN_DIFF, what
+
+
+def test_files_agree_with_the_checkpoint(converted):
+    family, _, files, ref = converted
+    q8, q4 = (pyklei_logits(files[k]) for k in ("q8", "q4"))
+    for label, out in (("q8", q8), ("q4", q4)):
+        print(f"\n{family} {label} vs transformers fp32: max |dlogit| {np.abs(out - ref).max():.3f}, "
+              f"KLD {kld(ref, out):.2e}, top-1 {(out.argmax(-1) == ref.argmax(-1)).mean():.3f}")
+    assert kld(ref, q8) <= Q8_KLD and (q8.argmax(-1) == ref.argmax(-1)).mean() >= Q8_TOP1
+    assert kld(ref, q4) <= Q4_KLD
+
+
+def test_the_file_says_what_the_family_needs(converted):
+    family, _, files, _ = converted
+    hp = read_model(files["q4"]).hparams
+    assert hp.arch == family
+    expect = {
+        "qwen2": dict(layer_window=(0, 16, 16)),
+        "qwen3": dict(head_dim=64, layer_window=()),
+        "mistral": dict(layer_window=(20, 20)),
+        "smollm3": dict(layer_rope_base=(10000.0, 0.0, 10000.0, 0.0)),
+        "phi3": dict(rope_dim=16, layer_window=(24, 24), context_length=64, has_rope_freqs=True),
+        "gemma3": dict(layer_window=(16, 16, 0, 16), layer_rope_base=(100.0, 100.0, 1e6, 100.0),
+                       activation="gelu_tanh", logit_softcap=4.0,
+                       embedding_scale=pytest.approx(96 ** 0.5), attention_scale=pytest.approx(48 ** -0.5)),
+    }[family]
+    assert {k: getattr(hp, k) for k in expect} == expect
+
+
+def test_gemma3_image_text_checkpoint_converts_its_language_model(tmp_path):
+    hf = make_tiny_family(tmp_path / "hf", "gemma3", seed=7, multimodal=True)
+    out = tmp_path / "q8.gguf"
+    convert(hf, out, keep=["*=q8"], embedding_bits=8)
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32).eval()
+    ref = hf_logits(model)
+    got = pyklei_logits(out)
+    print(f"\ngemma3 image-text q8: KLD {kld(ref, got):.2e}")
+    assert kld(ref, got) <= Q8_KLD
+    assert read_model(out).hparams.layer_window == (16, 16, 0, 16)
+
+
+# ----------------------------------------------------------------------------- published shapes
+
+def _phi4_factors(n, top):
+    return [round(1 + (top - 1) * i / (n - 1), 3) for i in range(n)]
+
+
+# config.json of the published checkpoints, the fields that shape the model (Phi-4-mini's
+# LongRoPE factor lists are stand-ins of the right length, not its values).
+PUBLISHED = {
+    "Qwen3-0.6B": dict(architectures=["Qwen3ForCausalLM"], hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                       sliding_window=None, max_window_layers=28, attention_bias=False, hidden_act="silu"),
+    "Qwen3-1.7B": dict(architectures=["Qwen3ForCausalLM"], hidden_size=2048, intermediate_size=6144,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                       sliding_window=None, max_window_layers=28, attention_bias=False, hidden_act="silu"),
+    "Qwen2.5-0.5B": dict(architectures=["Qwen2ForCausalLM"], hidden_size=896, intermediate_size=4864,
+                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                         sliding_window=32768, max_window_layers=24, hidden_act="silu"),
+    "Qwen2.5-1.5B": dict(architectures=["Qwen2ForCausalLM"], hidden_size=1536, intermediate_size=8960,
+                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                         sliding_window=32768, max_window_layers=21, hidden_act="silu"),
+    "gemma-3-1b-it": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                          hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                          num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                          max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
+                          sliding_window_pattern=6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                          rope_scaling=None, rms_norm_eps=1e-6, final_logit_softcapping=None,
+                          attn_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh"),
+    "Phi-4-mini-instruct": dict(
+        architectures=["Phi3ForCausalLM"], hidden_size=3072, intermediate_size=8192,
+        num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, vocab_size=200064,
+        max_position_embeddings=131072, original_max_position_embeddings=4096,
+        partial_rotary_factor=0.75, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=262144,
+        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, mlp_bias=False,
+        rope_scaling=dict(type="longrope", short_factor=_phi4_factors(48, 3.0),
+                          long_factor=_phi4_factors(48, 64.0))),
+    # Mistral's own small checkpoints: Ministral-8B-Instruct-2410 (its window is its whole
+    # context, so no layer needs one) and Mistral-7B-v0.1 (a 4096 window on every layer)
+    "Ministral-8B-Instruct-2410": dict(
+        architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=12288,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        vocab_size=131072, max_position_embeddings=32768, rope_theta=100000000.0,
+        sliding_window=32768, rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu"),
+    "Mistral-7B-v0.1": dict(
+        architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+        max_position_embeddings=32768, rope_theta=10000.0, sliding_window=4096,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu"),
+    "SmolLM3-3B": dict(architectures=["SmolLM3ForCausalLM"], hidden_size=2048, intermediate_size=11008,
+                       num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4,
+                       vocab_size=128256, max_position_embeddings=65536, rope_theta=5000000.0,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                       sliding_window=None, no_rope_layers=[1, 1, 1, 0] * 9, hidden_act="silu"),
+}
+
+
+def _shape_summary(cfg):
+    hp = hparams_from_config(cfg)
+    return hp, sum(math.prod(t.shape) for t in expected_tensors(hp))
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_configs_give_their_shapes(name):
+    hp, n = _shape_summary(PUBLISHED[name])
+    arch = hp["family"].arch
+    g = {  # billions of parameters as published (tied embeddings counted once)
+        "Qwen3-0.6B": 0.596, "Qwen3-1.7B": 1.72, "Qwen2.5-0.5B": 0.494, "Qwen2.5-1.5B": 1.54,
+        "gemma-3-1b-it": 1.0, "Phi-4-mini-instruct": 3.84, "Ministral-8B-Instruct-2410": 8.02,
+        "Mistral-7B-v0.1": 7.24,
+        "SmolLM3-3B": 3.08}[name]
+    assert n / 1e9 == pytest.approx(g, rel=0.05), n
+    if arch == "gemma3":
+        globals_ = [i for i, w in enumerate(hp["layer_window"]) if w == 0]
+        assert globals_ == [5, 11, 17, 23]
+        assert {w for w in hp["layer_window"] if w} == {512}
+        assert [hp["layer_rope_base"][i] for i in (0, 5)] == [10000.0, 1e6]
+        assert hp["embedding_scale"] == pytest.approx(1152 ** 0.5) and hp["attention_scale"] == 0.0
+        assert hp["activation"] == "gelu_tanh" and hp["tied"]
+    elif arch == "phi3":
+        assert (hp["head_dim"], hp["rope_dim"], hp["context_length"]) == (128, 96, 4096)
+        assert hp["rope_factors"].shape == (48,) and not any(hp["layer_window"])   # 262144 >= 4096
+        assert hp["qk_rope_gain"] == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    elif arch == "smollm3":
+        assert [i for i, b in enumerate(hp["layer_rope_base"]) if b == 0] == list(range(3, 36, 4))
+    elif arch == "mistral":
+        assert set(hp["layer_window"]) == ({4096} if name == "Mistral-7B-v0.1" else {0})
+    else:
+        assert not any(hp["layer_window"]) and hp["head_dim"] == (128 if arch == "qwen3" else
+                                                                  hp["n_embd"] // hp["n_head"])
+
+
+# ----------------------------------------------------------------------------- refusals
+
+BAD_CONFIGS = [
+    ("qwen3", dict(attention_bias=True), "attention_bias"),
+    ("qwen3", dict(layer_types=["full_attention", "chunked_attention"]), "layer_types[1]"),
+    ("qwen3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0)), "'yarn'"),
+    ("mistral", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    ("gemma3", dict(rope_scaling=dict(rope_type="linear", factor=8.0)), "'linear'"),
+    ("smollm3", dict(no_rope_layers=[1, 2]), "no_rope_layers"),
+    ("qwen2", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+    ("phi3", dict(partial_rotary_factor=0.34), "partial_rotary_factor"),
+]
+BASE = {"qwen3": "Qwen3-0.6B", "mistral": "Mistral-7B-v0.1", "gemma3": "gemma-3-1b-it",
+        "smollm3": "SmolLM3-3B", "qwen2": "Qwen2.5-0.5B", "phi3": "Phi-4-mini-instruct"}
+
+
+@pytest.mark.parametrize("family,edit,field", BAD_CONFIGS, ids=[b[2] for b in BAD_CONFIGS])
+def test_config_fields_the_runtime_cannot_honour_are_refused(family, edit, field):
+    cfg = {**copy.deepcopy(PUBLISHED[BASE[family]]), **edit}
+    if "layer_types" in edit or "no_rope_layers" in edit:
+        cfg["num_hidden_layers"] = 2
+    with pytest.raises(ConversionError) as e:
+        hparams_from_config(cfg)
+    assert field in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_unsupported_architecture_names_it_and_the_supported():
+    with pytest.raises(ConversionError, match="unsupported architecture Gemma2ForCausalLM; "
+                                              "supported: .*Qwen3ForCausalLM.*Phi3ForCausalLM"):
+        hparams_from_config({**PUBLISHED["gemma-3-1b-it"], "architectures": ["Gemma2ForCausalLM"]})
+
+
+def test_missing_and_misshapen_tensors_are_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = make_tiny_family(tmp_path / "bad", "qwen2")
+    w = load_file(bad / "model.safetensors")
+    gone = "model.layers.1.self_attn.k_proj.bias"
+    save_file({k: v for k, v in w.items() if k != gone}, bad / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConversionError, match=f"lacks tensor.*{gone}") as e:
+        convert(bad, tmp_path / "x.gguf")
+    assert "\n" not in str(e.value)
+    save_file(w, bad / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 192}))
+    with pytest.raises(ConversionError, match="does not match the weights: .*mlp") as e:
+        convert(bad, tmp_path / "x.gguf")
+    assert "\n" not in str(e.value) and not (tmp_path / "x.gguf").exists()
