@@ -1,6 +1,6 @@
 """Hugging Face checkpoints of every family (issue 42) -> pyklei files, against transformers fp32.
 
-Tiny random checkpoints (tests/models.py: make_tiny_family, every feature of the family on,
+Tiny random checkpoints (tests/fixtures/models.py: make_tiny_family, every feature of the family on,
 saved by transformers 5) are converted with q8 weights (`keep=["*=q8"]`, 8-bit embedding)
 and with the default 4-bit weights, and run by the C runtime (qai8dx2 activations) over 60
 positions, beyond every sliding window (16-24). Stated tolerances (`-s` prints the measured
