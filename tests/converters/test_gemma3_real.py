@@ -1,6 +1,6 @@
 """The real Gemma 3 270M end to end (issue 42): llama.cpp's Q4_K_M file (fetched from PyPI once,
-pyklei_dev.assets.gemma3_gguf) converted by `pyklei convert` with its defaults less the
-calibration (rotation, 4.5 bits a weight), then judged against transformers fp32 of the same
+pyklei_dev.assets.gemma3_gguf) converted by `pyklei convert --no-calibrate` (4.5 bits a weight,
+plain rounding, no rotation), then judged against transformers fp32 of the same
 source file past the 512-token sliding window, generated from on the command line, and chatted
 with through the API with the Gemma 3 template passed in (the base file has none).
 
