@@ -1,15 +1,15 @@
 """GPTQ's calibration forward pass (pyklei/converters/calibration_forward.py) on the model
 families beyond Llama, against the C forward pass (pyklei_ext/model/pk_llama.c).
 
-The tiny checkpoints are family twins of a random Llama (tests/models.py): the same weights
-under another architecture, with the family's extra tensors (random) and every family
+The tiny checkpoints are family twins of a random Llama (tests/fixtures/models.py): the same
+weights under another architecture, with the family's extra tensors (random) and every family
 hyperparameter of gguf_keys set to a value that changes the logits — the gemma3 twin has q/k
 head norms, post norms, GeGLU, sliding windows shorter than the sequence, a layer without RoPE
 and one at another base, partial RoPE, embedding and attention scales and logit soft-capping;
 the qwen2 twin q/k/v biases. Each is written with 8-bit weights and an 8-bit embedding, and the
 numpy pass runs on that file's own dequantized weights, so what differs from the C runtime is
-its int8 activation rounding (tolerance as tests/test_gptq.py's: a wrong feature moves the
-logits by O(1), which the test also shows for each feature).
+its int8 activation rounding (tolerance as test_gptq.py's: a wrong feature moves the logits by
+O(1), which the test also shows for each feature).
 
 The real Gemma 3 270M (llama.cpp's Q4_K_M, ~/.cache/pyklei/gemma3-270m) is converted by GPTQ
 on a short calibration text and by plain rounding; GPTQ's KL divergence from the float model on
