@@ -205,3 +205,117 @@ def llamacpp_rows(bed: str, hf_dir: Path, ids_by_text: dict[str, list[int]], kin
             log(str(rows[-1]))
         del model
     return rows
+
+
+# ---- a test bed that is a llama.cpp file (Gemma 3 270M's Q4_K_M): llama.cpp's requantization
+
+# ggml's own quantization of float32 rows and back (libggml-base.a of the llama.cpp build),
+# for when llama-quantize itself is not built: `roundtrip TYPE ROWS COLS < f32 > f32`.
+ROUNDTRIP_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ggml.h"
+int main(int argc, char **argv) {
+    if (argc != 4) return 2;
+    enum ggml_type t = GGML_TYPE_COUNT;
+    for (int i = 0; i < GGML_TYPE_COUNT; i++)
+        if (ggml_get_type_traits(i)->type_name && !strcmp(ggml_get_type_traits(i)->type_name, argv[1])) t = i;
+    const long rows = atol(argv[2]), cols = atol(argv[3]);
+    if (t == GGML_TYPE_COUNT || cols % ggml_blck_size(t)) return 3;
+    float *x = malloc(sizeof(float) * rows * cols);
+    const size_t rs = ggml_row_size(t, cols);
+    char *q = malloc(rs * rows);
+    if (fread(x, sizeof(float), rows * cols, stdin) != (size_t)(rows * cols)) return 4;
+    ggml_quantize_init(t);
+    ggml_quantize_chunk(t, x, q, 0, rows, cols, NULL);
+    for (long r = 0; r < rows; r++) ggml_get_type_traits(t)->to_float(q + r * rs, x + r * cols, cols);
+    fwrite(x, sizeof(float), rows * cols, stdout);
+    return 0;
+}
+"""
+GGML_BUILD = Path(os.environ.get("LLAMACPP_GGML_BUILD", Path.home() / ".cache/pyklei/llama.cpp/build"))
+
+
+def roundtrip_tool(work: Path) -> Path | None:
+    """The ggml round-trip program, built once against the llama.cpp build; None without one."""
+    lib = GGML_BUILD / "ggml/src/libggml-base.a"
+    if not lib.is_file():
+        return None
+    exe = work / "ggml-roundtrip"
+    if not exe.is_file():
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "roundtrip.c").write_text(ROUNDTRIP_C)
+        cache = (GGML_BUILD / "CMakeCache.txt").read_text()
+        src = next(line.split("=", 1)[1] for line in cache.splitlines()
+                   if line.startswith("CMAKE_HOME_DIRECTORY:"))   # the sources it was built from
+        subprocess.run(["g++", "-x", "c", "-O2", work / "roundtrip.c", "-x", "none",
+                        f"-I{src}/ggml/include", lib, "-lm", "-lpthread", "-fopenmp", "-o", exe],
+                       check=True)
+    return exe
+
+
+def requant_types(kind: str, n_embd: int) -> tuple[str, str]:
+    """(the block weights' type, the tied embedding's) of `llama-quantize --allow-requantize
+    SRC OUT kind` without an imatrix (src/llama-quant.cpp): the tied embedding is the output,
+    Q6_K, which falls back to Q8_0 when n_embd is no multiple of Q6_K's 256."""
+    qtype = KINDS[kind][0].lower()
+    return qtype, "q6_K" if n_embd % 256 == 0 else "q8_0"
+
+
+def requant_rows(bed: str, gguf: Path, ids_by_text: dict[str, list[int]], refs: dict, kinds,
+                 work: Path) -> list[dict]:
+    """quality.py's rows for llama.cpp's requantizations of a llama.cpp file, scored on their
+    dequantized weights in transformers float32 (as llamacpp_rows): llama-quantize's file when
+    it is built (LLAMACPP_BIN), else the source's float weights (what llama-quantize reads)
+    through ggml's own quantizers (roundtrip_tool) at the types llama-quantize picks. File size:
+    the source's, with each tensor's data at its new type."""
+    import torch
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+    from quality import reference_model, score
+
+    rows = []
+    for kind in kinds:
+        if KINDS[kind][1]:
+            print(f"{bed}: {kind} skipped (no importance matrix for a GGUF test bed)", file=sys.stderr)
+            continue
+        out = work / f"{kind}.gguf"
+        if (LLAMACPP_BIN / "llama-quantize").is_file() and not out.is_file():
+            work.mkdir(parents=True, exist_ok=True)
+            _run([LLAMACPP_BIN / "llama-quantize", "--allow-requantize", gguf, out, KINDS[kind][0]],
+                 work / f"quantize-{kind}.log")
+        model = reference_model(out if out.is_file() else gguf)
+        how = "llama-quantize" if out.is_file() else "ggml's quantizers"
+        if not out.is_file():
+            exe = roundtrip_tool(work)
+            if exe is None:
+                print(f"{bed}: {kind} skipped (neither llama-quantize nor libggml-base.a under "
+                      f"{LLAMACPP_BIN}, {GGML_BUILD})", file=sys.stderr)
+                continue
+            block, embd = requant_types(kind, model.config.hidden_size)
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if p.dim() == 2:
+                        qt = embd if "embed_tokens" in name else block
+                        x = p.detach().numpy().astype(np.float32).tobytes()
+                        y = subprocess.run([exe, qt, *map(str, p.shape)], input=x,
+                                           capture_output=True, check=True).stdout
+                        p.copy_(torch.from_numpy(np.frombuffer(y, np.float32).reshape(p.shape).copy()))
+        size = gguf.stat().st_size
+        if not out.is_file():
+            block, embd = requant_types(kind, model.config.hidden_size)
+            for t in GGUFReader(gguf).tensors:
+                if len(t.shape) == 2 and not t.name.endswith("_norm.weight"):
+                    qt = GGMLQuantizationType[(embd if t.name == "token_embd.weight" else block).upper()]
+                    bs, ts = GGML_QUANT_SIZES[qt]
+                    size += int(t.n_elements) * ts // bs - int(t.n_bytes)
+        else:
+            size = out.stat().st_size
+        for tname, ids in ids_by_text.items():
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].numpy()
+            rows.append({"bed": bed, "text": tname, "variant": f"{variant_name(kind)} ({how})",
+                         "bytes": size, **score(refs[tname], logits, ids)})
+            print(rows[-1], file=sys.stderr)
+        del model
+    return rows

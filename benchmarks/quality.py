@@ -2,6 +2,8 @@
 
     python benchmarks/quality.py                       # both test beds, both texts
     python benchmarks/quality.py --beds smollm2 --variants default
+    python benchmarks/quality.py --beds gemma3 --variants rtn,gptq,default --llamacpp Q4_0 \
+        --tokens 1100 --out quality-gemma3           # Gemma 3 270M's llama.cpp file (issue 42)
 
 For each test bed (SmolLM2-135M-Instruct as shipped; its off-grid twin, tests/fixtures/models.py) and
 each text never used for calibration (Python's Language Reference topics of
@@ -9,6 +11,13 @@ pyklei.imatrix.EVAL_TOPICS; the GPL-3 licence text), the first --tokens tokens r
 transformers in float32 (the reference) and through pyklei on each converted variant, in one
 context. Per variant: KL divergence KL(ref || pyklei) of the next-token distribution (mean
 over positions), top-1 agreement, perplexity, and the file size beside them.
+
+The gemma3 test bed is a llama.cpp file (Gemma 3 270M's Q4_K_M, GEMMA3_270M): the reference
+is that file in transformers float32 (dequantized), pyklei converts the file, and the llama.cpp
+rows are its requantizations (llama-quantize --allow-requantize; without llama-quantize built,
+the same float weights through ggml's own quantizers at the types llama-quantize picks:
+llamacpp_quality.requant_rows). A variant that cannot convert the bed (a family the rotation
+does not cover yet) is left out with its reason.
 
 llama.cpp's own files of the same weights (Q4_0, IQ4_NL, Q4_K_M, Q5_0, Q6_K, Q8_0, and
 Q4_0 / IQ4_NL / Q4_K_M with llama-imatrix on pyklei's calibration text) are scored beside them
@@ -33,6 +42,9 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures"))          # tests/fixtures/m
 sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 RESULTS = ROOT / "benchmarks" / "results"
 GPL3 = Path("/usr/share/common-licenses/GPL-3")
+# A test bed that is a llama.cpp file (issue 42): Gemma 3 270M's Q4_K_M, its reference the same
+# file in transformers (dequantized), its llama.cpp rows requantizations of it.
+GEMMA3_270M = Path.home() / ".cache/pyklei/gemma3-270m/gemma-3-270m-q4_k_m.gguf"
 
 VARIANTS = {      # name -> how to convert (and "same": score another variant's file; "activations")
     "default": {"rotate": True, "gptq": True},    # `pyklei convert`'s default, run as loaded
@@ -80,10 +92,19 @@ def score(ref_logits: np.ndarray, logits: np.ndarray, ids: list[int]) -> dict:
             "ppl": float(np.exp(-lp[np.arange(len(nxt)), nxt].mean()))}
 
 
-def reference(hf_dir: Path, ids: list[int]) -> np.ndarray:
+def reference_model(src: Path):
+    """transformers float32 of a checkpoint directory, or of a GGUF file (dequantized)."""
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    if src.is_file():
+        return AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name,
+                                                    dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+
+
+def reference(hf_dir: Path, ids: list[int]) -> np.ndarray:
+    import torch
+    model = reference_model(hf_dir)
     with torch.no_grad():
         out = model(torch.tensor([ids])).logits[0].numpy()
     del model
@@ -151,10 +172,12 @@ def main(argv=None) -> int:
     from models import smollm2_hf_dir, smollm2_offgrid_dir
 
     from pyklei_dev.assets import cache_dir
+    from pyklei.converters import ConversionError
     from pyklei.llm import LLM
     from pyklei.text.tokenizer import Tokenizer
 
-    beds = {"smollm2": smollm2_hf_dir, "offgrid": lambda: smollm2_offgrid_dir(0.5)}
+    beds = {"smollm2": smollm2_hf_dir, "offgrid": lambda: smollm2_offgrid_dir(0.5),
+            "gemma3": lambda: GEMMA3_270M}
     variants = [x for v in args.variants.split(",")
                 for x in (["default", *SENSITIVITY] if v == "sensitivity" else [v])]
     work = args.work or cache_dir() / "quality"
@@ -162,10 +185,11 @@ def main(argv=None) -> int:
     import llamacpp_quality as lcpp
     kinds = [] if args.llamacpp == "none" else \
         list(lcpp.KINDS) if args.llamacpp == "all" else args.llamacpp.split(",")
-    if kinds and lcpp.tools_missing():
-        print(f"llama.cpp's files not scored: {', '.join(lcpp.tools_missing())} missing "
-              f"(LLAMACPP_SRC, LLAMACPP_BIN)", file=sys.stderr)
-        kinds = []
+    hf_kinds = kinds       # from a checkpoint: llama.cpp's converter, llama-imatrix, llama-quantize
+    if kinds and lcpp.tools_missing() and not all(beds[b]().is_file() for b in args.beds.split(",")):
+        print(f"llama.cpp's files of checkpoints not scored: {', '.join(lcpp.tools_missing())} "
+              f"missing (LLAMACPP_SRC, LLAMACPP_BIN)", file=sys.stderr)
+        hf_kinds = []
     rows = []
     for bed in args.beds.split(","):
         hf = beds[bed]()
@@ -175,13 +199,18 @@ def main(argv=None) -> int:
                 files[v] = work / f"{bed}-{VARIANTS[v]['same']}.gguf"
                 continue
             out = work / f"{bed}-{v}.gguf"
-            secs = convert_variant(hf, out, VARIANTS[v])
+            try:
+                secs = convert_variant(hf, out, VARIANTS[v])
+            except ConversionError as e:     # e.g. rotation of a family it does not cover yet
+                print(f"{bed} {v}: not converted: {e}", file=sys.stderr)
+                continue
             files[v] = out
             print(f"{bed} {v}: {out.stat().st_size / 1e6:.1f} MB ({secs:.0f} s)", file=sys.stderr)
         tok = Tokenizer.from_gguf(next(iter(files.values())))
+        refs = {}
         for tname, text in texts().items():
             ids = tok.encode(text, parse_special=False)[:args.tokens]
-            ref = reference(hf, ids)
+            ref = refs[tname] = reference(hf, ids)
             rows.append({"bed": bed, "text": tname, "variant": "transformers fp32", "bytes": None,
                          **score(ref, ref, ids)})
             for v, path in files.items():
@@ -191,9 +220,12 @@ def main(argv=None) -> int:
                 rows.append({"bed": bed, "text": tname, "variant": f"pyklei {v}",
                              "bytes": path.stat().st_size, **score(ref, logits, ids)})
                 print(rows[-1], file=sys.stderr)
-        if kinds:
+        if kinds and hf.is_file():         # a llama.cpp file: its requantizations
             ids = {t: tok.encode(x, parse_special=False)[:args.tokens] for t, x in texts().items()}
-            rows += lcpp.llamacpp_rows(bed, hf, ids, kinds, cache_dir() / "llamacpp" / bed,
+            rows += lcpp.requant_rows(bed, hf, ids, refs, kinds, cache_dir() / "llamacpp" / bed)
+        elif hf_kinds:
+            ids = {t: tok.encode(x, parse_special=False)[:args.tokens] for t, x in texts().items()}
+            rows += lcpp.llamacpp_rows(bed, hf, ids, hf_kinds, cache_dir() / "llamacpp" / bed,
                                        threads=args.threads or 2)
     groups = list(dict.fromkeys((r["bed"], r["text"]) for r in rows))
     rows.sort(key=lambda r: groups.index((r["bed"], r["text"])))  # stable: a text's rows together
@@ -210,8 +242,11 @@ def main(argv=None) -> int:
     lines += sensitivity_ranking(rows)
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    from quality_chart import draw
-    draw(rows, list(texts()), args.tokens, RESULTS / f"{args.out}.png")
+    try:
+        from quality_chart import draw
+        draw(rows, list(texts()), args.tokens, RESULTS / f"{args.out}.png")
+    except ImportError as e:                 # matplotlib: the tables stand without the chart
+        print(f"no chart: {e}", file=sys.stderr)
     return 0
 
 

@@ -8,18 +8,22 @@ The residual stream of every calibration token, x [T = n_seq * seq_len, n_embd] 
 held; layer i then
 
 1. normalises x (attn_norm), gathers H = xn^T xn, GPTQs q/k/v, computes q/k/v with the
-   quantized weights, RoPE, causal GQA attention per sequence;
-2. gathers the attention output's H, GPTQs o_proj, adds its output to x;
-3. normalises x (ffn_norm), gathers H, GPTQs gate/up, computes SwiGLU (and the source's
-   ffn_down_input transform, for rotated sources);
-4. gathers that H (n_ff x n_ff), GPTQs down_proj, adds its output to x.
+   quantized weights, the family's head features (q/k/v biases, per-head q/k RMSNorm), RoPE
+   at the layer's base (none where it is 0; the first rope_dim dims of each head), causal GQA
+   attention per sequence (the layer's sliding window, the file's attention scale);
+2. gathers the attention output's H, GPTQs o_proj, adds its output to x (through the
+   post-attention norm where the family has one);
+3. normalises x (ffn_norm), gathers H, GPTQs gate/up, computes SwiGLU or GeGLU (and the
+   source's ffn_down_input transform, for rotated sources);
+4. gathers that H (n_ff x n_ff), GPTQs down_proj, adds its output to x (through the post-MLP
+   norm where the family has one).
 
-So each matrix's Hessian is of its inputs in the partly quantized model it will run in
-("sequential" GPTQ). Memory: one layer's weights, the largest H, the stream and the SwiGLU
-activations [T, n_ff]. The operations follow pyklei's C forward pass (pyklei_ext/model/
-pk_llama.c, ops/pk_rmsnorm_swiglu.c, ops/pk_rope.c): RMSNorm with a float64 sum, RoPE on
-llama.cpp's interleaved pairs (the source's q/k rows are in GGUF order), angles pos * inv_freq
-in float32.
+The embedding rows are scaled by the file's embedding scale first. So each matrix's Hessian is
+of its inputs in the partly quantized model it will run in ("sequential" GPTQ). Memory: one
+layer's weights, the largest H, the stream and the gated activations [T, n_ff]. The operations
+follow pyklei's C forward pass (pyklei_ext/model/pk_llama.c, ops/pk_rmsnorm_swiglu.c,
+ops/pk_rope.c) feature by feature: RMSNorm with a float64 sum, RoPE on llama.cpp's interleaved
+pairs (the source's q/k rows are in GGUF order), angles pos * inv_freq in float32.
 """
 from __future__ import annotations
 
@@ -58,11 +62,11 @@ def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
     return (x * inv[:, None]) * gain.astype(np.float32)
 
 
-def rope_tables(hp: HParams, n_pos: int, rope_freqs: np.ndarray | None):
-    """(cos, sin), each float32 [n_pos, head_dim/2]: pair i at position p turns by
-    p * theta^(-2i/hd) / rope_freqs[i] (inv_freq in float32, as pk_llama_create)."""
-    i = np.arange(hp.head_dim // 2, dtype=np.float64)
-    inv = (1.0 / hp.rope_theta ** (2 * i / hp.head_dim)).astype(np.float32)
+def rope_tables(base: float, rope_dim: int, n_pos: int, rope_freqs: np.ndarray | None):
+    """(cos, sin), each float32 [n_pos, rope_dim/2]: pair i at position p turns by
+    p * base^(-2i/rope_dim) / rope_freqs[i] (inv_freq in float32, as pk_llama_create)."""
+    i = np.arange(rope_dim // 2, dtype=np.float64)
+    inv = (1.0 / base ** (2 * i / rope_dim)).astype(np.float32)
     if rope_freqs is not None:
         inv = (inv / rope_freqs.astype(np.float32)).astype(np.float32)
     ang = np.arange(n_pos, dtype=np.float32)[:, None] * inv[None, :]
@@ -70,24 +74,33 @@ def rope_tables(hp: HParams, n_pos: int, rope_freqs: np.ndarray | None):
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x [S, L, heads, hd] (GGUF row order: pairs (2i, 2i+1)) -> rotated, a new array."""
-    a, b = x[..., 0::2], x[..., 1::2]                   # [S, L, heads, hd/2]
+    """x [S, L, heads, hd] (GGUF row order: pairs (2i, 2i+1)) -> rotated, a new array. Partial
+    RoPE (cos/sin of rope_dim/2 < hd/2 pairs): the first rope_dim dims of each head turn, the
+    rest are copied."""
+    rd = 2 * cos.shape[1]
+    a, b = x[..., 0:rd:2], x[..., 1:rd:2]               # [S, L, heads, rd/2]
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     out = np.empty_like(x)
-    out[..., 0::2] = a * c - b * s
-    out[..., 1::2] = a * s + b * c
+    out[..., 0:rd:2] = a * c - b * s
+    out[..., 1:rd:2] = a * s + b * c
+    if rd < x.shape[-1]:
+        out[..., rd:] = x[..., rd:]
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float = 0.0,
+              window: int = 0) -> np.ndarray:
     """Causal GQA attention per sequence. q [S, L, nh, hd], k/v [S, L, nkv, hd] ->
-    [S, L, nh * hd]; query head h reads K/V head h // (nh / nkv)."""
+    [S, L, nh * hd]; query head h reads K/V head h // (nh / nkv). scale: of the scores (0:
+    1/sqrt(hd)); window > 0: the row at position p attends [p - window + 1, p] only."""
     n_seq, seq_len, nh, hd = q.shape
     nkv = k.shape[2]
     group = nh // nkv
     mask = np.triu(np.full((seq_len, seq_len), -np.inf, np.float32), 1)
+    if window:
+        mask += np.tril(np.full((seq_len, seq_len), -np.inf, np.float32), -window)
     out = np.empty((n_seq, seq_len, nh, hd), np.float32)
-    scale = np.float32(1.0 / np.sqrt(hd))
+    scale = np.float32(scale) if scale else np.float32(1.0 / np.sqrt(hd))
     for s in range(n_seq):
         for g in range(nkv):
             qg = q[s, :, g * group:(g + 1) * group].transpose(1, 0, 2)     # [group, L, hd]
@@ -101,6 +114,35 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gate / (1.0 + np.exp(-gate)) * up
+
+
+def geglu_tanh(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu(gate) * up, GELU's tanh approximation (Gemma's GeGLU, pk_geglu_tanh)."""
+    c = np.float32(0.7978845608028654)                   # sqrt(2/pi)
+    return np.float32(0.5) * gate * (1 + np.tanh(c * (gate + np.float32(0.044715) * gate ** 3))) * up
+
+
+GATED = {"silu": swiglu, "gelu_tanh": geglu_tanh}       # HParams.activation -> the MLP's gate
+
+
+def head_features(hp: HParams, vec: dict, q: np.ndarray, k: np.ndarray, v: np.ndarray):
+    """q, k [S, L, heads, hd] as the family has them before RoPE (pk_llama.c head_features):
+    the q/k/v biases added (v in place), each q and k head RMS-normalised. vec: the layer's
+    BLOCK_VECTORS by table key ("attn_q.bias", "attn_q_norm", ...)."""
+    if "attn_q.bias" in vec:
+        q, k = q + vec["attn_q.bias"].reshape(q.shape[2:]), k + vec["attn_k.bias"].reshape(k.shape[2:])
+        v += vec["attn_v.bias"].reshape(v.shape[2:])
+    if "attn_q_norm" in vec:
+        hd = hp.head_dim
+        q = rmsnorm(q.reshape(-1, hd), vec["attn_q_norm"], hp.rms_eps).reshape(q.shape)
+        k = rmsnorm(k.reshape(-1, hd), vec["attn_k_norm"], hp.rms_eps).reshape(k.shape)
+    return q, k
+
+
+def output_norm(y: np.ndarray, gain: np.ndarray | None, eps: float) -> np.ndarray:
+    """A block's output y [T, d] as the residual adds it: through Gemma's post-attention /
+    post-MLP RMSNorm where the layer has one (gain), else as it is."""
+    return y if gain is None else rmsnorm(y, gain, eps)
 
 
 # ---- the layer-streaming calibrator ------------------------------------------------------------
@@ -159,8 +201,8 @@ class LayerCalibrator:
         self.quantize = True                  # False: the float model (float_forward)
         self.status: Callable[[str], None] | None = None   # the writer's bar postfix (set_status)
         rf = self.by_name.get(K.ROPE_FREQS)
-        freqs = None if rf is None else self._read(rf).reshape(-1)
-        self.cos, self.sin = rope_tables(self.hp, self.batch.shape[1], freqs)
+        self.rope_freqs = None if rf is None else self._read(rf).reshape(-1)
+        self.rope: dict[float, tuple[np.ndarray, np.ndarray]] = {}   # base -> (cos, sin)
 
     @property
     def n_tokens(self) -> int:
@@ -236,6 +278,17 @@ class LayerCalibrator:
         return {s.part: self._gptq(i, s.part, h if s is readers[-1] else h.copy())
                 for s in readers}
 
+    def _rope(self, i: int, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """q and k of layer i after RoPE at its own base (none where the base is 0)."""
+        base = self.hp.rope_base(i)
+        if not base:
+            return q, k
+        if base not in self.rope:
+            self.rope[base] = rope_tables(base, self.hp.rope_dim, self.batch.shape[1],
+                                          self.rope_freqs)
+        cos, sin = self.rope[base]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
     def set_status(self, status: Callable[[str], None] | None) -> None:
         """Where to say what runs (the writer's progress bar), from now until the last layer;
         None: per-layer lines to opts.log, as without a bar."""
@@ -251,34 +304,37 @@ class LayerCalibrator:
             self.status(f"GPTQ layer {i + 1}/{hp.n_layer}{per}")
         if self.x is None:
             self.x = self._embed()
+            if hp.embedding_scale != 1.0:                   # Gemma: sqrt(n_embd), as pk_llama
+                self.x *= np.float32(hp.embedding_scale)
         x = self.x
         norm = {p: self._read(self.by_name[K.blk(i, p)]) for p in K.BLOCK_NORMS}   # gains [d]
+        vec = {s.key: self._read(self.by_name[s.name(i)]) for s in L.BLOCK_VECTORS
+               if s.feature in hp.features}   # the family's biases, head and output norms
         # attention
         xn = rmsnorm(x, norm["attn_norm"], hp.rms_eps)
         w = self._gptq_readers(i, "attn_in", xn)
-        wq, wk, wv = w.pop("attn_q"), w.pop("attn_k"), w.pop("attn_v")
         shape = (n_seq, seq_len, -1, hp.head_dim)
-        q = apply_rope((xn @ wq.T).reshape(shape), self.cos, self.sin)
-        k = apply_rope((xn @ wk.T).reshape(shape), self.cos, self.sin)
-        v = (xn @ wv.T).reshape(shape)
-        del xn, wq, wk, wv
-        a = attention(q, k, v).reshape(n_seq * seq_len, -1)        # [T, nh * hd]
-        del q, k, v
+        q, k, v = ((xn @ w.pop(p).T).reshape(shape) for p in ("attn_q", "attn_k", "attn_v"))
+        del xn, w
+        q, k = self._rope(i, *head_features(hp, vec, q, k, v))
+        a = attention(q, k, v, hp.attention_scale, hp.window(i)).reshape(n_seq * seq_len, -1)
+        del q, k, v                                                  # a: [T, nh * hd]
         wo = self._gptq_readers(i, "attn_out", a).pop("attn_output")
-        x += a @ wo.T
+        x += output_norm(a @ wo.T, vec.get("post_attention_norm"), hp.rms_eps)
         del a, wo
         # feed-forward
         xn = rmsnorm(x, norm["ffn_norm"], hp.rms_eps)
         w = self._gptq_readers(i, "ffn_in", xn)
         wg, wu = w.pop("ffn_gate"), w.pop("ffn_up")
+        gated = GATED[hp.activation]
         act = np.empty((x.shape[0], hp.n_ff), np.float32)         # [T, n_ff]
         for r0 in range(0, x.shape[0], seq_len):
             r1 = r0 + seq_len
-            y = swiglu(xn[r0:r1] @ wg.T, xn[r0:r1] @ wu.T)
+            y = gated(xn[r0:r1] @ wg.T, xn[r0:r1] @ wu.T)
             act[r0:r1] = y if self.down_input is None else self.down_input(y)
         del xn, wg, wu
         wd = self._gptq_readers(i, "down_in", act).pop("ffn_down")
-        x += act @ wd.T
+        x += output_norm(act @ wd.T, vec.get("post_ffw_norm"), hp.rms_eps)
         del act, wd
         self.next_layer = i + 1
         self.seconds += time.perf_counter() - t0
