@@ -83,6 +83,7 @@ cdef extern from "model/pk_llama.h":
                                const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
                                volatile int *interrupt) nogil
     int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n) nogil
+    int pk_llama_ring(const pk_llama *model, int layer)
     ctypedef enum pk_llama_stat:
         PK_LLAMA_STAT_LM_HEAD_IN
         PK_LLAMA_STATS
@@ -239,6 +240,12 @@ cdef class LlamaRuntime:
         if self.model != NULL:
             pk_llama_destroy(self.model)
         free(self.layers)
+
+    @property
+    def rings(self):
+        """Per layer, the ring length of its KV cache (a sliding-window layer keeps position p
+        at p % ring), or 0 for a layer that keeps every position (pk_llama_ring)."""
+        return [pk_llama_ring(self.model, l) for l in range(self.hp.n_layer)]
 
     @property
     def state_bytes(self):

@@ -443,7 +443,8 @@ class Engine:
         limit = len(r.prompt) - 1                     # one token at least runs, for the logits
         mine = [s for s in range(self.n_parallel) if self._partition[s] == r.partition]
         share = {s: 0 for s in range(self.n_parallel)}
-        share.update({s: min(limit, common_prefix(self.model.seq_tokens(s), r.prompt))
+        m = self.model   # a slot's prefix as far as its sliding-window rings still hold it
+        share.update({s: m.reusable_prefix(s, min(limit, common_prefix(m.seq_tokens(s), r.prompt)))
                       for s in mine})
         slot = max(free, key=lambda s: (share[s], -self._last_used[s]))
         src = max(range(self.n_parallel), key=lambda s: share[s])
@@ -459,7 +460,7 @@ class Engine:
             if self._partition[slot] != r.partition:   # another partition's tokens: not reused
                 dm.truncate_seq(slot, 0)
             d_share = {s: 0 for s in range(self.n_parallel)}
-            d_share.update({s: min(limit, common_prefix(dm.seq_tokens(s), r.prompt))
+            d_share.update({s: dm.reusable_prefix(s, min(limit, common_prefix(dm.seq_tokens(s), r.prompt)))
                             for s in mine + [slot]})
             d_src = max(range(self.n_parallel), key=lambda s: d_share[s])
             if d_share[d_src] > d_share[slot]:

@@ -54,7 +54,8 @@ def model_drafts(dm, reqs: list, n_decoding: int, row_cost: float, draft_rows: i
     for r in reqs:
         text = r.gen.history          # the prompt and the reply so far (gen.token last)
         if len(text) < dm.n_ctx:      # its context, not the model's, may end first
-            starts[r] = min(common_prefix(dm.seq_tokens(r.slot), text), len(text) - 1)
+            start = min(common_prefix(dm.seq_tokens(r.slot), text), len(text) - 1)
+            starts[r] = dm.reusable_prefix(r.slot, start)
     # A long catch-up (a new request's prompt) goes in chunks, prefill_chunk rows a step for
     # all of them, as the model's own prefill does; the requests that lack a few tokens
     # (their last step's) come first, so that they draft in every step.

@@ -207,6 +207,12 @@ class Model:
         self.kv_cache = kv_cache
         self._seqs: list[list[int]] = [[] for _ in range(n_seq)]   # per slot: tokens whose K/V
                                               # are in the cache, in order (slot 0: _cached)
+        # Sliding-window layers whose cache is a ring (pk_llama_ring): (ring, window). A slot
+        # whose positions reached _high[s] holds such a layer's positions >= _high[s] - ring
+        # only, so it can go back (a shorter prefix reused, a draft rejected) only as far as
+        # reusable_prefix says.
+        self._rings = [(r, hp.window(l)) for l, r in enumerate(self.runtime.rings) if r]
+        self._high = [0] * n_seq
         self._owner = None                    # who last wrote the cache (see "Owners" above)
         self.last_eval_tokens = 0             # tokens the last eval() actually ran
         self.load_seconds = time.perf_counter() - t0
@@ -293,7 +299,34 @@ class Model:
         """Forgets the KV cache contents (every slot)."""
         with self._busy():
             self._seqs = [[] for _ in range(self.n_seq)]
+            self._high = [0] * self.n_seq
             self._owner = None
+
+    def reusable_prefix(self, seq: int, n: int) -> int:
+        """n when slot `seq` can continue at position n, its first n cached tokens intact;
+        else 0. Only a sliding-window layer's ring (Gemma 3, Mistral at a long context) limits
+        it: a slot that reached position e no longer holds that layer's positions before
+        e - ring, which a row at n attends from n - window + 1 on. Going back fewer than
+        n_batch positions is always possible (the ring holds a window and a chunk)."""
+        n = min(n, len(self._seqs[seq]))
+        if n and any(max(0, n - window + 1) < self._high[seq] - ring for ring, window in self._rings):
+            return 0
+        return n
+
+    def _cut(self, seq: int, n: int, what: str) -> None:
+        """Keeps the first n tokens of slot seq (ValueError naming `what` where a ring lost them)."""
+        if n < len(self._seqs[seq]) and self.reusable_prefix(seq, n) != n:
+            raise ValueError(f"{what}: slot {seq} cannot go back to position {n}: its sliding-window "
+                             f"layers no longer hold the positions a row there attends (at most "
+                             f"{self.runtime.n_batch} positions back; reusable_prefix says how far)")
+        del self._seqs[seq][n:]
+        if n == 0:
+            self._high[seq] = 0
+
+    def _writes(self, seq: int, end: int) -> None:
+        """Positions up to end of slot seq are (being) written."""
+        if end > self._high[seq]:
+            self._high[seq] = end
 
     def _busy(self):
         """Context manager holding the evaluation lock; refuses (RuntimeError) if taken."""
@@ -371,6 +404,7 @@ class Model:
         return box["out"]
 
     def _forward(self, toks: np.ndarray, pos0: int, all_logits: bool):
+        self._writes(0, pos0 + toks.size)
         try:
             out = self._run(toks, pos0, all_logits)
         except BaseException:
@@ -396,7 +430,8 @@ class Model:
         limit = min(len(self._cached), len(toks) - 1)   # at least one token runs for logits
         while n < limit and self._cached[n] == toks[n]:
             n += 1
-        self._cached = self._cached[:n]
+        n = self.reusable_prefix(0, n)
+        self._cut(0, n, "eval")
         logits = self._forward(toks[n:], n, False)
         self._cached.extend(int(t) for t in toks[n:])
         self.last_eval_tokens = len(toks) - n
@@ -441,7 +476,7 @@ class Model:
 
     def _logits(self, tokens: Sequence[int]) -> np.ndarray:
         toks = self._check(tokens)
-        self._cached = []
+        self._cut(0, 0, "logits")
         out = self._forward(toks, 0, True)
         self._cached = [int(t) for t in toks]
         return out
@@ -489,6 +524,9 @@ class Model:
                 raise ValueError(f"sequence {s} would reach position {p0 + b - a - 1}, beyond the "
                                  f"context of {self.n_ctx} tokens")
             runs.append((s, a, b, p0))
+        for s, a, b, p0 in runs:
+            self._cut(s, p0, "batch")
+            self._writes(s, p0 + b - a)
         if any(r[0] == 0 for r in runs):
             self._owner = None
         call = lambda: self.runtime.forward_batch(toks, seq.astype(np.int32), pos.astype(np.int32),
@@ -523,6 +561,7 @@ class Model:
                 raise ValueError(f"verifying {toks.size} tokens after {pos0} would pass the "
                                  f"context of {self.n_ctx} tokens")
             rows = np.arange(toks.size, dtype=np.int32)
+            self._writes(seq, pos0 + toks.size)
             # a draft is a few rows: run on this thread, as a decode step does (no helper thread)
             call = lambda: self.runtime.forward_batch(toks, np.full(toks.size, seq, np.int32),
                                                       rows + pos0, rows)
@@ -553,7 +592,7 @@ class Model:
                 raise ValueError(f"cannot keep {n} positions: slot {seq} holds {have} tokens")
             if seq == 0:
                 self._check_owner(owner)
-            del self._seqs[seq][n:]
+            self._cut(seq, n, "truncate_seq")
 
     def copy_seq(self, src: int, dst: int, n: int | None = None) -> None:
         """Makes slot dst hold the first n (default: all) cached tokens of slot src, by copying
@@ -565,7 +604,11 @@ class Model:
             _check_int("n", n)
             if not 0 <= n <= have:
                 raise ValueError(f"cannot copy {n} positions: slot {src} holds {have} tokens")
+            if self.reusable_prefix(src, n) != n:
+                raise ValueError(f"copy_seq: slot {src}'s first {n} positions are no longer whole in its "
+                                 f"sliding-window layers (reusable_prefix says how far it can go back)")
             if dst == 0:
                 self._owner = None
             self.runtime.kv_copy(src, dst, n)
             self._seqs[dst] = self._seqs[src][:n]
+            self._high[dst] = self._high[src] if n else 0

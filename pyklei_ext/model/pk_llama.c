@@ -25,7 +25,17 @@ static double now_s(void) {
 
 /* First element of (slot, layer, K/V head) in k_cache / v_cache */
 static size_t kv_head(const pk_llama *m, int seq, int layer, int h) {
-    return ((((size_t)seq * m->hp.n_layer + layer) * m->hp.n_head_kv + h) * m->ctx_pad) * m->hp.head_dim;
+    const size_t len = m->ring[layer] ? (size_t)m->ring[layer] : (size_t)m->ctx_pad;
+    return (size_t)seq * m->slot_elems + m->layer_off[layer] + (size_t)h * len * m->hp.head_dim;
+}
+
+/* Where position pos of a layer's cache is stored */
+static int kv_index(const pk_llama *m, int layer, int pos) {
+    return m->ring[layer] ? pos % m->ring[layer] : pos;
+}
+
+int pk_llama_ring(const pk_llama *m, int layer) {
+    return layer >= 0 && layer < m->hp.n_layer ? m->ring[layer] : 0;
 }
 
 /* (slot, layer, K/V head)'s cache as attention reads it */
@@ -69,7 +79,16 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->layers = malloc(sizeof(pk_llama_layer) * hp->n_layer);
     const int hd = hp->head_dim, B = hp->n_batch, nt = pk_ctx_threads(ctx);
     m->ctx_pad = (hp->n_ctx + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
-    const size_t kv_elems = (size_t)m->hp.n_seq * hp->n_layer * hp->n_head_kv * m->ctx_pad * hd;
+    m->ring = calloc(hp->n_layer, sizeof(int));
+    m->layer_off = calloc(hp->n_layer, sizeof(size_t));
+    for (int l = 0; m->ring && m->layer_off && l < hp->n_layer; l++) {
+        const long win = w->layers[l].window;
+        const long ring = win > 0 ? (win + B - 1 + PK_ATTEND_CHUNK - 1) / PK_ATTEND_CHUNK * PK_ATTEND_CHUNK : 0;
+        m->ring[l] = ring && ring < m->ctx_pad ? (int)ring : 0;
+        m->layer_off[l] = m->slot_elems;
+        m->slot_elems += (size_t)hp->n_head_kv * (m->ring[l] ? m->ring[l] : m->ctx_pad) * hd;
+    }
+    const size_t kv_elems = (size_t)m->hp.n_seq * m->slot_elems;
     m->kv_read = hp->kv_type != PK_KV_F32 ? pk_f16_to_f32_pick(NULL) : NULL;
     m->rope_dim = hp->rope_dim ? hp->rope_dim : hd;
     m->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
@@ -127,7 +146,8 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
         return NULL;
     }
     if (!m->row_seq || !m->row_pos || !m->row_out || !m->seq_seen ||
-        !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->layer_base || !m->inv_freq || !m->k_cache ||
+        !m->rot_scratch || !m->ones || !m->rope_cs || !m->layers || !m->layer_base || !m->ring || !m->layer_off ||
+        !m->inv_freq || !m->k_cache ||
         !m->v_cache || (hp->kv_type == PK_KV_Q8 && (!m->k_scale || !m->v_scale)) || !m->x || !m->xn || !m->q ||
         !m->k || !m->v || !m->att || !m->gate || !m->up || !m->scores || (m->n_chunks > 1 && !m->parts)) {
         pk_llama_destroy(m);
@@ -153,6 +173,8 @@ void pk_llama_destroy(pk_llama *m) {
     if (!m) return;
     free(m->layers);
     free(m->layer_base);
+    free(m->ring);
+    free(m->layer_off);
     free(m->inv_freq);
     free(m->k_cache);
     free(m->v_cache);
@@ -234,21 +256,22 @@ static void job_rope_store(void *arg, int ith, int nth) {
                 for (int h = 0; h < nkv; h++) pk_rope_cs(1, rd, cs, k + (size_t)h * hd);
             }
         }
+        const int at = kv_index(m, j->layer, pos);   /* where the position is stored */
         for (int h = 0; h < nkv; h++) {
             const size_t head = kv_head(m, j->seq[t], j->layer, h);                /* first element */
-            const size_t voff = head + (size_t)pos * hd;                            /* V row */
-            const size_t kbase = head + (size_t)(pos / PK_KV_BLOCK) * PK_KV_BLOCK * hd + pos % PK_KV_BLOCK;
+            const size_t voff = head + (size_t)at * hd;                            /* V row */
+            const size_t kbase = head + (size_t)(at / PK_KV_BLOCK) * PK_KV_BLOCK * hd + at % PK_KV_BLOCK;
             const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
             if (hp->kv_type == PK_KV_Q8) {
                 /* K's scales follow its blocked order: group c of this position at
-                 * (block * hd/32 + c) * 16 + pos % 16, i.e. element offset / 32 + c * 16 */
+                 * (block * hd/32 + c) * 16 + at % 16, i.e. element offset / 32 + c * 16 */
                 int8_t k8[512];
                 uint16_t ks[512 / PK_KV_Q8_GROUP];
                 pk_kv_q8_row(hd, kh, k8, ks);
-                const size_t kblk = kbase - pos % PK_KV_BLOCK;   /* the block's first element */
+                const size_t kblk = kbase - at % PK_KV_BLOCK;   /* the block's first element */
                 for (int i = 0; i < hd; i++) ((int8_t *)m->k_cache)[kbase + (size_t)i * PK_KV_BLOCK] = k8[i];
                 for (int c = 0; c < hd / PK_KV_Q8_GROUP; c++)
-                    m->k_scale[kblk / PK_KV_Q8_GROUP + (size_t)c * PK_KV_BLOCK + pos % PK_KV_BLOCK] = ks[c];
+                    m->k_scale[kblk / PK_KV_Q8_GROUP + (size_t)c * PK_KV_BLOCK + at % PK_KV_BLOCK] = ks[c];
                 pk_kv_q8_row(hd, vh, (int8_t *)m->v_cache + voff, m->v_scale + voff / PK_KV_Q8_GROUP);
             } else if (hp->kv_type == PK_KV_F16) {
                 uint16_t k16[512];
@@ -290,8 +313,8 @@ static void job_attention(void *arg, int ith, int nth) {
             const size_t qoff = (size_t)t0 * ldq + (size_t)kvh * group * hd;
             if (window && j->pos[t0] >= window) {   /* a row whose window starts after 0: alone */
                 t1 = t0 + 1;
-                pk_attend_window(group, hd, j->pos[t0] + 1 - window, j->pos[t0] + 1, m->q + qoff, &kv, scale,
-                                 scores, m->ld_scores, m->att + qoff);
+                pk_attend_window(group, hd, j->pos[t0] + 1 - window, j->pos[t0] + 1, m->ring[j->layer], m->q + qoff,
+                                 &kv, scale, scores, m->ld_scores, m->att + qoff);
                 continue;
             }
             int n_pos[PK_ATTEND_ROWS];
@@ -596,18 +619,21 @@ int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
     if (n < 0 || n > hp->n_ctx) return err("kv copy: %d positions outside [0, %d]", n, hp->n_ctx);
     if (src == dst || n == 0) return 0;
     const size_t es = pk_kv_value_bytes((pk_kv_type)hp->kv_type), hd = (size_t)hp->head_dim;
-    /* K is stored in blocks of PK_KV_BLOCK positions: copy whole blocks (the tail of the
-     * last one is beyond n in both slots, and is rewritten before it is read) */
-    const size_t k_pos = (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
     for (int l = 0; l < hp->n_layer; l++)
         for (int h = 0; h < hp->n_head_kv; h++) {
+            /* K is stored in blocks of PK_KV_BLOCK positions: copy whole blocks (the tail of
+             * the last one is beyond n in both slots, and is rewritten before it is read); a
+             * ring that has wrapped, whole */
+            const int ring = m->ring[l], wrapped = ring && n > ring;
+            const size_t k_pos = wrapped ? (size_t)ring : (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
+            const size_t v_pos = wrapped ? (size_t)ring : (size_t)n;
             const size_t s = kv_head(m, src, l, h) * es, d = kv_head(m, dst, l, h) * es;
             memcpy((char *)m->k_cache + d, (const char *)m->k_cache + s, k_pos * hd * es);
-            memcpy((char *)m->v_cache + d, (const char *)m->v_cache + s, (size_t)n * hd * es);
+            memcpy((char *)m->v_cache + d, (const char *)m->v_cache + s, v_pos * hd * es);
             if (hp->kv_type == PK_KV_Q8) {   /* and the scales of those elements */
                 const size_t ks = kv_head(m, src, l, h) / PK_KV_Q8_GROUP, kd = kv_head(m, dst, l, h) / PK_KV_Q8_GROUP;
                 memcpy(m->k_scale + kd, m->k_scale + ks, sizeof(uint16_t) * (k_pos * hd / PK_KV_Q8_GROUP));
-                memcpy(m->v_scale + kd, m->v_scale + ks, sizeof(uint16_t) * ((size_t)n * hd / PK_KV_Q8_GROUP));
+                memcpy(m->v_scale + kd, m->v_scale + ks, sizeof(uint16_t) * (v_pos * hd / PK_KV_Q8_GROUP));
             }
         }
     return 0;

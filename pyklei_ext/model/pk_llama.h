@@ -90,6 +90,11 @@ int pk_llama_forward_batch(pk_llama *model, int n, const int32_t *tokens, const 
                            const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
                            volatile int *interrupt);
 
+/* The ring length of layer l's cache (a sliding-window layer keeps position p at p % ring, the
+ * window and a chunk's rows: a slot whose positions reached e holds that layer's positions
+ * >= e - ring only), or 0 for a layer that keeps every position. */
+int pk_llama_ring(const pk_llama *model, int layer);
+
 /* Copies the K/V of positions [0, n) of slot src into slot dst (a shared prompt prefix runs
  * once). Returns 0 or -1 for a bad slot or n. */
 int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n);

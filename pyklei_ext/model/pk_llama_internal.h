@@ -16,9 +16,15 @@ struct pk_llama {
     float *inv_freq;     /* [n_bases][rope_dim/2] */
     float attn_scale;    /* hp.attn_scale, or 1/sqrt(head_dim) */
     int ctx_pad;         /* n_ctx rounded up to PK_KV_BLOCK */
+    /* A sliding-window layer's cache is a ring of ring[l] positions (position p at p % ring)
+     * when that is shorter than ctx_pad: its window and a chunk's rows, rounded up to
+     * PK_ATTEND_CHUNK, so that no chunk of attention crosses the wrap; 0: not a ring. */
+    int *ring;           /* [n_layer] */
+    size_t *layer_off;   /* [n_layer]: the layer's first element within a slot */
+    size_t slot_elems;   /* elements of one slot's cache (K or V) */
     /* Slot-major, so a slot's pages are touched only once it holds tokens (see pk_llama.h) */
-    void *k_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad/16][head_dim][16] f32, f16 or int8 (pk_nn.h) */
-    void *v_cache;       /* [n_seq][n_layer][n_head_kv][ctx_pad][head_dim] f32, f16 or int8 */
+    void *k_cache;       /* [n_seq][n_layer][n_head_kv][len/16][head_dim][16] f32, f16 or int8 (pk_nn.h), */
+    void *v_cache;       /* [n_seq][n_layer][n_head_kv][len][head_dim]; len: ring[l] or ctx_pad */
     uint16_t *k_scale;   /* q8: f16 scales, one per 32 elements of k_cache, in its order (pk_nn.h) */
     uint16_t *v_scale;   /* q8: one per 32 elements of v_cache */
     pk_f16_to_f32_fn kv_read;   /* f16 cache, q8's scales: the conversion attention reads with */

@@ -478,8 +478,8 @@ static void attend_chunks(int group, int hd, int n_pos, const float *q, const pk
     }
 }
 
-void pk_attend_window(int group, int hd, int lo, int hi, const float *q, const pk_kv_head *kv, float scale,
-                      float *scores, size_t ld_scores, float *out) {
+void pk_attend_window(int group, int hd, int lo, int hi, int ring, const float *q, const pk_kv_head *kv,
+                      float scale, float *scores, size_t ld_scores, float *out) {
     float ml[2 * group], tmp[(size_t)group * hd], tml[2 * group];
     int first = 1;
     for (int s = lo; s < hi;) {
@@ -488,12 +488,13 @@ void pk_attend_window(int group, int hd, int lo, int hi, const float *q, const p
         if (s % PK_KV_BLOCK) {   /* up to the next K block, in plain C */
             e = (s / PK_KV_BLOCK + 1) * PK_KV_BLOCK;
             e = e < hi ? e : hi;
-            const pk_kv_head c = kv_from(kv, hd, s - s % PK_KV_BLOCK);
-            pk_attend_span_reference(group, hd, s % PK_KV_BLOCK, e - s, q, &c, scale, scores, o, m);
-        } else {                 /* up to the next chunk boundary */
+            const int at = ring ? s % ring : s;
+            const pk_kv_head c = kv_from(kv, hd, at - at % PK_KV_BLOCK);
+            pk_attend_span_reference(group, hd, at % PK_KV_BLOCK, e - s, q, &c, scale, scores, o, m);
+        } else {                 /* up to the next chunk boundary (a ring's wrap is one) */
             e = (s / PK_ATTEND_CHUNK + 1) * PK_ATTEND_CHUNK;
             e = e < hi ? e : hi;
-            pk_attend_part(group, hd, s, e - s, q, kv, scale, scores, ld_scores, o, m);
+            pk_attend_part(group, hd, ring ? s % ring : s, e - s, q, kv, scale, scores, ld_scores, o, m);
         }
         if (!first) pk_attend_merge(group, hd, out, ml, tmp, tml);
         first = 0;

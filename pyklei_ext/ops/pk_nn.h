@@ -102,9 +102,10 @@ void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_k
                     float *scores, size_t ld_scores, float *out, float *ml);
 /* Sliding-window attention: the row attends positions [lo, hi) only. The positions from lo to
  * the next multiple of PK_KV_BLOCK form a partial computed in plain C, the rest chunks that
- * end where pk_attend_group's do, folded in order: with lo = 0 it is pk_attend_group. */
-void pk_attend_window(int group, int hd, int lo, int hi, const float *q, const pk_kv_head *kv, float scale,
-                      float *scores, size_t ld_scores, float *out);
+ * end where pk_attend_group's do, folded in order: with lo = 0 it is pk_attend_group. ring > 0
+ * (a multiple of PK_ATTEND_CHUNK): the cache holds position p at p % ring. */
+void pk_attend_window(int group, int hd, int lo, int hi, int ring, const float *q, const pk_kv_head *kv,
+                      float scale, float *scores, size_t ld_scores, float *out);
 /* Folds a later chunk's partial (part, ml) into the result so far (acc, acc_ml), in place. */
 void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml);
 

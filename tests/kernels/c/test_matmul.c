@@ -428,12 +428,12 @@ static void test_attention(int quick) {
                     const pk_kv_head wkv = kv_case_head(&c, (pk_kv_type)t,
                                                         t != PK_KV_F32 ? pk_f16_to_f32_for_isa("scalar") : NULL);
                     attend_double(G, hd, n - lo, q, c.kl + (size_t)lo * hd, c.vl + (size_t)lo * hd, scale, exact);
-                    pk_attend_window(G, hd, lo, n, q, &wkv, scale, scores, ld, got);
+                    pk_attend_window(G, hd, lo, n, 0, q, &wkv, scale, scores, ld, got);
                     err = 0.0;
                     for (int i = 0; i < G * hd; i++) err = fmax(err, fabs(got[i] - exact[i]));
                     CHECK(err <= 1e-5, "pk_attend_window G=%d hd=%d [%d, %d) %s: %.3g from double", G, hd, lo, n,
                           kv_names[t], err);
-                    pk_attend_window(G, hd, 0, n, q, &wkv, scale, scores, ld, got);
+                    pk_attend_window(G, hd, 0, n, 0, q, &wkv, scale, scores, ld, got);
                     CHECK(!memcmp(got, want, sizeof(float) * (size_t)G * hd),
                           "pk_attend_window from 0 differs from pk_attend_group G=%d hd=%d n=%d %s", G, hd, n, kv_names[t]);
                     for (int ii = 0; ii < (t != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
