@@ -95,6 +95,7 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
                     "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim,
                     "rope_theta": hp.rope_theta, "rope_scaling": md.get(K.ROPE_SCALING_TYPE),
                     "rms_eps": hp.rms_eps, "tied_embeddings": hp.tied},
+        "family": _family_features(hp),
         "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
                       "vocab_size": hp.vocab_size, "bos_id": md.get("tokenizer.ggml.bos_token_id"),
                       "eos_ids": mf.eos_token_ids,
@@ -254,6 +255,7 @@ def info_text(info: dict) -> str:
         f"rope           theta {hp['rope_theta']:g}" + (f", {hp['rope_scaling']} scaling"
                                                         if hp["rope_scaling"] else "")
         + f"; tied embeddings: {'yes' if hp['tied_embeddings'] else 'no'}",
+        *([f"family         {'; '.join(info['family'])}"] if info["family"] else []),
         f"vocab          {tk['vocab_size']} tokens, {tok_kind}"
         + (f" (pre-tokenizer {tk['pre']})" if tk["pre"] else "")
         + f"; BOS {tk['bos_id']}, EOS {tk['eos_ids']}",
@@ -283,3 +285,26 @@ def info_text(info: dict) -> str:
                      r["decode_kernel"], r["prefill_kernel"]])
     L += table(rows, indent=2)
     return "\n".join(L)
+
+
+def _family_features(hp) -> list[str]:
+    """What the file computes beyond Llama's block (pyklei/formats/families.py), for people."""
+    out = sorted(hp.features)
+    windows = [hp.window(i) for i in range(hp.n_layer)]
+    if any(windows):
+        local = sum(1 for w in windows if w)
+        out.append(f"sliding window {max(windows)} on {local} of {hp.n_layer} layers")
+    bases = sorted({hp.rope_base(i) for i in range(hp.n_layer)})
+    if hp.layer_rope_base and len(bases) > 1:
+        out.append("RoPE bases " + ", ".join("none" if b == 0 else f"{b:g}" for b in bases))
+    if hp.rope_dim != hp.head_dim:
+        out.append(f"RoPE on {hp.rope_dim} of {hp.head_dim} dims")
+    if hp.activation != "silu":
+        out.append(f"activation {hp.activation}")
+    if hp.embedding_scale != 1.0:
+        out.append(f"embedding scale {hp.embedding_scale:g}")
+    if hp.attention_scale:
+        out.append(f"attention scale {hp.attention_scale:g}")
+    if hp.logit_softcap:
+        out.append(f"logit soft-cap {hp.logit_softcap:g}")
+    return out

@@ -87,6 +87,9 @@ def test_gemma3_generates_and_chats_with_a_template_passed_in(converted):
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(r.stdout.split()) >= 3     # what it says is the quality tests' business
+    r = subprocess.run([sys.executable, "-m", "pyklei", "info", str(out)], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "sliding window 512 on 15 of 18 layers" in r.stdout, r.stdout
     llm = pyklei.load(out, n_threads=2, n_ctx=512, chat_template=GEMMA3_CHAT_TEMPLATE)
     reply = llm.chat([{"role": "user", "content": "What is the capital of France? One word."}],
                      max_tokens=16, temperature=0)
