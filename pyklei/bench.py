@@ -143,8 +143,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     --json` prints."""
     import gc
 
-    from .runtime.activation_policy import choose_activations
-    from .formats.model_file import check_model_path, is_model_file, read_model
+    from .formats.model_file import check_model_path, is_model_file
     from .hub import model_file
     from .runtime.generate import peak_rss_mb
     from .runtime.kernels import cpu_features, selected_kernel
@@ -167,8 +166,6 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
               "ctx_size": n_ctx, "depth": depth, "repeats": repeats, "price_per_hour_usd": price_per_hour,
               "cpu_features": cpu_features(), "kernels": {}, "cpu_count": os.cpu_count(),
               "loadavg": _loadavg(), "results": []}
-    activations = report["activations"] = choose_activations(read_model(path), activations)
-    planes = 2 if activations == "qai8dx2" else 1
     for k, th in enumerate(thread_counts):
         base = k * runs_per_thread
         if progress:
@@ -178,7 +175,9 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
                   activations=activations)
         load_s = time.perf_counter() - t0
         model = llm.model
-        if report["params"] is None:
+        if report["params"] is None:   # the first load: the file read once, "auto" resolved
+            activations = report["activations"] = model.activations
+            planes = 2 if activations == "qai8dx2" else 1
             report["params"] = sum(math.prod(t.shape) for t in model.file.tensors.values())
             report["name"] = model.file.metadata.get("general.name")
             report["kernels"] = {
