@@ -7,6 +7,8 @@ type beside llama.cpp's own (issue 24: f16 beside f16, q8 beside q8_0).
     python benchmarks/speed_vs_llamacpp.py --depths 0,4096 --kv-caches f16,q8 --rounds 3
     python benchmarks/speed_vs_llamacpp.py --busy 1 --out speed-vs-llamacpp-busy
     python benchmarks/speed_vs_llamacpp.py --model llama32-1b --depths 0,4096,16384 --rounds 1
+    python benchmarks/speed_vs_llamacpp.py --model gemma3 --depths 0,4096    # the real Gemma 3 270M
+    python benchmarks/speed_vs_llamacpp.py --model qwen3-1.7b --peers Q4_0   # or gemma3-1b
 
 pyklei's file is what `pyklei convert` makes by default (rotation + GPTQ; the quality
 harness's cached "default" file, benchmarks/quality.py), measured by `pyklei bench` with its
@@ -14,14 +16,19 @@ default activations (one plane on a rotated file). --model llama32-1b: the rando
 of Llama 3.2 1B's shape (scripts/make_llama32_1b_random.py), converted rotated without
 calibration (`--no-calibrate --rotate`: the default file's format and speed; GPTQ's minutes
 buy nothing on random weights); llama.cpp's files come from its own
-llama-quantize (benchmarks/llamacpp_quality.py's cache) and are measured by llama-bench with
+llama-quantize (benchmarks/llamacpp_quality.py's cache). --model gemma3: the real Gemma 3 270M,
+whose only source here is llama.cpp's Q4_K_M file: pyklei's default conversion of it beside that
+file and llama-quantize's requantizations of it (--allow-requantize). --model qwen3-1.7b /
+gemma3-1b: random checkpoints of the published shapes with the families' real tokenizers
+(benchmarks/random_family.py), converted like the 1B above, llama.cpp's files through its
+convert_hf_to_gguf.py and llama-quantize. llama.cpp's files are measured by llama-bench with
 flash attention on (`-fa 1`: its faster path at depth, and the one a quantized V cache needs)
 and the same cache type (`-ctk/-ctv`). At a depth D both engines prefill D tokens untimed
 before each test (`-d D`). The engines alternate, round after round, each in its own process,
 so that a busy neighbour on a shared VM slows all of them alike; in each round an engine
 reports the median (pyklei bench) or the mean (llama-bench) of its repetitions (3 at depth 0,
 1 at a depth), and each figure here is the median over the rounds, with the load average
-beside the run. Quality of the same files: benchmarks/results/quality.md and kv-cache.md.
+beside the run, and each engine's peak RSS (the kernel's count for its process, wait4). Quality of the same files: benchmarks/results/quality.md and kv-cache.md.
 
 --busy N runs N busy loops (one process each, `while True: pass`) beside every measurement: the
 machine another job is using (issue 24: pyklei should keep >= 40% of its idle decode speed and
@@ -66,30 +73,44 @@ def _key(test: str, depth: int) -> str:
     return f"{test} @ d{depth}" if depth else test
 
 
+def run_measured(cmd: list[str]) -> tuple[str, float]:
+    """(stdout, peak RSS in MB) of a command: the kernel's count of the child's largest resident
+    set (wait4's ru_maxrss), the same measure for both engines whatever they report themselves.
+    Output goes through temporary files so that the child is reaped here, by wait4."""
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, cmd, out.read(), err.read())
+        return out.read(), usage.ru_maxrss / 1024
+
+
 def pyklei_run(path: Path, threads: int, pl: list[int], n_gen: int, act: str, depth: int,
-               kv: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "pyklei", "bench", str(path), "-t", str(threads),
-                          "-p", ",".join(map(str, pl)), "-n", str(n_gen), "-r", str(_reps(depth)),
-                          "-d", str(depth), "--kv-cache", kv, "--json", "--no-progress",
-                          "--activations", act],
-                         capture_output=True, text=True, check=True)
-    res = json.loads(out.stdout)["results"][0]
+               kv: str) -> tuple[dict, float]:
+    out, rss = run_measured([sys.executable, "-m", "pyklei", "bench", str(path), "-t", str(threads),
+                             "-p", ",".join(map(str, pl)), "-n", str(n_gen), "-r", str(_reps(depth)),
+                             "-d", str(depth), "--kv-cache", kv, "--json", "--no-progress",
+                             "--activations", act])
+    res = json.loads(out)["results"][0]
     got = {_key(f"pp{r['tokens']}", depth): r["tok_s"] for r in res["prefill"]}
     got[_key(f"tg{n_gen}", depth)] = res["decode"]["tok_s"]
-    return got
+    return got, rss
 
 
 def llamacpp_run(bench: Path, path: Path, threads: int, pl: list[int], n_gen: int, depth: int,
-                 kv: str) -> dict:
-    out = subprocess.run([str(bench), "-m", str(path), "-t", str(threads), "-p", ",".join(map(str, pl)),
-                          "-n", str(n_gen), "-r", str(_reps(depth)), "-d", str(depth), "-fa", "1",
-                          "-ctk", LLAMACPP_KV[kv], "-ctv", LLAMACPP_KV[kv], "-o", "json"],
-                         capture_output=True, text=True, check=True)
+                 kv: str) -> tuple[dict, float]:
+    out, rss = run_measured([str(bench), "-m", str(path), "-t", str(threads), "-p", ",".join(map(str, pl)),
+                             "-n", str(n_gen), "-r", str(_reps(depth)), "-d", str(depth), "-fa", "1",
+                             "-ctk", LLAMACPP_KV[kv], "-ctv", LLAMACPP_KV[kv], "-o", "json"])
     got = {}
-    for r in json.loads(out.stdout):
+    for r in json.loads(out):
         key = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
         got[_key(key, depth)] = r["avg_ts"]
-    return got
+    return got, rss
 
 
 def llamacpp_files_from_pyklei_f16(hf: Path, work: Path, kinds: list[str]) -> dict[str, Path]:
@@ -175,40 +196,107 @@ def readme_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy) -> None:
-    """Every (engine, threads, cache type) once per round, all depths in one go; fills runs
-    and loads (the 1-min load average after each). An engine named "... idle" runs with the
-    busy loops stopped."""
+def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss) -> None:
+    """Every (engine, threads, cache type) once per round, all depths in one go; fills runs,
+    loads (the 1-min load average after each) and rss (each round's largest peak RSS, MB). An
+    engine named "... idle" runs with the busy loops stopped."""
     for rnd in range(args.rounds):
         for (e, t, kv) in runs:
             kind, path, act = engines[e.removesuffix(IDLE)]
-            got = {}
+            got, peak = {}, 0.0
             pause = e.endswith(IDLE) and busy
             for b in busy if pause else ():
                 b.send_signal(signal.SIGSTOP)
             try:
                 for d in depths:
-                    got.update(pyklei_run(path, int(t), pl, args.n_gen, act, d, kv) if kind == "pyklei"
+                    one, mb = (pyklei_run(path, int(t), pl, args.n_gen, act, d, kv) if kind == "pyklei"
                                else llamacpp_run(bench, path, int(t), pl, args.n_gen, d, kv))
+                    got.update(one)
+                    peak = max(peak, mb)
             finally:
                 for b in busy if pause else ():
                     b.send_signal(signal.SIGCONT)
             loads.append(os.getloadavg()[0])
             runs[(e, t, kv)].append(got)
+            rss[(e, t, kv)].append(peak)
             print(f"round {rnd + 1}: {e}, {t} threads, KV {kv}: {got} (load {loads[-1]:.1f})",
                   file=sys.stderr)
 
 
+# --model NAME for a random checkpoint of a published shape (benchmarks/random_family.py)
+RANDOM = {"qwen3-1.7b": "Qwen3-1.7B", "gemma3-1b": "gemma-3-1b-it"}
+
+
+def model_files(model: str, peers: list[str]) -> tuple[str, Path, dict[str, Path]]:
+    """(title, pyklei's file, {peer: llama.cpp's file}) of --model, each made once and cached."""
+    import llamacpp_quality as lcpp
+    from quality import GEMMA3_270M, VARIANTS, convert_variant
+
+    from pyklei_dev.assets import cache_dir
+    work = cache_dir() / "llamacpp" / model
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    if model == "smollm2":
+        from models import smollm2_hf_dir
+        hf = smollm2_hf_dir()
+        ours = cache_dir() / "quality" / "smollm2-default.gguf"
+        convert_variant(hf, ours, VARIANTS["default"])
+        return "SmolLM2-135M-Instruct", ours, lcpp.make_files(hf, work, peers, log=log)
+    if model == "gemma3":
+        # the real model is llama.cpp's own Q4_K_M file: that is its Q4_K_M, and its other
+        # files are llama-quantize's requantizations of it (what a llama.cpp user can make)
+        ours = cache_dir() / "quality" / "gemma3-default.gguf"
+        convert_variant(GEMMA3_270M, ours, VARIANTS["default"])
+        return "Gemma 3 270M (llama.cpp's Q4_K_M file)", ours, requantized(GEMMA3_270M, work, peers)
+    # random checkpoints: converted rotated without calibration (`--no-calibrate --rotate`: the
+    # default file's format and speed; GPTQ's minutes buy nothing on random weights)
+    if model == "llama32-1b":
+        hf, title = cache_dir() / "llama32-1b-random", "random Llama-3.2-1B-shaped"
+        if not (hf / "config.json").exists():
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py")], check=True)
+        ours = cache_dir() / "speed1b" / "pyklei-rotated.gguf"
+    else:
+        from random_family import random_checkpoint
+        hf, title = random_checkpoint(RANDOM[model]), f"random {RANDOM[model]}-shaped"
+        ours = cache_dir() / f"speed-{model}" / "pyklei-rotated.gguf"
+    if not ours.exists():
+        ours.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "--no-calibrate", "--rotate",
+                        "-o", str(ours), "--no-progress"], check=True)
+    theirs = (llamacpp_files_from_pyklei_f16(hf, work, peers) if model == "llama32-1b"
+              else lcpp.make_files(hf, work, peers, log=log))
+    return title, ours, theirs
+
+
+def requantized(source: Path, work: Path, kinds: list[str]) -> dict[str, Path]:
+    """{kind: file}: `source` itself for its own type (Q4_K_M), else llama-quantize
+    --allow-requantize of it, cached in `work`."""
+    import llamacpp_quality as lcpp
+    work.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for kind in kinds:
+        qtype, with_imatrix = lcpp.KINDS[kind]
+        if with_imatrix:
+            raise SystemExit(f"--peers {kind}: no imatrix for a requantized file here")
+        files[kind] = source if kind == "Q4_K_M" else work / f"{kind}.gguf"
+        if not files[kind].is_file():
+            tmp = work / f"{kind}.part.gguf"
+            lcpp._run([lcpp.LLAMACPP_BIN / "llama-quantize", "--allow-requantize", source, tmp, qtype, "2"],
+                      work / f"quantize-{kind}.log")
+            tmp.rename(files[kind])
+    return files
+
+
 def main(argv=None) -> int:
     import llamacpp_quality as lcpp
-    from quality import VARIANTS, convert_variant
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="2", help="comma list (default 2)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-lengths", default="128,512")
     ap.add_argument("--n-gen", type=int, default=128)
-    ap.add_argument("--model", choices=("smollm2", "llama32-1b"), default="smollm2")
+    ap.add_argument("--model", choices=("smollm2", "llama32-1b", "gemma3", *RANDOM), default="smollm2",
+                    help="smollm2 (default), gemma3 (the real Gemma 3 270M), or a random checkpoint "
+                    "of a published shape (module doc)")
     ap.add_argument("--peers", default="Q4_K_M,Q4_0", help="llama.cpp's files (default Q4_K_M,Q4_0)")
     ap.add_argument("--depths", default="0", help="comma list of context depths (default 0)")
     ap.add_argument("--busy", type=int, default=0, help="busy-loop processes beside the engines")
@@ -219,50 +307,32 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.busy < 0 or args.rounds < 1:
         ap.error(f"--busy must be >= 0 and --rounds >= 1 (got {args.busy}, {args.rounds})")
-    default_out = "speed-vs-llamacpp" + ("-1b" if args.model == "llama32-1b" else "")
+    default_out = "speed-vs-llamacpp" + {"smollm2": "", "llama32-1b": "-1b"}.get(args.model, "-" + args.model)
     args.out = args.out or default_out
     pl = [int(x) for x in args.prompt_lengths.split(",")]
     depths = [int(x) for x in args.depths.split(",")]
     kvs = args.kv_caches.split(",")
     bench = lcpp.LLAMACPP_BIN / "llama-bench"
-    # SmolLM2's files go through convert_hf_to_gguf.py and llama-imatrix; the 1B-shaped
-    # model's come from pyklei's f16 file and need llama-quantize alone
-    missing = ([str(p) for p in (bench, lcpp.LLAMACPP_BIN / "llama-quantize") if not p.is_file()]
-               if args.model == "llama32-1b" else lcpp.tools_missing() + [str(bench)] * (not bench.is_file()))
+    missing = [str(p) for p in (bench, lcpp.LLAMACPP_BIN / "llama-quantize") if not p.is_file()]
+    if args.model == "smollm2" or args.model in RANDOM:     # through convert_hf_to_gguf.py
+        missing += [m for m in lcpp.tools_missing() if m not in missing
+                    if args.model == "smollm2" or not m.endswith("llama-imatrix")]
     if missing:
         print(f"llama.cpp's tools are missing ({', '.join(missing)}); set LLAMACPP_SRC / LLAMACPP_BIN",
               file=sys.stderr)
         return 2
-
-    from models import smollm2_hf_dir
-
-    from pyklei_dev.assets import cache_dir
-    if args.model == "smollm2":
-        hf, title = smollm2_hf_dir(), "SmolLM2-135M-Instruct"
-        ours = cache_dir() / "quality" / "smollm2-default.gguf"
-        convert_variant(hf, ours, VARIANTS["default"])
-    else:
-        hf, title = cache_dir() / "llama32-1b-random", "random Llama-3.2-1B-shaped"
-        if not (hf / "config.json").exists():
-            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py")], check=True)
-        ours = cache_dir() / "speed1b" / "pyklei-rotated.gguf"
-        if not ours.exists():
-            ours.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "--no-calibrate", "--rotate",
-                            "-o", str(ours), "--no-progress"], check=True)
-    work = cache_dir() / "llamacpp" / args.model
     peers = args.peers.split(",")
-    theirs = (lcpp.make_files(hf, work, peers, log=lambda m: print(m, file=sys.stderr))
-              if args.model == "smollm2" else llamacpp_files_from_pyklei_f16(hf, work, peers))
+    title, ours, theirs = model_files(args.model, peers)
     engines = {"pyklei default": ("pyklei", ours, "auto"),
                **{f"llama.cpp {k}": ("llamacpp", theirs[k], None) for k in peers}}
     names = [n for e in engines for n in ((e, e + IDLE) if args.busy else (e,))]
     runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in names}
+    rss = {k: [] for k in runs}
     loads = []
     t_start = time.time()
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
-        measure_rounds(args, engines, runs, depths, pl, bench, loads, busy)
+        measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss)
     finally:
         for b in busy:
             b.kill()
@@ -290,11 +360,12 @@ def main(argv=None) -> int:
              f"({', '.join(f'{k} = {LLAMACPP_KV[k]}' for k in kvs)}; llama.cpp with -fa 1)."
              + (f" **{args.busy} busy-loop process{'es' if args.busy > 1 else ''} ran beside every "
                 f"measurement.**" if args.busy else ""), "",
-             "| engine | file | threads | KV | " + " | ".join(tests) + " |",
-             "|---|---|---|---|" + "---|" * len(tests)]
+             "| engine | file | threads | KV | " + " | ".join(tests) + " | peak RSS |",
+             "|---|---|---|---|" + "---|" * (len(tests) + 1)]
     for (e, t, kv), m in med.items():
         size = engines[e.removesuffix(IDLE)][1].stat().st_size / 1e6
-        lines.append(f"| {e} | {size:.1f} MB | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
+        lines.append(f"| {e} | {size:.1f} MB | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests)
+                     + f" | {statistics.median(rss[(e, t, kv)]):.0f} MB |")
     lines += ["", "pyklei / llama.cpp, the same threads and cache type:", ""]
     for kv in kvs:
         for t in args.threads.split(","):
@@ -309,7 +380,8 @@ def main(argv=None) -> int:
                 lines.append(f"- {e}, {t} thread{'s' if t != '1' else ''}, KV {kv}: "
                              + ", ".join(f"{x} **{m[x] / idle[x]:.2f}**" for x in tests))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    results = {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()}, "cpu": cpu,
+    results = {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()},
+               "peak_rss_mb": {f"{e} | {t} | {kv}": v for (e, t, kv), v in rss.items()}, "cpu": cpu,
                "loadavg": loads, "command": cmd, "title": title,
                "date": time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")

@@ -96,3 +96,35 @@ def test_gemma3_generates_and_chats_with_a_template_passed_in(converted):
     assert reply.text.strip() and reply.finish_reason in ("stop", "length")
     assert "<end_of_turn>" not in reply.text and "<start_of_turn>" not in reply.text
     llm.close()
+
+
+def test_gemma3_serves_parallel_streams_as_it_generates_alone(converted, tmp_path):
+    """`pyklei serve` on the real Gemma 3 file with its chat template passed in: a chat reply
+    through the openai client, and two greedy completions decoded together (continuous
+    batching, each in its own KV slot, sliding-window rings included) give the text each gives
+    alone, past the 512-token window."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from live_server import LiveServer
+
+    import pyklei
+
+    _, out = converted
+    template = tmp_path / "gemma3.jinja"
+    template.write_text(GEMMA3_CHAT_TEMPLATE)
+    llm = pyklei.load(out, n_threads=2, n_ctx=1024)
+    long_prompt = llm.tokenizer.decode(_text_tokens(llm.tokenizer, 560)[1:])   # past the window
+    prompts = [long_prompt, "The three primary colours are"]
+    alone = [llm.generate(p, max_tokens=24, temperature=0).text for p in prompts]
+    llm.close()
+    with LiveServer(out, "--parallel", "2", "--chat-template", template, threads=2, ctx=1024) as srv:
+        client = srv.openai_client()
+        chat = client.chat.completions.create(
+            model="gemma3", messages=[{"role": "user", "content": "Name one colour. One word."}],
+            max_tokens=12, temperature=0)
+        text = chat.choices[0].message.content
+        assert text.strip() and "<end_of_turn>" not in text and "<start_of_turn>" not in text
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda p: client.completions.create(
+                model="gemma3", prompt=p, max_tokens=24, temperature=0).choices[0].text, prompts))
+    assert together == alone

@@ -38,6 +38,7 @@ from pyklei.converters import ConversionError, convert  # noqa: E402
 from pyklei.converters.hf_config import hparams_from_config  # noqa: E402
 from pyklei.converters.hf_llama import expected_tensors  # noqa: E402
 from pyklei.formats.model_file import read_model  # noqa: E402
+from pyklei_dev.published_configs import PUBLISHED  # noqa: E402
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -262,68 +263,7 @@ def test_gemma3_image_text_checkpoint_converts_its_language_model(tmp_path):
 
 
 # ----------------------------------------------------------------------------- published shapes
-
-def _phi4_factors(n, top):
-    return [round(1 + (top - 1) * i / (n - 1), 3) for i in range(n)]
-
-
-# config.json of the published checkpoints, the fields that shape the model (Phi-4-mini's
-# LongRoPE factor lists are stand-ins of the right length, not its values).
-PUBLISHED = {
-    "Qwen3-0.6B": dict(architectures=["Qwen3ForCausalLM"], hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-                       sliding_window=None, max_window_layers=28, attention_bias=False, hidden_act="silu"),
-    "Qwen3-1.7B": dict(architectures=["Qwen3ForCausalLM"], hidden_size=2048, intermediate_size=6144,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-                       sliding_window=None, max_window_layers=28, attention_bias=False, hidden_act="silu"),
-    "Qwen2.5-0.5B": dict(architectures=["Qwen2ForCausalLM"], hidden_size=896, intermediate_size=4864,
-                         num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-                         sliding_window=32768, max_window_layers=24, hidden_act="silu"),
-    "Qwen2.5-1.5B": dict(architectures=["Qwen2ForCausalLM"], hidden_size=1536, intermediate_size=8960,
-                         num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                         vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
-                         rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-                         sliding_window=32768, max_window_layers=21, hidden_act="silu"),
-    "gemma-3-1b-it": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
-                          hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
-                          num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
-                          max_position_embeddings=32768, query_pre_attn_scalar=256, sliding_window=512,
-                          sliding_window_pattern=6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
-                          rope_scaling=None, rms_norm_eps=1e-6, final_logit_softcapping=None,
-                          attn_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh"),
-    "Phi-4-mini-instruct": dict(
-        architectures=["Phi3ForCausalLM"], hidden_size=3072, intermediate_size=8192,
-        num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, vocab_size=200064,
-        max_position_embeddings=131072, original_max_position_embeddings=4096,
-        partial_rotary_factor=0.75, rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=262144,
-        tie_word_embeddings=True, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        rope_scaling=dict(type="longrope", short_factor=_phi4_factors(48, 3.0),
-                          long_factor=_phi4_factors(48, 64.0))),
-    # Mistral's own small checkpoints: Ministral-8B-Instruct-2410 (its window is its whole
-    # context, so no layer needs one) and Mistral-7B-v0.1 (a 4096 window on every layer)
-    "Ministral-8B-Instruct-2410": dict(
-        architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=12288,
-        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        vocab_size=131072, max_position_embeddings=32768, rope_theta=100000000.0,
-        sliding_window=32768, rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu"),
-    "Mistral-7B-v0.1": dict(
-        architectures=["MistralForCausalLM"], hidden_size=4096, intermediate_size=14336,
-        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-        max_position_embeddings=32768, rope_theta=10000.0, sliding_window=4096,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu"),
-    "SmolLM3-3B": dict(architectures=["SmolLM3ForCausalLM"], hidden_size=2048, intermediate_size=11008,
-                       num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4,
-                       vocab_size=128256, max_position_embeddings=65536, rope_theta=5000000.0,
-                       rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
-                       sliding_window=None, no_rope_layers=[1, 1, 1, 0] * 9, hidden_act="silu"),
-}
-
+# (pyklei_dev/published_configs.py)
 
 def _shape_summary(cfg):
     hp = hparams_from_config(cfg)
