@@ -100,7 +100,7 @@ setup(
     # every package under pyklei/, so a new one cannot be left out of a regular install;
     # pyklei_dev/ (the tests' and examples' model files) stays out on purpose: its __init__.py
     packages=find_packages(include=["pyklei", "pyklei.*"]),
-    package_data={"pyklei.server": ["static/*.html"]},   # the chat page of `pyklei serve`
+    package_data={"pyklei.server": ["static/*.html", "static/*.svg"]},   # `pyklei serve`'s chat page
     ext_modules=cythonize([ext], compiler_directives={"language_level": "3"}),
     cmdclass={"build_ext": BuildExtSaying},
 )

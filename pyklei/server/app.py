@@ -1,6 +1,7 @@
 """The HTTP layer: a Starlette app over one pyklei.runtime.engine.Engine.
 
     GET  /                       the chat page (static/chat.html)
+    GET  /favicon.ico            its icon (static/favicon.svg, an SVG whatever the name)
     GET  /health                 {"status": "ok", ...engine stats}
     GET  /metrics                Prometheus text format (metrics.py)
     GET  /v1/models[/{id}]       the one model
@@ -478,6 +479,13 @@ async def chat_page(request):
     return HTMLResponse(resources.files(__package__).joinpath("static/chat.html").read_text("utf-8"))
 
 
+async def favicon(request):
+    # browsers ask for /favicon.ico on any page of the server; an SVG under that name is shown
+    # by Chrome and Firefox, which go by the media type
+    icon = resources.files(__package__).joinpath("static/favicon.svg").read_bytes()
+    return Response(icon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
+
 async def _api_error(request, e: api.APIError):
     headers = {"Retry-After": "1"} if e.status == 429 else (
         {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
@@ -590,6 +598,7 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
                                      allow_headers=["Authorization", "Content-Type"]))
     routes = [
         Route("/", chat_page),
+        Route("/favicon.ico", favicon),
         Route("/health", health),
         Route("/metrics", metrics),
         Route("/v1/models", models),
