@@ -60,7 +60,8 @@ def open_page(browser, server, viewport=None):
     else:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     browser.get(server.url + "/")
-    browser.execute_script("localStorage.clear()")
+    browser.execute_script("localStorage.clear()")     # no settings saved by an earlier test
+    browser.refresh()
     wait(browser).until(lambda d: d.find_element(By.ID, "model").text == "smollm2")
 
 
