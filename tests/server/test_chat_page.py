@@ -383,7 +383,7 @@ def test_enter_while_a_reply_streams_queues_the_message_visibly(server, browser)
     assert [m["content"] for m in sent] == ["first", "Working on it.", "second"]
 
 
-def test_stop_ends_a_stubbed_stream_and_the_queue_goes_on(server, browser):
+def test_stop_ends_a_stubbed_stream_and_the_queue_goes_on_without_a_cancelled_message(server, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -392,11 +392,18 @@ def test_stop_ends_a_stubbed_stream_and_the_queue_goes_on(server, browser):
     ask(browser, "first")
     wait(browser, 10).until(lambda d: d.execute_script("return !!window.__stub.release"))
     ask(browser, "second")
+    ask(browser, "third")
+    assert "2 messages queued" in browser.find_element(By.ID, "hint").text
+    browser.find_elements(By.CSS_SELECTOR, ".queued button")[1].click()   # cancel "third"
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "third"
+    assert "1 message queued" in browser.find_element(By.ID, "hint").text
     browser.find_element(By.ID, "prompt").send_keys(Keys.ESCAPE)     # Esc is Stop
     first = replies_done(browser, 1)
     assert first.get_attribute("data-finish") == "stopped" and "— stopped" in first.text
     assert browser.execute_script("return window.__stub.aborted") == 1
     assert replies_done(browser, 2).text == "Next."
+    assert [m["content"] for m in browser.execute_script("return window.__stub.requests[1].messages")] \
+        == ["first", "Half", "second"]
 
 
 def test_the_favicon_is_served_and_linked(server, browser):
