@@ -276,17 +276,24 @@ def requant_rows(bed: str, gguf: Path, ids_by_text: dict[str, list[int]], refs: 
 
     rows = []
     for kind in kinds:
-        if KINDS[kind][1]:
-            print(f"{bed}: {kind} skipped (no importance matrix for a GGUF test bed)", file=sys.stderr)
-            continue
         out = work / f"{kind}.gguf"
+        if KINDS[kind][1] and not (LLAMACPP_BIN / "llama-imatrix").is_file():
+            print(f"{bed}: {kind} skipped (no llama-imatrix under {LLAMACPP_BIN})", file=sys.stderr)
+            continue
         if (LLAMACPP_BIN / "llama-quantize").is_file() and not out.is_file():
             work.mkdir(parents=True, exist_ok=True)
-            _run([LLAMACPP_BIN / "llama-quantize", "--allow-requantize", gguf, out, KINDS[kind][0]],
+            # the importance matrix as a llama.cpp user makes one: llama-imatrix running the
+            # source file itself over pyklei's calibration text (imatrix())
+            im = ["--imatrix", imatrix(gguf, work, 2)] if KINDS[kind][1] else []
+            tmp = work / f"{kind}.part.gguf"
+            _run([LLAMACPP_BIN / "llama-quantize", "--allow-requantize", *im, gguf, tmp, KINDS[kind][0]],
                  work / f"quantize-{kind}.log")
+            tmp.rename(out)
         model = reference_model(out if out.is_file() else gguf)
         how = "llama-quantize" if out.is_file() else "ggml's quantizers"
         if not out.is_file():
+            if KINDS[kind][1]:
+                continue         # ggml's quantizers below take no importance matrix
             exe = roundtrip_tool(work)
             if exe is None:
                 print(f"{bed}: {kind} skipped (neither llama-quantize nor libggml-base.a under "

@@ -157,7 +157,7 @@ def doc_table(results: dict) -> str:
     lines = ["| tok/s, pyklei default / llama.cpp | " + " | ".join(names[t] for t in tests) + " |",
              "|---|" + "---|" * len(tests)]
     for (engine, threads), m in med.items():
-        if engine == "pyklei default":
+        if not engine.startswith("llama.cpp"):
             continue
         ours = med[("pyklei default", threads)]
         lines.append(f"| {threads} thread{'s' if threads != '1' else ''}, {engine.split()[-1]} | "
@@ -189,7 +189,7 @@ def readme_table(results: dict) -> str:
     for (e, t, kv), m in med.items():
         lines.append(f"| {e} | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
     for (e, t, kv), m in med.items():
-        if e.removesuffix(IDLE) != "pyklei default":
+        if e.startswith("llama.cpp"):
             ours = med[("pyklei default" + IDLE * e.endswith(IDLE), t, kv)]
             lines.append(f"| pyklei / {e.split()[-1]} | {t} | {kv} | "
                          + " | ".join(f"**{ours[x] / m[x]:.2f}x**" for x in tests) + " |")
@@ -304,6 +304,8 @@ def main(argv=None) -> int:
                     "speed-vs-llamacpp, -1b for the 1B-shaped model)")
     ap.add_argument("--kv-caches", default="f16", help="comma list of pyklei KV cache types "
                     "(f32, f16, q8; llama.cpp gets f32, f16, q8_0) (default f16)")
+    ap.add_argument("--one-plane", action="store_true", help="also pyklei's file with one activation "
+                    "plane (--activations qai8dx), where auto runs two (a file not wholly rotated)")
     args = ap.parse_args(argv)
     if args.busy < 0 or args.rounds < 1:
         ap.error(f"--busy must be >= 0 and --rounds >= 1 (got {args.busy}, {args.rounds})")
@@ -324,6 +326,7 @@ def main(argv=None) -> int:
     peers = args.peers.split(",")
     title, ours, theirs = model_files(args.model, peers)
     engines = {"pyklei default": ("pyklei", ours, "auto"),
+               **({"pyklei default, qai8dx": ("pyklei", ours, "qai8dx")} if args.one_plane else {}),
                **{f"llama.cpp {k}": ("llamacpp", theirs[k], None) for k in peers}}
     names = [n for e in engines for n in ((e, e + IDLE) if args.busy else (e,))]
     runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in names}
@@ -350,6 +353,7 @@ def main(argv=None) -> int:
            + (f" --depths {args.depths}" if depths != [0] else "")
            + (f" --kv-caches {args.kv_caches}" if kvs != ["f16"] else "")
            + (f" --busy {args.busy}" if args.busy else "")
+           + (" --one-plane" if args.one_plane else "")
            + (f" --out {args.out}" if args.out != default_out else ""))
     lines = [f"# pyklei's default file beside llama.cpp {' / '.join(peers)}: {title}", "",
              f"`{cmd}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu}; "
@@ -369,9 +373,11 @@ def main(argv=None) -> int:
     lines += ["", "pyklei / llama.cpp, the same threads and cache type:", ""]
     for kv in kvs:
         for t in args.threads.split(","):
-            for peer in (f"llama.cpp {k}" for k in peers):
-                r = [f"{x} **{med[('pyklei default', t, kv)][x] / med[(peer, t, kv)][x]:.2f}**" for x in tests]
-                lines.append(f"- {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: " + ", ".join(r))
+            for ours in (e for e in engines if e.startswith("pyklei")):
+                for peer in (f"llama.cpp {k}" for k in peers):
+                    r = [f"{x} **{med[(ours, t, kv)][x] / med[(peer, t, kv)][x]:.2f}**" for x in tests]
+                    lines.append(f"- {ours} / {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: "
+                                 + ", ".join(r))
     if args.busy:
         lines += ["", "Busy / idle, each engine against itself in the same rounds:", ""]
         for (e, t, kv), m in med.items():
