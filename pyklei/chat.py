@@ -43,6 +43,7 @@ class ChatSession:
         self.template_kwargs = dict(template_kwargs or {})
         self.history: list[dict] = []
         self.last = None            # GenerationResponse of the last reply
+        self.last_reasoning = None  # its reasoning (a thinking model's), apart from its text
         self.turns = 0
 
     def _ids(self, extra: list[dict]) -> list[int]:
@@ -75,22 +76,42 @@ class ChatSession:
                 f"context holds {n_ctx} (raise --ctx-size)")
         return ids, token_budget(n_ctx, len(ids), self.max_tokens, trim=True), dropped
 
-    def reply(self, user_text: str, write: Callable[[str], object]) -> tuple[str, bool, int]:
-        """Streams the reply through write(text). Ctrl-C (KeyboardInterrupt) stops it; what was
-        written stays in the conversation. -> (text, interrupted, turns dropped)."""
+    def reply(self, user_text: str, write: Callable[[str], object],
+              write_reasoning: Callable[[str], object] | None = None) -> tuple[str, bool, int]:
+        """Streams the reply through write(text). A thinking model's reasoning
+        (pyklei.text.reasoning) goes to write_reasoning(text) instead (dropped without one),
+        never into the answer or the history, as the API's reply.reasoning. Ctrl-C
+        (KeyboardInterrupt) stops it; what was written stays in the conversation.
+        -> (answer text, interrupted, turns dropped)."""
+        from .text.reasoning import reasoning_for
+
         ids, max_new, dropped = self.prepare(user_text)
-        parts, interrupted = [], False
+        thinking = reasoning_for(self.llm.tokenizer, ids)
+        split = thinking.parser() if thinking else None
+        parts, thought, interrupted = [], [], False
+
+        def emit(reasoning: str, content: str) -> None:
+            if reasoning:
+                thought.append(reasoning)
+                if write_reasoning is not None:
+                    write_reasoning(reasoning)
+            if content:
+                parts.append(content)
+                write(content)
+
         it = self.llm.generate(ids, max_tokens=max_new, stream=True, stop=self.stop,
                                speculative=self.speculative, **self.constrain, **self.sampling)
         try:
             for r in it:
                 if r.text:
-                    parts.append(r.text)
-                    write(r.text)
+                    emit(*(split.feed(r.text) if split else ("", r.text)))
                 self.last = r
         except KeyboardInterrupt:
             interrupted = True
             it.close()
+        if split:
+            emit(*split.finish())
+        self.last_reasoning = "".join(thought) if split and split.reasoned else None
         text = "".join(parts)
         if text.strip() or not interrupted:
             self.history.append({"role": "user", "content": user_text})

@@ -110,7 +110,22 @@ def run(args) -> int:
           f"/help for commands, Ctrl-C stops a reply, Ctrl-D or /exit leaves.", file=out)
     out.flush()
 
+    tty = out.isatty()
+    thinking = False             # inside a reply's reasoning, which is shown apart (dimmed)
+
     def write(text):
+        nonlocal thinking
+        if thinking:             # the answer starts: close the reasoning as ollama does
+            out.write(("\033[0m" if tty else "") + "\n...done thinking.\n\n")
+            thinking = False
+        out.write(text)
+        out.flush()
+
+    def write_reasoning(text):
+        nonlocal thinking
+        if not thinking:
+            out.write(("\033[2m" if tty else "") + "Thinking...\n")
+            thinking = True
         out.write(text)
         out.flush()
 
@@ -131,10 +146,13 @@ def run(args) -> int:
                 return 0
             continue
         try:
-            text, interrupted, dropped = session.reply(msg, write)
+            text, interrupted, dropped = session.reply(msg, write, write_reasoning)
         except MessageTooLongError as e:
             print(f"error: {e}", file=out)
             continue
+        if thinking:             # the reply ended (or was cut) while still reasoning
+            out.write(("\033[0m" if tty else "") + "\n")
+            thinking = False
         if interrupted:
             write("\n[stopped]\n")
         elif not text.endswith("\n"):

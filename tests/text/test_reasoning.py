@@ -150,6 +150,29 @@ def test_api_chat_keeps_reasoning_apart(qwen_tok):
         llm.chat(ASK, chat_template_kwargs=["enable_thinking"])
 
 
+def test_terminal_chat_shows_reasoning_apart_and_keeps_it_out_of_the_history(qwen_tok):
+    """`pyklei chat` (ChatSession): the reasoning goes to its own writer, the answer to the
+    other, and the history holds the answer only; a model without <think> writes everything."""
+    from types import SimpleNamespace
+
+    from pyklei.chat import ChatSession
+
+    pieces = ["<think>", "\nThe user", " greets me.\n</th", "ink>\n\n", "Hello!", " Hi."]
+    seen = []
+    llm = _scripted_llm(qwen_tok, pieces, seen)
+    llm.model = SimpleNamespace(n_ctx=512)
+    session = ChatSession(llm, max_tokens=64)
+    answer, thought = [], []
+    text, interrupted, dropped = session.reply("Hi", answer.append, thought.append)
+    assert (text, interrupted, dropped) == ("Hello! Hi.", False, 0)
+    assert "".join(answer) == "Hello! Hi." and "".join(thought) == "The user greets me."
+    assert session.last_reasoning == "The user greets me."
+    assert session.history[-1] == {"role": "assistant", "content": "Hello! Hi."}
+    answer.clear()
+    session.reply("Again", answer.append)          # no reasoning writer: the reasoning is dropped
+    assert "".join(answer) == "Hello! Hi."
+
+
 def test_api_chat_tool_calls_are_read_from_the_content_only(qwen_tok):
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}
