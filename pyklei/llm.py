@@ -251,10 +251,11 @@ class LLM:
             if any(v is not None for v in (response_format, json_schema, grammar, regex)):
                 raise ValueError("a forced tool_choice constrains the reply already; give no "
                                  "response_format, json_schema, grammar or regex with it")
-            grammar = tool_calls.call_grammar(offered, choice, parallel_tool_calls,
-                                              self.tokenizer.chat_template)
-        constrain = dict(response_format=response_format, json_schema=json_schema,
-                         grammar=grammar, regex=regex)
+            constrain = dict(tool_calls=tool_calls.forced_calls(
+                offered, choice, parallel_tool_calls, self.tokenizer.chat_template))
+        else:
+            constrain = dict(response_format=response_format, json_schema=json_schema,
+                             grammar=grammar, regex=regex)
         if offered or tool_calls.has_tool_turns(messages):
             ids = tool_calls.render(self.tokenizer, messages, offered or None,
                                     parse_special_in_content=parse_special_in_content,
