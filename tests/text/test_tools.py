@@ -261,3 +261,36 @@ def test_llm_chat_with_tools_round_trip(smollm2_q4):
     with pytest.raises(ToolError, match="not one of the tools"):
         llm.chat(ask, tools=[WEATHER], tool_choice={"type": "function",
                                                     "function": {"name": "get_time"}})
+
+
+def test_llm_chat_forced_call_with_a_pydantic_tool(smollm2_q4):
+    """The Python API takes a tool whose parameters carry $defs (openai.pydantic_function_tool
+    of a nested model; GrammarError "Pointer '/$defs/Owner' does not exist" before), gives one
+    valid call within a small max_tokens, and never the same call twice."""
+    pytest.importorskip("llguidance")
+    openai = pytest.importorskip("openai")
+    import jsonschema
+    from pydantic import BaseModel
+
+    import pyklei
+
+    class Owner(BaseModel):
+        name: str
+        email: str
+
+    class Pet(BaseModel):
+        species: str
+        owner: Owner
+
+    tool = openai.pydantic_function_tool(Pet)
+    llm = pyklei.load(smollm2_q4, n_threads=2, n_ctx=1024)
+    ask = [{"role": "user", "content": "Register my cat Tom; the owner is Bo, bo@y.net."}]
+    for max_tokens in (60, 150):
+        r = llm.chat(ask, tools=[tool], tool_choice="required", temperature=0,
+                     max_tokens=max_tokens)
+        assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1
+        jsonschema.validate(json.loads(r.tool_calls[0]["function"]["arguments"]),
+                            tool["function"]["parameters"])
+    r = llm.chat([{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER],
+                 tool_choice="required", temperature=0, max_tokens=200)
+    assert len(r.tool_calls) == 1      # parallel allowed, yet not the same call again
