@@ -308,16 +308,17 @@ class _CompletionSearch:
         js = np.nonzero((bits[self.word] >> self.shift) & 1)[0]
         if not len(js):
             # where the next text is forced (a key's name), llguidance allows only the tokens
-            # that spell it as the tokenizer would: take those
+            # that spell it as the tokenizer would: take those. A special token is among them
+            # only where the grammar names it (a tool call's marker, Mistral's [TOOL_CALLS]);
+            # it is no JSON text
             special = self.tokenizer.special_ids
             allowed = np.nonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))[0]
             out = []
             for t in allowed[:16].tolist():
-                if t not in special:
-                    piece = self.tokenizer.token_to_piece(t)
-                    nlx = None if lx is None else _json_lex(lx, piece)
-                    if g + 1 + self._open(nlx) <= limit:
-                        out.append((self._open(nlx), t, piece))
+                piece = b"" if t in special else self.tokenizer.token_to_piece(t)
+                nlx = None if lx is None else _json_lex(lx, piece)
+                if g + 1 + self._open(nlx) <= limit:
+                    out.append((self._open(nlx), t, piece))
             return [(t, piece) for _, t, piece in sorted(out, key=lambda x: x[0])]
         # one character each: how it moves the count of open structures, from a table
         h = self._open(lx) + (self.delta_str[js] if lx is not None and lx[0] and not lx[1]

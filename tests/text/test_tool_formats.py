@@ -222,3 +222,23 @@ def test_the_forced_grammar_writes_the_familys_format(family, smollm2_tokenizer)
         m = llg.LLMatcher(llg_tokenizer(tok), forced.lark(tok, _JSON_LAYOUT))
         ids = tok.encode(text, add_bos=False, parse_special=False)
         assert m.consume_tokens(ids) and m.is_accepting(), (text, m.get_error())
+    # a tool with $defs compiles in every format (its refs resolve where the format puts it)
+    forced = forced_calls([_pydantic_tool(), WEATHER], "required", True, template)
+    bad, msgs = llg.LLMatcher.validate_grammar_with_warnings(forced.lark(tok, _JSON_LAYOUT),
+                                                             llg_tokenizer(tok))
+    assert not bad, msgs
+
+
+def test_the_closing_search_passes_a_marker_that_is_a_special_token(smollm2_tokenizer):
+    """Mistral's [TOOL_CALLS] is a control token: the grammar names it as one (`<[id]>`), and
+    the search that keeps a forced call within max_tokens steps over it (SmolLM2's
+    <|im_start|> stands in for it here)."""
+    pytest.importorskip("llguidance")
+    from pyklei.runtime.grammar import JSON_START, _compile, completion_within
+    tok = smollm2_tokenizer
+    marker = tok.token_to_id("<|im_start|>")
+    c = _compile(tok, f'start: <[{marker}]> "get_time" %json {{"type": "object", "properties": '
+                      f'{{"zone": {{"type": "string"}}}}, "required": ["zone"]}}', "tool calls")
+    path = completion_within(c._matcher, tok, JSON_START, 40)
+    assert path and path[0] == marker
+    assert tok.decode(path[1:]).replace(" ", "") == 'get_time{"zone":""}'
