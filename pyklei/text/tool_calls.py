@@ -189,6 +189,9 @@ PYTHON_TAG = "<|python_tag|>"                           # Llama 3.x: before a JS
 MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"  # Mistral's control tokens
 
 
+_WS = re.compile(r"\s*")
+
+
 def _read_json(text: str, pos: int) -> tuple[Any, int] | None:
     """The JSON value at `pos` (after whitespace) and where it ends, or None."""
     pos = _WS.match(text, pos).end()
@@ -196,9 +199,6 @@ def _read_json(text: str, pos: int) -> tuple[Any, int] | None:
         return json.JSONDecoder().raw_decode(text, pos)
     except ValueError:
         return None
-
-
-_WS = re.compile(r"\s*")
 
 
 class CallFormat:

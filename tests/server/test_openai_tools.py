@@ -255,3 +255,23 @@ def test_a_streamed_forced_call_leaks_no_markup(server):
     assert "<tool" not in content and "{" not in content
     deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
     assert len(deltas) == 1 and json.loads(deltas[0].function.arguments)["owner"]
+
+
+def test_langchain_function_calling_structured_output_with_a_nested_model(server):
+    """with_structured_output(method="function_calling") forces a call of a tool made from a
+    nested pydantic model: it returned None when the call broke (issue 43, item 5)."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    class Owner(BaseModel):
+        name: str
+        email: str
+
+    class Pet(BaseModel):
+        species: str
+        owner: Owner
+
+    chat = lc.ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="smollm2",
+                         temperature=0, max_tokens=100, max_retries=0)
+    pet = chat.with_structured_output(Pet, method="function_calling").invoke(PET_ASK[0]["content"])
+    assert isinstance(pet, Pet) and isinstance(pet.owner, Owner)
