@@ -218,7 +218,9 @@ class LLM:
         Tools, as OpenAI's chat API takes them (pyklei.text.tool_calls): `tools` [{"type": "function",
         "function": {"name", "description", "parameters"}}], `tool_choice` "auto" (default
         with tools), "none", "required" or {"type": "function", "function": {"name"}} (those
-        two constrain the reply to valid calls), and messages with role "tool" and assistant
+        two constrain the reply to valid calls in the model's own format, closed within
+        max_tokens, never the same call twice; one call of a named function, and one with
+        parallel_tool_calls=False), and messages with role "tool" and assistant
         "tool_calls". A whole reply's calls are parsed into response.tool_calls (OpenAI's shape)
         and its text is what is left; a streamed reply is raw text
         (pyklei.text.tool_calls.parse_reply(text, tools, template, messages) parses it). A reply is a
@@ -251,10 +253,11 @@ class LLM:
             if any(v is not None for v in (response_format, json_schema, grammar, regex)):
                 raise ValueError("a forced tool_choice constrains the reply already; give no "
                                  "response_format, json_schema, grammar or regex with it")
-            grammar = tool_calls.call_grammar(offered, choice, parallel_tool_calls,
-                                              self.tokenizer.chat_template)
-        constrain = dict(response_format=response_format, json_schema=json_schema,
-                         grammar=grammar, regex=regex)
+            constrain = dict(tool_calls=tool_calls.forced_calls(
+                offered, choice, parallel_tool_calls, self.tokenizer.chat_template))
+        else:
+            constrain = dict(response_format=response_format, json_schema=json_schema,
+                             grammar=grammar, regex=regex)
         if offered or tool_calls.has_tool_turns(messages):
             ids = tool_calls.render(self.tokenizer, messages, offered or None,
                                     parse_special_in_content=parse_special_in_content,

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..text.json_schema import close_objects
 from .request import check_depth
 
 __all__ = ["Constraint", "GrammarError", "JSON_OBJECT", "close_objects", "constraint", "llg_tokenizer"]
@@ -180,18 +181,19 @@ def _char_tokens(tokenizer) -> tuple[np.ndarray, tuple[bytes, ...]]:
 # The JSON state of a text, as the closing search needs it: (inside a string, after a backslash
 # in it, open arrays and objects, the bytes of the open string -- or, outside, of the string just
 # closed while only whitespace followed it, a key if ':' comes -- else None, per open array or
-# object its (last key, commas so far), the last byte outside strings that is not whitespace).
-# The keys, counts and last byte tell apart places that look alike to the grammar's mask: after
-# "name": "x" and after "age": 3 the same tokens may come next, but what must follow differs;
-# likewise the first and the third item of an array of three, or a '"' after ':' (a value) and
-# after ',' (a key).
-JSON_START = (False, False, 0, None, (), 0)
+# object its (last key, commas so far), the last byte outside strings that is not whitespace,
+# the values closed at the top level). The keys, counts and last byte tell apart places that look
+# alike to the grammar's mask: after "name": "x" and after "age": 3 the same tokens may come
+# next, but what must follow differs; likewise the first and the third item of an array of
+# three, a '"' after ':' (a value) and after ',' (a key), and the same markup before and after
+# a tool call's JSON ("<tool" of "<tool_call>" and of "</tool_call>").
+JSON_START = (False, False, 0, None, (), 0, 0)
 _KEY_CAP = 64     # bytes of a string kept: keys are short; longer strings are never keys
 
 
 def _json_lex(state: tuple, data: bytes) -> tuple:
     """The JSON state (see JSON_START) after `data`."""
-    in_str, esc, depth, cur, nest, last = state
+    in_str, esc, depth, cur, nest, last, closed = state
     for b in data:
         if in_str:
             if esc:
@@ -220,8 +222,9 @@ def _json_lex(state: tuple, data: bytes) -> tuple:
         elif b in (0x7D, 0x5D):                      # '}' ']'
             depth = max(0, depth - 1)
             nest = nest[:-1]
+            closed += depth == 0
         cur = None
-    return in_str, esc, depth, cur, nest, last
+    return in_str, esc, depth, cur, nest, last, closed
 
 
 def completion_within(matcher, tokenizer, lex: tuple | None, limit: int,
@@ -293,7 +296,7 @@ class _CompletionSearch:
     @staticmethod
     def _shape(lx):
         """The JSON state without the string's text: its structure and key path."""
-        return None if lx is None else (lx[0], lx[1], lx[2], lx[4], lx[5])
+        return None if lx is None else (lx[0], lx[1], lx[2], lx[4], lx[5], lx[6])
 
     def _mask(self, m) -> np.ndarray:
         bits = np.empty(self.n_words, np.int32)
@@ -305,16 +308,17 @@ class _CompletionSearch:
         js = np.nonzero((bits[self.word] >> self.shift) & 1)[0]
         if not len(js):
             # where the next text is forced (a key's name), llguidance allows only the tokens
-            # that spell it as the tokenizer would: take those
+            # that spell it as the tokenizer would: take those. A special token is among them
+            # only where the grammar names it (a tool call's marker, Mistral's [TOOL_CALLS]);
+            # it is no JSON text
             special = self.tokenizer.special_ids
             allowed = np.nonzero(np.unpackbits(bits.view(np.uint8), bitorder="little"))[0]
             out = []
             for t in allowed[:16].tolist():
-                if t not in special:
-                    piece = self.tokenizer.token_to_piece(t)
-                    nlx = None if lx is None else _json_lex(lx, piece)
-                    if g + 1 + self._open(nlx) <= limit:
-                        out.append((self._open(nlx), t, piece))
+                piece = b"" if t in special else self.tokenizer.token_to_piece(t)
+                nlx = None if lx is None else _json_lex(lx, piece)
+                if g + 1 + self._open(nlx) <= limit:
+                    out.append((self._open(nlx), t, piece))
             return [(t, piece) for _, t, piece in sorted(out, key=lambda x: x[0])]
         # one character each: how it moves the count of open structures, from a table
         h = self._open(lx) + (self.delta_str[js] if lx is not None and lx[0] and not lx[1]
@@ -379,11 +383,15 @@ class Constraint:
     (for another request, or each of n choices) by copying the compiled start state: compiling
     happens once (_compile). Not thread-safe: the generation that owns it calls it."""
 
-    def __init__(self, tokenizer, start, what: str):
+    def __init__(self, tokenizer, start, what: str, stop_when=None):
         """start: a compiled llguidance LLMatcher at its start state (kept unchanged: fresh()
-        copies it)."""
+        copies it). stop_when: called with the text so far after each token; True ends the
+        generation there (tool calls: a call that repeats an earlier one)."""
         self.tokenizer = tokenizer
-        self.what = what                      # "JSON schema", "grammar", "regex": for messages
+        self.what = what                      # "JSON schema", "tool calls", "grammar", "regex"
+        self._stop_when = stop_when
+        self._text = b""                      # the text so far, kept for stop_when only
+        self._stopped = False                 # stop_when said so
         self._start = start
         self._matcher = start.deep_copy()
         self.n_vocab = tokenizer.vocab_size
@@ -393,9 +401,10 @@ class Constraint:
         self.n_tokens = 0                     # tokens advanced over
         self._claimed = False
         # closing within the budget (fit_budget): the JSON state of the text so far (None for
-        # grammars that are not JSON schemas), a completion from the current state when known,
-        # and whether the search gave up on this grammar
-        self._lex = JSON_START if what == "JSON schema" else None
+        # grammars that are not JSON: tool calls are, their markup having no JSON brackets or
+        # quotes left open), a completion from the current state when known, and whether the
+        # search gave up on this grammar
+        self._lex = JSON_START if what in ("JSON schema", "tool calls") else None
         self._completion: list[int] | None = None   # from the state it was found at or a later one
         self._close_len = 0                   # its length
         self._gave_up = False
@@ -414,7 +423,7 @@ class Constraint:
     def fresh(self) -> "Constraint":
         """A new constraint with the same grammar at its start (a copy of the compiled start
         state: microseconds, where compiling a large schema again took seconds)."""
-        return Constraint(self.tokenizer, self._start, self.what)
+        return Constraint(self.tokenizer, self._start, self.what, self._stop_when)
 
     # ---- per step --------------------------------------------------------------------------
     def fill_bitmask(self, out: np.ndarray | None = None) -> np.ndarray:
@@ -506,10 +515,13 @@ class Constraint:
         self.n_tokens += 1
         if self._lex is not None:
             self._lex = _json_lex(self._lex, self._piece(int(token)))
+        if self._stop_when is not None:
+            self._text += self.tokenizer.token_to_piece(int(token))
+            self._stopped = self._stop_when(self._text.decode("utf-8", "replace"))
 
     def is_done(self) -> bool:
-        """The grammar can take no more text: the generation ends here."""
-        return self._matcher.is_stopped()
+        """The grammar can take no more text, or stop_when said so: the generation ends here."""
+        return self._stopped or self._matcher.is_stopped()
 
     def is_accepting(self) -> bool:
         """The text so far is a whole sentence of the grammar (EOS may come)."""
@@ -524,7 +536,7 @@ def _first_line(msg: str) -> str:
     return msg.strip().split("\n<state>")[0].strip()
 
 
-def _compile(tokenizer, grammar: str, what: str) -> Constraint:
+def _compile(tokenizer, grammar: str, what: str, stop_when=None) -> Constraint:
     """The constraint of llguidance's `grammar`, compiled once within the limits above; its
     first steps are tried here, so that a grammar whose lexer blows up on its first token (a
     regex such as `^a{300000}$`) is refused now rather than failing the generation later."""
@@ -539,7 +551,7 @@ def _compile(tokenizer, grammar: str, what: str) -> Constraint:
         raise GrammarError(f"invalid {what}: {_first_line(msgs[0])}")
     start = llg.LLMatcher(llt, grammar, log_level=0, limits=limits)
     _probe(start, tokenizer, what)
-    return Constraint(tokenizer, start, what)
+    return Constraint(tokenizer, start, what, stop_when)
 
 
 def _probe(start, tokenizer, what: str) -> None:
@@ -584,34 +596,9 @@ def _schema_text(schema) -> str:
     return json.dumps(schema)
 
 
-# Keywords whose values are data or whose subschemas must stay as written: closing an object
-# inside allOf would forbid the properties its sibling schemas add.
-_NOT_CLOSED = frozenset({"allOf", "const", "enum", "default", "examples", "not"})
-
-
-def close_objects(schema):
-    """A copy of `schema` where every object schema that lists "properties" and says nothing
-    of other ones ("additionalProperties", "patternProperties", "unevaluatedProperties") gets
-    "additionalProperties": false.
-
-    Why: JSON Schema leaves such objects open, and a small model then keeps adding keys of its
-    own (it echoes the schema back as properties) until max_tokens cuts the reply. Every reply
-    valid under the closed schema is valid under the original, so the constraint stays sound;
-    OpenAI's strict mode and xgrammar's default close objects alike. A schema that wants extra
-    keys says so ("additionalProperties": true or a schema), and that is kept."""
-    if isinstance(schema, list):
-        return [close_objects(x) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: (v if k in _NOT_CLOSED else close_objects(v)) for k, v in schema.items()}
-    if (isinstance(out.get("properties"), dict) and "additionalProperties" not in out
-            and "patternProperties" not in out and "unevaluatedProperties" not in out):
-        out["additionalProperties"] = False
-    return out
-
-
 def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
-               regex: str | None = None, response_format: dict | None = None) -> Constraint | None:
+               regex: str | None = None, response_format: dict | None = None,
+               tool_calls=None) -> Constraint | None:
     """The constraint of one request, from at most one of:
 
     json_schema      a JSON schema (dict, or its JSON text); objects that list their
@@ -621,15 +608,18 @@ def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
     response_format  OpenAI's: {"type": "text"} (None: no constraint), {"type": "json_object"},
                      {"type": "json_schema", "json_schema": {"schema": {...}, "name": ..,
                      "strict": ..}}
+    tool_calls       pyklei.text.tool_calls.ForcedCalls: the calls tool_choice "required" or a
+                     named function demands, in the model's own format; closed within
+                     max_tokens as a JSON schema is, and ended at a call that repeats one
 
     None when none is given. GrammarError (a ValueError) names what does not compile; TypeError
     for an argument of the wrong kind; ImportError when llguidance is not installed."""
     given = {k: v for k, v in (("json_schema", json_schema), ("grammar", grammar),
-                                ("regex", regex), ("response_format", response_format))
-             if v is not None}
+                                ("regex", regex), ("response_format", response_format),
+                                ("tool_calls", tool_calls)) if v is not None}
     if len(given) > 1:
-        raise ValueError(f"give one of json_schema, grammar, regex and response_format, "
-                         f"got {', '.join(given)}")
+        raise ValueError(f"give one of json_schema, grammar, regex, response_format and "
+                         f"tool_calls, got {', '.join(given)}")
     if not given:
         return None
     if response_format is not None:
@@ -637,6 +627,9 @@ def constraint(tokenizer, *, json_schema=None, grammar: str | None = None,
         if json_schema is None:
             return None
     llg = _llguidance()
+    if tool_calls is not None:
+        return _compile(tokenizer, tool_calls.lark(tokenizer, _JSON_LAYOUT), "tool calls",
+                        tool_calls.repeats_a_call)
     if json_schema is not None:
         text = _schema_text(json_schema)   # checked as JSON here, then closed (close_objects)
         if len(text) > MAX_GRAMMAR_BYTES:  # before close_objects, which walks it in Python

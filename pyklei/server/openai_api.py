@@ -35,7 +35,7 @@ from ..runtime.request import (MAX_STOPS, GenerationRequest, check_logit_bias_id
 from ..runtime.sampler import MAX_TOKENS, SAMPLING_OPTIONS, SamplingParams, check_logit_bias
 from ..text.tokenizer import token_ids
 from ..text.tool_calls import ToolError, check_tool_choice, check_tools, has_tool_turns
-from ..text.tool_calls import call_grammar, reply_parser
+from ..text.tool_calls import forced_calls, reply_parser
 from ..text.tool_calls import render as render_with_tools
 
 DEFAULT_MAX_TOKENS = {"chat": 512, "text": 16}   # when a request gives none (text: OpenAI's)
@@ -396,8 +396,8 @@ def constraint_from(body: dict, tokenizer, tools: list, tool_choice, parallel: b
     try:
         from ..runtime.grammar import constraint
         if forced:
-            return constraint(tokenizer, grammar=call_grammar(tools, tool_choice, parallel,
-                                                              tokenizer.chat_template))
+            return constraint(tokenizer, tool_calls=forced_calls(tools, tool_choice, parallel,
+                                                                 tokenizer.chat_template))
         return constraint(tokenizer, **{param: body[param]})
     except ImportError as e:
         raise APIError(f"'{param}' needs constrained decoding, which this server lacks: {e}",

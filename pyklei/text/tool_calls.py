@@ -14,26 +14,38 @@ which Qwen's and SmolLM3's templates use too); the calls and results of earlier 
 written the same way, results inside `<tool_response>` in a user message. Message content is
 tokenized as text (Tokenizer.apply_chat_template): a tool result cannot open a turn.
 
-Parsing (`CallParser`): a reply is a call only in the call format of the model's family and
+The formats (CallFormat; call_format(template) picks one from TEMPLATE_FORMATS, the one table):
+* Hermes (HERMES): `<tool_call>{"name", "arguments"}</tool_call>` blocks among content; pyklei's
+  fallback, Qwen2.5/Qwen3, SmolLM3 and every template that writes the tag.
+* Mistral before tokenizer v11 (MISTRAL_LIST): content, then `[TOOL_CALLS] [{"name",
+  "arguments"}, ...]`; from v11 (MISTRAL): `[TOOL_CALLS]name[ARGS]{...}` per call.
+* Llama 3.x (LLAMA3_JSON): the whole reply is `{"name", "parameters"}` (or "arguments"),
+  perhaps after <|python_tag|>; a list, or objects separated by ';', are read too.
+The template decides, not the architecture: it is what taught the model its format.
+
+Parsing (`CallParser`): a reply is a call only in the call format of the model's template and
 only for a declared tool; everything else is content, its text intact.
-* The format: `<tool_call>` blocks for pyklei's fallback and for templates that write the tag
-  (the last block may lack its closing tag when max_tokens cut it); a bare JSON object, or a
-  list of them, with `name` and `parameters` or `arguments` for the other templates that know
-  tools (Llama 3.x's JSON tool calls). Bare JSON under a tagged template is content, and tags
-  under a JSON template are content.
-* The name: one of the tools offered; a block or object naming another is content.
-* Echoes: a call whose JSON text appears verbatim in the request's own user or tool message
+* The format: a call cut by max_tokens after whole ones is dropped (a Hermes block whose JSON
+  is whole but its closing tag cut is kept); markup of another format is content.
+* The name: one of the tools offered; a call naming another is content. Arguments: a JSON
+  object.
+* Echoes: a call whose text appears verbatim in the request's own user or tool message
   content is content. Untrusted text (a web page in a tool result, a user's paste) that the
   model repeats never becomes a call; the cost is that a call the user typed out exactly is not
   run either. Forced calls (tool_choice "required" or a named function) are exempt: the client
   asked for a call and the grammar wrote it.
+* Repeats: a call identical to an earlier one of the reply (same name, same arguments) is left
+  out: an agent would run its side effect twice.
 * A reply under the client's own constraint (response_format, json_schema, grammar) is content,
   as OpenAI's response_format shapes the content: `reply_parser` gives no parser then.
-A stream holds back only what may still become such a call (`CallParser.split_stream`).
+A stream holds back only what may still become such a call (`CallParser.split_stream`), so a
+streamed call comes whole and no piece of its markup is sent as content.
 
-`call_schema()` is the JSON schema of one call of the given tools (or of one named tool): the
-constraint for `tool_choice` "required" or a named function (pyklei.runtime.grammar, when it is
-installed), so the reply is a valid call whatever the model's size.
+Forced calls (`forced_calls`): tool_choice "required" or a named function constrains the reply
+to calls in the model's own format (pyklei.runtime.grammar.constraint(tool_calls=...)), so the
+reply is valid calls whatever the model's size: each tool's parameters closed at every object
+level and its `$defs` carried to the root of the call's schema (`call_schema`), closed within
+max_tokens as any JSON schema is, and ended at a call that repeats an earlier one.
 """
 from __future__ import annotations
 
@@ -42,6 +54,8 @@ import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from .json_schema import close_objects, hoist_defs
 
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -169,10 +183,214 @@ def render(tokenizer, messages: Sequence[dict], tools: list[dict] | None,
                                          parse_special_in_content=parse_special_in_content, **kw)
 
 
-def calls_are_tagged(template: str | None) -> bool:
-    """Whether the model writes its calls as <tool_call> blocks (pyklei's fallback, and
-    templates that use the tags) rather than as bare JSON (Llama 3.x)."""
-    return not knows_tools(template) or TAG_OPEN in (template or "")
+# ---- the call formats ------------------------------------------------------------------------
+
+PYTHON_TAG = "<|python_tag|>"                           # Llama 3.x: before a JSON call, at times
+MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"  # Mistral's control tokens
+
+
+_WS = re.compile(r"\s*")
+
+
+def _read_json(text: str, pos: int) -> tuple[Any, int] | None:
+    """The JSON value at `pos` (after whitespace) and where it ends, or None."""
+    pos = _WS.match(text, pos).end()
+    try:
+        return json.JSONDecoder().raw_decode(text, pos)
+    except ValueError:
+        return None
+
+
+class CallFormat:
+    """How one family of models writes tool calls: parse() reads a whole reply, split_stream()
+    tells a stream's content from what may still be a call, lark() is the grammar of forced
+    calls. `read(obj, raw)` gives the call an object stands for (CallParser: a declared name,
+    not an echo), or None."""
+    name = ""
+
+    def parse(self, text, read) -> tuple[str | None, list[dict]]:
+        raise NotImplementedError
+
+    def split_stream(self, held: str, read) -> tuple[str, str | None]:
+        raise NotImplementedError
+
+    def lark(self, one: dict, lit, json_rule, parallel: bool) -> str:
+        """one: {tool name: its closed parameters}; lit(text): the Lark terminal of a marker
+        (its special token when it is one); json_rule(schema): `%json {...}`."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _hold_marker(held: str, marker: str) -> tuple[str, str]:
+        """Everything from the marker on is held; without it, a tail that may begin it."""
+        start = held.find(marker)
+        if start >= 0:
+            return held[:start], held[start:]
+        tail = next((k for k in range(min(len(marker) - 1, len(held)), 0, -1)
+                     if marker.startswith(held[len(held) - k:])), 0)
+        return held[:len(held) - tail], held[len(held) - tail:]
+
+
+class HermesCalls(CallFormat):
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks among content (Hermes,
+    Qwen2.5/Qwen3, SmolLM3, and pyklei's fallback prompt); the last block may lack its closing
+    tag when max_tokens cut it."""
+    name = "hermes"
+    _BLOCK = re.compile(re.escape(TAG_OPEN) + r"(.*?)(" + re.escape(TAG_CLOSE) + r"|$)", re.S)
+
+    def _block(self, inner: str, read):
+        inner = inner.strip()
+        got = _read_json(inner, 0) if inner else None
+        return read(got[0], inner) if got and got[1] == len(inner) else None
+
+    def parse(self, text, read):
+        calls, rest, pos = [], [], 0
+        for m in self._BLOCK.finditer(text):
+            call = self._block(m.group(1), read)
+            if call is None:
+                if not m.group(2) and calls:   # a call cut by max_tokens after whole ones
+                    rest.append(text[pos:m.start()])
+                    pos = len(text)
+                continue
+            calls.append(call)
+            rest.append(text[pos:m.start()])
+            pos = m.end()
+        if not calls:
+            return text, []
+        rest.append(text[pos:])
+        return ("".join(rest).strip() or None), calls
+
+    def split_stream(self, held, read):
+        pos = 0
+        while True:
+            start = held.find(TAG_OPEN, pos)
+            if start < 0:
+                send, keep = self._hold_marker(held[pos:], TAG_OPEN)
+                return held[:pos] + send, keep
+            end = held.find(TAG_CLOSE, start)
+            if end < 0 or self._block(held[start + len(TAG_OPEN):end], read) is not None:
+                return held[:start], held[start:]
+            pos = end + len(TAG_CLOSE)           # a block that is no call: content
+
+    def lark(self, one, lit, json_rule, parallel):
+        block = f'{lit(TAG_OPEN)} "\\n"? call "\\n"? {lit(TAG_CLOSE)}'   # Qwen's newlines
+        start = f'{block} ("\\n" {block})*' if parallel else block
+        return f"start: {start}\ncall: {json_rule(_call_object(one, 'arguments'))}"
+
+
+class JsonCalls(CallFormat):
+    """Llama 3.x: the whole reply is a JSON call `{"name": ..., "parameters": {...}}` (or
+    "arguments"), perhaps after <|python_tag|>; several as a JSON list or separated by ';'
+    are read too. Llama's templates take one call per message (they raise on more), so forced
+    calls are one."""
+    name = "llama3_json"
+    _START = re.compile(r"\s*(" + re.escape(PYTHON_TAG) + r"\s*)?(\[\s*)?(\{\s*(\"|\Z)|\Z)")
+
+    def _calls(self, text, read) -> list[dict]:
+        s = text.strip()
+        s = s[len(PYTHON_TAG):] if s.startswith(PYTHON_TAG) else s
+        items = _json_items(s, separators=(",", ";"))
+        if not items:
+            return []
+        calls = [read(obj, raw) if isinstance(obj, dict) and ("parameters" in obj
+                                                              or "arguments" in obj) else None
+                 for obj, raw in items]
+        return calls if all(calls) else []
+
+    def parse(self, text, read):
+        calls = self._calls(text, read)
+        return (None, calls) if calls else (text, [])
+
+    def split_stream(self, held, read):
+        if not self._START.match(held):
+            return held, None                    # not the start of a JSON call: content
+        s = held.strip()
+        s = s[len(PYTHON_TAG):] if s.startswith(PYTHON_TAG) else s
+        if not s.endswith(("}", "]")) or not _json_items(s, separators=(",", ";")):
+            return "", held                      # may still close into a call
+        return ("", held) if self._calls(held, read) else (held, None)
+
+    def lark(self, one, lit, json_rule, parallel):
+        return f"start: call\ncall: {json_rule(_call_object(one, 'parameters'))}"
+
+
+class MistralListCalls(CallFormat):
+    """Mistral before tokenizer v11 (Mistral 7B v0.3, Mistral Small 3.1's template):
+    content, then `[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]`; a list cut after
+    whole calls (max_tokens, or a repeated call ended) keeps those."""
+    name = "mistral_list"
+
+    def parse(self, text, read):
+        start = text.find(MISTRAL_CALLS)
+        if start < 0:
+            return text, []
+        items = _json_items(text[start + len(MISTRAL_CALLS):].strip(), unclosed=True)
+        calls = [read(obj, raw) for obj, raw in items]
+        if not calls or not all(calls):
+            return text, []
+        return text[:start].strip() or None, calls
+
+    def split_stream(self, held, read):
+        return self._hold_marker(held, MISTRAL_CALLS)
+
+    def lark(self, one, lit, json_rule, parallel):
+        more = ' ("," " "? call)*' if parallel else ""
+        return (f'start: {lit(MISTRAL_CALLS)} " "? "[" call{more} "]"\n'
+                f"call: {json_rule(_call_object(one, 'arguments'))}")
+
+
+class MistralCalls(CallFormat):
+    """Mistral from tokenizer v11 (Ministral 3, Magistral, Devstral, Mistral Small 3.2):
+    content, then per call `[TOOL_CALLS]name[ARGS]{...}` (v11 may add `[CALL_ID]id` before
+    [ARGS]); a call cut by max_tokens after whole ones is dropped."""
+    name = "mistral"
+    _HEAD = re.compile(r"\s*([A-Za-z0-9_.\-]{1,64})\s*(?:\[CALL_ID\]\s*[A-Za-z0-9]+\s*)?"
+                       + re.escape(MISTRAL_ARGS))
+
+    def parse(self, text, read):
+        start = text.find(MISTRAL_CALLS)
+        if start < 0:
+            return text, []
+        calls = []
+        parts = text[start + len(MISTRAL_CALLS):].split(MISTRAL_CALLS)
+        for k, part in enumerate(parts):
+            head = self._HEAD.match(part)
+            got = _read_json(part, head.end()) if head else None
+            call = None
+            if got and not part[got[1]:].strip():
+                call = read({"name": head.group(1), "arguments": got[0]}, part.strip())
+            if call is None:
+                if k == len(parts) - 1 and calls and got is None:   # cut by max_tokens
+                    break
+                return text, []
+            calls.append(call)
+        return text[:start].strip() or None, calls
+
+    def split_stream(self, held, read):
+        return self._hold_marker(held, MISTRAL_CALLS)
+
+    def lark(self, one, lit, json_rule, parallel):
+        rules = " | ".join(f'"{n}" {lit(MISTRAL_ARGS)} args{i}' for i, n in enumerate(one))
+        start = "call+" if parallel else "call"
+        return "\n".join([f"start: {start}", f"call: {lit(MISTRAL_CALLS)} ({rules})"]
+                         + [f"args{i}: {json_rule(p)}" for i, p in enumerate(one.values())])
+
+
+HERMES, LLAMA3_JSON = HermesCalls(), JsonCalls()
+MISTRAL_LIST, MISTRAL = MistralListCalls(), MistralCalls()
+# The one table: which format a chat template teaches, by what its source writes, first match
+# first. The template decides, not the architecture: a Llama fine-tune with ChatML's template
+# gets pyklei's fallback prompt (Hermes blocks), Qwen2.5 and Hermes-3-Llama both write Hermes
+# blocks, and each Mistral generation's template says which of its two formats it writes.
+TEMPLATE_FORMATS = ((MISTRAL_ARGS, MISTRAL), (MISTRAL_CALLS, MISTRAL_LIST), (TAG_OPEN, HERMES))
+
+
+def call_format(template: str | None) -> CallFormat:
+    """The format a model with this chat template writes its calls in: pyklei's fallback
+    (Hermes) for a template that does not know tools, else TEMPLATE_FORMATS' first match,
+    else Llama 3.x's JSON (a template that knows tools and names no markup)."""
+    if not knows_tools(template):
+        return HERMES
+    return next((fmt for marker, fmt in TEMPLATE_FORMATS if marker in template), LLAMA3_JSON)
 
 
 QUOTING_ROLES = ("user", "tool")   # whose message content a call must not merely repeat
@@ -191,7 +409,7 @@ def reply_parser(tools: Sequence[dict], template: str | None, messages: Sequence
     quoted = () if forced else tuple(
         m["content"] for m in messages if isinstance(m, dict) and m.get("role") in QUOTING_ROLES
         and isinstance(m.get("content"), str) and m["content"])
-    return CallParser(frozenset(t["function"]["name"] for t in tools), calls_are_tagged(template),
+    return CallParser(frozenset(t["function"]["name"] for t in tools), call_format(template),
                       quoted)
 
 
@@ -202,162 +420,162 @@ def parse_reply(text: str, tools: Sequence[dict], template: str | None = None,
     return (text, []) if parser is None else parser.parse(text)
 
 
-_BLOCK = re.compile(re.escape(TAG_OPEN) + r"(.*?)(" + re.escape(TAG_CLOSE) + r"|$)", re.S)
-# What the text of a JSON call (or list of calls) may begin with: whitespace, "[", "{" and '"'.
-_JSON_CALL_START = re.compile(r'\s*(\[\s*)?(\{\s*("|\Z)|\Z)')
-
-
 @dataclass(frozen=True)
 class CallParser:
-    """Reads tool calls out of a model's reply (module doc: the format, the names, echoes)."""
+    """Reads tool calls out of a model's reply (module doc: the format, the names, echoes,
+    repeats)."""
 
     names: frozenset[str]            # the tools offered: a call names one of them
-    tagged: bool                     # <tool_call> blocks; else a bare JSON object or list
+    fmt: CallFormat = HERMES         # the model's call format (call_format)
     quoted: tuple[str, ...] = ()     # user and tool message texts a call must not repeat
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, tool calls) of a whole reply. Without calls the content is the reply's
         text, intact; with calls it is the text outside them, stripped (None when empty).
-        Calls have OpenAI's shape, arguments a JSON string."""
-        if not self.tagged:
-            calls = self._json_calls(text)
-            return (None, calls) if calls else (text, [])
-        calls, rest, pos = [], [], 0
-        for m in _BLOCK.finditer(text):
-            call = self._block_call(m.group(1))
-            if call is None:
-                if not m.group(2) and calls:   # a call cut by max_tokens after whole ones
-                    rest.append(text[pos:m.start()])
-                    pos = len(text)
-                continue
-            calls.append(call)
-            rest.append(text[pos:m.start()])
-            pos = m.end()
-        if not calls:
-            return text, []
-        rest.append(text[pos:])
-        return ("".join(rest).strip() or None), calls
+        Calls have OpenAI's shape, arguments a JSON string; a call identical to an earlier one
+        (same name, same arguments) is left out."""
+        content, calls = self.fmt.parse(text, self._read)
+        seen, unique = set(), []
+        for c in calls:
+            key = _call_key(c)
+            if key not in seen:
+                seen.add(key)
+                unique.append(c)
+        return content, unique
 
     def split_stream(self, held: str) -> tuple[str, str | None]:
         """A stream's held-back text split into (content to send now, text to keep holding,
         None when nothing that follows can be a call). The text kept is what may still become
-        a call: an unfinished or finished call block with what follows it, a tail that may
-        begin a tag, or a reply that may still be a JSON call. parse() of the whole reply
-        decides at the end; what was sent is content under its rules too."""
-        if not self.tagged:
-            if not _JSON_CALL_START.match(held):
-                return held, None                # not the start of a JSON call: content
-            if not held.rstrip().endswith(("}", "]")):
-                return "", held                  # may still close into a call
-            try:
-                json.loads(held)
-            except ValueError:
-                return "", held
-            return ("", held) if self._json_calls(held) else (held, None)
-        pos = 0
-        while True:
-            start = held.find(TAG_OPEN, pos)
-            if start < 0:
-                tail = next((k for k in range(min(len(TAG_OPEN) - 1, len(held) - pos), 0, -1)
-                             if TAG_OPEN.startswith(held[len(held) - k:])), 0)
-                cut = len(held) - tail
-                return held[:cut], held[cut:]
-            end = held.find(TAG_CLOSE, start)
-            if end < 0 or self._block_call(held[start + len(TAG_OPEN):end]) is not None:
-                return held[:start], held[start:]
-            pos = end + len(TAG_CLOSE)           # a block that is no call: content
+        a call: an unfinished or finished call with what follows it, a tail that may begin
+        the format's markup, or a reply that may still be a JSON call. parse() of the whole
+        reply decides at the end; what was sent is content under its rules too."""
+        return self.fmt.split_stream(held, self._read)
 
-    def _call(self, obj, need_arguments: bool) -> dict | None:
+    def repeats_a_call(self, text: str) -> bool:
+        """Whether `text` holds two identical calls (ForcedCalls ends a reply there)."""
+        if not text.rstrip().endswith(("}", "]", ">")):
+            return False
+        calls = self.fmt.parse(text, self._read)[1]
+        return len({_call_key(c) for c in calls}) < len(calls)
+
+    def _read(self, obj, raw: str) -> dict | None:
+        """The call `obj` (its text `raw`) stands for: a declared name, arguments an object
+        (or absent: {}), and not an echo of a user or tool message; else None."""
         if not isinstance(obj, dict) or obj.get("name") not in self.names:
             return None
-        if need_arguments and "arguments" not in obj and "parameters" not in obj:
+        if any(raw in q for q in self.quoted):
             return None
         args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return None
+        if not isinstance(args, dict):
+            return None
         return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                "function": {"name": obj["name"],
-                             "arguments": args if isinstance(args, str) else json.dumps(args)}}
-
-    def _echoed(self, call_text: str) -> bool:
-        return any(call_text in q for q in self.quoted)
-
-    def _block_call(self, inner: str) -> dict | None:
-        """The call a <tool_call> block holds, or None: not JSON, an undeclared name, or an
-        echo of a user or tool message."""
-        inner = inner.strip()
-        if not inner or self._echoed(inner):
-            return None
-        try:
-            return self._call(json.loads(inner), need_arguments=False)
-        except ValueError:
-            return None
-
-    def _json_calls(self, text: str) -> list[dict]:
-        """The calls of a reply that is a bare JSON call or list of calls (each with "name"
-        and "parameters" or "arguments"), else []."""
-        items = _json_items(text)
-        if not items:
-            return []
-        calls = [None if self._echoed(raw) else self._call(obj, need_arguments=True)
-                 for obj, raw in items]
-        return calls if all(calls) else []
+                "function": {"name": obj["name"], "arguments": json.dumps(args)}}
 
 
-def _json_items(text: str) -> list[tuple[Any, str]]:
-    """A JSON object, or a list of them, as [(value, its exact text)]; [] when `text` is
-    not one (surrounding whitespace aside)."""
-    decoder, s = json.JSONDecoder(), text.strip()
-    ws = re.compile(r"\s*")
-    try:
-        if s.startswith("{"):
-            obj, end = decoder.raw_decode(s)
-            return [(obj, s)] if end == len(s) else []
-        if not s.startswith("["):
-            return []
-        items, pos = [], ws.match(s, 1).end()
+def _call_key(call: dict) -> tuple[str, str]:
+    f = call["function"]
+    return f["name"], json.dumps(json.loads(f["arguments"]), sort_keys=True)
+
+
+def _json_items(s: str, separators=(",",), unclosed: bool = False) -> list[tuple[Any, str]]:
+    """A JSON object, a list of them, or (with ';' among `separators`) objects separated by
+    ';', as [(value, its exact text)]; [] when `s` (stripped) is none of these. unclosed: a
+    list may end after a whole item without its ']' (a reply cut there)."""
+    s = s.strip()
+    if s.startswith("{"):
+        items, pos = [], 0
         while True:
-            obj, end = decoder.raw_decode(s, pos)
-            items.append((obj, s[pos:end]))
-            pos = ws.match(s, end).end()
-            if s[pos:pos + 1] == ",":
-                pos = ws.match(s, pos + 1).end()
-                continue
-            return items if s[pos:] == "]" else []
-    except ValueError:
+            got = _read_json(s, pos)
+            if got is None:
+                return []
+            items.append((got[0], s[pos:got[1]].strip()))
+            pos = _WS.match(s, got[1]).end()
+            if pos == len(s):
+                return items
+            if s[pos] != ";" or ";" not in separators:
+                return []
+            pos += 1
+    if not s.startswith("["):
         return []
+    items, pos = [], 1
+    while True:
+        got = _read_json(s, pos)
+        if got is None:
+            return []
+        items.append((got[0], s[_WS.match(s, pos).end():got[1]]))
+        pos = _WS.match(s, got[1]).end()
+        if s[pos:pos + 1] == ",":
+            pos += 1
+            continue
+        return items if s[pos:] == "]" or (unclosed and pos == len(s)) else []
 
 
-def call_schema(tools: list[dict], name: str | None = None, parallel: bool = False,
-                key: str = "arguments") -> dict:
-    """The JSON schema of a call of one of `tools` (or of the one named): {"name": const,
-    key: its parameters}; with parallel, a non-empty list of calls."""
-    one = [{"type": "object", "properties": {
-        "name": {"const": t["function"]["name"]},
-        key: _closed(t["function"].get("parameters") or {"type": "object"})},
-        "required": ["name", key], "additionalProperties": False}
-        for t in tools if name is None or t["function"]["name"] == name]
-    call = one[0] if len(one) == 1 else {"anyOf": one}
-    return {"type": "array", "items": call, "minItems": 1} if parallel else call
+# ---- forced calls ----------------------------------------------------------------------------
+
+def call_schema(tools: list[dict], name: str | None = None, key: str = "arguments") -> dict:
+    """The JSON schema of one call of `tools` (or of the one named): {"name": const, key: its
+    parameters}, every object level closed (json_schema.close_objects: OpenAI's strict mode)
+    and each tool's "$defs" carried to the root, its refs rewritten (json_schema.hoist_defs)."""
+    return _call_object(_closed_parameters(tools, name), key)
 
 
-def _closed(params: dict) -> dict:
-    """A function's parameters without keys it does not declare, unless the schema says
-    otherwise: a function takes its parameters (OpenAI's strict mode requires this too), and a
-    small model left free to add keys can spend its whole budget inventing them."""
-    if "properties" in params and "additionalProperties" not in params:
-        return {**params, "additionalProperties": False}
-    return params
+def _closed_parameters(tools, name) -> dict:
+    """{tool name: its parameters, closed, $defs and refs left where they are}."""
+    return {t["function"]["name"]: close_objects(t["function"].get("parameters")
+                                                 or {"type": "object"})
+            for t in tools if name is None or t["function"]["name"] == name}
 
 
-def call_grammar(tools: list[dict], choice, parallel: bool, template: str | None) -> str:
-    """A Lark grammar (llguidance's dialect) whose sentences are calls of `tools` as the model
-    is asked to write them: <tool_call> blocks with "arguments" (pyklei's fallback, and templates
-    that use the tags), else one JSON object with "parameters" (Llama 3.x), a list of them with
-    parallel. choice: "required" or {"type": "function", "function": {"name"}}."""
+def _call_object(one: dict, key: str) -> dict:
+    defs, calls = {}, []
+    for name, params in one.items():
+        body, own = hoist_defs(params, name + ".")
+        defs.update(own)
+        calls.append({"type": "object", "properties": {"name": {"const": name}, key: body},
+                      "required": ["name", key], "additionalProperties": False})
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {**schema, "$defs": defs} if defs else schema
+
+
+@dataclass(frozen=True)
+class ForcedCalls:
+    """The calls tool_choice "required" or a named function demands of a reply, in the model's
+    own format (pyklei.runtime.grammar.constraint(tokenizer, tool_calls=...) compiles it).
+
+    One call of the named function; with "required", one or more when parallel calls are
+    allowed (Llama's JSON format: one), exactly one when not. A call identical to an earlier
+    one of the reply ends the reply there (repeats_a_call), and the parser leaves it out: a
+    grammar cannot forbid repeating a text it has not seen yet, and a small model that
+    repeats a call once would go on repeating it."""
+    tools: tuple
+    name: str | None
+    parallel: bool
+    parser: CallParser
+
+    def lark(self, tokenizer, json_options: dict) -> str:
+        """The Lark grammar (llguidance's dialect); json_options: the JSON layout every %json
+        follows (llguidance's "x-guidance")."""
+        def lit(text):   # a marker that is one special token is matched as that token
+            tid = tokenizer.token_to_id(text)
+            return f"<[{tid}]>" if tid is not None and tid in tokenizer.special_ids else \
+                json.dumps(text)
+
+        def json_rule(schema):
+            return "%json " + json.dumps({**schema, "x-guidance": json_options})
+        return self.parser.fmt.lark(_closed_parameters(self.tools, self.name), lit, json_rule,
+                                    self.parallel)
+
+    def repeats_a_call(self, text: str) -> bool:
+        return self.parser.repeats_a_call(text)
+
+
+def forced_calls(tools: list[dict], choice, parallel: bool, template: str | None) -> ForcedCalls:
+    """The ForcedCalls of choice "required" or {"type": "function", "function": {"name"}}."""
     name = choice["function"]["name"] if isinstance(choice, dict) else None
-    parallel = parallel and name is None     # a named function: one call of it (OpenAI's)
-    if calls_are_tagged(template):
-        block = f'"{TAG_OPEN}" call "{TAG_CLOSE}"'
-        start = f'{block} ("\\n" {block})*' if parallel else block
-        return f"start: {start}\ncall: %json {json.dumps(call_schema(tools, name))}"
-    schema = call_schema(tools, name, parallel, key="parameters")
-    return f"start: call\ncall: %json {json.dumps(schema)}"
+    parser = CallParser(frozenset(t["function"]["name"] for t in tools), call_format(template))
+    return ForcedCalls(tuple(tools), name, parallel and name is None, parser)

@@ -453,11 +453,11 @@ _TIGHT = {"type": "object", "required": ["name", "emails", "address"], "properti
 def test_the_json_state_the_closing_search_reads():
     from pyklei.runtime import grammar
     lex = grammar._json_lex(grammar.JSON_START, b'{"a": [1, {"b": "x\\"y}')
-    in_str, esc, depth, cur, nest, last = lex
+    in_str, esc, depth, cur, nest, last, n_closed = lex
     assert (in_str, esc, depth) == (True, False, 3) and cur == b'x\\"y}'
-    assert nest == ((b"a", 0), (b"", 1), (b"b", 0)) and last == ord('"')
+    assert nest == ((b"a", 0), (b"", 1), (b"b", 0)) and last == ord('"') and n_closed == 0
     closed = grammar._json_lex(lex, b'"}]}')
-    assert closed[:3] == (False, False, 0) and closed[4] == ()
+    assert closed[:3] == (False, False, 0) and closed[4] == () and closed[6] == 1
 
 
 @needs_llg

@@ -167,3 +167,111 @@ def test_the_legacy_functions_api(server):
     with pytest.raises(openai.BadRequestError) as e:
         c.chat.completions.create(model="m", messages=ASK, functions=fn, tools=[WEATHER])
     assert e.value.body["param"] == "functions"
+
+
+# ---- issue 43: forced calls that never break ----------------------------------------------------
+
+OWNER = {"type": "object", "properties": {"name": {"type": "string"},
+                                          "email": {"type": "string"}},
+         "required": ["name", "email"]}
+REGISTER = {"type": "function", "function": {     # not strict: no additionalProperties anywhere
+    "name": "register_pet", "description": "Register a pet and its owner",
+    "parameters": {"type": "object", "properties": {"species": {"type": "string"},
+                                                    "owner": OWNER},
+                   "required": ["species", "owner"]}}}
+PET_ASK = [{"role": "user", "content": "Register my dog Rex; the owner is Ann, ann@x.org."}]
+
+
+def _pydantic_pet_tool():
+    from pydantic import BaseModel
+
+    class Owner(BaseModel):
+        name: str
+        email: str
+
+    class Pet(BaseModel):
+        """Register a pet and its owner."""
+        species: str
+        owner: Owner
+
+    return openai.pydantic_function_tool(Pet)
+
+
+def _closed(schema):
+    from pyklei.text.json_schema import close_objects
+    return close_objects(schema)
+
+
+@pytest.mark.parametrize("max_tokens", [60, 100, 200])
+@pytest.mark.parametrize("kind", ["pydantic", "open"])
+def test_a_forced_call_with_a_nested_schema_is_one_valid_call_within_max_tokens(
+        server, max_tokens, kind):
+    """A tool whose parameters nest a model ($defs / $ref from pydantic, or an inline object
+    without additionalProperties) comes back as exactly one call whose arguments validate,
+    every object closed, within max_tokens, named or "required" (issue 43, items 4 and 5)."""
+    tool = _pydantic_pet_tool() if kind == "pydantic" else REGISTER
+    name = tool["function"]["name"]
+    params = tool["function"]["parameters"]
+    for choice in ("required", {"type": "function", "function": {"name": name}}):
+        r = client(server).chat.completions.create(
+            model="m", messages=PET_ASK, tools=[tool], tool_choice=choice, temperature=0,
+            max_tokens=max_tokens, parallel_tool_calls=False)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
+        assert r.usage.completion_tokens <= max_tokens
+        args = json.loads(ch.message.tool_calls[0].function.arguments)
+        jsonschema.validate(args, params)
+        jsonschema.validate(args, _closed(params))   # no invented keys at any level
+
+
+def test_required_never_repeats_a_call(server):
+    """With parallel calls allowed, a reply never holds the same call twice (issue 43, item 6:
+    get_weather {"city": "Rome"} came five times); with parallel_tool_calls false, one call."""
+    c = client(server)
+    ask = [{"role": "user", "content": "What is the weather in Rome?"}]
+    for seed in (None, 1, 2, 3):
+        r = c.chat.completions.create(model="m", messages=ask, tools=[WEATHER, TIME],
+                                      tool_choice="required", max_tokens=200, seed=seed,
+                                      temperature=0 if seed is None else 0.9)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and calls
+        keys = [(cl.function.name, json.dumps(json.loads(cl.function.arguments), sort_keys=True))
+                for cl in calls]
+        assert len(set(keys)) == len(keys), keys
+        one = c.chat.completions.create(model="m", messages=ask, tools=[WEATHER, TIME],
+                                        tool_choice="required", max_tokens=200, seed=seed,
+                                        temperature=0 if seed is None else 0.9,
+                                        parallel_tool_calls=False)
+        assert len(one.choices[0].message.tool_calls) == 1
+
+
+def test_a_streamed_forced_call_leaks_no_markup(server):
+    """A streamed forced call comes whole in its tool_calls delta; no content delta carries any
+    of its markup."""
+    chunks = list(client(server).chat.completions.create(
+        model="m", messages=PET_ASK, tools=[_pydantic_pet_tool()], tool_choice="required",
+        temperature=0, max_tokens=100, stream=True))
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert "<tool" not in content and "{" not in content
+    deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and json.loads(deltas[0].function.arguments)["owner"]
+
+
+def test_langchain_function_calling_structured_output_with_a_nested_model(server):
+    """with_structured_output(method="function_calling") forces a call of a tool made from a
+    nested pydantic model: it returned None when the call broke (issue 43, item 5)."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel
+
+    class Owner(BaseModel):
+        name: str
+        email: str
+
+    class Pet(BaseModel):
+        species: str
+        owner: Owner
+
+    chat = lc.ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="smollm2",
+                         temperature=0, max_tokens=100, max_retries=0)
+    pet = chat.with_structured_output(Pet, method="function_calling").invoke(PET_ASK[0]["content"])
+    assert isinstance(pet, Pet) and isinstance(pet.owner, Owner)

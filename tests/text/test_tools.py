@@ -6,8 +6,9 @@ import json
 import pytest
 
 from pyklei.text.tokenizer import Tokenizer
-from pyklei.text.tool_calls import (CallParser, ToolError, call_schema, check_tool_choice, check_tools,
-                          knows_tools, parse_reply, render, reply_parser, template_messages)
+from pyklei.text.tool_calls import (HERMES, LLAMA3_JSON, CallParser, ToolError, call_schema,
+                                    check_tool_choice, check_tools, knows_tools, parse_reply,
+                                    render, reply_parser, template_messages)
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -23,8 +24,8 @@ TURNS = [
 
 
 DECLARED = frozenset({"get_weather", "get_time", "a", "b"})
-TAGGED = CallParser(DECLARED, tagged=True)      # pyklei's fallback, Hermes/Qwen templates
-BARE_JSON = CallParser(DECLARED, tagged=False)  # Llama 3.x templates
+TAGGED = CallParser(DECLARED, HERMES)           # pyklei's fallback, Hermes/Qwen templates
+BARE_JSON = CallParser(DECLARED, LLAMA3_JSON)   # Llama 3.x templates
 PERSON = '{"name": "Alice", "age": 30}'
 
 
@@ -76,8 +77,9 @@ def test_parse_reply(parser, text, content, calls):
 def test_reply_parser_follows_the_template_and_the_request():
     llama3 = "{% for t in tools %}{{ t | tojson }}{% endfor %}{{ messages }}"   # knows tools
     hermes = llama3 + "<tool_call>"
-    assert reply_parser([WEATHER], None).tagged and reply_parser([WEATHER], hermes).tagged
-    assert not reply_parser([WEATHER], llama3).tagged
+    assert reply_parser([WEATHER], None).fmt is HERMES
+    assert reply_parser([WEATHER], hermes).fmt is HERMES
+    assert reply_parser([WEATHER], llama3).fmt is LLAMA3_JSON
     assert reply_parser([WEATHER, TIME], None).names == {"get_weather", "get_time"}
     assert reply_parser([], None) is None
     # the client's own constraint shapes the content (OpenAI's response_format semantics)...
@@ -198,11 +200,10 @@ def test_call_schema():
         jsonschema.validate({"name": "get_time", "arguments": {}}, one)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "get_weather", "arguments": {}}, one)   # city required
-    many = call_schema([WEATHER, TIME], parallel=True)
-    jsonschema.validate([{"name": "get_time", "arguments": {}},
-                         {"name": "get_weather", "arguments": {"city": "Rome"}}], many)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate([], many)
+    either = call_schema([WEATHER, TIME], key="parameters")
+    jsonschema.validate({"name": "get_time", "parameters": {}}, either)
+    with pytest.raises(jsonschema.ValidationError):   # closed: no keys the tool does not take
+        jsonschema.validate({"name": "get_weather", "parameters": {"city": "a", "x": 1}}, either)
 
 
 def test_fallback_rendering_for_a_template_without_tools(smollm2_q4):
@@ -260,3 +261,36 @@ def test_llm_chat_with_tools_round_trip(smollm2_q4):
     with pytest.raises(ToolError, match="not one of the tools"):
         llm.chat(ask, tools=[WEATHER], tool_choice={"type": "function",
                                                     "function": {"name": "get_time"}})
+
+
+def test_llm_chat_forced_call_with_a_pydantic_tool(smollm2_q4):
+    """The Python API takes a tool whose parameters carry $defs (openai.pydantic_function_tool
+    of a nested model; GrammarError "Pointer '/$defs/Owner' does not exist" before), gives one
+    valid call within a small max_tokens, and never the same call twice."""
+    pytest.importorskip("llguidance")
+    openai = pytest.importorskip("openai")
+    import jsonschema
+    from pydantic import BaseModel
+
+    import pyklei
+
+    class Owner(BaseModel):
+        name: str
+        email: str
+
+    class Pet(BaseModel):
+        species: str
+        owner: Owner
+
+    tool = openai.pydantic_function_tool(Pet)
+    llm = pyklei.load(smollm2_q4, n_threads=2, n_ctx=1024)
+    ask = [{"role": "user", "content": "Register my cat Tom; the owner is Bo, bo@y.net."}]
+    for max_tokens in (60, 150):
+        r = llm.chat(ask, tools=[tool], tool_choice="required", temperature=0,
+                     max_tokens=max_tokens)
+        assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1
+        jsonschema.validate(json.loads(r.tool_calls[0]["function"]["arguments"]),
+                            tool["function"]["parameters"])
+    r = llm.chat([{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER],
+                 tool_choice="required", temperature=0, max_tokens=200)
+    assert len(r.tool_calls) == 1      # parallel allowed, yet not the same call again
