@@ -183,16 +183,24 @@ def readme_table(results: dict) -> str:
         engine, threads, kv = key.split(" | ")
         med[(engine, threads, kv)] = {t: statistics.median(r[t] for r in rounds) for t in rounds[0]}
     tests = list(next(iter(med.values())))
+    rss = {k: statistics.median(v) for k, v in results.get("peak_rss_mb", {}).items()}
     lines = [f"{results['title']}, `{results['command']}`, {results['date']}, 1-min load average "
-             f"{min(results['loadavg']):.1f}-{max(results['loadavg']):.1f} (tok/s, medians of the rounds):", "",
-             "| engine | threads | KV | " + " | ".join(tests) + " |", "|---|---|---|" + "---|" * len(tests)]
+             f"{min(results['loadavg']):.1f}-{max(results['loadavg']):.1f} (tok/s, medians of the rounds"
+             + ("; peak RSS of the engine's process" if rss else "") + "):", "",
+             "| engine | threads | KV | " + " | ".join(tests) + " |" + " peak RSS |" * bool(rss),
+             "|---|---|---|" + "---|" * (len(tests) + bool(rss))]
     for (e, t, kv), m in med.items():
-        lines.append(f"| {e} | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |")
+        lines.append(f"| {e} | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |"
+                     + (f" {rss[f'{e} | {t} | {kv}']:.0f} MB |" if rss else ""))
     for (e, t, kv), m in med.items():
         if e.startswith("llama.cpp"):
-            ours = med[("pyklei default" + IDLE * e.endswith(IDLE), t, kv)]
-            lines.append(f"| pyklei / {e.split()[-1]} | {t} | {kv} | "
-                         + " | ".join(f"**{ours[x] / m[x]:.2f}x**" for x in tests) + " |")
+            for ours_name in dict.fromkeys(x for x, _, _ in med if x.startswith("pyklei")):
+                if e.endswith(IDLE) != ours_name.endswith(IDLE):
+                    continue
+                ours = med[(ours_name, t, kv)]
+                name = ours_name.removesuffix(IDLE).replace("pyklei default", "pyklei").replace(",", "")
+                lines.append(f"| {name} / {e.split()[-1]} | {t} | {kv} | "
+                             + " | ".join(f"**{ours[x] / m[x]:.2f}x**" for x in tests) + " |" + " |" * bool(rss))
     return "\n".join(lines) + "\n"
 
 
