@@ -82,6 +82,9 @@ cdef extern from "model/pk_llama.h":
     int pk_llama_forward_batch(pk_llama *model, int n, const int32_t *tokens, const int32_t *seq,
                                const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
                                volatile int *interrupt) nogil
+    int pk_llama_hidden_batch(pk_llama *model, int n, const int32_t *tokens, const int32_t *seq,
+                              const int32_t *pos, int n_out, const int32_t *out_rows, float *hidden,
+                              volatile int *interrupt) nogil
     int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n) nogil
     int pk_llama_ring(const pk_llama *model, int layer)
     ctypedef enum pk_llama_stat:
@@ -326,10 +329,12 @@ cdef class LlamaRuntime:
             raise ValueError(_last_error())
         return out
 
-    def forward_batch(self, tokens, seq, pos, out_rows):
+    def forward_batch(self, tokens, seq, pos, out_rows, bint hidden=False):
         """Runs row i = (tokens[i], slot seq[i], position pos[i]) for all rows in one pass (the
         rules: pk_llama.h) and returns float32 logits [len(out_rows), n_vocab] for the rows
-        out_rows (ascending). Returns None if interrupted."""
+        out_rows (ascending); with hidden, their final hidden states [len(out_rows), n_embd]
+        instead (pk_llama_hidden_batch: the final norm's output, no lm_head). Returns None if
+        interrupted."""
         cdef const int32_t[::1] tv = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         cdef const int32_t[::1] sv = np.ascontiguousarray(seq, dtype=np.int32).reshape(-1)
         cdef const int32_t[::1] pv = np.ascontiguousarray(pos, dtype=np.int32).reshape(-1)
@@ -339,15 +344,19 @@ cdef class LlamaRuntime:
             raise ValueError("no rows to evaluate")
         if sv.shape[0] != n or pv.shape[0] != n:
             raise ValueError(f"{n} tokens but {sv.shape[0]} sequence ids and {pv.shape[0]} positions")
-        out = np.empty((n_out, self.n_vocab), np.float32)
+        out = np.empty((n_out, self.hp.n_embd if hidden else self.n_vocab), np.float32)
         cdef float[:, ::1] ov = out
         cdef float *optr = &ov[0, 0] if n_out else NULL
         cdef const int32_t *rptr = &rv[0] if n_out else NULL
         cdef int rc
         self.interrupt = 0
         with nogil:
-            rc = pk_llama_forward_batch(self.model, n, &tv[0], &sv[0], &pv[0], n_out, rptr, optr,
-                                        &self.interrupt)
+            if hidden:
+                rc = pk_llama_hidden_batch(self.model, n, &tv[0], &sv[0], &pv[0], n_out, rptr, optr,
+                                           &self.interrupt)
+            else:
+                rc = pk_llama_forward_batch(self.model, n, &tv[0], &sv[0], &pv[0], n_out, rptr, optr,
+                                            &self.interrupt)
         if rc == 1:
             return None
         if rc != 0:

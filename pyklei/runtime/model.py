@@ -491,7 +491,16 @@ class Model:
         with self._busy():
             return self._batch(tokens, seq_ids, positions, logit_rows)
 
-    def _batch(self, tokens, seq_ids, positions, logit_rows) -> np.ndarray:
+    def hidden_states(self, tokens, seq_ids, positions, rows) -> np.ndarray:
+        """batch() with the final hidden states in place of logits: float32 [len(rows), n_embd],
+        the output of the final RMSNorm for the rows `rows` (the lm_head does not run; a
+        rotated file's rotation is undone, so the values are the checkpoint's). Each row's
+        values are the same bits whatever else runs in the pass. Embeddings are pooled from
+        these (pyklei.runtime.embedding). The same rules and KV cache effects as batch()."""
+        with self._busy():
+            return self._batch(tokens, seq_ids, positions, rows, hidden=True)
+
+    def _batch(self, tokens, seq_ids, positions, logit_rows, hidden: bool = False) -> np.ndarray:
         toks = self._check(tokens, one_sequence=False)
         arrays = []
         for name, v in (("seq_ids", seq_ids), ("positions", positions), ("logit_rows", logit_rows)):
@@ -530,7 +539,7 @@ class Model:
         if any(r[0] == 0 for r in runs):
             self._owner = None
         call = lambda: self.runtime.forward_batch(toks, seq.astype(np.int32), pos.astype(np.int32),
-                                                  rows.astype(np.int32))
+                                                  rows.astype(np.int32), hidden)
         try:
             out = self._run_c(toks.size, call)
         except BaseException:

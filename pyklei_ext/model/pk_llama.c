@@ -402,8 +402,10 @@ static void job_swiglu(void *arg, int ith, int nth) {
     }
 }
 
-/* The final norm of one row into out; see rot_output in pk_llama.h. */
-static void output_norm_row(pk_llama *m, const float *x, float *out) {
+/* The final norm of one row into out; see rot_output in pk_llama.h. for_lm_head: in a rotated
+ * file, rotated again for the rotated lm_head; else left in the model's own basis (the hidden
+ * state an unrotated checkpoint computes, what embeddings are pooled from). */
+static void output_norm_row(pk_llama *m, const float *x, float *out, int for_lm_head) {
     const pk_rotation *rot = &m->w.rot_output;
     const int d = m->hp.n_embd;
     if (!rot->n) {
@@ -413,7 +415,7 @@ static void output_norm_row(pk_llama *m, const float *x, float *out) {
     pk_rmsnorm(d, x, m->ones, m->hp.rms_eps, out);
     pk_rotate_row(rot, 1, out, m->rot_scratch);
     for (int i = 0; i < d; i++) out[i] *= m->w.output_norm[i];
-    pk_rotate_row(rot, 0, out, m->rot_scratch);
+    if (for_lm_head) pk_rotate_row(rot, 0, out, m->rot_scratch);
 }
 
 static void run_rows(pk_llama *m, pk_task_fn fn, row_job *job, int work) {
@@ -446,9 +448,10 @@ static void residual(pk_llama *m, row_job *job, const float *norm_w, int n) {
 }
 
 /* n <= n_batch rows, each with its slot and position (m->row_seq, m->row_pos); logits for
- * the n_out rows m->row_out (none: only the cache is filled). */
+ * the n_out rows m->row_out (none: only the cache is filled), or with `hidden` their final
+ * hidden states [n_out][n_embd] (pk_llama_hidden_batch) in place of logits. */
 static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, float *logits,
-                         volatile int *interrupt) {
+                         int hidden, volatile int *interrupt) {
     const pk_llama_hparams *hp = &m->hp;
     const int d = hp->n_embd;
     double t_prof = m->profile ? now_s() : 0.0;
@@ -510,10 +513,16 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
     }
     if (m->stats) m->stats_rows += n;
     if (!n_out) return 0;
+    if (hidden) {   /* the final norm's rows are the output: no lm_head, no lm_head statistics */
+        for (int i = 0; i < n_out; i++)
+            output_norm_row(m, m->x + (size_t)m->row_out[i] * d, logits + (size_t)i * d, 0);
+        PROF(OP_OUT_NORM);
+        return 0;
+    }
     /* final norm and lm_head: the rows asked for only, packed */
     const int rows = n_out;
     for (int i = 0; i < rows; i++)
-        output_norm_row(m, m->x + (size_t)m->row_out[i] * d, m->xn + (size_t)i * d);
+        output_norm_row(m, m->x + (size_t)m->row_out[i] * d, m->xn + (size_t)i * d, 1);
     if (m->stats) {
         pk_llama_add_squares(pk_llama_stat_at(m, 0, PK_LLAMA_STAT_LM_HEAD_IN), m->xn, rows, d);
         m->stats_lm_rows += rows;
@@ -552,7 +561,7 @@ int pk_llama_forward(pk_llama *m, const int32_t *tokens, int n, int pos0, float 
             m->row_pos[t] = pos0 + c + t;
             if (all_logits || (last && t == len - 1)) m->row_out[n_out++] = t;
         }
-        const int rc = forward_chunk(m, tokens + c, len, n_out, out, interrupt);
+        const int rc = forward_chunk(m, tokens + c, len, n_out, out, 0, interrupt);
         if (rc) return rc;
     }
     if (m->profile) m->prof_calls++;
@@ -588,10 +597,12 @@ static int check_batch(pk_llama *m, int n, const int32_t *tokens, const int32_t 
     return 0;
 }
 
-int pk_llama_forward_batch(pk_llama *m, int n, const int32_t *tokens, const int32_t *seq,
-                           const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
-                           volatile int *interrupt) {
+/* pk_llama_forward_batch's rows; out: logits, or with `hidden` the final hidden states */
+static int forward_rows(pk_llama *m, int n, const int32_t *tokens, const int32_t *seq,
+                        const int32_t *pos, int n_out, const int32_t *out_rows, float *out,
+                        int hidden, volatile int *interrupt) {
     const pk_llama_hparams *hp = &m->hp;
+    const size_t width = hidden ? (size_t)hp->n_embd : (size_t)hp->n_vocab;   /* of an out row */
     if (check_batch(m, n, tokens, seq, pos, n_out, out_rows)) return -1;
     int o = 0;   /* next entry of out_rows */
     for (int c = 0; c < n; c += hp->n_batch) {
@@ -603,13 +614,25 @@ int pk_llama_forward_batch(pk_llama *m, int n, const int32_t *tokens, const int3
             m->row_out[k] = out_rows[o + k] - c;
             k++;
         }
-        const int rc = forward_chunk(m, tokens + c, len, k, k ? logits + (size_t)o * hp->n_vocab : NULL,
+        const int rc = forward_chunk(m, tokens + c, len, k, k ? out + (size_t)o * width : NULL, hidden,
                                      interrupt);
         if (rc) return rc;
         o += k;
     }
     if (m->profile) m->prof_calls++;
     return 0;
+}
+
+int pk_llama_forward_batch(pk_llama *m, int n, const int32_t *tokens, const int32_t *seq,
+                           const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
+                           volatile int *interrupt) {
+    return forward_rows(m, n, tokens, seq, pos, n_out, out_rows, logits, 0, interrupt);
+}
+
+int pk_llama_hidden_batch(pk_llama *m, int n, const int32_t *tokens, const int32_t *seq,
+                          const int32_t *pos, int n_out, const int32_t *out_rows, float *hidden,
+                          volatile int *interrupt) {
+    return forward_rows(m, n, tokens, seq, pos, n_out, out_rows, hidden, 1, interrupt);
 }
 
 int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {

@@ -90,6 +90,15 @@ int pk_llama_forward_batch(pk_llama *model, int n, const int32_t *tokens, const 
                            const int32_t *pos, int n_out, const int32_t *out_rows, float *logits,
                            volatile int *interrupt);
 
+/* pk_llama_forward_batch with the final hidden states in place of logits: hidden
+ * [n_out][n_embd] gets, for rows out_rows, the output of the final RMSNorm (in a rotated file
+ * with rot_output undone: the unrotated checkpoint's values), and the lm_head does not run.
+ * Sequence embeddings are pooled from these rows (pyklei/runtime/embedding.py). The K/V of
+ * every row are written as by pk_llama_forward_batch, under the same rules. */
+int pk_llama_hidden_batch(pk_llama *model, int n, const int32_t *tokens, const int32_t *seq,
+                          const int32_t *pos, int n_out, const int32_t *out_rows, float *hidden,
+                          volatile int *interrupt);
+
 /* The ring length of layer l's cache (a sliding-window layer keeps position p at p % ring, the
  * window and a chunk's rows: a slot whose positions reached e holds that layer's positions
  * >= e - ring only), or 0 for a layer that keeps every position. */
