@@ -7,6 +7,7 @@
     reply = llm.chat([{"role": "user", "content": "Name three colours."}])
     logits = llm.logits(token_ids)          # numpy, one row per position
     rs = llm.generate_batch(["Once upon", "The sky is"], max_tokens=32)   # decoded together
+    vectors = llm.embed(["a cat", "a dog"])  # pooled hidden states, unit length
     llm.close()                             # or: with pyklei.load(...) as llm:
 
 Arguments are checked as the CLI checks its flags, with the same messages: a bad value is a
@@ -16,7 +17,9 @@ generate and chat run on KV cache slot 0 with the single-sequence path (pyklei.r
 chat turn reuses the conversation cached there, Ctrl-C stops a prefill, and a generation that
 another call overtook raises SequenceLostError. generate_batch runs its prompts on a
 pyklei.runtime.engine.Engine over the model's n_seq slots (slot 0 included: a generation paused
-meanwhile then raises SequenceLostError), each prompt's text the same as generate's.
+meanwhile then raises SequenceLostError), each prompt's text the same as generate's. embed
+runs on the slots after slot 0 when the model has several (a conversation cached in slot 0
+stays), else on slot 0.
 """
 from __future__ import annotations
 
@@ -99,6 +102,31 @@ class LLM:
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 [len(token_ids), n_vocab]: the logits at every position."""
         return self.model.logits(token_ids)
+
+    def embed(self, texts: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+              pooling: str | None = None, normalize: bool = True,
+              dimensions: int | None = None) -> list[list[float]]:
+        """Embedding vectors, one per input (a single text, or one list of token ids, still
+        gives a list of one vector). A vector is the model's final hidden state (the output of
+        its last RMSNorm) pooled over the input's tokens (pyklei.runtime.embedding): pooling
+        "mean", "last" (the last token: decoder embedding models such as Qwen3-Embedding) or
+        "cls" (the first), None for the model's own (the pooling its checkpoint declared at
+        conversion, else "mean"); cut to its first `dimensions` values (Matryoshka models; at
+        most the hidden size) and, with normalize, scaled to unit L2 norm, so that a dot
+        product is the cosine similarity. Texts are tokenized as encode() does (BOS/EOS as the
+        file says). Inputs run together in passes of up to n_batch rows, each vector the same
+        as alone. An empty text or list, or an input longer than n_ctx, is a ValueError."""
+        from .runtime import embedding as E
+        m = self.model
+        m.check_open()
+        pooling = E.model_pooling(m.hparams) if pooling is None else E.check_pooling(pooling)
+        dimensions = E.check_dimensions(dimensions, m.hparams.n_embd)
+        E.check_embeddable(m)
+        ids, _ = E.input_ids(texts, self.tokenizer.encode, m.vocab_size, m.n_ctx, field="texts")
+        slots = range(1, m.n_seq) if m.n_seq > 1 else range(1)
+        vectors = E.embed(m, ids, pooling, slots, m.runtime.n_batch, normalize=bool(normalize),
+                          dimensions=dimensions)
+        return vectors.tolist()
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256,
                  stream: bool = False, stop: str | Sequence[str] = (),

@@ -24,6 +24,7 @@ from pyklei.formats import llama_tensors as L
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
 from .hf_config import hparams_from_config, hparams_kv  # noqa: F401  (the converter's API)
+from .st_pooling import pooling_kv
 from .hf_tokenizer import tokenizer_kv
 from .safetensors_mmap import SafetensorsModel
 
@@ -204,6 +205,7 @@ def hf_source(hf_dir, name: str | None = None) -> ModelSource:
     nested = hp["family"].hf_nested.get(hp["hf_class"])
     text_cfg = {**cfg, **cfg[nested[0]]} if nested else cfg
     kv += tokenizer_kv(hf_dir, text_cfg, hp["vocab_size"])
+    kv += pooling_kv(hf_dir, hp["family"].arch)
 
     tensors = []
     sc = hp["rope_scaling"]

@@ -60,6 +60,12 @@ RMS_EPS = llama_key("attention.layer_norm_rms_epsilon")
 ROPE_FREQ_BASE = llama_key("rope.freq_base")
 ROPE_DIM = llama_key("rope.dimension_count")
 VOCAB_SIZE = llama_key("vocab_size")
+# How an embedding model pools its hidden states into one vector (llama.cpp's key, its values:
+# gguf-py's PoolingType). Written at conversion where the checkpoint declares it (a
+# sentence-transformers 1_Pooling/config.json, or a llama.cpp file's own key); absent: "mean"
+# (pyklei.runtime.embedding).
+POOLING_TYPE = llama_key("pooling_type")
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
 
 # Tensor names (llama.cpp's): the Llama tensor table (llama_tensors.py) is their one place;
 # the names and part tuples are here too, for the code that spells keys and names together.

@@ -62,6 +62,7 @@ class HParams:
     embedding_scale: float = 1.0
     attention_scale: float = 0.0    # 0: 1/sqrt(head_dim)
     logit_softcap: float = 0.0      # 0: none
+    pooling: str | None = None      # the embedding pooling the file declares (gguf_keys.POOLING_TYPES' name)
 
     def window(self, layer: int) -> int:
         return self.layer_window[layer] if self.layer_window else 0
@@ -364,6 +365,7 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
         embedding_scale=need(K.KEY_EMBEDDING_SCALE, float, default=1.0, lo=1e-30, hi=1e30),
         attention_scale=need(K.KEY_ATTENTION_SCALE, float, default=0.0, lo=1e-30, hi=1e30),
         logit_softcap=need(K.KEY_LOGIT_SOFTCAP, float, default=0.0, lo=1e-30, hi=1e30),
+        pooling=_pooling(md, vtype, a(K.POOLING_TYPE), where),
     )
     if hp.n_head % hp.n_head_kv:
         raise ModelFileError(f"{where}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
@@ -383,6 +385,18 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
         if n > _I32_MAX:
             raise ModelFileError(f"{where}: {what} = {n} is too large")
     return hp
+
+
+def _pooling(md, vtype, key, where) -> str | None:
+    """The name of the file's pooling type (llama.cpp's integer key), None when absent."""
+    if key not in md:
+        return None
+    names = {v: k for k, v in K.POOLING_TYPES.items()}
+    v = md[key]
+    if vtype(key) not in _INT_TYPES or v not in names:
+        raise ModelFileError(f"{where}: metadata {key!r} = {v!r} is not a pooling type "
+                             f"({', '.join(f'{i} {n}' for n, i in K.POOLING_TYPES.items())})")
+    return names[v]
 
 
 def _layer_array(md, vtype, key, n_layer, typ, lo, hi, where) -> tuple:
