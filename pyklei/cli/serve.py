@@ -89,7 +89,9 @@ def run(args) -> int:
     from ..hub import split_file_ref
     from ..runtime.options import SERVER_OPTIONS
 
-    llm = _load(args, n_seq=args.n_parallel)     # a KV cache slot per parallel sequence
+    from ..runtime.engine import EMBEDDING_SLOTS
+    # a KV cache slot per parallel sequence, and the embeddings' own (pyklei.runtime.engine)
+    llm = _load(args, n_seq=args.n_parallel + EMBEDDING_SLOTS)
     speculative = "lookup" if args.lookup else None
     if args.draft_model:      # its slot s drafts for the target's slot s, at the same positions
         speculative = _load(args, model=args.draft_model, n_ctx=llm.n_ctx, n_seq=args.n_parallel)

@@ -62,6 +62,12 @@ The engine owns its model: a call on the model from elsewhere while the engine r
 generate(), logits()) makes the engine's step fail with "model is busy", and the requests of
 that step raise that error from their streams; the engine goes on with the next requests.
 
+Embeddings (embed(), pyklei.runtime.embedding): an embedding request runs on the model's KV cache
+slots beyond n_parallel (serve loads n_parallel + EMBEDDING_SLOTS), which no generation uses, in
+passes of at most prefill_chunk rows between the generation steps, as a prompt's chunks do: a
+generation's tokens are the same with or without embeddings beside it, and its pace drops by
+at most one such pass per step while they run.
+
 Timing per response, as stream_generate's: time_to_first_token from submit() (queueing
 included); prompt_tps over the prompt's prefill, from its first chunk to its last (steps of the
 other requests included: that is the time it took).
@@ -73,18 +79,24 @@ import itertools
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Sequence
 
 import numpy as np
 
 from .generate import Generation, GenerationResponse, token_logprob
 from .request import GenerationRequest, check_params, make_request
+from .embedding import EmbeddingBatch
 from .engine_drafts import common_prefix, lookup_draft, model_drafts
 from .model import Model
 from .options import ENGINE_OPTION, check_options, default
 from .sampler import SamplingParams
 from .speculative import DraftLength, PassCost, PromptLookup, check_speculative, drafting
+
+
+#: KV cache slots a server's model has beyond its parallel sequences, for embeddings (a slot costs
+#: memory only for the positions it has held: pyklei.runtime.model)
+EMBEDDING_SLOTS = 2
 
 
 class QueueFullError(RuntimeError):
@@ -215,6 +227,7 @@ class Engine:
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []        # in admission order (prefill goes FIFO)
+        self._embeds: deque[tuple[EmbeddingBatch, Future]] = deque()   # FIFO, one at a time
         self._last_used = [0] * n_parallel        # step of each slot's last use (LRU on ties)
         self._partition = [None] * n_parallel     # the cache partition of each slot's tokens
         self._step = 0
@@ -323,6 +336,55 @@ class Engine:
             self._cond.notify_all()
         return [r.stream for r in queued]
 
+    def embed(self, inputs: Sequence[Sequence[int]], pooling: str) -> Future:
+        """Queues the embedding of token lists (module doc: embeddings); returns a Future of
+        their pooled hidden states, float64 [len(inputs), n_embd] (EmbeddingBatch.pooled: not
+        yet cut or normalised; pyklei.runtime.embedding.finish does that). cancel() on the Future
+        drops what is left of it. ValueError for an empty input, one longer than n_ctx, or a
+        model without KV cache slots beyond n_parallel; QueueFullError, EngineClosedError as
+        submit."""
+        if self.model.n_seq <= self.n_parallel:
+            raise ValueError(f"embeddings run on KV cache slots beyond the engine's n_parallel="
+                             f"{self.n_parallel}; the model has n_seq={self.model.n_seq} (load it "
+                             f"with n_seq={self.n_parallel + EMBEDDING_SLOTS})")
+        for i, x in enumerate(inputs):
+            if len(x) > self.model.n_ctx:
+                raise ValueError(f"input {i} has {len(x)} tokens, more than the context of "
+                                 f"{self.model.n_ctx}")
+        job = (EmbeddingBatch(inputs, pooling), Future())
+        with self._cond:
+            if self._closing:
+                raise EngineClosedError("the engine is shut down")
+            if len(self._embeds) >= self.max_queue:
+                raise QueueFullError(f"{len(self._embeds)} embedding requests are already waiting "
+                                     f"(max_queue={self.max_queue})")
+            self._embeds.append(job)
+            self._cond.notify_all()
+        return job[1]
+
+    def _embed_pass(self) -> None:
+        """Runs one pass of the first embedding request not cancelled; a failure is its alone."""
+        with self._cond:
+            while self._embeds and self._embeds[0][1].cancelled():
+                self._embeds.popleft()
+            if not self._embeds:
+                return
+            batch, fut = self._embeds[0]
+        try:
+            done = batch.step(self.model, range(self.n_parallel, self.model.n_seq),
+                              self.prefill_chunk)
+            result = batch.pooled() if done else None
+        except Exception as e:
+            done, result = True, e
+        if not done:
+            return
+        with self._cond:
+            self._embeds.popleft()
+        try:
+            fut.set_exception(result) if isinstance(result, Exception) else fut.set_result(result)
+        except InvalidStateError:      # cancelled meanwhile
+            pass
+
     def _check_speculative(self, speculative):
         mode = check_speculative(speculative, self.model)
         if mode is not None and mode != "lookup" and mode is not self.draft_model:
@@ -356,6 +418,12 @@ class Engine:
             if cancel:
                 for r in itertools.chain(self._waiting, self._running):
                     r.stream.cancelled = True
+                for _, fut in self._embeds:
+                    try:
+                        fut.set_exception(EngineClosedError("the engine is shut down"))
+                    except InvalidStateError:      # cancelled already
+                        pass
+                self._embeds.clear()
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -375,10 +443,10 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._running or self._closing):
+                while not (self._waiting or self._running or self._embeds or self._closing):
                     self._cond.wait()
                 self._drop_cancelled()
-                if self._closing and not self._waiting and not self._running:
+                if self._closing and not self._waiting and not self._running and not self._embeds:
                     if self._mask_pool is not None:
                         self._mask_pool.shutdown()
                     return
@@ -401,6 +469,7 @@ class Engine:
                 for r in failed:
                     r.prefill_over = True
                     r.stream._put(e)
+            self._embed_pass()
 
     def _next_admitted(self) -> "_Request | None":
         """(lock held) The waiting request to run next (module doc: fairness): the first queued

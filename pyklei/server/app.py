@@ -7,6 +7,7 @@
     GET  /v1/models[/{id}]       the one model
     POST /v1/chat/completions    messages -> reply, the model's chat template
     POST /v1/completions         prompt -> continuation
+    POST /v1/embeddings          input -> pooled hidden states (embeddings_api.py)
 
 Requests are checked by openai_api.parse before anything is queued; the engine's stream is a
 blocking iterator, so each request gets a thread that pumps it into an asyncio queue
@@ -52,6 +53,7 @@ from starlette.routing import Route
 
 from ..runtime.engine import EngineClosedError, QueueFullError, RequestFailedError
 from ..runtime.request import check_depth
+from . import embeddings_api
 from . import openai_api as api
 from .metrics import Metrics
 
@@ -446,6 +448,45 @@ async def completions(request):
     return await _generate(request, "text")
 
 
+async def embeddings(request):
+    """Queued on the engine (its embedding slots, between generation steps); a client that
+    hangs up cancels what is left of its request."""
+    s: _State = request.app.state.pyklei
+    _check_key(s, request)
+    _check_json_content_type(request)
+    try:
+        body = await _read_json(request, s.body_timeout)
+    except _ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    req = await run_in_threadpool(embeddings_api.parse, body, s.tokenizer, s.n_ctx, s.engine.model)
+    try:
+        fut = s.engine.embed(req.ids, req.pooling)
+    except QueueFullError:
+        raise _queue_full() from None
+    except EngineClosedError:
+        raise api.APIError("the server is shutting down", status=503, type="server_error",
+                           code="shutting_down") from None
+    except ValueError as e:
+        raise api.APIError(str(e), "input") from None
+
+    async def cancel_on_disconnect():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        fut.cancel()
+
+    watcher = asyncio.ensure_future(cancel_on_disconnect())
+    try:
+        pooled = await asyncio.wrap_future(fut)
+    except asyncio.CancelledError:
+        if not fut.cancelled():
+            raise
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        watcher.cancel()
+    # many vectors are megabytes of JSON: built in a worker thread
+    return await run_in_threadpool(lambda: JSONResponse(embeddings_api.response(req, pooled, s.model_id)))
+
+
 def _model(s: _State) -> dict:
     return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "pyklei"}
 
@@ -605,6 +646,7 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
         Route("/v1/models/{model:path}", one_model),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
     ]
 
     @asynccontextmanager

@@ -191,3 +191,28 @@ def test_a_pooling_pyklei_cannot_do_is_refused_at_conversion(tiny64, tmp_path):
     d = _with_pooling(tiny64[0], tmp_path / "max", {"pooling_mode_max_tokens": True})
     with pytest.raises(ConversionError, match="pooling_mode_max_tokens"):
         convert(d, tmp_path / "max.gguf")
+
+
+def test_the_engine_embeds_on_its_own_slots(q8):
+    """Engine.embed runs on the slots beyond n_parallel, between generation steps: the same
+    vectors as LLM.embed, a generation beside it unchanged; without a spare slot it says how
+    to load the model."""
+    from pyklei.runtime.engine import Engine
+    from pyklei.runtime.sampler import SamplingParams
+    ids = [q8.encode(t) for t in TEXTS]
+    solo = q8.generate("Once upon a time", max_tokens=24, temperature=0).text
+    with Engine(q8.model, q8.tokenizer, n_parallel=2, prefill_chunk=16) as engine:
+        stream = engine.submit(q8.encode("Once upon a time"), max_tokens=24,
+                               params=SamplingParams(temperature=0))
+        futures = [engine.embed(ids, "mean") for _ in range(3)]
+        text = "".join(r.text for r in stream)
+        pooled = [f.result(timeout=120) for f in futures]
+        for p in pooled:
+            assert np.array_equal(E.finish(p), E.embed(q8.model, ids, "mean", [1], 4096))
+        assert text == solo
+        cancelled = engine.embed(ids * 20, "last")
+        cancelled.cancel()
+        assert engine.embed(ids[:1], "last").result(timeout=120).shape == (1, 576)
+    with Engine(q8.model, q8.tokenizer, n_parallel=4) as engine:
+        with pytest.raises(ValueError, match="n_seq=6"):
+            engine.embed(ids, "mean")
