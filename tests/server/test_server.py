@@ -281,7 +281,7 @@ def test_no_op_values_of_unsupported_fields_are_accepted(tight):
 
 
 def test_unknown_routes_and_methods(tight):
-    r = httpx.post(tight.url + "/v1/embeddings", json={"input": "x"})
+    r = httpx.post(tight.url + "/v1/audio/speech", json={"input": "x"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert httpx.get(tight.url + "/v1/chat/completions").status_code == 405
 
