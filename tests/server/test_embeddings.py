@@ -195,3 +195,7 @@ def test_fuzzed_embedding_bodies_never_500(server):
             assert got["data"] and all(d["object"] == "embedding" for d in got["data"])
     assert seen.get(200, 0) > 30 and seen.get(400, 0) > 30, seen
     assert server.health()["status"] == "ok"
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    assert 'pyklei_requests_total{endpoint="/v1/embeddings",status="400"}' in metrics
+    assert 'endpoint="/v1/embeddings",status="500"' not in metrics
