@@ -307,4 +307,6 @@ def _family_features(hp) -> list[str]:
         out.append(f"attention scale {hp.attention_scale:g}")
     if hp.logit_softcap:
         out.append(f"logit soft-cap {hp.logit_softcap:g}")
+    if hp.pooling:
+        out.append(f"embedding pooling {hp.pooling}")
     return out
