@@ -448,6 +448,19 @@ async def completions(request):
     return await _generate(request, "text")
 
 
+def _submit_embedding(s: _State, req):
+    """Queues the inputs on the engine (in a worker thread: many inputs are a large copy)."""
+    try:
+        return s.engine.embed(req.ids, req.pooling)
+    except QueueFullError:
+        raise _queue_full() from None
+    except EngineClosedError:
+        raise api.APIError("the server is shutting down", status=503, type="server_error",
+                           code="shutting_down") from None
+    except ValueError as e:
+        raise api.APIError(str(e), "input") from None
+
+
 async def embeddings(request):
     """Queued on the engine (its embedding slots, between generation steps); a client that
     hangs up cancels what is left of its request."""
@@ -459,15 +472,7 @@ async def embeddings(request):
     except _ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     req = await run_in_threadpool(embeddings_api.parse, body, s.tokenizer, s.n_ctx, s.engine.model)
-    try:
-        fut = s.engine.embed(req.ids, req.pooling)
-    except QueueFullError:
-        raise _queue_full() from None
-    except EngineClosedError:
-        raise api.APIError("the server is shutting down", status=503, type="server_error",
-                           code="shutting_down") from None
-    except ValueError as e:
-        raise api.APIError(str(e), "input") from None
+    fut = await run_in_threadpool(_submit_embedding, s, req)
 
     async def cancel_on_disconnect():
         while (await request.receive())["type"] != "http.disconnect":

@@ -119,6 +119,21 @@ def test_a_generation_beside_embeddings_keeps_its_tokens(server):
     assert beside == solo
 
 
+def test_a_client_that_hangs_up_cancels_its_embeddings(server):
+    """A request of minutes of work whose client leaves after a second: what is left of it is
+    dropped, so the next request is answered at once rather than after it."""
+    import time
+    big = {"model": "m", "input": [" ".join(TEXTS * 40)] * 300, "encoding_format": "float"}
+    req = urllib.request.Request(server.url + "/v1/embeddings", data=json.dumps(big).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(OSError):          # a timeout: the client gives up and closes
+        urllib.request.urlopen(req, timeout=1.5)
+    t = time.perf_counter()
+    status, got = _post(server, {"model": "m", "input": "after"})
+    assert status == 200 and len(got["data"]) == 1
+    assert time.perf_counter() - t < 30     # the whole request would take minutes
+
+
 @pytest.mark.parametrize("body, param", [
     ({}, "input"),
     ({"input": None}, "input"),
