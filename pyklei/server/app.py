@@ -8,6 +8,8 @@
     POST /v1/chat/completions    messages -> reply, the model's chat template
     POST /v1/completions         prompt -> continuation
     POST /v1/embeddings          input -> pooled hidden states (embeddings_api.py)
+    POST /v1/responses           OpenAI's Responses API (responses_api.py); GET/DELETE by id
+    POST /v1/messages            Anthropic's Messages API (messages_api.py); .../count_tokens
 
 Requests are checked by openai_api.parse before anything is queued; the engine's stream is a
 blocking iterator, so each request gets a thread that pumps it into an asyncio queue
@@ -17,12 +19,18 @@ engine frees the slot), streamed or not. Errors have OpenAI's shape: 400 with th
 in `param`, 401 without the API key, 403 for a Host header that is not this server's (DNS
 rebinding), 408/413/415 for a body too slow, too large or not JSON, 429 when the engine's queue
 is full, 500 for a request that failed alone while it was sampled, 503 while shutting down.
-Connection-level guards (timeouts, the connection cap, TCP_NODELAY) are in transport.py.
+Connection-level guards (timeouts, the connection cap, TCP_NODELAY) are in transport.py, the
+body's reading (its deadline, size and JSON limits) in intake.py.
 
-Tenants: each API key (several may be configured) is a tenant, and a request's `cache_salt`
-(vLLM's field) divides its tenant further; a request reuses cached prompt prefixes of its own
-partition only (pyklei.runtime.engine: cache_partition), so neither the cached-token counts nor the
-time to the first token tell one user anything of another's prompts. Without keys every
+The Responses and Messages APIs translate their bodies into chat completions' Request and
+its engine output into their own shapes (`_serve_api`, one path for both; replies.py splits a
+reply into reasoning, text and tool calls); their errors have their own API's shape.
+
+Tenants: each API key (several may be configured; sent as `Authorization: Bearer KEY` or as
+Anthropic's `x-api-key: KEY`) is a tenant, and a request's `cache_salt` (vLLM's field) divides
+its tenant further; a request reuses cached prompt prefixes of its own partition only
+(pyklei.runtime.engine: cache_partition), so neither the cached-token counts nor the time to
+the first token tell one user anything of another's prompts. Without keys every
 client is one tenant: clients that must not see each other send distinct cache_salts.
 
 Nothing heavy runs on the event loop: parsing (tokenizing, templating, compiling a grammar
@@ -47,25 +55,20 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect, Request as HTTPRequest
+from starlette.requests import Request as HTTPRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..runtime.engine import EngineClosedError, QueueFullError, RequestFailedError
-from ..runtime.request import check_depth
-from . import embeddings_api
-from . import openai_api as api
+from . import embeddings_api, messages_api, openai_api as api, responses_api
+from .intake import (ClientGone as _ClientGone, check_json_content_type as _check_json_content_type,
+                     read_json as _read_json)
 from .metrics import Metrics
+from .replies import pieces as reply_pieces
+from .sse import EventStream, WriteTimeout as _WriteTimeout, within as _within
 
-MAX_BODY = 8 << 20
-MAX_DEPTH = 64                 # JSON nesting; deeper bodies are refused before any use of them
-MAX_INT_DIGITS = 40            # JSON integers (a seed is at most 20 digits)
 CLIENT_CLOSED = 499            # nginx's status for "the client closed the request"
 log = logging.getLogger("uvicorn.error")
-
-
-class _ClientGone(Exception):
-    """The client hung up before its request body arrived: nothing to answer (logged as 499)."""
 
 
 def error_response(e: api.APIError, headers=None) -> JSONResponse:
@@ -135,10 +138,6 @@ class _Generation:
         if not self.finished:
             for stream in self.streams:
                 stream.cancel()
-
-
-class _WriteTimeout(Exception):
-    """The client did not take a streamed reply's bytes within the write timeout."""
 
 
 class _EventStream:
@@ -259,15 +258,6 @@ class _EventStream:
             gen.close()
 
 
-async def _within(seconds: float, awaitable):
-    """awaitable, or asyncio.TimeoutError after `seconds`. asyncio.timeout (3.11) arms a timer;
-    wait_for, before it, wraps each send of a stream's tokens in a task of its own."""
-    if hasattr(asyncio, "timeout"):
-        async with asyncio.timeout(seconds):
-            return await awaitable
-    return await asyncio.wait_for(awaitable, seconds)
-
-
 def _echo_event(s, req: api.Request, rid: str, created: int, prompt_lps, shape, i: int) -> bytes:
     """A completion's echoed prompt as one event's JSON (its logprobs can be megabytes: built
     in a worker thread)."""
@@ -286,61 +276,7 @@ class _State:
         self.special_in_content = special_in_content
         self.created = int(time.time())
         self.metrics = Metrics(engine)
-
-
-async def _read_body(request: HTTPRequest) -> bytes:
-    size = request.headers.get("content-length")
-    if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
-        raise api.APIError(f"the body must be at most {MAX_BODY} bytes", status=413)
-    chunks, n = [], 0
-    async for c in request.stream():
-        n += len(c)
-        if n > MAX_BODY:
-            raise api.APIError(f"the body must be at most {MAX_BODY} bytes", status=413)
-        chunks.append(c)
-    return b"".join(chunks)
-
-
-async def _read_json(request: HTTPRequest, timeout: float):
-    """The body as JSON, or the APIError that says what is wrong with it: 413 (too large),
-    408 (not sent within `timeout` s), 400 (not JSON: bad syntax, not UTF-8, an integer of more
-    than 4300 digits, nested too deeply). _ClientGone when the client hung up mid-upload."""
-    try:
-        raw = await asyncio.wait_for(_read_body(request), timeout)
-    except asyncio.TimeoutError:
-        raise api.APIError(f"the request body did not arrive within {timeout:g} s",
-                           status=408, code="request_timeout") from None
-    except ClientDisconnect:
-        raise _ClientGone() from None
-    try:
-        body = json.loads(raw, parse_int=_parse_int)
-    except RecursionError:
-        raise api.APIError(f"the body nests deeper than {MAX_DEPTH} levels") from None
-    except ValueError as e:      # JSONDecodeError, UnicodeDecodeError, int digit limit
-        raise api.APIError(f"the body is not valid JSON: {e}") from None
-    try:
-        check_depth(body, MAX_DEPTH)
-    except ValueError as e:
-        raise api.APIError(f"the body: {e}") from None
-    return body
-
-
-def _parse_int(digits: str) -> int:
-    """json's integer hook: refuses a long one before Python's own int parsing (quadratic, and
-    limited to 4300 digits with a message about sys.set_int_max_str_digits)."""
-    if len(digits) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {len(digits)} digits (at most {MAX_INT_DIGITS})")
-    return int(digits)
-
-
-def _check_json_content_type(request: HTTPRequest) -> None:
-    """415 unless the body says it is JSON. A browser sends a cross-origin text/plain or form
-    POST without asking first (no CORS preflight); requiring application/json makes every such
-    request preflighted, so a web page cannot drive a local server."""
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        raise api.APIError(f"the body must be sent as 'Content-Type: application/json' (got "
-                           f"{media or 'none'!r})", status=415, code="unsupported_media_type")
+        self.responses = responses_api.ResponseStore()   # for previous_response_id
 
 
 def _check_key(s: _State, request: HTTPRequest) -> int | None:
@@ -350,13 +286,16 @@ def _check_key(s: _State, request: HTTPRequest) -> int | None:
         return None
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
+    if "x-api-key" in request.headers:           # Anthropic's clients send the key so
+        scheme, token = "bearer", request.headers["x-api-key"]
     token = token.strip().encode()
     tenant = None
     for i, key in enumerate(s.api_keys):
         if hmac.compare_digest(token, key) and tenant is None:
             tenant = i
     if scheme.lower() != "bearer" or tenant is None:
-        raise api.APIError("a valid API key is required: 'Authorization: Bearer KEY'",
+        raise api.APIError("a valid API key is required: 'Authorization: Bearer KEY' or "
+                           "'x-api-key: KEY'",
                            status=401, type="invalid_request_error", code="invalid_api_key")
     return tenant
 
@@ -382,21 +321,35 @@ def _queue_full() -> api.APIError:
                         type="rate_limit_error", code="queue_full")
 
 
-async def _generate(request: HTTPRequest, kind: str) -> Response:
+async def _body(request: HTTPRequest):
+    """(state, tenant, JSON body) of a POST, checked in this order; body None: the client left."""
     s: _State = request.app.state.pyklei
     tenant = _check_key(s, request)
     _check_json_content_type(request)
     try:
-        body = await _read_json(request, s.body_timeout)
+        return s, tenant, await _read_json(request, s.body_timeout)
     except _ClientGone:
-        return Response(status_code=CLIENT_CLOSED)
+        return s, tenant, None
+
+
+async def _start(s: _State, tenant, parse, *args):
+    """(parse's result, _Generation of its request): `parse(*args)` (the Request first) in a
+    worker thread, once the queue has room, then queued."""
     if not s.engine.has_room():      # before the costly part: parsing may compile a grammar
         raise _queue_full()
     # tokenizing and templating a long prompt, compiling a grammar: not on the event loop
-    req = await run_in_threadpool(api.parse, kind, body, s.tokenizer, s.n_ctx,
-                                  s.special_in_content)
+    parsed = await run_in_threadpool(parse, *args)
+    req = parsed[0] if isinstance(parsed, tuple) else parsed
     t_submit = time.perf_counter()
-    gen = _Generation(await run_in_threadpool(_submit, s, req, tenant), t_submit)
+    return parsed, _Generation(await run_in_threadpool(_submit, s, req, tenant), t_submit)
+
+
+async def _generate(request: HTTPRequest, kind: str) -> Response:
+    s, tenant, body = await _body(request)
+    if body is None:
+        return Response(status_code=CLIENT_CLOSED)
+    req, gen = await _start(s, tenant, api.parse, kind, body, s.tokenizer, s.n_ctx,
+                            s.special_in_content)
     if req.stream:
         return _EventStream(s, req, gen)
     watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
@@ -438,6 +391,65 @@ def _whole_reply(s: _State, req: api.Request, texts, lasts, lps, prompt_lps) -> 
                          api.Logprobs(s.tokenizer), prompt_lps)
     out["usage"] = api.usage(usage_lasts)
     return JSONResponse(out)
+
+
+async def _serve_api(request: HTTPRequest, front) -> Response:
+    """A Responses or Messages API request (front: responses_api.Front or messages_api.Front)
+    run as _generate runs a chat; its reply, events and errors in the front's shapes."""
+    try:
+        s, tenant, body = await _body(request)
+        if body is None:
+            return Response(status_code=CLIENT_CLOSED)
+        (req, turn), gen = await _start(s, tenant, front.parse, s, body, tenant)
+    except api.APIError as e:
+        return JSONResponse(front.error_body(e), e.status, _error_headers(e))
+
+    async def counted():
+        async for p in reply_pieces(req, gen):
+            if p.kind == "end":
+                s.metrics.generation([p.last], gen.ttft)
+            yield p
+
+    if req.stream:
+        return EventStream(gen, front.stream(s, req, turn, counted()), s.write_timeout)
+    watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
+    try:
+        out = await front.whole(s, req, turn, counted())
+    except RequestFailedError as e:
+        log.warning("%s", e)
+        e = api.APIError(str(e), status=500, type="server_error", code="generation_failed")
+        return JSONResponse(front.error_body(e), e.status)
+    finally:
+        watcher.cancel()
+        gen.close()
+    if gen.client_gone:
+        return Response(status_code=CLIENT_CLOSED)
+    return JSONResponse(out)
+
+
+async def responses(request):
+    return await _serve_api(request, responses_api.Front)
+
+
+async def messages(request):
+    return await _serve_api(request, messages_api.Front)
+
+
+async def count_tokens(request):
+    try:
+        s, _, body = await _body(request)
+        if body is None:
+            return Response(status_code=CLIENT_CLOSED)
+        return JSONResponse(await run_in_threadpool(messages_api.count_tokens, body, s.tokenizer,
+                                                    s.n_ctx, s.special_in_content))
+    except api.APIError as e:
+        return JSONResponse(messages_api.error_body(e), e.status, _error_headers(e))
+
+
+async def stored_response(request):
+    s = request.app.state.pyklei
+    return JSONResponse(s.responses.answer(_check_key(s, request), request.path_params["rid"],
+                                           delete=request.method == "DELETE"))
 
 
 async def chat_completions(request):
@@ -532,10 +544,13 @@ async def favicon(request):
     return Response(icon, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 
-async def _api_error(request, e: api.APIError):
-    headers = {"Retry-After": "1"} if e.status == 429 else (
+def _error_headers(e: api.APIError):
+    return {"Retry-After": "1"} if e.status == 429 else (
         {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
-    return error_response(e, headers)
+
+
+async def _api_error(request, e: api.APIError):
+    return error_response(e, _error_headers(e))
 
 
 async def _http_error(request, e: HTTPException):
@@ -640,8 +655,9 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
         middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))
     if cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors),
-                                     allow_methods=["GET", "POST", "OPTIONS"],
-                                     allow_headers=["Authorization", "Content-Type"]))
+                                     allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                                     allow_headers=["Authorization", "Content-Type", "x-api-key",
+                                                    "anthropic-version", "anthropic-beta"]))
     routes = [
         Route("/", chat_page),
         Route("/favicon.ico", favicon),
@@ -652,6 +668,10 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{rid}", stored_response, methods=["GET", "DELETE"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     ]
 
     @asynccontextmanager

@@ -88,7 +88,8 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
     import uvicorn
 
     from ..runtime.engine import Engine
-    from .app import MAX_BODY, create_app
+    from .app import create_app
+    from .intake import MAX_BODY
 
     check_options(_S, port=port, drain_timeout=drain_timeout, max_connections=max_connections,
                   timeout_header=timeout_header, timeout_body=timeout_body,

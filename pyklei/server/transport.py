@@ -13,7 +13,7 @@ too many clients from locking the others out.
   beyond `max_connections` is answered 503 at once and closed, before it can hold a file
   descriptor for long: a flood gets 503s instead of exhausting the process's files. Idle
   kept-alive connections are closed by uvicorn's own timeout_keep_alive; the body's deadline
-  is the app's (app._read_json). A chunked body that announces a chunk larger than the app's
+  is the app's (intake.read_json). A chunked body that announces a chunk larger than the app's
   body limit (`max_body`) gets 413 at once and its connection is closed, rather than holding
   the connection until the body's deadline (chunk sizes that are not hex are uvicorn's 400).
 """

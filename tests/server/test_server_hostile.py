@@ -17,6 +17,7 @@ import time
 import pytest
 
 httpx = pytest.importorskip("httpx")
+from api_bodies import steering, valid_messages, valid_responses  # noqa: E402
 from live_server import LiveServer  # noqa: E402  (tests/fixtures/, on sys.path via conftest)
 
 CHAT = [{"role": "user", "content": "Name a colour."}]
@@ -157,7 +158,12 @@ SAFE_BUDGET = [None, 0, 1, 2, 3, -5, 1.5, "2", 10 ** 9, [], {}]   # never a long
 
 
 def _valid(rng: random.Random):
-    if rng.random() < 0.5:
+    x = rng.random()
+    if x < 0.25:      # the Responses and Messages APIs' bodies (tests/fixtures/api_bodies.py)
+        return valid_responses(rng)
+    if x < 0.5:
+        return valid_messages(rng)
+    if x < 0.75:
         return "/v1/chat/completions", {
             "model": "m", "messages": [{"role": rng.choice(["system", "user", "developer"]),
                                         "content": "Say a word."},
@@ -205,21 +211,26 @@ def _steering(rng: random.Random) -> dict:
     ])
 
 
-def _mutate(rng: random.Random, body: dict):
+BUDGETS = ("max_tokens", "max_output_tokens")
+
+
+def _mutate(rng: random.Random, path: str, body: dict):
     """One random change: a field's value replaced, a field removed or added, a message or a
     content part broken, a steering field filled with garbage, or the JSON text itself damaged
     (returns bytes then)."""
     op = rng.randrange(8)
     keys = list(body)
-    if op == 7:
+    if op == 7 and path in ("/v1/responses", "/v1/messages"):
+        body.update(rng.choice(steering(path, lambda: rng.choice(GARBAGE))))
+    elif op == 7:
         body.update(_steering(rng))
         if body.get("n", 1) != 1 or body.get("best_of", 1) != 1:
             body["max_tokens"] = 2
     elif op == 0:
         k = rng.choice(keys)
-        body[k] = rng.choice(SAFE_BUDGET if k == "max_tokens" else GARBAGE)
+        body[k] = rng.choice(SAFE_BUDGET if k in BUDGETS else GARBAGE)
     elif op == 1:
-        k = rng.choice([k for k in keys if k != "max_tokens"])
+        k = rng.choice([k for k in keys if k not in BUDGETS])
         del body[k]
     elif op == 2:
         body[rng.choice(["n", "logprobs", "top_logprobs", "tools", "tool_choice", "functions",
@@ -253,7 +264,7 @@ def _mutate(rng: random.Random, body: dict):
 
 
 def test_fuzzed_requests_never_500_and_a_stream_beside_them_is_unchanged(server):
-    """400 mutated requests, sent while greedy streams run: no 500 (by the reply and by
+    """400 mutated requests (chat completions, completions, Responses and Messages), sent while greedy streams run: no 500 (by the reply and by
     /metrics), the server healthy after each, and every stream's text equal to its solo run."""
     prompts = ["Once upon a time", "The capital of France is", "def fibonacci(n):"]
     body = lambda p: {"prompt": p, "max_tokens": 48, "temperature": 0}   # noqa: E731
@@ -279,13 +290,16 @@ def test_fuzzed_requests_never_500_and_a_stream_beside_them_is_unchanged(server)
     try:
         for i in range(400):
             path, valid = _valid(rng)
-            mutated = _mutate(rng, valid)
+            mutated = _mutate(rng, path, valid)
             raw = mutated if isinstance(mutated, bytes) else json.dumps(mutated).encode()
             r = post(server, path, raw=raw, timeout=120)
             seen[r.status_code] = seen.get(r.status_code, 0) + 1
+            seen[path, r.status_code] = seen.get((path, r.status_code), 0) + 1
             assert r.status_code in STATUSES_OK, (i, raw[:300], r.status_code, r.text[:300])
-            if r.status_code != 200:
-                err = r.json()["error"]
+            if r.status_code != 200:     # in the API's own error shape
+                reply = r.json()
+                assert path != "/v1/messages" or reply["type"] == "error", reply
+                err = reply["error"]
                 assert err["type"] == "invalid_request_error" and err["message"], err
             if i % 50 == 0:
                 assert server.health()["status"] == "ok"
@@ -293,6 +307,8 @@ def test_fuzzed_requests_never_500_and_a_stream_beside_them_is_unchanged(server)
         stop.set()
         t.join(300)
     assert seen.get(200, 0) > 20 and seen.get(400, 0) > 100, seen
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
+        assert seen.get((path, 200), 0) > 5 and seen.get((path, 400), 0) > 20, seen
     assert status_counts(server).get("500", 0) == before_500
     assert len(beside) >= 3
     for p, text in beside:
