@@ -19,7 +19,8 @@ thinking), `text`, `tool_use` (input: the call's arguments as an object); stop_r
 max_tokens, stop_sequence (with the stop_sequence that matched) or tool_use. Streamed:
 message_start, ping, per block content_block_start / content_block_delta (text_delta,
 thinking_delta, input_json_delta) / content_block_stop, then message_delta (stop_reason, usage)
-and message_stop; a failure mid-stream is an `error` event. usage: input_tokens (the prompt's
+and message_stop; a failure mid-stream is an `error` event. A reply cut by the server's drain
+deadline has stop_reason "cancelled", as chat completions' finish_reason says. usage: input_tokens (the prompt's
 tokens that ran), cache_read_input_tokens (those the prefix cache held), output_tokens.
 
 Errors have Anthropic's shape: {"type": "error", "error": {"type", "message"}}, the type by the
@@ -305,6 +306,8 @@ class MessageBuilder:
             return "tool_use", None
         if self.end.finish_reason == "length":
             return "max_tokens", None
+        if self.end.finish_reason == "cancelled":    # the server's drain deadline cut it
+            return "cancelled", None
         seq = stop_sequence(self.end, self.req.stop, self.tokenizer,
                             self.req.constraint is not None, self.text)
         return ("stop_sequence", seq) if seq is not None else ("end_turn", None)

@@ -312,13 +312,16 @@ def usage(start, end, reasoning_tokens: int = 0) -> dict:
 
 
 def response_object(turn: Turn, model: str, output: list, status: str, usage_=None,
-                    error=None) -> dict:
+                    error=None, finish_reason: str | None = None) -> dict:
+    """The response object; status "incomplete" says why: the budget (finish_reason "length")
+    or the server's drain deadline ("cancelled")."""
     b = turn.body
+    incomplete = None if status != "incomplete" else {
+        "reason": "cancelled" if finish_reason == "cancelled" else "max_output_tokens"}
     fmt = (b.get("text") or {}).get("format") if isinstance(b.get("text"), dict) else None
     return {"id": turn.rid, "object": "response", "created_at": turn.created, "status": status,
             "background": False, "error": error,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete"
-            else None,
+            "incomplete_details": incomplete,
             "instructions": b.get("instructions"), "max_output_tokens": b.get("max_output_tokens"),
             "model": model, "output": output,
             "parallel_tool_calls": b.get("parallel_tool_calls", True),
@@ -371,12 +374,13 @@ class ResponseBuilder:
         return events
 
     def finish(self) -> dict:
-        status = "incomplete" if self.end.finish_reason == "length" else "completed"
+        status = "completed" if self.end.finish_reason == "stop" else "incomplete"
         thought = "".join(c["text"] for item in self.output if item["type"] == "reasoning"
                           for c in item["content"])
         n_thought = len(self.tokenizer.encode(thought)) if thought else 0
         return response_object(self.turn, self.model, self.output, status,
-                               usage(self.start, self.end, n_thought))
+                               usage(self.start, self.end, n_thought), None,
+                               self.end.finish_reason)
 
     def failed(self, message: str) -> dict:
         obj = response_object(self.turn, self.model, self.output, "failed",

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from pyklei.runtime.generate import GenerationResponse
 from pyklei.server.messages_api import MessageBuilder
 from pyklei.server.replies import ReplySplitter, stop_sequence
-from pyklei.server.responses_api import ResponseBuilder, Turn
+from pyklei.server.responses_api import ResponseBuilder, ResponseStore, Turn
 from pyklei.text.reasoning import Reasoning
 from pyklei.text.tool_calls import reply_parser
 
@@ -115,3 +115,53 @@ def test_the_stop_sequence_that_ended_a_reply():
     assert stop_sequence(eos, ("e",), tok, False, "Blue") is None
     [cut] = responses(["Blue"], finish="length", token=7)
     assert stop_sequence(cut, ("e",), tok, False, "Blu") is None
+
+
+def test_a_reply_cut_by_the_drain_deadline_is_incomplete():
+    b = ResponseBuilder(Turn("resp_1", {}, [], []), "m", Tok())
+    run(b, req(), ["Once upon"], finish="cancelled")
+    obj = b.finish()
+    assert obj["status"] == "incomplete" and obj["incomplete_details"] == {"reason": "cancelled"}
+    m = MessageBuilder(req(), "m", Tok())
+    run(m, m.req, ["Once upon"], finish="cancelled")
+    assert m.whole()["stop_reason"] == "cancelled"
+
+
+def test_a_failure_mid_stream_ends_the_stream_in_each_api_shape():
+    import asyncio
+    import json
+
+    from pyklei.runtime.engine import RequestFailedError
+    from pyklei.server import messages_api, responses_api
+
+    async def failing():
+        for p in ReplySplitter(req()).feed(responses(["Hi"], finish=None)[0]):
+            yield p
+        raise RequestFailedError("logits turned non-finite")
+
+    s = SimpleNamespace(model_id="m", tokenizer=Tok(), responses=ResponseStore())
+
+    async def events(front, turn):
+        return [json.loads(e.split(b"data: ", 1)[1])
+                async for e in front.stream(s, req(), turn, failing())]
+
+    out = asyncio.run(events(responses_api.Front, Turn("resp_1", {}, [], [])))
+    assert out[-1]["type"] == "response.failed"
+    assert "non-finite" in out[-1]["response"]["error"]["message"]
+    assert out[-1]["response"]["status"] == "failed"
+    assert s.responses.get(None, "resp_1") is None           # a failed response is not stored
+    out = asyncio.run(events(messages_api.Front, None))
+    assert [e["type"] for e in out][:2] == ["message_start", "ping"]
+    assert out[-1] == {"type": "error", "error": {"type": "api_error", "message":
+                                                  "RequestFailedError: logits turned non-finite"}}
+
+
+def test_the_store_is_bounded_in_count_and_age_and_kept_per_tenant():
+    store = ResponseStore(max_items=2, ttl_s=60)
+    for i in range(3):
+        store.put("a", f"r{i}", [], {"id": f"r{i}"})
+    assert store.get("a", "r0") is None and store.get("a", "r2") is not None
+    assert store.get("b", "r2") is None
+    old = ResponseStore(max_items=10, ttl_s=0)
+    old.put("a", "r", [], {})
+    assert old.get("a", "r") is None
