@@ -39,6 +39,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
                529: "overloaded_error"}
+# server-side features of Anthropic's API this server does not run
+UNSUPPORTED = ("mcp_servers", "container", "context_management")
 FIELD_NAMES = {"stop": "stop_sequences", "chat_template_kwargs": "thinking",
                "response_format": "output_config.format"}
 
@@ -230,6 +232,9 @@ def _check(body) -> None:
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise api.APIError("'stream' must be true or false", "stream")
+    for name in UNSUPPORTED:       # a 200 must never have ignored what the client asked for
+        if body.get(name) not in (None, [], {}):
+            raise api.APIError(f"'{name}' is not supported by this server; leave it out", name)
 
 
 def parse(body, tokenizer, n_ctx: int, special_in_content: bool = False) -> api.Request:

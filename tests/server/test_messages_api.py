@@ -139,6 +139,7 @@ def test_an_output_format_json_schema(server):
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "nope"),
     ({"stop_sequences": "x"}, "stop_sequences"),
+    ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
     ({"temperature": -1}, "temperature"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}},
      "output_config.format"),
