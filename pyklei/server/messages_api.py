@@ -32,7 +32,7 @@ import json
 import uuid
 
 from . import openai_api as api
-from .replies import Piece, positive_int, stop_sequence
+from .replies import Piece, positive_int, sampling_fields, stop_sequence
 from .sse import named_event as sse
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -169,8 +169,7 @@ def chat_body(body: dict, count_only: bool = False) -> dict:
                 if system not in (None, "", []) else [])
     for i, m in enumerate(messages):
         out_msgs += _message(i, m)
-    out = {k: body[k] for k in ("temperature", "top_p", "top_k", "seed", "min_p",
-                                "repetition_penalty", "repetition_window") if k in body}
+    out = sampling_fields(body)
     out["messages"] = out_msgs
     if not count_only:
         out["max_tokens"] = positive_int(body, "max_tokens", required=True)

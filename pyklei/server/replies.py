@@ -1,5 +1,7 @@
-"""One reply's engine output as typed pieces, for the APIs whose replies are lists of parts
-(the Responses API's output items, the Messages API's content blocks).
+"""What the Responses and Messages APIs share: one reply's engine output as typed pieces (for
+replies that are lists of parts: the Responses API's output items, the Messages API's content
+blocks), the sampling fields they pass on, their token budget field, the stop sequence that
+ended a reply.
 
     async for piece in pieces(req, gen):     # req: openai_api.Request, gen: app._Generation
         piece.kind   # "start" (prefill done: piece.last has the prompt counts), "reasoning",
@@ -15,7 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..runtime.sampler import MAX_TOKENS, SAMPLING_OPTIONS
 from .openai_api import APIError
+
+SAMPLING_FIELDS = tuple(o.name for o in SAMPLING_OPTIONS if o is not MAX_TOKENS)
+
+
+def sampling_fields(body: dict) -> dict:
+    """The body's sampling fields (temperature, top_p, top_k, seed and pyklei's others) under
+    their own names, for openai_api.parse to check."""
+    return {k: body[k] for k in SAMPLING_FIELDS if k in body}
 
 
 @dataclass

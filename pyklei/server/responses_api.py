@@ -35,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from . import openai_api as api
-from .replies import Piece, positive_int
+from .replies import Piece, positive_int, sampling_fields
 from .sse import named_event as sse
 
 STORE_MAX = 1024             # responses kept for previous_response_id
@@ -236,9 +236,9 @@ def chat_body(body: dict, n_ctx: int, history: list) -> tuple[dict, list]:
         raise api.APIError("'instructions' must be a string", "instructions")
     system = [{"role": "system", "content": instructions}] if instructions else []
     messages = system + conversation
-    out = {k: body[k] for k in ("temperature", "top_p", "seed", "top_k", "min_p",
-                                "repetition_penalty", "repetition_window", "parallel_tool_calls")
-           if k in body}
+    out = sampling_fields(body)
+    if "parallel_tool_calls" in body:
+        out["parallel_tool_calls"] = body["parallel_tool_calls"]
     asked = positive_int(body, "max_output_tokens")
     out.update(messages=messages, max_tokens=n_ctx if asked is None else asked)
     if body.get("tools") is not None:
@@ -248,12 +248,11 @@ def chat_body(body: dict, n_ctx: int, history: list) -> tuple[dict, list]:
     fmt = response_format(body.get("text"))
     if fmt is not None:
         out["response_format"] = fmt
-    effort = (body.get("reasoning") or {}).get("effort") if isinstance(
-        body.get("reasoning"), dict) else None
-    if body.get("reasoning") is not None and not isinstance(body["reasoning"], dict):
+    reasoning = body.get("reasoning") or {}
+    if not isinstance(reasoning, dict):
         raise api.APIError("'reasoning' must be an object like {\"effort\": \"low\"}", "reasoning")
-    if effort is not None:                    # templates that know it read it (gpt-oss, ...)
-        out["chat_template_kwargs"] = {"reasoning_effort": effort}
+    if reasoning.get("effort") is not None:   # templates that know it read it (gpt-oss, ...)
+        out["chat_template_kwargs"] = {"reasoning_effort": reasoning["effort"]}
     return out, conversation
 
 
