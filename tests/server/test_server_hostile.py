@@ -220,7 +220,7 @@ def _mutate(rng: random.Random, path: str, body: dict):
     (returns bytes then)."""
     op = rng.randrange(8)
     keys = list(body)
-    if op == 7 and path in ("/v1/responses", "/v1/messages"):
+    if op == 7 and path.startswith(("/v1/responses", "/v1/messages")):
         body.update(rng.choice(steering(path, lambda: rng.choice(GARBAGE))))
     elif op == 7:
         body.update(_steering(rng))
@@ -298,7 +298,7 @@ def test_fuzzed_requests_never_500_and_a_stream_beside_them_is_unchanged(server)
             assert r.status_code in STATUSES_OK, (i, raw[:300], r.status_code, r.text[:300])
             if r.status_code != 200:     # in the API's own error shape
                 reply = r.json()
-                assert path != "/v1/messages" or reply["type"] == "error", reply
+                assert not path.startswith("/v1/messages") or reply["type"] == "error", reply
                 err = reply["error"]
                 assert err["type"] == "invalid_request_error" and err["message"], err
             if i % 50 == 0:
@@ -309,6 +309,8 @@ def test_fuzzed_requests_never_500_and_a_stream_beside_them_is_unchanged(server)
     assert seen.get(200, 0) > 20 and seen.get(400, 0) > 100, seen
     for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
         assert seen.get((path, 200), 0) > 5 and seen.get((path, 400), 0) > 20, seen
+    count = "/v1/messages/count_tokens"
+    assert seen.get((count, 200), 0) > 0 and seen.get((count, 400), 0) > 0, seen
     assert status_counts(server).get("500", 0) == before_500
     assert len(beside) >= 3
     for p, text in beside:
