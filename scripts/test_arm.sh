@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# Kernel tests for aarch64 under qemu-user, plus the same test program natively.
+# Kernel and forward-pass tests for aarch64 under qemu-user, plus the same test programs natively.
 #
 #   scripts/test_arm.sh [--full] [--objects DIR]
 #
 # Cross-compiles tests/kernels/c/test_matmul.c (and the test hook, tests/kernels/c/pk_testhook.c) with the
-# whole kernel layer (pyklei_ext/contract, pyklei_ext/ops, pyklei_ext/isa) for aarch64
-# (static), runs it under qemu-aarch64 with three CPU models
-# and checks from its output which code paths ran:
+# whole kernel layer (pyklei_ext/contract, pyklei_ext/ops, pyklei_ext/isa), and
+# tests/kernels/c/test_llama.c with the kernel layer and the forward pass (pyklei_ext/model), for
+# aarch64 (static), runs them under qemu-aarch64 with three CPU models
+# and checks from test_matmul's output which code paths ran:
 #   cortex-a53   features "neon"               -> neon kernels run, dotprod/i8mm skipped
 #   neoverse-n1  features "neon dotprod"       -> neon + dotprod kernels run, i8mm skipped
 #   max          features "neon dotprod i8mm"  -> every kernel runs
 # (each also runs the KV cache's NEON f16 conversion and attention over f16 and q8 caches
-# against the reference)
-# then builds and runs the program natively (and once more with AddressSanitizer when the
-# compiler supports it). --full runs the large shape set under qemu too (slower).
-# --objects DIR links the test program with the aarch64 kernel objects of a wheel build
-# (DIR/pyklei_ext/{contract,ops,isa}/*.o, setuptools' build/temp.* directory;
+# against the reference); test_llama (its --quick set: the Llama shapes and each family's
+# features, a Gemma 3 shape past a sliding layer's ring, ~10-30 s a CPU) runs the forward pass
+# on whichever kernels the CPU model has, and must end "<P> passed, 0 failed";
+# then builds and runs both programs natively (test_matmul once more with AddressSanitizer when
+# the compiler supports it; scripts/test_sanitizers.sh runs test_llama so). --full runs the
+# large shape set and every test_llama configuration under qemu too (slower).
+# --objects DIR links the test programs with the aarch64 objects of a wheel build
+# (DIR/pyklei_ext/{contract,ops,isa,model}/*.o, setuptools' build/temp.* directory;
 # scripts/build_wheels.sh)
-# instead of compiling the sources, so the qemu runs test the very code the wheel ships; the
+# instead of compiling the sources, so the qemu runs test the very code the wheel ships (a DIR
+# without model objects: test_llama's forward pass is compiled from the tree, and says so); the
 # native runs are then left out.
 # Installs the toolchain with apt-get when missing (Debian 12; as root or via sudo).
 # Exits non-zero on any failure.
@@ -66,9 +71,11 @@ say "$(aarch64-linux-gnu-gcc --version | head -1); $(qemu-aarch64 --version | he
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/pyklei_test_arm.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 # the kernel layer's sources, and the test program with the test hook (test builds only: the
-# dispatcher's weak reference to it, ops/pk_dispatch.c)
+# dispatcher's weak reference to it, ops/pk_dispatch.c); the forward pass and its test program
 SRCS=(pyklei_ext/contract/*.c pyklei_ext/ops/*.c pyklei_ext/isa/*.c)
 TEST_SRCS=(tests/kernels/c/test_matmul.c tests/kernels/c/pk_testhook.c)
+MODEL_SRCS=(pyklei_ext/model/*.c)
+LLAMA_SRCS=(tests/kernels/c/test_llama.c)
 # the flags of setup.py (pyklei_ext/cflags.txt: no fp contraction), at the arch baseline, and
 # its -O3: -O2 vectorizes less, and a cloned RoPE that became vfmaddsub passed at -O2 only
 source scripts/cflags.sh
@@ -77,17 +84,30 @@ CFLAGS=(-O3 "${PK_CFLAGS[@]}" -Ipyklei_ext)
 # (internal compiler error in vect_transform_reduction)
 TEST_CFLAGS=("${CFLAGS[@]/-O3/-O2}")
 
-# build CC OUT [LDFLAGS...]: the kernel sources with CFLAGS, one object each, and the test
-build() {
-    local cc=$1 out=$2 objs=() o s
+# compile CC DIR SRC...: each source with CFLAGS into DIR; OBJS: the objects
+compile() {
+    local cc=$1 dir=$2 o s
     shift 2
-    mkdir -p "$out.objs"
-    for s in "${SRCS[@]}"; do
-        o="$out.objs/$(echo "$s" | tr / _).o"
+    mkdir -p "$dir"
+    OBJS=()
+    for s in "$@"; do
+        o="$dir/$(echo "$s" | tr / _).o"
         "$cc" "${CFLAGS[@]}" -c "$s" -o "$o" || die "$cc could not compile $s"
-        objs+=("$o")
+        OBJS+=("$o")
     done
-    "$cc" "${TEST_CFLAGS[@]}" "$@" "${TEST_SRCS[@]}" "${objs[@]}" -lm -o "$out" || die "$cc could not link $out"
+}
+
+# build CC TAG [LDFLAGS...]: the kernel and model sources with CFLAGS, one object each, then
+# $WORK/test_matmul_TAG (kernels) and $WORK/test_llama_TAG (kernels and forward pass)
+build() {
+    local cc=$1 tag=$2 kobjs mobjs
+    shift 2
+    compile "$cc" "$WORK/$tag.objs" "${SRCS[@]}"; kobjs=("${OBJS[@]}")
+    compile "$cc" "$WORK/$tag.objs" "${MODEL_SRCS[@]}"; mobjs=("${OBJS[@]}")
+    "$cc" "${TEST_CFLAGS[@]}" "$@" "${TEST_SRCS[@]}" "${kobjs[@]}" -lm -o "$WORK/test_matmul_$tag" \
+        || die "$cc could not link test_matmul_$tag"
+    "$cc" "${TEST_CFLAGS[@]}" "$@" "${LLAMA_SRCS[@]}" "${mobjs[@]}" "${kobjs[@]}" -lm -o "$WORK/test_llama_$tag" \
+        || die "$cc could not link test_llama_$tag"
 }
 
 if [ -n "$OBJDIR" ]; then
@@ -101,11 +121,29 @@ if [ -n "$OBJDIR" ]; then
     say "linking tests/kernels/c/test_matmul.c with the ${#OBJS[@]} aarch64 objects of $OBJDIR (static)"
     aarch64-linux-gnu-gcc "${TEST_CFLAGS[@]}" -static "${TEST_SRCS[@]}" "${OBJS[@]}" -lm \
         -o "$WORK/test_matmul_aarch64"
+    KOBJS=("${OBJS[@]}")
+    shopt -s nullglob
+    MOBJS=("$OBJDIR"/pyklei_ext/model/*.o)
+    shopt -u nullglob
+    if [ "${#MOBJS[@]}" -eq 0 ]; then
+        say "$OBJDIR has no pyklei_ext/model objects: compiling the forward pass from the tree for test_llama"
+        compile aarch64-linux-gnu-gcc "$WORK/model.objs" "${MODEL_SRCS[@]}"
+        MOBJS=("${OBJS[@]}")
+    else
+        [ "${#MOBJS[@]}" -eq "${#MODEL_SRCS[@]}" ] \
+            || die "$OBJDIR: ${#MOBJS[@]} objects for ${#MODEL_SRCS[@]} model sources"
+        for o in "${MOBJS[@]}"; do
+            readelf -h "$o" | grep -q 'Machine:.*AArch64' || die "$o is not an aarch64 object"
+        done
+        say "linking tests/kernels/c/test_llama.c with the ${#MOBJS[@]} model and ${#KOBJS[@]} kernel objects of $OBJDIR"
+    fi
+    aarch64-linux-gnu-gcc "${TEST_CFLAGS[@]}" -static "${LLAMA_SRCS[@]}" "${MOBJS[@]}" "${KOBJS[@]}" -lm \
+        -o "$WORK/test_llama_aarch64"
 else
     say "cross-compiling for aarch64 (armv8-a baseline, static)"
-    build aarch64-linux-gnu-gcc "$WORK/test_matmul_aarch64" -static
+    build aarch64-linux-gnu-gcc aarch64 -static
     say "compiling natively ($(uname -m))"
-    build gcc "$WORK/test_matmul_native"
+    build gcc native
 fi
 
 # ---- runs --------------------------------------------------------------------------------
@@ -165,10 +203,28 @@ check_run() {
     fi
 }
 
+# check_llama NAME LOG RC: test_llama passed: exit 0, "<P> passed, 0 failed" last, and every
+# configuration it ran ok (with its time)
+check_llama() {
+    local name=$1 log=$2 rc=$3 line n_ok
+    line=$(tail -n 1 "$log")
+    n_ok=$(grep -cE '^config .*: ok' "$log" || true)
+    if [ "$rc" -eq 0 ] && [[ "$line" =~ ^[0-9]+\ passed,\ 0\ failed$ ]] && [ "$n_ok" -gt 0 ] \
+       && ! grep -qE '^config .*: FAILED' "$log"; then
+        say "  $name: ok: $n_ok configurations; $line"
+    else
+        FAILED=1
+        say "  $name: FAILED (exit $rc)"
+        grep -E '^(FAIL|config .*: FAILED)' "$log" | head -20 | sed 's/^/    | /'
+        tail -n 1 "$log" | sed 's/^/    | /'
+    fi
+}
+
 # --emulated: the thread pool's drop under contention depends on the scheduler's timing, which
 # the emulator changes (tests/kernels/c/test_matmul.c, pool_contention_child); the native runs require it
 QARGS=(--quick --emulated)
-[ $FULL -eq 1 ] && QARGS=(--emulated)
+LARGS=(--quick)
+[ $FULL -eq 1 ] && QARGS=(--emulated) && LARGS=()
 Q4=qai8dx_qsi4c32
 for spec in "cortex-a53|neon|neon|dotprod i8mm|m=1 -> ${Q4}_1x4_neon, m=64 -> ${Q4}_1x4_neon" \
             "neoverse-n1|neon dotprod|neon dotprod|i8mm|m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_dotprod" \
@@ -178,11 +234,15 @@ for spec in "cortex-a53|neon|neon|dotprod i8mm|m=1 -> ${Q4}_1x4_neon, m=64 -> ${
     rc=0
     qemu-aarch64 -cpu "$cpu" "$WORK/test_matmul_aarch64" "${QARGS[@]}" >"$WORK/$cpu.log" 2>&1 || rc=$?
     check_run "$cpu" "$WORK/$cpu.log" "$rc" "$feats" "$run_tags" "$skip_tags" "$want_default"
+    say "qemu-aarch64 -cpu $cpu test_llama ${LARGS[*]}"
+    rc=0
+    qemu-aarch64 -cpu "$cpu" "$WORK/test_llama_aarch64" "${LARGS[@]}" >"$WORK/$cpu.llama.log" 2>&1 || rc=$?
+    check_llama "$cpu test_llama" "$WORK/$cpu.llama.log" "$rc"
 done
 
 if [ -n "$OBJDIR" ]; then
     [ $FAILED -eq 0 ] || { say "FAILED"; exit 1; }
-    say "all aarch64 (qemu) kernel tests passed on the objects of $OBJDIR"
+    say "all aarch64 (qemu) kernel and forward-pass tests passed on the objects of $OBJDIR"
     exit 0
 fi
 
@@ -198,6 +258,11 @@ else
     grep -E "^(FAIL|kernel)" "$WORK/native.log" | head -30 | sed 's/^/    | /'
     tail -n 1 "$WORK/native.log" | sed 's/^/    | /'
 fi
+
+say "native $(uname -m) run of test_llama (every configuration)"
+rc=0
+"$WORK/test_llama_native" >"$WORK/native.llama.log" 2>&1 || rc=$?
+check_llama "native test_llama" "$WORK/native.llama.log" "$rc"
 
 # quick_verdict NAME LOG RC PATTERN: a native quick-set run passed (exit 0, "N passed, 0 failed"
 # last), or FAILED with the log's lines that match PATTERN.
@@ -241,4 +306,4 @@ if [ $FAILED -ne 0 ]; then
     say "FAILED"
     exit 1
 fi
-say "all aarch64 (qemu) and native kernel tests passed"
+say "all aarch64 (qemu) and native kernel and forward-pass tests passed"

@@ -4,8 +4,10 @@
 #   scripts/test_sanitizers.sh [--no-python | --python-only]
 #
 # 1. tests/kernels/c/test_llama.c: the forward pass (pyklei_ext/model) with the whole kernel layer on
-#    random tiny weights: prefill vs decode, chunking, bad tokens/positions, interrupts,
-#    bad hyperparameters; LeakSanitizer on at exit.
+#    random tiny weights, Llama's shapes and each family's features (sliding windows and their
+#    rings, q/k norms, biases, NoPE, partial RoPE, GeGLU, scales, soft cap): prefill vs decode,
+#    chunking, batches vs solo rows, KV copies, bad tokens/positions, interrupts, bad
+#    hyperparameters; LeakSanitizer on at exit.
 # 2. tests/kernels/c/test_matmul.c --quick: every kernel this CPU runs against the reference.
 # 3. (unless --no-python) the Python extension itself built with
 #    PYKLEI_DEBUG_BUILD="-fsanitize=address,undefined" in a scratch copy of the tree, then

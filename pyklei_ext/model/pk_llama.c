@@ -97,7 +97,8 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->layer_base = alloc(m, sizeof(int) * hp->n_layer);
     for (int l = 0; m->layer_base && l < hp->n_layer; l++) {
         const pk_llama_layer *L = &w->layers[l];
-        const float base = L->rope_theta > 0.0f ? L->rope_theta : hp->rope_theta;
+        /* != 0, not > 0: a negative or NaN base is refused below, not taken for "the model's" */
+        const float base = L->rope_theta != 0.0f ? L->rope_theta : hp->rope_theta;
         int b = 0;
         while (b < m->n_bases && bases[b] != base) b++;
         if (L->window < 0 || !(base > 0.0f) || (b == m->n_bases && m->n_bases == 64)) {
