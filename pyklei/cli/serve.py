@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from pathlib import Path
 
 from ._common import (CLIError, _add_chat_template_option, _add_command, _add_model_options, _add_option,
-                      _load)
-
+                      _load, _model_path)
 
 # What pyproject.toml's `serve` extra installs. pyklei.server imports them only when the server
 # starts, after the model has loaded; `run` imports them first so that a missing extra is one
@@ -25,12 +25,17 @@ def add_parser(sub):
         "and a chat page at /. Up to --parallel requests are decoded together (continuous "
         "batching); up to --max-queue more wait, and beyond that a request gets 429. SIGTERM "
         "or Ctrl-C stops accepting connections, lets the replies in flight finish (at most "
-        "--drain-timeout seconds) and exits with 0.",
+        "--drain-timeout seconds) and exits with 0. Several model files (or --models-dir) are "
+        "served by one server: a request picks one by its `model` field (the file name without "
+        ".gguf), loaded on first use, at most --models-max at once.",
         epilog="examples:\n"
                "  pyklei serve smollm2.gguf --port 8000 --parallel 8\n"
                "  pyklei serve smollm2.gguf --host 0.0.0.0 --api-key $KEY --cors https://my.site\n"
+               "  pyklei serve --models-dir ~/models --models-max 2\n"
                "\ndocs/SERVE.md: endpoints, metrics, several replicas behind nginx.")
-    p.add_argument("model", metavar="MODEL", help="pyklei .gguf file")
+    p.add_argument("model", metavar="MODEL", nargs="*",
+                   help="pyklei .gguf file; several: each is served under its file name "
+                        "without .gguf, the first is the default")
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default %(default)s: this machine only; 0.0.0.0 "
@@ -47,12 +52,16 @@ def add_parser(sub):
                    help="allow browser requests from these origins (comma-separated, or '*'); "
                         "repeatable (default: none)")
     g.add_argument("--model-id", metavar="NAME", help="the model's name in the API (default: the file name)")
+    g.add_argument("--models-dir", metavar="DIR",
+                   help="serve every pyklei .gguf file in DIR too, each under its file name "
+                        "without .gguf (after the MODEL files; the first model is the default, "
+                        "for requests that name none)")
     _add_option(g, SERVER_OPTION["drain_timeout"])
     g.add_argument("--allow-host", metavar="NAME", action="append", default=[],
                    help="answer requests whose Host header is NAME, besides 127.0.0.1, localhost "
                         "and ::1 (repeatable; for a reverse proxy or a local DNS name). On a "
                         "loopback address other names get 403, which stops DNS rebinding")
-    for name in ("max_connections", "timeout_header", "timeout_body", "timeout_write", "timeout_idle"):
+    for name in ("models_max", "max_connections", "timeout_header", "timeout_body", "timeout_write", "timeout_idle"):
         _add_option(g, SERVER_OPTION[name])
     g.add_argument("--quiet", action="store_true", help="no request log")
     g.add_argument("--special-in-content", action="store_true",
@@ -86,19 +95,69 @@ def run(args) -> int:
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
     keys = args.api_key if args.api_key is not None else [os.environ.get("PYKLEI_API_KEY", "")]
     keys = [k.strip() for arg in keys for k in arg.split(",") if k.strip()] or None
-    from ..hub import split_file_ref
+    from ..runtime.engine import EMBEDDING_SLOTS
     from ..runtime.options import SERVER_OPTIONS
 
-    from ..runtime.engine import EMBEDDING_SLOTS
     # a KV cache slot per parallel sequence, and the embeddings' own (pyklei.runtime.engine)
-    llm = _load(args, n_seq=args.n_parallel + EMBEDDING_SLOTS)
+    n_seq = args.n_parallel + EMBEDDING_SLOTS
+    files = _model_files(args)
+    loaders = None
+    if len(files) > 1 or args.models_dir:
+        for flag, value in (("--model-id", args.model_id), ("--draft-model", args.draft_model),
+                            ("--chat-template", getattr(args, "chat_template", None))):
+            if value is not None:
+                raise CLIError(f"{flag} applies to one model, not to several (each is named by "
+                               f"its file name and uses the chat template in its file)")
+        loaders = {}
+        for f in files:
+            mid = _file_model_id(f)
+            if mid in loaders:
+                raise CLIError(f"two model files are named {mid!r}: a request could not choose")
+            _model_path(f)        # a missing or non-pyklei file is an error now, not at a request
+            loaders[mid] = lambda f=f: _load(args, model=f, n_seq=n_seq)
+    args.model = files[0]
+    llm = _load(args, n_seq=n_seq)
     speculative = "lookup" if args.lookup else None
     if args.draft_model:      # its slot s drafts for the target's slot s, at the same positions
         speculative = _load(args, model=args.draft_model, n_ctx=llm.n_ctx, n_seq=args.n_parallel)
-    ref = split_file_ref(args.model)          # org/name:file.gguf: the file names the model
-    model_id = args.model_id or Path(ref[1] if ref else args.model).stem
+    model_id = args.model_id or _file_model_id(files[0])
     numbers = {o.name: getattr(args, o.name) for o in SERVER_OPTIONS}
     return serve(llm, host=args.host, model_id=model_id, n_parallel=args.n_parallel,
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=keys,
                  cors=cors, quiet=args.quiet, allow_hosts=args.allow_host,
-                 speculative=speculative, special_in_content=args.special_in_content, **numbers)
+                 speculative=speculative, special_in_content=args.special_in_content,
+                 loaders=loaders, **numbers)
+
+
+def _model_files(args) -> list[str]:
+    """MODEL..., then --models-dir's pyklei .gguf files (sorted by name); llama.cpp GGUFs in
+    the folder are skipped with a note."""
+    files = list(args.model)
+    if args.models_dir:
+        from ..formats.model_file import is_model_file
+
+        d = Path(args.models_dir)
+        if not d.is_dir():
+            raise CLIError(f"--models-dir {args.models_dir}: no such directory")
+        for f in sorted(d.glob("*.gguf")):
+            try:
+                ours = is_model_file(f)
+            except Exception:     # not a GGUF at all
+                ours = False
+            if ours:
+                files.append(str(f))
+            else:
+                print(f"pyklei serve: skipping {f}: not a pyklei model file (convert it with "
+                      f"`pyklei convert {f} -o OUT.gguf`)", file=sys.stderr, flush=True)
+    if not files:
+        raise CLIError("no model: give a MODEL file or a --models-dir with pyklei .gguf files")
+    return files
+
+
+def _file_model_id(arg: str) -> str:
+    """A model file's name in the API: its file name without .gguf (of org/name:file.gguf,
+    the file's)."""
+    from ..hub import split_file_ref
+
+    ref = split_file_ref(arg)
+    return Path(ref[1] if ref else arg).stem

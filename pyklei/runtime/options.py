@@ -4,7 +4,7 @@ that checks requests with it, so each rule and message is written once.
 
     MODEL_OPTIONS      Model / LLM / pyklei.load keywords and the CLI's "model" flags (here)
     ENGINE_OPTIONS     Engine's keywords: parallel sequences, queue, prefill chunk (here)
-    SERVER_OPTIONS     pyklei.server.run.serve's port, connection cap and timeouts (here)
+    SERVER_OPTIONS     pyklei.server.run.serve's port, connection cap, timeouts, models_max (here)
     SAMPLING_OPTIONS   max_tokens and SamplingParams' fields (pyklei.runtime.sampler)
 
     check_model_options(n_ctx=2048, kv_cache="f16")   # TypeError / ValueError naming the option
@@ -137,8 +137,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
 )
 ENGINE_OPTION = {o.name: o for o in ENGINE_OPTIONS}
 
-#: What pyklei.server.run.serve takes for its socket, connections and deadlines (seconds), and
-#: `pyklei serve`'s flags for them.
+#: What pyklei.server.run.serve takes for its socket, connections, deadlines (seconds) and
+#: resident models, and `pyklei serve`'s flags for them.
 SERVER_OPTIONS: tuple[Option, ...] = (
     Option("port", int, 8000, ("--port",), "PORT", "port",
            "port; 0 picks a free one, which the first line printed names", lo=0, hi=65535),
@@ -158,6 +158,14 @@ SERVER_OPTIONS: tuple[Option, ...] = (
            "cancelled", lo=0, lo_open=True),
     Option("timeout_idle", float, 5.0, ("--timeout-idle",), "S", "idle timeout",
            "seconds a kept-alive connection may wait for its next request", lo=0, lo_open=True),
+    # Two: on a CPU the models share the same cores and memory bandwidth, so more resident
+    # models add no throughput, only memory (weights plus a KV cache of n_parallel x n_ctx
+    # each); two let an app alternate between a pair (chat and code, big and small) without
+    # reloading, and bound memory at the two largest.
+    Option("models_max", int, 2, ("--models-max",), "N", "model count",
+           "with several models: at most N loaded at once; loading another unloads the least "
+           "recently used idle one, never one with requests (the request gets 503 instead)",
+           lo=1),
 )
 SERVER_OPTION = {o.name: o for o in SERVER_OPTIONS}
 

@@ -1,15 +1,23 @@
-"""The HTTP layer: a Starlette app over one pyklei.runtime.engine.Engine.
+"""The HTTP layer: a Starlette app over the engines of the models it serves
+(model_registry.py: one model, or several loaded on demand).
 
     GET  /                       the chat page (static/chat.html)
     GET  /favicon.ico            its icon (static/favicon.svg, an SVG whatever the name)
     GET  /health                 {"status": "ok", ...engine stats}
     GET  /metrics                Prometheus text format (metrics.py)
-    GET  /v1/models[/{id}]       the one model
+    GET  /v1/models[/{id}]       the models, each with its "status" (loaded, unloaded, ...)
     POST /v1/chat/completions    messages -> reply, the model's chat template
     POST /v1/completions         prompt -> continuation
     POST /v1/embeddings          input -> pooled hidden states (embeddings_api.py)
     POST /v1/responses           OpenAI's Responses API (responses_api.py); GET/DELETE by id
     POST /v1/messages            Anthropic's Messages API (messages_api.py); .../count_tokens
+
+A request's model: `_for_model` is the one place where a request's `model` field becomes the
+engine, tokenizer, n_ctx and model_id its handler uses (`s = await _for_model(request, s,
+body)`); the model stays resident until the response has been sent (_CountRequests releases
+it). A model this server does not have is OpenAI's 404 model_not_found (a one-model server
+takes any name, as it always has); 503 models_busy when it would have to be loaded and every
+resident model has requests.
 
 Requests are checked by openai_api.parse before anything is queued; the engine's stream is a
 blocking iterator, so each request gets a thread that pumps it into an asyncio queue
@@ -41,6 +49,7 @@ cancelled after `write_timeout` seconds of waiting to write.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import json
 import logging
@@ -66,8 +75,11 @@ from .intake import (ClientGone as _ClientGone, check_json_content_type as _chec
 from .metrics import Metrics
 from .replies import pieces as reply_pieces
 from .sse import EventStream, WriteTimeout as _WriteTimeout, within as _within
+from .model_registry import (ModelLoadError, ModelRegistry, ModelsBusyError, ServedModel,
+                             UnknownModelError)
 
 CLIENT_CLOSED = 499            # nginx's status for "the client closed the request"
+LEASES = "pyklei.leases"       # scope key: the model leases a request holds (_CountRequests)
 log = logging.getLogger("uvicorn.error")
 
 
@@ -267,16 +279,50 @@ def _echo_event(s, req: api.Request, rid: str, created: int, prompt_lps, shape, 
 
 
 class _State:
-    def __init__(self, engine, tokenizer, model_id, n_ctx, api_keys, body_timeout, write_timeout,
+    """The app's settings and its models. A request's handler works on a copy bound to its
+    model (`_for_model`): engine, tokenizer, n_ctx and model_id exist only on that copy."""
+
+    def __init__(self, models: ModelRegistry, api_keys, body_timeout, write_timeout,
                  special_in_content=False):
-        self.engine, self.tokenizer, self.model_id = engine, tokenizer, model_id
-        self.n_ctx = n_ctx
+        self.models = models
         self.api_keys = [k.encode() for k in api_keys]   # empty: no key needed (one tenant)
         self.body_timeout, self.write_timeout = body_timeout, write_timeout
         self.special_in_content = special_in_content
         self.created = int(time.time())
-        self.metrics = Metrics(engine)
+        self.metrics = Metrics(models)
         self.responses = responses_api.ResponseStore()   # for previous_response_id
+
+    def serving(self, served: ServedModel) -> "_State":
+        bound = copy.copy(self)
+        bound.engine, bound.tokenizer = served.engine, served.tokenizer
+        bound.model_id, bound.n_ctx = served.model_id, served.n_ctx
+        return bound
+
+
+async def _for_model(request: HTTPRequest, s: _State, body) -> _State:
+    """s bound to the model the body's `model` field names (none: the default model), loaded
+    first if it is not resident (in a worker thread). It stays resident until the response
+    has been sent: the lease is released by _CountRequests."""
+    name = body.get("model") if isinstance(body, dict) else None
+    if name is not None and not isinstance(name, str):
+        raise api.APIError("'model' must be a string: a model's id (GET /v1/models)", "model")
+    try:
+        lease = await s.models.acquire(name)
+    except UnknownModelError as e:
+        raise api.APIError(str(e), "model", status=404, code="model_not_found") from None
+    except ModelsBusyError as e:
+        raise api.APIError(str(e), "model", status=503, type="server_error",
+                           code="models_busy") from None
+    except ModelLoadError as e:
+        log.error("%s", e)
+        raise api.APIError(str(e), "model", status=503, type="server_error",
+                           code="model_load_failed") from None
+    except EngineClosedError:
+        raise _shutting_down() from None
+    request.scope[LEASES].append(lease)
+    return s.serving(lease.served)
+
+
 
 
 def _check_key(s: _State, request: HTTPRequest) -> int | None:
@@ -310,10 +356,14 @@ def _submit(s: _State, req: api.Request, tenant: int | None):
     except QueueFullError:
         raise _queue_full() from None
     except EngineClosedError:
-        raise api.APIError("the server is shutting down", status=503, type="server_error",
-                           code="shutting_down") from None
+        raise _shutting_down() from None
     except (TypeError, ValueError) as e:
         raise api.APIError(str(e)) from None
+
+
+def _shutting_down() -> api.APIError:
+    return api.APIError("the server is shutting down", status=503, type="server_error",
+                        code="shutting_down")
 
 
 def _queue_full() -> api.APIError:
@@ -327,9 +377,10 @@ async def _body(request: HTTPRequest):
     tenant = _check_key(s, request)
     _check_json_content_type(request)
     try:
-        return s, tenant, await _read_json(request, s.body_timeout)
+        body = await _read_json(request, s.body_timeout)
     except _ClientGone:
         return s, tenant, None
+    return await _for_model(request, s, body), tenant, body
 
 
 async def _start(s: _State, tenant, parse, *args):
@@ -476,12 +527,8 @@ def _submit_embedding(s: _State, req):
 async def embeddings(request):
     """Queued on the engine (its embedding slots, between generation steps); a client that
     hangs up cancels what is left of its request."""
-    s: _State = request.app.state.pyklei
-    _check_key(s, request)
-    _check_json_content_type(request)
-    try:
-        body = await _read_json(request, s.body_timeout)
-    except _ClientGone:
+    s, _, body = await _body(request)
+    if body is None:
         return Response(status_code=CLIENT_CLOSED)
     req = await run_in_threadpool(embeddings_api.parse, body, s.tokenizer, s.n_ctx, s.engine.model)
     fut = await run_in_threadpool(_submit_embedding, s, req)
@@ -504,28 +551,34 @@ async def embeddings(request):
     return await run_in_threadpool(lambda: JSONResponse(embeddings_api.response(req, pooled, s.model_id)))
 
 
-def _model(s: _State) -> dict:
-    return {"id": s.model_id, "object": "model", "created": s.created, "owned_by": "pyklei"}
+def _model(s: _State, model: dict) -> dict:
+    """OpenAI's model object, and pyklei's "status" beside its fields (model_registry)."""
+    return {"id": model["id"], "object": "model", "created": s.created, "owned_by": "pyklei",
+            "status": model["status"]}
 
 
-async def models(request):
+async def list_models(request):
     s = request.app.state.pyklei
     _check_key(s, request)
-    return JSONResponse({"object": "list", "data": [_model(s)]})
+    return JSONResponse({"object": "list", "data": [_model(s, m) for m in s.models.models()]})
 
 
 async def one_model(request):
     s = request.app.state.pyklei
     _check_key(s, request)
-    if request.path_params["model"] != s.model_id:
-        raise api.APIError(f"no model {request.path_params['model']!r}; this server has "
-                           f"{s.model_id!r}", "model", status=404, code="model_not_found")
-    return JSONResponse(_model(s))
+    name = request.path_params["model"]
+    try:
+        return JSONResponse(_model(s, {"id": name, "status": s.models.status(name)}))
+    except UnknownModelError as e:
+        raise api.APIError(str(e), "model", status=404, code="model_not_found") from None
 
 
 async def health(request):
+    """The engines' figures summed over the models (model_registry.stats), each model's
+    status, and `model`: the default model's id."""
     s = request.app.state.pyklei
-    return JSONResponse({"status": "ok", "model": s.model_id, **s.engine.stats()})
+    return JSONResponse({"status": "ok", "model": s.models.default_id, **s.models.stats(),
+                         "models": s.models.models()})
 
 
 async def metrics(request):
@@ -545,7 +598,7 @@ async def favicon(request):
 
 
 def _error_headers(e: api.APIError):
-    return {"Retry-After": "1"} if e.status == 429 else (
+    return {"Retry-After": "1"} if e.status == 429 or e.code == "models_busy" else (
         {"WWW-Authenticate": "Bearer"} if e.status == 401 else None)
 
 
@@ -574,6 +627,7 @@ class _CountRequests:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         status = [CLIENT_CLOSED]     # nothing sent: the client left first
+        leases = scope[LEASES] = []  # _for_model's: released once the response is sent
 
         async def counting_send(message):
             if message["type"] == "http.response.start":
@@ -586,6 +640,8 @@ class _CountRequests:
             status[0] = 500            # answered by Starlette's outermost error handler
             raise
         finally:
+            for lease in leases:
+                lease.release()
             self.metrics.request(scope["path"], status[0])
             if status[0] == CLIENT_CLOSED:
                 _log_abandoned(scope)
@@ -633,11 +689,14 @@ def _host_name(host: str) -> str:
     return name.rstrip(".").lower()
 
 
-def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
+def create_app(engine=None, tokenizer=None, model_id: str | None = None,
+               n_ctx: int | None = None, api_key=None,
                cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
                body_timeout: float = 60.0, write_timeout: float = 30.0,
-               on_shutdown=None, special_in_content: bool = False) -> Starlette:
-    """The ASGI app. engine: a pyklei.runtime.engine.Engine; n_ctx: a sequence's context in tokens;
+               on_shutdown=None, special_in_content: bool = False,
+               models: ModelRegistry | None = None) -> Starlette:
+    """The ASGI app of one model (engine: a pyklei.runtime.engine.Engine, its tokenizer,
+    model_id, n_ctx: a sequence's context in tokens) or of `models` (model_registry.py);
     api_key: a key, or a list of keys (each a tenant; module doc), or None: no key needed;
     cors: allowed origins ("*" for any); allowed_hosts: the Host header names answered (None:
     any); body_timeout: seconds a request body may take to arrive; write_timeout: seconds a
@@ -648,8 +707,9 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
     keys = [] if api_key is None else [api_key] if isinstance(api_key, str) else list(api_key)
     if not all(isinstance(k, str) and k for k in keys):
         raise ValueError("API keys must be non-empty strings")
-    state = _State(engine, tokenizer, model_id, n_ctx, keys, body_timeout, write_timeout,
-                   special_in_content)
+    if models is None:
+        models = ModelRegistry.of_one(ServedModel(model_id, engine, tokenizer, n_ctx))
+    state = _State(models, keys, body_timeout, write_timeout, special_in_content)
     middleware = [Middleware(_CountRequests, metrics=state.metrics)]
     if allowed_hosts is not None:
         middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))
@@ -663,7 +723,7 @@ def create_app(engine, tokenizer, model_id: str, n_ctx: int, api_key=None,
         Route("/favicon.ico", favicon),
         Route("/health", health),
         Route("/metrics", metrics),
-        Route("/v1/models", models),
+        Route("/v1/models", list_models),
         Route("/v1/models/{model:path}", one_model),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),

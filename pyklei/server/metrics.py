@@ -17,8 +17,11 @@ apps in one process (tests) do not share counters.
     pyklei_time_to_first_token_seconds               histogram, per request: submitted -> first
                                                      token, queue wait included
     pyklei_decode_tokens_per_second                  histogram, per request (after the first token)
+    pyklei_model_loaded{model}                       1 while the model is resident, else 0
 
-The engine gauges are read from Engine.stats() when /metrics is scraped.
+The engine figures are read when /metrics is scraped, summed over the models' engines
+(model_registry.ModelRegistry.stats: the gauges over the loaded ones, the counters over every
+engine the server has run, so that they never go down when a model is unloaded).
 """
 from __future__ import annotations
 
@@ -32,13 +35,13 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/m
 
 
 class _EngineCollector:
-    """Gauges read from the engine at scrape time."""
+    """Figures read from the engines at scrape time (`engines`: a ModelRegistry)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engines):
+        self.engines = engines
 
     def collect(self):
-        s = self.engine.stats()
+        s = self.engines.stats()
         for name, key, text in (("pyklei_queue_depth", "queued", "requests waiting for a slot"),
                                 ("pyklei_running_sequences", "running", "sequences being decoded"),
                                 ("pyklei_parallel_slots", "n_parallel", "sequence slots")):
@@ -51,12 +54,17 @@ class _EngineCollector:
                                   "decoding for finished sequences", value=s["drafted_tokens"])
         yield CounterMetricFamily("pyklei_accepted_tokens", "drafted tokens the model accepted",
                                   value=s["accepted_tokens"])
+        loaded = GaugeMetricFamily("pyklei_model_loaded", "1 while the model is resident",
+                                   labels=["model"])
+        for m in self.engines.models():
+            loaded.add_metric([m["id"]], float(m["status"] == "loaded"))
+        yield loaded
 
 
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, engine):
+    def __init__(self, engines):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("pyklei_requests", "HTTP requests answered",
                                 ("endpoint", "status"), registry=r)
@@ -70,7 +78,7 @@ class Metrics:
         self.decode_tps = Histogram("pyklei_decode_tokens_per_second",
                                     "decode speed of a request after its first token",
                                     buckets=TPS_BUCKETS, registry=r)
-        r.register(_EngineCollector(engine))
+        r.register(_EngineCollector(engines))
 
     def request(self, path: str, status: int) -> None:
         self.requests.labels(path if path in ENDPOINTS else "other", str(status)).inc()

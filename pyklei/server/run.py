@@ -1,10 +1,11 @@
-"""Runs the server: one model, one engine, one uvicorn server on a socket bound here.
+"""Runs the server: its models (each with its own engine; model_registry.py), one uvicorn
+server on a socket bound here.
 
 Stopping: SIGTERM or Ctrl-C makes uvicorn stop accepting connections and wait for the replies
-in flight. At `drain_timeout` seconds the engine cancels what is left, so every reply still
+in flight. At `drain_timeout` seconds the engines cancel what is left, so every reply still
 running ends properly (a last chunk with finish_reason "cancelled", then [DONE]) rather than
-being cut; uvicorn's own deadline, a few seconds later, is only a backstop. Then the engine
-shuts down and serve() returns (exit code 0). uvicorn re-raises the signal it caught once it
+being cut; uvicorn's own deadline, a few seconds later, is only a backstop. Then the engines
+shut down and serve() returns (exit code 0). uvicorn re-raises the signal it caught once it
 has stopped; the handlers installed here receive it, so the process ends by returning, not by
 being killed.
 
@@ -22,6 +23,7 @@ import sys
 from contextlib import contextmanager
 
 from ..runtime.options import ENGINE_OPTION, SERVER_OPTION, check_options, default
+from .model_registry import ModelRegistry, ServedModel
 from .transport import bind, open_file_budget, protocol_class, quiet_accept_errors
 
 DRAIN_BACKSTOP_S = 10.0    # uvicorn cancels tasks this long after our own drain deadline
@@ -76,8 +78,13 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
           timeout_header=default(_S, "timeout_header"), timeout_body=default(_S, "timeout_body"),
           timeout_write=default(_S, "timeout_write"), timeout_idle=default(_S, "timeout_idle"),
           max_connections=default(_S, "max_connections"), allow_hosts=(), announce=print,
-          speculative=None, special_in_content=False) -> int:
-    """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. The numbers' defaults and ranges are
+          speculative=None, special_in_content=False, loaders=None,
+          models_max=default(_S, "models_max")) -> int:
+    """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. loaders: several models, {model id: a
+    function that loads that pyklei.LLM}, model_id's among them (`llm` is that one, loaded,
+    and the default); each other one is loaded on the first request that names it in its
+    `model` field, at most `models_max` resident (model_registry.py). Without loaders every
+    request gets `llm`, whatever it names. The numbers' defaults and ranges are
     pyklei.runtime.options' ENGINE_OPTIONS and SERVER_OPTIONS. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
@@ -93,20 +100,38 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
 
     check_options(_S, port=port, drain_timeout=drain_timeout, max_connections=max_connections,
                   timeout_header=timeout_header, timeout_body=timeout_body,
-                  timeout_write=timeout_write, timeout_idle=timeout_idle)
+                  timeout_write=timeout_write, timeout_idle=timeout_idle, models_max=models_max)
     budget = open_file_budget()
     if budget < max_connections:
         print(f"pyklei serve: warning: the open-file limit allows {max(budget, 0)} connections, "
               f"fewer than --max-connections {max_connections}", file=sys.stderr, flush=True)
         max_connections = max(budget, 1)
-    engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
-                    prefill_chunk=prefill_chunk, speculative=speculative)
-    n_ctx = getattr(engine, "n_ctx", llm.n_ctx)     # a sequence's context
-    app = create_app(engine, llm.tokenizer, model_id, n_ctx, api_key=api_key, cors=cors,
+
+    def served(model_id, llm) -> ServedModel:
+        engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
+                        prefill_chunk=prefill_chunk, speculative=speculative)
+
+        def close():           # unloaded to make room for another model: it is idle
+            engine.shutdown(cancel=True, timeout=drain_timeout)
+            llm.close()
+
+        return ServedModel(model_id, engine, llm.tokenizer,
+                           getattr(engine, "n_ctx", llm.n_ctx), close)   # a sequence's context
+
+    if loaders is not None:
+        if model_id not in loaders:
+            raise ValueError(f"loaders must include the default model {model_id!r}")
+        models = ModelRegistry(models_max)
+        for mid in [model_id] + [m for m in loaders if m != model_id]:    # the default first
+            models.add(mid, lambda mid=mid: served(mid, loaders[mid]()),
+                       loaded=served(mid, llm) if mid == model_id else None)
+    else:
+        models = ModelRegistry.of_one(served(model_id, llm))
+    app = create_app(models=models, api_key=api_key, cors=cors,
                      body_timeout=timeout_body, write_timeout=timeout_write,
                      allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
                                     if host in LOOPBACK or allow_hosts else None),
-                     on_shutdown=lambda: engine.shutdown(cancel=True, timeout=drain_timeout),
+                     on_shutdown=lambda: models.shutdown(cancel=True, timeout=drain_timeout),
                      special_in_content=special_in_content)
     sock = bind(host, port)
     config = uvicorn.Config(app, log_level="warning" if quiet else "info", access_log=not quiet,
@@ -114,13 +139,16 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
                             lifespan="on", timeout_keep_alive=timeout_idle,
                             http=protocol_class(timeout_header, max_connections, MAX_BODY))
     server = _draining_server(config, drain_timeout,
-                              lambda: engine.shutdown(cancel=True, timeout=0))
+                              lambda: models.shutdown(cancel=True, timeout=0))
     h, p = sock.getsockname()[:2]
     shown = f"[{h}]" if ":" in h else h
     try:
         # the handlers first: a signal sent as soon as the address line is read must find them
         with _signals_end_quietly(lambda: setattr(server, "should_exit", True)):
-            announce(f"serving {model_id} on http://{shown}:{p}/v1 (chat page: "
+            what = model_id if loaders is None else (
+                f"{len(loaders)} models ({', '.join(loaders)}; default {model_id}, at most "
+                f"{models_max} loaded)")
+            announce(f"serving {what} on http://{shown}:{p}/v1 (chat page: "
                      f"http://{shown}:{p}/; {n_parallel} parallel sequences, queue {max_queue})")
             sys.stdout.flush()
             if api_key is None and h not in ("127.0.0.1", "::1", "localhost"):
@@ -128,7 +156,7 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
                       f"can reach this port can use the model", file=sys.stderr, flush=True)
             server.run(sockets=[sock])
     finally:
-        engine.shutdown(cancel=True, timeout=drain_timeout)
+        models.shutdown(cancel=True, timeout=drain_timeout)
         sock.close()
         logging.getLogger("uvicorn.error").info("pyklei serve: stopped")
     return 0
