@@ -116,7 +116,9 @@ def run(args) -> int:
             _model_path(f)        # a missing or non-pyklei file is an error now, not at a request
             loaders[mid] = lambda f=f: _load(args, model=f, n_seq=n_seq)
     args.model = files[0]
-    llm = _load(args, n_seq=n_seq)
+    llm = None            # several models: serve() loads the first, the others on demand
+    if loaders is None:
+        llm = _load(args, n_seq=n_seq)
     speculative = "lookup" if args.lookup else None
     if args.draft_model:      # its slot s drafts for the target's slot s, at the same positions
         speculative = _load(args, model=args.draft_model, n_ctx=llm.n_ctx, n_seq=args.n_parallel)

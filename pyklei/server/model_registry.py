@@ -24,6 +24,8 @@ With one model (`pyklei serve a.gguf`) any name, or none, is that model, as befo
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -65,6 +67,7 @@ class _Entry:
         self.served: ServedModel | None = None
         self.state = "unloaded"             # unloaded -> loading -> loaded -> unloading -> ...
         self.leases = 0                     # requests using it now (never unloaded while > 0)
+        self.loads = 0                      # times loaded on demand (reloads show thrashing)
         self.last_used = 0.0                # time.monotonic() of the last acquire or release
         self.loading: asyncio.Task | None = None
 
@@ -80,7 +83,9 @@ class Lease:
         if self._entry is not None:
             self._entry.leases -= 1
             self._entry.last_used = time.monotonic()
-            self._entry = None
+            # a kept-alive connection keeps its last request's scope, and this lease with it:
+            # an unloaded model's objects must not stay reachable from there
+            self._entry = self.served = None
 
 
 class ModelRegistry:
@@ -178,6 +183,7 @@ class ModelRegistry:
                     raise ModelLoadError(f"model {e.model_id!r} could not be loaded: "
                                          f"{type(err).__name__}: {err}") from err
                 e.state, e.last_used = "loaded", time.monotonic()
+                e.loads += 1
                 if self._closing:      # stopped while it loaded: no request will run on it
                     e.served.engine.shutdown(cancel=True, timeout=0)
         finally:
@@ -207,7 +213,7 @@ class ModelRegistry:
     async def _unload(self, e: _Entry) -> None:
         served, e.served = e.served, None
         try:
-            await asyncio.to_thread(served.close)
+            await asyncio.to_thread(_close_and_give_back, served)
         finally:
             counts = served.engine.stats()
             for k, v in counts.items():
@@ -217,8 +223,10 @@ class ModelRegistry:
 
     # ---- the server's view -----------------------------------------------------------------
     def models(self) -> list[dict]:
-        """Each model's id and state, in the configured order (the default first)."""
-        return [{"id": e.model_id, "status": e.state} for e in self._entries.values()]
+        """Each model's id, state and how often it was loaded on demand, in the configured
+        order (the default first)."""
+        return [{"id": e.model_id, "status": e.state, "loads": e.loads}
+                for e in self._entries.values()]
 
     def loaded(self) -> list[ServedModel]:
         return [e.served for e in self._entries.values()
@@ -241,6 +249,19 @@ class ModelRegistry:
         for e in self._entries.values():
             if e.served is not None:
                 e.served.engine.shutdown(cancel=cancel, timeout=timeout)
+
+
+def _close_and_give_back(served: ServedModel) -> None:
+    """Closes the model, then hands the freed memory back to the system: glibc keeps freed
+    blocks of the engine's and loader's threads in their malloc arenas (and raises its mmap
+    threshold after a large block is freed), so without malloc_trim the next model's memory
+    comes on top of the last one's and --models-max would not bound the resident size."""
+    served.close()
+    gc.collect()             # cycles that still hold the model's Python objects
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc
+        pass
 
 
 def _retrieve(task: asyncio.Task) -> None:

@@ -80,11 +80,11 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
           max_connections=default(_S, "max_connections"), allow_hosts=(), announce=print,
           speculative=None, special_in_content=False, loaders=None,
           models_max=default(_S, "models_max")) -> int:
-    """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. loaders: several models, {model id: a
-    function that loads that pyklei.LLM}, model_id's among them (`llm` is that one, loaded,
-    and the default); each other one is loaded on the first request that names it in its
-    `model` field, at most `models_max` resident (model_registry.py). Without loaders every
-    request gets `llm`, whatever it names. The numbers' defaults and ranges are
+    """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. loaders: several models instead (llm
+    None), {model id: a function that loads that pyklei.LLM}: model_id's is loaded now (the
+    default model), each other one on the first request that names it in its `model` field,
+    at most `models_max` resident (model_registry.py). Without loaders every request gets
+    `llm`, whatever it names. The numbers' defaults and ranges are
     pyklei.runtime.options' ENGINE_OPTIONS and SERVER_OPTIONS. announce(line) gets the address line
     once the socket listens. allow_hosts: Host header names accepted besides the loopback
     names (app.create_app). speculative: "lookup" drafts every request by prompt lookup, a
@@ -119,12 +119,13 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
                            getattr(engine, "n_ctx", llm.n_ctx), close)   # a sequence's context
 
     if loaders is not None:
-        if model_id not in loaders:
-            raise ValueError(f"loaders must include the default model {model_id!r}")
+        if llm is not None or model_id not in loaders:
+            raise ValueError(f"with loaders, llm is None and model_id ({model_id!r}) one of them")
         models = ModelRegistry(models_max)
         for mid in [model_id] + [m for m in loaders if m != model_id]:    # the default first
+            # the registry alone refers to a loaded model, so that unloading it frees it all
             models.add(mid, lambda mid=mid: served(mid, loaders[mid]()),
-                       loaded=served(mid, llm) if mid == model_id else None)
+                       loaded=served(mid, loaders[mid]()) if mid == model_id else None)
     else:
         models = ModelRegistry.of_one(served(model_id, llm))
     app = create_app(models=models, api_key=api_key, cors=cors,
