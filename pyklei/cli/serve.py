@@ -56,12 +56,13 @@ def add_parser(sub):
                    help="serve every pyklei .gguf file in DIR too, each under its file name "
                         "without .gguf (after the MODEL files; the first model is the default, "
                         "for requests that name none)")
+    _add_option(g, SERVER_OPTION["models_max"])
     _add_option(g, SERVER_OPTION["drain_timeout"])
     g.add_argument("--allow-host", metavar="NAME", action="append", default=[],
                    help="answer requests whose Host header is NAME, besides 127.0.0.1, localhost "
                         "and ::1 (repeatable; for a reverse proxy or a local DNS name). On a "
                         "loopback address other names get 403, which stops DNS rebinding")
-    for name in ("models_max", "max_connections", "timeout_header", "timeout_body", "timeout_write", "timeout_idle"):
+    for name in ("max_connections", "timeout_header", "timeout_body", "timeout_write", "timeout_idle"):
         _add_option(g, SERVER_OPTION[name])
     g.add_argument("--quiet", action="store_true", help="no request log")
     g.add_argument("--special-in-content", action="store_true",
