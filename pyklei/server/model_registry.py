@@ -49,7 +49,8 @@ class ServedModel:
 
 class UnknownModelError(LookupError):
     def __init__(self, name, ids):
-        super().__init__(f"no model {name!r}; this server has {', '.join(map(repr, ids))}")
+        shown = name if len(name) <= 100 else name[:100] + "..."     # a body may send megabytes
+        super().__init__(f"no model {shown!r}; this server has {', '.join(map(repr, ids))}")
         self.name, self.ids = name, list(ids)
 
 
@@ -153,6 +154,8 @@ class ModelRegistry:
         Raises UnknownModelError, ModelsBusyError, ModelLoadError, or EngineClosedError once
         the server is stopping."""
         e = self.entry_for(name)
+        if self._closing:
+            raise EngineClosedError("the server is shutting down")
         # loop: the model a finished load brought in may have been unloaded again by another
         # load before this coroutine ran (only if it was idle, so this is rare)
         while e.state != "loaded":
