@@ -406,6 +406,32 @@ def test_stop_ends_a_stubbed_stream_and_the_queue_goes_on_without_a_cancelled_me
         == ["first", "Half", "second"]
 
 
+def test_several_models_are_a_menu_and_the_choice_is_sent(smollm2_q4, tmp_path, browser):
+    """A server of two models: the header is a menu of them; the chosen one answers (it is
+    loaded on demand) and stays chosen after a reload."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    for name in ("first", "second"):
+        shutil.copy(smollm2_q4, tmp_path / f"{name}.gguf")
+    with LiveServer([tmp_path / "first.gguf", tmp_path / "second.gguf"], "--parallel", "1",
+                    "--models-max", "2") as srv:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        browser.get(srv.url + "/")
+        browser.execute_script("localStorage.clear()")
+        browser.refresh()
+        menu = wait(browser).until(lambda d: d.find_element(By.ID, "model-menu"))
+        assert [o.text for o in Select(menu).options] == ["first", "second"]
+        assert Select(menu).first_selected_option.text == "first"
+        Select(menu).select_by_value("second")
+        ask(browser, "Hi")
+        replies_done(browser, 1)
+        models = {m["id"]: (m["status"], m["loads"]) for m in srv.health()["models"]}
+        assert models == {"first": ("loaded", 0), "second": ("loaded", 1)}
+        browser.refresh()
+        menu = wait(browser).until(lambda d: d.find_element(By.ID, "model-menu"))
+        assert Select(menu).first_selected_option.text == "second"
+
+
 def test_the_favicon_is_served_and_linked(server, browser):
     with urllib.request.urlopen(server.url + "/favicon.ico", timeout=10) as r:
         assert r.status == 200 and r.headers["Content-Type"] == "image/svg+xml"
