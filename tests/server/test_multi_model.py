@@ -115,6 +115,15 @@ def test_a_request_naming_no_model_gets_the_default(pair):
     assert r.json()["choices"][0]["text"] == complete(pair, "a", 6).choices[0].text
 
 
+def test_embeddings_go_to_the_model_they_name(pair):
+    c = pair.openai_client()
+    e = {m: c.embeddings.create(model=m, input="The capital of France") for m in ("a", "b")}
+    assert e["a"].model == "a" and e["b"].model == "b"
+    assert e["a"].data[0].embedding != e["b"].data[0].embedding      # two conversions
+    with pytest.raises(openai.NotFoundError):
+        c.embeddings.create(model="c", input="x")
+
+
 def test_metrics_sum_the_engines_and_show_each_model(pair):
     text = httpx.get(pair.url + "/metrics", timeout=30).text
     assert 'pyklei_model_loaded{model="a"} 1.0' in text
