@@ -2,6 +2,7 @@
 
     run.py             serve(): the engines, the socket, uvicorn, SIGTERM -> drain -> exit 0
     app.py             the Starlette app: routes, streaming, disconnects, errors
+    middleware.py      the Host check, request counts, the release of a request's model
     model_registry.py  the models served: which are loaded, load on demand, LRU unload
     openai_api.py      OpenAI's request/response shapes, checked with pyklei's sampling schema
     metrics.py         Prometheus metrics (prometheus_client)

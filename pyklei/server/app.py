@@ -14,8 +14,8 @@
 
 A request's model: `_for_model` is the one place where a request's `model` field becomes the
 engine, tokenizer, n_ctx and model_id its handler uses (`s = await _for_model(request, s,
-body)`); the model stays resident until the response has been sent (_CountRequests releases
-it). A model this server does not have is OpenAI's 404 model_not_found (a one-model server
+body)`); the model stays resident until the response has been sent (middleware.CountRequests
+releases it). A model this server does not have is OpenAI's 404 model_not_found (a one-model server
 takes any name, as it always has); 503 models_busy when it would have to be loaded and every
 resident model has requests.
 
@@ -73,18 +73,13 @@ from . import embeddings_api, messages_api, openai_api as api, responses_api
 from .intake import (ClientGone as _ClientGone, check_json_content_type as _check_json_content_type,
                      read_json as _read_json)
 from .metrics import Metrics
-from .replies import pieces as reply_pieces
-from .sse import EventStream, WriteTimeout as _WriteTimeout, within as _within
+from .middleware import CLIENT_CLOSED, LEASES, AllowedHosts, CountRequests, error_response
 from .model_registry import (ModelLoadError, ModelRegistry, ModelsBusyError, ServedModel,
                              UnknownModelError)
+from .replies import pieces as reply_pieces
+from .sse import EventStream, WriteTimeout as _WriteTimeout, within as _within
 
-CLIENT_CLOSED = 499            # nginx's status for "the client closed the request"
-LEASES = "pyklei.leases"       # scope key: the model leases a request holds (_CountRequests)
 log = logging.getLogger("uvicorn.error")
-
-
-def error_response(e: api.APIError, headers=None) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 class _Generation:
@@ -302,7 +297,7 @@ class _State:
 async def _for_model(request: HTTPRequest, s: _State, body) -> _State:
     """s bound to the model the body's `model` field names (none: the default model), loaded
     first if it is not resident (in a worker thread). It stays resident until the response
-    has been sent: the lease is released by _CountRequests."""
+    has been sent: the lease is released by middleware.CountRequests."""
     name = body.get("model") if isinstance(body, dict) else None
     if name is not None and not isinstance(name, str):
         raise api.APIError("'model' must be a string: a model's id (GET /v1/models)", "model")
@@ -617,78 +612,6 @@ async def _server_error(request, e: Exception):
                                        type="server_error"))
 
 
-class _CountRequests:
-    """ASGI middleware: pyklei_requests_total by endpoint and the status actually sent."""
-
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = [CLIENT_CLOSED]     # nothing sent: the client left first
-        leases = scope[LEASES] = []  # _for_model's: released once the response is sent
-
-        async def counting_send(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counting_send)
-        except Exception:
-            status[0] = 500            # answered by Starlette's outermost error handler
-            raise
-        finally:
-            for lease in leases:
-                lease.release()
-            self.metrics.request(scope["path"], status[0])
-            if status[0] == CLIENT_CLOSED:
-                _log_abandoned(scope)
-
-
-def _log_abandoned(scope) -> None:
-    """An access-log line for a request whose client left before the answer: uvicorn logs only
-    responses it sent. Same logger and shape as uvicorn's lines."""
-    access = logging.getLogger("uvicorn.access")
-    if access.hasHandlers():
-        client = scope.get("client")
-        where = f"{client[0]}:{client[1]}" if client else "-"
-        access.info('%s - "%s %s HTTP/%s" %d', where, scope["method"], scope["path"],
-                    scope.get("http_version", "1.1"), CLIENT_CLOSED)
-
-
-class _AllowedHosts:
-    """ASGI middleware: 403 unless the Host header names this server. On a loopback bind the
-    names are 127.0.0.1, localhost, ::1 and --allow-host's: a web page that rebinds its own
-    domain to 127.0.0.1 (DNS rebinding) then sends its own name, and is refused."""
-
-    def __init__(self, app, hosts):
-        self.app = app
-        self.hosts = {h.strip("[]").rstrip(".").lower() for h in hosts}
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            raw = dict(scope["headers"]).get(b"host")
-            name = _host_name(raw.decode("latin-1")) if raw is not None else None
-            if name is not None and name not in self.hosts:
-                e = api.APIError(f"the Host header {name!r} is not a name of this server "
-                                 f"(allowed: {', '.join(sorted(self.hosts))}; add names with "
-                                 f"--allow-host)", status=403, code="host_not_allowed")
-                return await error_response(e)(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-def _host_name(host: str) -> str:
-    """'[::1]:8000' -> '::1', 'LocalHost.:80' -> 'localhost'."""
-    host = host.strip()
-    if host.startswith("["):
-        name = host[1:].split("]", 1)[0]
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    return name.rstrip(".").lower()
-
-
 def create_app(engine=None, tokenizer=None, model_id: str | None = None,
                n_ctx: int | None = None, api_key=None,
                cors: list[str] | tuple = (), allowed_hosts: list[str] | None = None,
@@ -710,9 +633,9 @@ def create_app(engine=None, tokenizer=None, model_id: str | None = None,
     if models is None:
         models = ModelRegistry.of_one(ServedModel(model_id, engine, tokenizer, n_ctx))
     state = _State(models, keys, body_timeout, write_timeout, special_in_content)
-    middleware = [Middleware(_CountRequests, metrics=state.metrics)]
+    middleware = [Middleware(CountRequests, metrics=state.metrics)]
     if allowed_hosts is not None:
-        middleware.append(Middleware(_AllowedHosts, hosts=allowed_hosts))
+        middleware.append(Middleware(AllowedHosts, hosts=allowed_hosts))
     if cors:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(cors),
                                      allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
