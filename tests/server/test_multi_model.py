@@ -124,6 +124,18 @@ def test_embeddings_go_to_the_model_they_name(pair):
         c.embeddings.create(model="c", input="x")
 
 
+def test_responses_and_messages_go_to_the_model_they_name(pair):
+    r = pair.openai_client().responses.create(model="b", input="Hi", max_output_tokens=4)
+    assert r.model == "b"
+    m = httpx.post(pair.url + "/v1/messages", timeout=120, json={
+        "model": "a", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert m.status_code == 200 and m.json()["model"] == "a"
+    m = httpx.post(pair.url + "/v1/messages", timeout=60, json={
+        "model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert m.status_code == 404 and m.json()["type"] == "error"      # Anthropic's error shape
+    assert "'claude-x'" in m.json()["error"]["message"]
+
+
 def test_metrics_sum_the_engines_and_show_each_model(pair):
     text = httpx.get(pair.url + "/metrics", timeout=30).text
     assert 'pyklei_model_loaded{model="a"} 1.0' in text
