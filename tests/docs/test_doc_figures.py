@@ -169,6 +169,25 @@ def _kld(name: str) -> dict:
     return {(r["bed"], r["text"], r["variant"]): r["kld"] for r in rows}
 
 
+def test_gemma3_quality_table_is_the_results_file():
+    """docs/BENCHMARKS.md's Gemma 3 270M quality rows are quality-gemma3.json's."""
+    import re
+    kld = _kld("quality-gemma3.json")
+    rows = json.loads((ROOT / "benchmarks" / "results" / "quality-gemma3.json").read_text())["rows"]
+    top1 = {(r["text"], r["variant"]): r["top1"] for r in rows}
+    names = {"pyklei default": "pyklei default",
+             "pyklei default, one activation plane": "pyklei default-qai8dx"}
+    doc = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    seen = 0
+    for text, variant, k, t in re.findall(
+            r"^\| (langref|gpl3) \| ([^|]+?) \| [\d.]+ MB \| ([\d.]+) \| ([\d.]+)% \|$", doc, re.M):
+        v = names.get(variant) or f"{variant} (llama-quantize)"
+        assert float(k) == round(kld[("gemma3", text, v)], 4), (text, variant)
+        assert float(t) == round(100 * top1[(text, v)], 1), (text, variant)
+        seen += 1
+    assert seen == 10
+
+
 def test_activation_costs_are_the_results_files():
     """docs/QUALITY.md's "Activations" section: what one int8 plane costs against two, from
     quality.json (the four cells) and from the re-measurement in quality-activations.json."""

@@ -183,16 +183,7 @@ PET_ASK = [{"role": "user", "content": "Register my dog Rex; the owner is Ann, a
 
 
 def _pydantic_pet_tool():
-    from pydantic import BaseModel
-
-    class Owner(BaseModel):
-        name: str
-        email: str
-
-    class Pet(BaseModel):
-        """Register a pet and its owner."""
-        species: str
-        owner: Owner
+    from pet_models import Pet
 
     return openai.pydantic_function_tool(Pet)
 
@@ -261,15 +252,7 @@ def test_langchain_function_calling_structured_output_with_a_nested_model(server
     """with_structured_output(method="function_calling") forces a call of a tool made from a
     nested pydantic model: it returned None when the call broke (issue 43, item 5)."""
     lc = pytest.importorskip("langchain_openai")
-    from pydantic import BaseModel
-
-    class Owner(BaseModel):
-        name: str
-        email: str
-
-    class Pet(BaseModel):
-        species: str
-        owner: Owner
+    from pet_models import Owner, Pet
 
     chat = lc.ChatOpenAI(base_url=server.url + "/v1", api_key="none", model="smollm2",
                          temperature=0, max_tokens=100, max_retries=0)

@@ -140,19 +140,9 @@ def test_a_streamed_call_comes_whole(family, step):
 
 def _pydantic_tool():
     openai = pytest.importorskip("openai")
-    from pydantic import BaseModel
+    from pet_models import PetWithHistory
 
-    class Owner(BaseModel):
-        name: str
-        email: str
-
-    class Pet(BaseModel):
-        """A pet to register."""
-        species: str
-        owner: Owner
-        previous: list[Owner] = []
-
-    return openai.pydantic_function_tool(Pet)
+    return openai.pydantic_function_tool(PetWithHistory, name="Pet")
 
 
 def test_a_tools_defs_are_carried_to_the_root_of_the_call_schema():

@@ -270,17 +270,9 @@ def test_llm_chat_forced_call_with_a_pydantic_tool(smollm2_q4):
     pytest.importorskip("llguidance")
     openai = pytest.importorskip("openai")
     import jsonschema
-    from pydantic import BaseModel
+    from pet_models import Pet
 
     import pyklei
-
-    class Owner(BaseModel):
-        name: str
-        email: str
-
-    class Pet(BaseModel):
-        species: str
-        owner: Owner
 
     tool = openai.pydantic_function_tool(Pet)
     llm = pyklei.load(smollm2_q4, n_threads=2, n_ctx=1024)
