@@ -155,7 +155,10 @@ def test_readme_speed_tables_are_the_results_files():
     spec.loader.exec_module(bench)
     for doc, name in (("README.md", "speed-vs-llamacpp"),
                       ("docs/BENCHMARKS.md", "speed-vs-llamacpp-1b-d0"),
-                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-1b")):
+                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-1b"),
+                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-gemma3"),
+                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-qwen3-1.7b"),
+                      ("docs/BENCHMARKS.md", "speed-vs-llamacpp-gemma3-1b")):
         block = bench.readme_block(name).search((ROOT / doc).read_text())
         assert block, f"{doc} has no {name} block"
         results = json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
