@@ -7,6 +7,7 @@ import json
 import pytest
 
 from chat_templates import QWEN3_CHAT_TEMPLATE
+from tool_stream import stream_as_server
 from tool_templates import LLAMA32_TEMPLATE, MINISTRAL_3_TEMPLATE, MISTRAL_SMALL_31_TEMPLATE
 from pyklei.text.chat_template import render
 from pyklei.text.json_schema import close_objects, hoist_defs
@@ -104,27 +105,6 @@ def test_format_details(fmt, text, calls):
     else:
         assert _calls(got) == calls
 
-
-def _stream(parser, text, step):
-    """(content sent, calls, content sent with the calls) of a reply streamed `step`
-    characters at a time, as the server's stream does it (app.py)."""
-    sent, held = [], ""
-    pieces = [text[k:k + step] for k in range(0, len(text), step)]
-    for k, piece in enumerate(pieces):
-        if held is None:
-            sent.append(piece)
-            continue
-        held += piece
-        if k == len(pieces) - 1:
-            tail, calls = parser.parse(held)
-            if not calls:
-                sent.append(held)
-            return "".join(sent), calls, tail
-        out, held = parser.split_stream(held)
-        sent.append(out)
-    return "".join(sent), [], None
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
 def test_a_streamed_call_comes_whole(family, step):
@@ -133,7 +113,8 @@ def test_a_streamed_call_comes_whole(family, step):
     parser = reply_parser([WEATHER, TIME], template, [ASK])
     prefix = "" if fmt is LLAMA3_JSON else "Checking. "
     text = prefix + _assistant_text(template, CALLS if several else CALLS[:1], eot)
-    sent, calls, _ = _stream(parser, text, step)
+    pieces, calls, _ = stream_as_server(parser, text, step)
+    sent = "".join(pieces)
     assert _calls(calls) == (CALLS if several else CALLS[:1])
     assert sent == prefix[:len(sent)] and not any(m in sent for m in ("<", "[", "{"))
 

@@ -4,6 +4,7 @@ schema of a call. The server round trip is in tests/server/test_openai_tools.py.
 import json
 
 import pytest
+from tool_stream import stream_as_server
 
 from pyklei.text.tokenizer import Tokenizer
 from pyklei.text.tool_calls import (HERMES, LLAMA3_JSON, CallParser, ToolError, call_schema,
@@ -116,26 +117,6 @@ def test_a_call_copied_from_a_user_or_tool_message_is_content(role):
     assert len(parse_reply(bare, [WEATHER], llama3, [])[1]) == 1
 
 
-def _stream(parser, text, step):
-    """What app.py's _EventStream sends for a reply arriving `step` characters at a time:
-    (content pieces sent, calls at the end, content sent with the calls)."""
-    sent, held, calls, tail = [], "", [], None
-    pieces = [text[k:k + step] for k in range(0, len(text), step)] or [""]
-    for k, piece in enumerate(pieces):
-        if held is None:
-            sent.append(piece)
-            continue
-        held += piece
-        if k == len(pieces) - 1:
-            tail, calls = parser.parse(held)
-            if not calls:
-                sent.append(held)
-            break
-        out, held = parser.split_stream(held)
-        sent.append(out)
-    return sent, calls, tail
-
-
 STREAMED = [
     (TAGGED, "It is sunny."), (TAGGED, PERSON), (BARE_JSON, PERSON), (BARE_JSON, "Hi {x}"),
     (TAGGED, 'Let me look. <tool_call>{"name": "a", "arguments": {}}</tool_call> ok'),
@@ -154,7 +135,7 @@ STREAMED = [
 @pytest.mark.parametrize("step", [1, 3, 7, 1000])
 def test_a_stream_follows_the_rules_of_a_whole_reply(parser, text, step):
     content, calls = parser.parse(text)
-    sent, streamed_calls, tail = _stream(parser, text, step)
+    sent, streamed_calls, tail = stream_as_server(parser, text, step)
     assert _calls(streamed_calls) == _calls(calls)
     if not calls:
         assert "".join(sent) == text
