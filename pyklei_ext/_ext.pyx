@@ -12,6 +12,8 @@ import numpy as np
 #   _ext_llama.pxi    the C ops' and the Llama forward pass's declarations; LlamaRuntime
 #   _ext_nn.pxi       the C ops' entry points for tests: rotation, f16 reader, q8 KV rows,
 #                     attention
+#   _ext_convert.pxi  the converter's block-scale search (pyklei.formats.qsi4c32)
 include "_ext_matmul.pxi"
 include "_ext_llama.pxi"
 include "_ext_nn.pxi"
+include "_ext_convert.pxi"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _native
 from .bf16 import bf16_to_f32, f32_to_bf16
 
 QSI4C32_BLOCK_SIZES = (32, 64, 128, 256)
@@ -63,14 +64,28 @@ def unpack_nibbles(qs) -> np.ndarray:
 def _quantize_blocks(xb: np.ndarray, search: bool, wb: np.ndarray | None = None,
                      qmin: int = QMIN, qmax: int = QMAX, divisors=SEARCH_DIVISORS):
     """xb: float32 [B, bl] -> (q int8 [B, bl], scale bits uint16 [B]), q in [qmin, qmax].
-    wb: optional importance [B, bl] (or broadcastable) weighting the squared error.
-    divisors: the candidate scales absmax / t (search=False: absmax / -qmin only)."""
+    wb: optional importance [P, bl] weighting the squared error, block b by row b % P (P
+    divides B). divisors: the candidate scales absmax / t (search=False: absmax / -qmin only).
+    The extension's C search when it is built (byte-identical, threads over row ranges:
+    _native.search_blocks), else the numpy reference below."""
+    divisors = np.asarray(divisors if search else [-qmin], dtype=np.float32)
+    native = _native.search_blocks()
+    if native is not None:
+        return native(xb, wb, search, divisors, qmin, qmax)
+    return _quantize_blocks_numpy(xb, search, wb, qmin, qmax, divisors)
+
+
+def _quantize_blocks_numpy(xb: np.ndarray, search: bool, wb: np.ndarray | None,
+                           qmin: int, qmax: int, divisors: np.ndarray):
+    """The definition of the search (the C one is checked byte for byte against it)."""
+    if wb is not None:      # [P, bl] cycling over the blocks -> a row per block
+        wb = wb.reshape(-1, xb.shape[1])
+        wb = np.tile(wb, (xb.shape[0] // wb.shape[0], 1))
     def err_of(d):
         e = np.square(d)
         return (e if wb is None else e * wb).sum(axis=1, dtype=np.float32)
 
     amax = np.abs(xb).max(axis=1)
-    divisors = divisors if search else np.array([-qmin], dtype=np.float32)
     best_err = np.full(xb.shape[0], np.inf, dtype=np.float32)
     best_bits = np.zeros(xb.shape[0], dtype=np.uint16)
     for t in divisors:
@@ -111,7 +126,8 @@ def choose_block_scales(xb, importance=None, divisors=SEARCH_DIVISORS, qmin: int
         imp = np.asarray(importance, dtype=np.float32)
         mean = imp.mean(axis=-1, keepdims=True)
         wb = np.where(mean > 0, imp / np.where(mean > 0, mean, 1), 1).astype(np.float32) + np.float32(1e-3)
-    return _quantize_blocks(xb, True, wb, qmin, qmax, np.asarray(divisors, np.float32))[1]
+    return _quantize_blocks(xb, True, None if wb is None else wb.reshape(-1, xb.shape[-1]), qmin, qmax,
+                            np.asarray(divisors, np.float32))[1]
 
 
 def _round_to_int4(xb, s, qmin: int = QMIN, qmax: int = QMAX):
@@ -158,13 +174,16 @@ def quantize_rows(w, bl: int, search: bool, importance, pack, row_bytes: int,
             raise ValueError(f"importance must be {k} finite values >= 0, got shape {imp.shape}")
         imp = imp / imp.mean() if imp.mean() > 0 else np.ones_like(imp)
         wb = imp + np.float32(1e-3)
+    wb = None if wb is None else wb.reshape(k // bl, bl)     # cycles over each row's blocks
     rows = max(1, _ROWS_PER_CHUNK_ELEMS // k)
-    for r0 in range(0, n, rows):
+
+    def chunk(r0: int) -> None:
         r1 = min(n, r0 + rows)
-        wbr = None if wb is None else np.broadcast_to(wb, (r1 - r0, k)).reshape(-1, bl)
-        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search, wbr, qmin, qmax, divisors)
+        q, bits = _quantize_blocks(w[r0:r1].reshape(-1, bl), search, wb, qmin, qmax, divisors)
         qs[r0:r1] = pack(q.reshape(r1 - r0, k))
         scales[r0:r1] = bits.reshape(r1 - r0, k // bl)
+
+    _native.each_chunk(chunk, range(0, n, rows))
     return qs, scales
 
 
