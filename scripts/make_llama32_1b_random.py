@@ -1,15 +1,18 @@
 #!/usr/bin/env python
-"""Write a random bf16 checkpoint with Llama 3.2 1B's exact configuration (1.24 B parameters).
+"""Write a random bf16 checkpoint with Llama 3.2 1B's exact configuration (1.24 B parameters),
+or with --shape 3b / 8b Llama 3.2 3B's (3.21 B) or Llama 3.1 8B's (8.03 B).
 
-hidden 2048, 16 layers, 32 heads / 8 KV heads (head_dim 64), ffn 8192, vocab 128256, tied
+1B: hidden 2048, 16 layers, 32 heads / 8 KV heads (head_dim 64), ffn 8192, vocab 128256, tied
 embeddings, llama3 RoPE scaling (factor 32, low 1, high 4, original context 8192, theta
-500000). Weights are N(0, 0.02) (norms 1 + N(0, 0.02)), generated with numpy chunk by chunk
+500000). 3B: hidden 3072, 28 layers, 24 / 8 heads of 128, ffn 8192, tied, the same RoPE.
+8B: hidden 4096, 32 layers, 32 / 8 heads of 128, ffn 14336, an untied lm_head, RoPE factor 8. Weights are N(0, 0.02) (norms 1 + N(0, 0.02)), generated with numpy chunk by chunk
 and written straight into two safetensors shards plus model.safetensors.index.json — no
 torch/transformers, so it stays frugal. The tokenizer is synthetic but shaped like Llama 3's:
 byte-level BPE with the Llama 3 pre-tokenizer, 128000 regular tokens built from 127744 valid
 merges, and the 256 special tokens at 128000+ (<|begin_of_text|>, <|eot_id|> = 128009, …).
 
-Output: $PYKLEI_CACHE/llama32-1b-random (default ~/.cache/pyklei), built in a temporary
+Output: $PYKLEI_CACHE/llama32-1b-random (llama32-3b-random, llama31-8b-random; default
+~/.cache/pyklei), built in a temporary
 directory and renamed, skipped when it already exists. Used by the slow converter test and
 for measuring peak RSS / time of `pyklei convert`.
 
@@ -39,6 +42,7 @@ from pyklei_dev.assets import cache_dir  # noqa: E402
 
 NAME = "llama32-1b-random"
 H, L, NH, NKV, HD, FF, V = 2048, 16, 32, 8, 64, 8192, 128256
+TIED = True
 N_REGULAR = 128000
 LLAMA3_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -55,6 +59,21 @@ CONFIG = {
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "use_cache": True, "vocab_size": V,
 }
+
+
+# --shape: (directory, hidden, layers, heads, KV heads, head_dim, ffn, tied, RoPE factor)
+SHAPES = {"1b": (NAME, 2048, 16, 32, 8, 64, 8192, True, 32.0),
+          "3b": ("llama32-3b-random", 3072, 28, 24, 8, 128, 8192, True, 32.0),
+          "8b": ("llama31-8b-random", 4096, 32, 32, 8, 128, 14336, False, 8.0)}
+
+
+def use_shape(shape: str) -> None:
+    """Point the module's shape (NAME, H, L, ..., CONFIG) at one of SHAPES."""
+    global NAME, H, L, NH, NKV, HD, FF, TIED
+    NAME, H, L, NH, NKV, HD, FF, TIED, factor = SHAPES[shape]
+    CONFIG.update(head_dim=HD, hidden_size=H, intermediate_size=FF, num_attention_heads=NH,
+                  num_hidden_layers=L, num_key_value_heads=NKV, tie_word_embeddings=TIED)
+    CONFIG["rope_scaling"] = dict(CONFIG["rope_scaling"], factor=factor)
 
 
 def byte_alphabet() -> list[str]:
@@ -149,6 +168,8 @@ def tensor_list() -> list[tuple[str, tuple[int, ...]]]:
                 (p + "mlp.up_proj.weight", (FF, H)),
                 (p + "mlp.down_proj.weight", (H, FF))]
     out.append(("model.norm.weight", (H,)))
+    if not TIED:
+        out.append(("lm_head.weight", (V, H)))
     return out
 
 
@@ -172,8 +193,10 @@ def build(out: Path, seed: int = 0) -> Path:
         tokenizer_files(tmp, seed)
         rng = np.random.default_rng(seed)
         tl = tensor_list()
-        half = 1 + 9 * (L // 2)  # embedding + first half of the layers in shard 1
-        shards = [tl[:half], tl[half:]]
+        # shards of at most ~5 GB, as published checkpoints are cut
+        per = max(1, L // max(2, -(-sum(int(np.prod(sh)) * 2 for _, sh in tl) // (5 << 30))))
+        cuts = [0] + [1 + 9 * i for i in range(per, L, per)] + [len(tl)]
+        shards = [tl[a:b] for a, b in zip(cuts, cuts[1:])]
         weight_map = {}
         total = 0
         for k, part in enumerate(shards):
@@ -195,9 +218,11 @@ def build(out: Path, seed: int = 0) -> Path:
 
 
 def main() -> None:
-    # no options; argparse so that --help prints this text instead of writing 2.5 GB
-    argparse.ArgumentParser(description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    # argparse so that --help prints this text instead of writing 2.5 GB
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="1b")
+    use_shape(ap.parse_args().shape)
     out = cache_dir() / NAME
     if (out / "model.safetensors.index.json").is_file():
         print(out)
