@@ -24,6 +24,8 @@ from pyklei.formats import bf16_to_f32, dequantize_qsi8cx, f32_to_bf16, quantize
 from pyklei.formats import gguf_keys as K
 from pyklei.formats.model_file import read_model
 
+from gptq_checks import assert_gptq_beats_rounding  # tests/fixtures/, on sys.path via conftest
+
 
 def _output_error(w, wq, x):
     return np.linalg.norm(x @ (w - wq).T) / np.linalg.norm(x @ w.T)
@@ -164,13 +166,7 @@ def test_gptq_beats_rounding_on_a_tiny_models_activations(tiny64):
     cal._run_layer(0)
     cal._run_layer(1)          # layer 1's inputs come through layer 0's GPTQ weights
     for part, (w, h) in seen.items():
-        q, bits = G.gptq_quantize(w.copy(), h.copy(), 32)
-        rq, rbits = G.rtn_quantize(w, 32)
-
-        def err(wq):
-            d = (w - wq).astype(np.float64)
-            return np.einsum("nk,kl,nl->", d, h.astype(np.float64), d)
-        assert err(G.dequantize(q, bits)) < 0.9 * err(G.dequantize(rq, rbits)), part
+        assert_gptq_beats_rounding(w, h, part)
 
 
 def test_written_file_holds_what_gptq_chose(tiny64, tmp_path):

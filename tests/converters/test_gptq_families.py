@@ -23,7 +23,6 @@ import pytest
 from gguf import GGUFValueType as T
 
 from pyklei.converters import convert
-from pyklei.converters import gptq as G
 from pyklei.converters.calibration_forward import (GPTQOptions, LayerCalibrator, float_forward,
                                                    rmsnorm)
 from pyklei.converters.core import ModelSource, SourceTensor, source_hparams, write_model
@@ -32,6 +31,8 @@ from pyklei.formats import gguf_keys as K
 from pyklei.formats import llama_tensors as L
 from pyklei.formats.families import family
 from pyklei.formats.model_file import read_model
+
+from gptq_checks import assert_gptq_beats_rounding  # tests/fixtures/, on sys.path via conftest
 
 GEMMA3_270M = Path.home() / ".cache/pyklei/gemma3-270m/gemma-3-270m-q4_k_m.gguf"
 N_TOKENS = 300                      # > every twin's window
@@ -179,13 +180,7 @@ def test_gptq_beats_rounding_on_a_family_twins_activations(tiny_llama):
         cal._run_layer(i)
     assert len(seen) == 3 * len(K.BLOCK_LINEARS)
     for name, (w, h) in seen.items():
-        q, bits = G.gptq_quantize(w.copy(), h.copy(), 32)
-        rq, rbits = G.rtn_quantize(w, 32)
-
-        def err(wq):
-            d = (w - wq).astype(np.float64)
-            return np.einsum("nk,kl,nl->", d, h.astype(np.float64), d)
-        assert err(G.dequantize(q, bits)) < 0.9 * err(G.dequantize(rq, rbits)), name
+        assert_gptq_beats_rounding(w, h, name)
 
 
 @pytest.mark.slow

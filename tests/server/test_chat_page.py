@@ -6,7 +6,6 @@ scripts/test.sh installs chromium when it is missing; elsewhere the test skips, 
 Replies SmolLM2 will not write on demand (Markdown, an injection attempt, reasoning, a reply held
 open while the user types) come from a stub of fetch installed in the page (`stub_replies`):
 the page's own code parses and renders them exactly as it does the server's stream."""
-import json
 import re
 import shutil
 import urllib.request

@@ -11,7 +11,7 @@ anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
-from live_server import LiveServer  # noqa: E402  (tests/fixtures/, on sys.path via conftest)
+from api_bodies import PERSON  # noqa: E402  (tests/fixtures/, on sys.path via conftest)
 
 WEATHER = {"name": "get_weather", "description": "The current weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string",
@@ -23,16 +23,11 @@ TIME = {"name": "get_time", "description": "The time in a time zone",
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 COLOUR = [{"role": "user", "content": "Name a colour."}]
 GREEDY = {"temperature": 0}      # the anthropic client (2.x) has no sampling arguments of its own
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 20},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_q4):
-    with LiveServer(smollm2_q4, "--parallel", "2", "--api-key", "key-a,key-b", ctx=2048,
-                    threads=2) as srv:
-        yield srv
+def server(two_key_server):
+    return two_key_server
 
 
 def client(srv, key="key-a"):

@@ -11,6 +11,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 from live_server import LiveServer  # noqa: E402  (tests/fixtures/, on sys.path via conftest)
+from api_bodies import PERSON  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -21,9 +22,6 @@ TIME = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}},
                    "required": ["zone"], "additionalProperties": False}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 20},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
 
 
 @pytest.fixture(scope="module")

@@ -12,26 +12,21 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("llguidance")
 httpx = pytest.importorskip("httpx")
 jsonschema = pytest.importorskip("jsonschema")
-from live_server import LiveServer  # noqa: E402  (tests/fixtures/, on sys.path via conftest)
+from api_bodies import PERSON  # noqa: E402  (tests/fixtures/, on sys.path via conftest)
 
 WEATHER = {"type": "function", "name": "get_weather",
            "description": "The current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string",
                                                                     "maxLength": 30}},
                           "required": ["city"], "additionalProperties": False}}
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
-          "properties": {"name": {"type": "string", "maxLength": 20},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
 ITEM_EVENTS = ["response.output_item.added", "response.content_part.added",
                "response.output_text.delta", "response.output_text.done",
                "response.content_part.done", "response.output_item.done"]
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_q4):
-    with LiveServer(smollm2_q4, "--parallel", "2", "--api-key", "key-a,key-b", ctx=2048,
-                    threads=2) as srv:
-        yield srv
+def server(two_key_server):
+    return two_key_server
 
 
 def client(srv, key="key-a"):
