@@ -11,6 +11,7 @@ starts no process), since Ray retries a silent head for a minute or more.
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -24,6 +25,8 @@ class RayUnavailable(ValueError):
 
 def require_ray(what: str):
     """The ray module with Ray Data, or RayUnavailable naming the extra."""
+    # Ray's C++ core logs its retries to stderr at warning level: a failure is said once, here
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     try:
         import ray
         import ray.data  # noqa: F401  (Ray Data comes with ray[data]; the extra installs it)
