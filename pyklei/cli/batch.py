@@ -48,7 +48,8 @@ def add_parser(sub):
                    help="a running Ray cluster's address (host:port, ray://host:port or auto)")
     r.add_argument("--replicas", type=_int_at_least(1, "replica count"), default=None,
                    metavar="N", help="engines in the actor pool (default 1), each --parallel "
-                                     "sequences on --threads threads")
+                                     "sequences on --threads threads (default 1 with --ray), "
+                                     "asking Ray for as many CPUs")
     _add_chat_template_option(p, kwargs=False)     # requests carry chat_template_kwargs
     _add_model_options(p)
     p.set_defaults(func=run)
