@@ -45,9 +45,11 @@ def run_on_ray(ray, todo: list, *, model: str, replicas: int, threads: int, n_pa
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True       # results in the order of the input
     ctx.enable_progress_bars = False                  # the job has its own (the CLI's)
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)     # failures are raised, not logged
     ds = ray.data.from_items([{"number": line.number, "raw": line.raw} for line in todo])
     kw = dict(load_kwargs, n_threads=threads)
+    # an actor that dies is restarted by Ray Data and its batch run again: results reach the
+    # file only from here, in order, so a batch run twice is still written once
     ds = ds.map_batches(EngineActor, compute=ray.data.ActorPoolStrategy(size=replicas),
                         num_cpus=threads,
                         batch_size=batch_size or max(4 * n_parallel, 8),

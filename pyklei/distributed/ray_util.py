@@ -11,7 +11,6 @@ starts no process), since Ray retries a silent head for a minute or more.
 """
 from __future__ import annotations
 
-import os
 import socket
 import threading
 
@@ -25,8 +24,6 @@ class RayUnavailable(ValueError):
 
 def require_ray(what: str):
     """The ray module with Ray Data, or RayUnavailable naming the extra."""
-    # Ray's C++ core logs its retries to stderr at warning level: a failure is said once, here
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
     try:
         import ray
         import ray.data  # noqa: F401  (Ray Data comes with ray[data]; the extra installs it)
@@ -65,7 +62,8 @@ def connect(address: str | None = None, num_cpus: int | None = None,
         # on this thread: Ray's processes die with the thread that started them
         # (PR_SET_PDEATHSIG), so a local cluster is never started from a helper thread
         try:
-            ray.init(num_cpus=num_cpus, **_QUIET)
+            # a cluster for this command alone: no dashboard (its start-up and ports)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **_QUIET)
         except Exception as e:
             raise RayUnavailable(f"cannot start a local Ray cluster: {_one_line(e)}") from None
         return ray
