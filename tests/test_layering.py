@@ -19,6 +19,10 @@ Each room, bottom to top, and what it may import besides itself:
                                       tables): the API and everything under it; calibration
                                       alone meets the converters and the runtime
     server       pyklei/server/       runtime, text, formats
+    distributed  pyklei/distributed/  Ray's import and connection: nothing (ray only)
+    batch        pyklei/batch/        OpenAI Batch API files through engines, here or on Ray
+                                      Data: the server's request checks and replies, the API,
+                                      runtime, text, formats, distributed
     cli          pyklei/cli/, pyklei/__main__.py: everything
     dev          pyklei_dev/ (the real model files of the tests, examples and benchmarks, and the
                  GGUF -> HF exporter): not installed, so no module of pyklei imports it; it may
@@ -45,6 +49,7 @@ MAX_LINES = 700                # per file of pyklei/
 JOBS = ("calibration", "bench", "info", "chat", "perplexity", "_report")
 LAYER_OF_ROOM = {"formats": "formats", "hub": "hub", "text": "text", "converters": "converters",
                  "runtime": "runtime", "llm": "llm", "server": "server", "cli": "cli",
+                 "distributed": "distributed", "batch": "batch",
                  "__main__": "cli", **{j: "jobs" for j in JOBS}}
 
 ALLOWED = {
@@ -56,8 +61,12 @@ ALLOWED = {
     "llm": {"runtime", "text", "formats", "hub"},
     "jobs": {"llm", "jobs", "runtime", "text", "converters", "formats", "hub"},
     "server": {"runtime", "text", "formats"},
-    "cli": {"llm", "jobs", "server", "runtime", "text", "converters", "formats", "hub"},
-    "dev": {"cli", "llm", "jobs", "server", "runtime", "text", "converters", "formats", "hub"},
+    "distributed": set(),
+    "batch": {"server", "llm", "runtime", "text", "formats", "distributed"},
+    "cli": {"llm", "jobs", "server", "batch", "distributed", "runtime", "text", "converters",
+            "formats", "hub"},
+    "dev": {"cli", "llm", "jobs", "server", "batch", "distributed", "runtime", "text",
+            "converters", "formats", "hub"},
 }
 
 FILES = sorted(p for d in ("pyklei", "pyklei_dev") for p in (ROOT / d).rglob("*.py"))

@@ -306,9 +306,13 @@ def _load(args, n_ctx: int | None = None, n_threads: int | None = None, model: s
 
     if model is None and getattr(args, "chat_template", None) is not None:
         kw.setdefault("chat_template", _chat_template(args))     # not the draft model's
-    return load(_model_path(model or args.model), n_threads=n_threads or args.threads,
-                n_ctx=n_ctx or args.ctx_size, n_batch=args.batch_size, kv_cache=args.kv_cache,
-                activations=args.activations, **kw)
+    return load(_model_path(model or args.model), **_load_kwargs(args, n_ctx, n_threads), **kw)
+
+
+def _load_kwargs(args, n_ctx: int | None = None, n_threads: int | None = None) -> dict:
+    """pyklei.load's keywords of the model options (for a load elsewhere: a Ray actor's)."""
+    return dict(n_threads=n_threads or args.threads, n_ctx=n_ctx or args.ctx_size,
+                n_batch=args.batch_size, kv_cache=args.kv_cache, activations=args.activations)
 
 
 def _read_text(path: str, what: str) -> str:

@@ -78,6 +78,7 @@ from .model_registry import (ModelLoadError, ModelRegistry, ModelsBusyError, Ser
                              UnknownModelError)
 from .replies import pieces as reply_pieces
 from .sse import EventStream, WriteTimeout as _WriteTimeout, within as _within
+from .whole_reply import WholeReply, generation_failed, submit as submit_reply
 
 log = logging.getLogger("uvicorn.error")
 
@@ -345,9 +346,7 @@ def _submit(s: _State, req: api.Request, tenant: int | None):
     """Queues the request's choices (in a worker thread: each choice's grammar state and stop
     matcher are made here)."""
     try:
-        return s.engine.submit_requests(req.generations(s.tokenizer.eos_ids),
-                                        prompt_logprobs=req.echo and req.logprobs is not None,
-                                        cache_partition=(tenant, req.cache_salt))
+        return submit_reply(s.engine, req, s.tokenizer.eos_ids, (tenant, req.cache_salt))
     except QueueFullError:
         raise _queue_full() from None
     except EngineClosedError:
@@ -399,44 +398,22 @@ async def _generate(request: HTTPRequest, kind: str) -> Response:
     if req.stream:
         return _EventStream(s, req, gen)
     watcher = asyncio.ensure_future(gen.watch_disconnect(request.receive))
-    n = len(gen.streams)
-    parts, lasts = [[] for _ in range(n)], [None] * n
-    lps = None if req.logprobs is None and not req.best_of else [[] for _ in range(n)]
-    prompt_lps = None
+    reply = WholeReply(req)
     try:
         while (item := await gen.next()) is not None:
-            i, r = item
-            parts[i].append(r.text)
-            lasts[i] = r
-            if lps is not None:
-                lps[i] += r.logprobs or []
-            prompt_lps = prompt_lps or r.prompt_logprobs
+            reply.add(*item)
     except RequestFailedError as e:        # this request alone failed; say why, no traceback
         log.warning("%s", e)
-        raise api.APIError(str(e), status=500, type="server_error",
-                           code="generation_failed") from None
+        raise generation_failed(e) from None
     finally:
         watcher.cancel()
         gen.close()
     if gen.client_gone:
         return Response(status_code=CLIENT_CLOSED)
-    s.metrics.generation(lasts, gen.ttft)
-    texts = ["".join(p) for p in parts]
+    s.metrics.generation(reply.lasts, gen.ttft)
     # a reply with logprobs can be megabytes of JSON: built in a worker thread
-    return await run_in_threadpool(_whole_reply, s, req, texts, lasts, lps, prompt_lps)
-
-
-def _whole_reply(s: _State, req: api.Request, texts, lasts, lps, prompt_lps) -> JSONResponse:
-    usage_lasts = lasts
-    if req.best_of:        # keep the n best (the usage still counts every choice generated)
-        keep = api.best_choices(req, lps)
-        lasts = [lasts[i] for i in keep]
-        texts = [texts[i] for i in keep]
-        lps = None if req.logprobs is None else [lps[i] for i in keep]
-    out = api.completion(req, api.new_id(req.kind), s.model_id, texts, lasts, lps,
-                         api.Logprobs(s.tokenizer), prompt_lps)
-    out["usage"] = api.usage(usage_lasts)
-    return JSONResponse(out)
+    return await run_in_threadpool(
+        lambda: JSONResponse(reply.body(api.new_id(req.kind), s.model_id, s.tokenizer)))
 
 
 async def _serve_api(request: HTTPRequest, front) -> Response:
@@ -463,7 +440,7 @@ async def _serve_api(request: HTTPRequest, front) -> Response:
         out = await front.whole(s, req, turn, counted())
     except RequestFailedError as e:
         log.warning("%s", e)
-        e = api.APIError(str(e), status=500, type="server_error", code="generation_failed")
+        e = generation_failed(e)
         return JSONResponse(front.error_body(e), e.status)
     finally:
         watcher.cancel()
