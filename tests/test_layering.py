@@ -19,6 +19,8 @@ Each room, bottom to top, and what it may import besides itself:
                                       tables): the API and everything under it; calibration
                                       alone meets the converters and the runtime
     server       pyklei/server/       runtime, text, formats
+    distributed  pyklei/distributed/  a model on a Ray cluster (serve --ray): server, llm and
+                                      what they stand on
     cli          pyklei/cli/, pyklei/__main__.py: everything
     dev          pyklei_dev/ (the real model files of the tests, examples and benchmarks, and the
                  GGUF -> HF exporter): not installed, so no module of pyklei imports it; it may
@@ -44,7 +46,7 @@ MAX_LINES = 700                # per file of pyklei/
 
 JOBS = ("calibration", "bench", "info", "chat", "perplexity", "_report")
 LAYER_OF_ROOM = {"formats": "formats", "hub": "hub", "text": "text", "converters": "converters",
-                 "runtime": "runtime", "llm": "llm", "server": "server", "cli": "cli",
+                 "runtime": "runtime", "llm": "llm", "server": "server", "distributed": "distributed", "cli": "cli",
                  "__main__": "cli", **{j: "jobs" for j in JOBS}}
 
 ALLOWED = {
@@ -56,8 +58,10 @@ ALLOWED = {
     "llm": {"runtime", "text", "formats", "hub"},
     "jobs": {"llm", "jobs", "runtime", "text", "converters", "formats", "hub"},
     "server": {"runtime", "text", "formats"},
-    "cli": {"llm", "jobs", "server", "runtime", "text", "converters", "formats", "hub"},
-    "dev": {"cli", "llm", "jobs", "server", "runtime", "text", "converters", "formats", "hub"},
+    "distributed": {"server", "llm", "runtime", "text", "formats", "hub"},
+    "cli": {"llm", "jobs", "server", "distributed", "runtime", "text", "converters", "formats", "hub"},
+    "dev": {"cli", "llm", "jobs", "server", "distributed", "runtime", "text", "converters",
+            "formats", "hub"},
 }
 
 FILES = sorted(p for d in ("pyklei", "pyklei_dev") for p in (ROOT / d).rglob("*.py"))

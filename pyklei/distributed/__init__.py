@@ -1,0 +1,10 @@
+"""pyklei on a Ray cluster (the `ray` extra; docs/SERVE.md).
+
+    prefix_routing.py      which replica holds a prompt's prefix: the routing key, a radix tree
+                           per replica, the choice (no Ray: unit-tested alone)
+    ray_serve_router.py    that choice behind Ray Serve's request-router API
+    ray_serve_app.py       the ingress and the replicas (each one engine and the server's app)
+    ray_serve_run.py       `pyklei serve --ray`: deploy, hold until SIGTERM, take down
+    ray_serve_connect.py   serve's connection to the cluster: the extra, the address, one-line
+                           failures
+"""
