@@ -92,8 +92,8 @@ def add_parser(sub):
     r.add_argument("--replicas", type=_positive, default=None, metavar="N",
                    help="replicas (default 1; with autoscaling the initial number)")
     r.add_argument("--min-replicas", type=_positive, default=None, metavar="N",
-                   help="autoscale: at least N replicas (scaled on ongoing requests, --parallel "
-                        "per replica as the target)")
+                   help="autoscale: at least N replicas (default 1 when --max-replicas is "
+                        "given; scaled on ongoing requests, --parallel per replica as the target)")
     r.add_argument("--max-replicas", type=_positive, default=None, metavar="N",
                    help="autoscale: at most N replicas")
     _add_chat_template_option(p, kwargs=False)     # requests carry chat_template_kwargs

@@ -7,9 +7,10 @@ request-router API).
     PrefixTree                         a radix tree of the keys each replica was sent, each
                                        replica's entries LRU-evicted beyond a character budget
     choose_replicas(tree, key, queues, imbalance)
-                                       the replicas holding the longest prefix of `key`, unless
-                                       their queue is `imbalance` requests longer than the
-                                       shortest; else the least-loaded ones
+                                       the replicas that were sent the longest earlier request
+                                       that `key` continues, unless their queue is `imbalance`
+                                       requests longer than the shortest; else the least-loaded
+                                       ones, the one holding least first
 
 Why text and not tokens: the router runs before any tokenizer (in the ingress, once per request)
 and a chat's turns are prefixes of each other as text already: turn n+1's messages are turn n's
@@ -17,6 +18,13 @@ messages, the reply and a new user message. The replica that served turn n holds
 (today in a `--parallel` slot; with a prefix cache, beyond it), so sending turn n+1 there prefills
 only the new tokens. The key is built in the order the chat template writes messages, so a text
 prefix is a token prefix up to the template's separators.
+
+Continuing, not just sharing: a new conversation shares its system prompt with every other,
+and sending it where that prefix is would pile every new conversation onto the first replica
+that served one. So the prefix that counts is a whole earlier key (the previous turn): a key
+that only branches off a shared prefix goes to the least-loaded replica, and among equally
+loaded ones to the one holding the fewest characters, which computes the shared prefix once and
+then holds it too (as ray.llm's PrefixCacheAffinityRouter falls back to its "smallest tenant").
 
 Tenants: a key starts with a digest of the request's API key and `cache_salt` (the engine's
 cache partition, pyklei.server.app), so a request is never routed by another tenant's prompts
@@ -109,6 +117,7 @@ class _Node:
     edge: str = ""                                     # the characters leading to this node
     children: dict[str, "_Node"] = field(default_factory=dict)   # by their edge's first char
     used: dict[object, float] = field(default_factory=dict)      # replica -> when last sent
+    ends: set = field(default_factory=set)       # replicas sent a key that ends at this node
 
 
 class PrefixTree:
@@ -134,20 +143,26 @@ class PrefixTree:
             else:
                 n = _common(child.edge, key, i)
                 if n < len(child.edge):                     # split the edge at the divergence
-                    head = _Node(child.edge[:n], {child.edge[n]: child}, dict(child.used))
+                    head = _Node(child.edge[:n], {child.edge[n]: child}, dict(child.used), set())
                     child.edge = child.edge[n:]
                     node.children[key[i]] = child = head
             if replica not in child.used:
                 self.chars[replica] = self.chars.get(replica, 0) + len(child.edge)
             child.used[replica] = now
             node, i = child, i + len(child.edge)
+        node.ends.add(replica)
         if self.chars.get(replica, 0) > self.chars_per_replica:
             self._evict(replica, int(self.chars_per_replica * 0.9))
 
     def match(self, key: str, replicas) -> tuple[int, list]:
         """The longest prefix of `key` that any of `replicas` was sent: (its length in
         characters, the replicas holding it); (0, []) when none shares a character."""
-        among, node, i, best = set(replicas), self.root, 0, (0, [])
+        return self.matches(key, replicas)[0]
+
+    def matches(self, key: str, replicas) -> tuple[tuple[int, list], tuple[int, list]]:
+        """(match(key, replicas), the longest earlier key that `key` starts with: (its length,
+        the replicas of `replicas` it was sent to), (0, []) when there is none)."""
+        among, node, i, best, ended = set(replicas), self.root, 0, (0, []), (0, [])
         while i < len(key):
             child = node.children.get(key[i])
             holders = [r for r in child.used if r in among] if child else []
@@ -158,11 +173,14 @@ class PrefixTree:
             if n < len(child.edge):
                 break
             node, i = child, i + n
-        return best
+            if node.ends & among:
+                ended = (i, [r for r in node.used if r in node.ends and r in among])
+        return best, ended
 
     def remove(self, replica) -> None:
         """Forgets `replica` (it died or was scaled down)."""
-        self._prune(self.root, lambda node: node.used.pop(replica, None))
+        self._prune(self.root, lambda node: (node.used.pop(replica, None),
+                                             node.ends.discard(replica)))
         self.chars.pop(replica, None)
 
     def _evict(self, replica, target: int) -> None:
@@ -174,6 +192,7 @@ class PrefixTree:
                 return
             old = min(leaves, key=lambda n: n.used[replica])
             del old.used[replica]
+            old.ends.discard(replica)
             self.chars[replica] -= len(old.edge)
         self._prune(self.root, lambda node: None)
 
@@ -203,17 +222,20 @@ def _common(edge: str, key: str, at: int) -> int:
 def choose_replicas(tree: PrefixTree, key: str, queues: dict, imbalance: int,
                     min_match_fraction: float = MIN_MATCH_FRACTION) -> tuple[list, str]:
     """The replicas to send a request with this routing key to, and why ("prefix" or
-    "least_loaded"). queues: replica -> ongoing requests (every candidate). The holders of the
-    longest cached prefix win unless that prefix is under min_match_fraction of the key or
-    every holder's queue is more than `imbalance` longer than the shortest queue: then the
-    replicas with the shortest queue (the caller breaks ties)."""
+    "least_loaded"). queues: replica -> ongoing requests (every candidate). The replicas that
+    were sent the longest earlier key that this one continues win, unless that key is under
+    min_match_fraction of this one or each of them has `imbalance` more requests than the
+    shortest queue; else the replicas with the shortest queue that hold the fewest characters
+    (module doc; the caller breaks the remaining ties)."""
     if not queues:
         return [], "least_loaded"
     low = min(queues.values())
     if key:
-        n, holders = tree.match(key, queues)
-        near = [r for r in holders if queues[r] - low <= imbalance]
+        _, (n, senders) = tree.matches(key, queues)
+        near = [r for r in senders if queues[r] - low <= imbalance]
         if near and n >= min_match_fraction * len(key):
             best = min(queues[r] for r in near)
             return [r for r in near if queues[r] == best], "prefix"
-    return [r for r, q in queues.items() if q == low], "least_loaded"
+    idle = [r for r, q in queues.items() if q == low]
+    least = min(tree.chars.get(r, 0) for r in idle)
+    return [r for r in idle if tree.chars.get(r, 0) == least], "least_loaded"

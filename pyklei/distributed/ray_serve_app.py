@@ -61,7 +61,8 @@ def deployment_options(*, replicas: int, threads: int, n_parallel: int, max_queu
                        imbalance: int | None = None) -> dict:
     """The replicas' Ray Serve deployment options: a fixed number of replicas, or autoscaling
     between min_replicas and max_replicas (starting at `replicas`, clipped into that range) on
-    ongoing requests, with n_parallel per replica as the target. imbalance: how many more
+    ongoing requests, with n_parallel per replica as the target (min_replicas defaults to 1,
+    max_replicas to the larger of `replicas` and min_replicas). imbalance: how many more
     queued requests a prefix holder may have than the least-loaded replica (default
     n_parallel: one batch)."""
     from ray.serve.config import RequestRouterConfig
@@ -81,7 +82,7 @@ def deployment_options(*, replicas: int, threads: int, n_parallel: int, max_queu
     if min_replicas is None and max_replicas is None:
         opts["num_replicas"] = replicas
         return opts
-    lo = replicas if min_replicas is None else min_replicas
+    lo = 1 if min_replicas is None else min_replicas
     hi = max(replicas, lo) if max_replicas is None else max_replicas
     if not 0 < lo <= hi:
         raise ValueError(f"--min-replicas ({lo}) must be at least 1 and at most --max-replicas ({hi})")
