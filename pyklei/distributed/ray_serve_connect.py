@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+from pathlib import Path
 
 RAY_EXTRA_HINT = "pip install 'pyklei[ray]' (in a pyklei checkout: pip install -e '.[ray]')"
 CONNECT_TIMEOUT_S = 5.0
@@ -75,7 +76,12 @@ def connect_for_serve(address: str | None, num_cpus: int | None = None):
             os.environ.setdefault(name, seconds)
     try:
         if address is None:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            # the replicas import the pyklei this process runs (a checkout's, not another
+            # installed one); on a cluster of its own every node must have it installed
+            here = str(Path(__file__).resolve().parents[2])
+            path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": path}})
         else:
             ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, TimeoutError) as e:

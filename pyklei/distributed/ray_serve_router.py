@@ -4,9 +4,12 @@ queue lengths Ray keeps for each replica.
 
 Ray calls choose_replicas for each request a DeploymentHandle sends to the replicas (here: the
 ingress, ray_serve_app.py) with the request's arguments; the first argument is a
-ForwardedRequest whose routing_key the ingress computed. It then sends the request to the
-least-loaded replica of the first rank that has room, trying the next rank when none has
-(`max_ongoing_requests`). on_request_routed records the key for the replica it went to.
+ForwardedRequest whose routing_key the ingress computed. It then sends the request to a replica
+of the first rank that has room, trying the next rank when none has (`max_ongoing_requests`).
+The first rank is one replica, and its key is recorded for it there and then: Ray calls
+on_request_routed only when it runs with strict max_ongoing_requests, so that hook cannot be
+what the tree learns from. (When that one replica is full the request goes to another one
+while the tree says the first: the next turn then prefills once more, and is recorded right.)
 
 The tree lives in the router, that is in each process that holds a handle to the replicas:
 the one ingress replica by default. With several ingress replicas each learns from its own
@@ -15,13 +18,11 @@ actor call per request).
 """
 from __future__ import annotations
 
-import logging
+import random
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from .prefix_routing import DEFAULT_CHARS_PER_REPLICA, MIN_MATCH_FRACTION, PrefixTree, choose_replicas
-
-log = logging.getLogger("ray.serve")
 
 
 def _key_of(pending_request: PendingRequest | None) -> str:
@@ -30,9 +31,10 @@ def _key_of(pending_request: PendingRequest | None) -> str:
 
 
 class PrefixAwareRequestRouter(RequestRouter):
-    """Sends a request to the replica that was sent the longest prefix of its routing key,
-    unless that replica's queue is `imbalance` requests longer than the shortest one; else to
-    the least-loaded replica. Counts its decisions in `decisions` (prefix / least_loaded)."""
+    """Sends a request to the replica that was sent the earlier request it continues (the
+    longest such), unless that replica's queue is `imbalance` requests longer than the
+    shortest one; else to the least-loaded replica holding least (prefix_routing.py). Counts
+    its decisions in `decisions` (prefix / least_loaded)."""
 
     def initialize_state(self, imbalance: int = 4, min_match_fraction: float = MIN_MATCH_FRACTION,
                          chars_per_replica: int = DEFAULT_CHARS_PER_REPLICA, **kwargs):
@@ -59,19 +61,16 @@ class PrefixAwareRequestRouter(RequestRouter):
                     queues[r.replica_id] = q
         if not queues:    # no replica answered: any of them, Ray retries with backoff
             return [candidate_replicas]
-        chosen, why = choose_replicas(self.tree, _key_of(pending_request), queues,
-                                      self.imbalance, self.min_match_fraction)
-        self.decisions[why] += 1
-        first = [by_id[i] for i in chosen]
-        rest = sorted((r for r in candidate_replicas if r.replica_id not in chosen),
-                      key=lambda r: queues.get(r.replica_id, 1 << 30))
-        return [first, rest] if rest else [first]
-
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result) -> None:
         key = _key_of(pending_request)
+        chosen, why = choose_replicas(self.tree, key, queues, self.imbalance,
+                                      self.min_match_fraction)
+        self.decisions[why] += 1
+        pick = random.choice(chosen)
         if key:
-            self.tree.insert(key, replica_id)
+            self.tree.insert(key, pick)
+        rest = sorted((r for r in candidate_replicas if r.replica_id != pick),
+                      key=lambda r: queues.get(r.replica_id, 1 << 30))
+        return [[by_id[pick]], rest] if rest else [[by_id[pick]]]
 
     def on_replica_actor_died(self, replica_id: ReplicaID):
         super().on_replica_actor_died(replica_id)
