@@ -9,8 +9,9 @@ request-router API).
     choose_replicas(tree, key, queues, imbalance)
                                        the replicas that were sent the longest earlier request
                                        that `key` continues, unless their queue is `imbalance`
-                                       requests longer than the shortest; else the least-loaded
-                                       ones, the one holding least first
+                                       requests longer than the shortest; else the ones with
+                                       the fewest conversations among those not `imbalance`
+                                       busier than the least-loaded
 
 Why text and not tokens: the router runs before any tokenizer (in the ingress, once per request)
 and a chat's turns are prefixes of each other as text already: turn n+1's messages are turn n's
@@ -22,9 +23,12 @@ prefix is a token prefix up to the template's separators.
 Continuing, not just sharing: a new conversation shares its system prompt with every other,
 and sending it where that prefix is would pile every new conversation onto the first replica
 that served one. So the prefix that counts is a whole earlier key (the previous turn): a key
-that only branches off a shared prefix goes to the least-loaded replica, and among equally
-loaded ones to the one holding the fewest characters, which computes the shared prefix once and
-then holds it too (as ray.llm's PrefixCacheAffinityRouter falls back to its "smallest tenant").
+that only branches off a shared prefix (a new conversation) goes to the replica holding the
+fewest conversations (the ends of its branches in the tree) among those not much busier than
+the least-loaded one. Each replica then computes the shared prefix once and holds it too, and
+conversations spread evenly over the replicas' slots: a replica with more conversations than
+`--parallel` slots lets them take each other's slots (as ray.llm's PrefixCacheAffinityRouter
+falls back to its "smallest tenant").
 
 Tenants: a key starts with a digest of the request's API key and `cache_salt` (the engine's
 cache partition, pyklei.server.app), so a request is never routed by another tenant's prompts
@@ -131,11 +135,13 @@ class PrefixTree:
         self.chars_per_replica = chars_per_replica
         self.clock = clock
         self.chars: dict[object, int] = {}     # replica -> characters of its entries
+        self.leaves: dict[object, int] = {}    # replica -> its branches' ends: conversations
 
     def insert(self, key: str, replica) -> None:
         """Records that `replica` was sent `key` (every prefix of it is now its too)."""
         now, node, i = self.clock(), self.root, 0
         node.used[replica] = now
+        branched, was_leaf = False, False
         while i < len(key):
             child = node.children.get(key[i])
             if child is None:
@@ -147,10 +153,16 @@ class PrefixTree:
                     child.edge = child.edge[n:]
                     node.children[key[i]] = child = head
             if replica not in child.used:
+                if not branched:       # the key leaves the replica's branches here
+                    branched = True
+                    was_leaf = node is not self.root and not any(
+                        replica in c.used for c in node.children.values())
                 self.chars[replica] = self.chars.get(replica, 0) + len(child.edge)
             child.used[replica] = now
             node, i = child, i + len(child.edge)
         node.ends.add(replica)
+        if branched:                   # a new leaf; the one it extends (a previous turn) is not
+            self.leaves[replica] = self.leaves.get(replica, 0) + 1 - was_leaf
         if self.chars.get(replica, 0) > self.chars_per_replica:
             self._evict(replica, int(self.chars_per_replica * 0.9))
 
@@ -182,18 +194,22 @@ class PrefixTree:
         self._prune(self.root, lambda node: (node.used.pop(replica, None),
                                              node.ends.discard(replica)))
         self.chars.pop(replica, None)
+        self.leaves.pop(replica, None)
 
     def _evict(self, replica, target: int) -> None:
         """Drops `replica`'s least recently used leaves until its entries fit `target` chars."""
         while self.chars.get(replica, 0) > target:
-            leaves = [n for n in _walk(self.root) if n is not self.root and replica in n.used
+            leaves = [(up, n) for up, n in _walk(self.root) if replica in n.used
                       and not any(replica in c.used for c in n.children.values())]
             if not leaves:
                 return
-            old = min(leaves, key=lambda n: n.used[replica])
+            up, old = min(leaves, key=lambda un: un[1].used[replica])
             del old.used[replica]
             old.ends.discard(replica)
             self.chars[replica] -= len(old.edge)
+            # one leaf fewer, unless its parent is the replica's leaf now
+            self.leaves[replica] -= up is self.root or any(
+                replica in c.used for c in up.children.values())
         self._prune(self.root, lambda node: None)
 
     def _prune(self, node: _Node, visit) -> None:
@@ -206,8 +222,9 @@ class PrefixTree:
 
 
 def _walk(node: _Node):
-    yield node
+    """(parent, node) for every node below `node`."""
     for c in node.children.values():
+        yield node, c
         yield from _walk(c)
 
 
@@ -225,8 +242,9 @@ def choose_replicas(tree: PrefixTree, key: str, queues: dict, imbalance: int,
     "least_loaded"). queues: replica -> ongoing requests (every candidate). The replicas that
     were sent the longest earlier key that this one continues win, unless that key is under
     min_match_fraction of this one or each of them has `imbalance` more requests than the
-    shortest queue; else the replicas with the shortest queue that hold the fewest characters
-    (module doc; the caller breaks the remaining ties)."""
+    shortest queue; else, of the replicas within `imbalance` of the shortest queue, those
+    holding the fewest conversations (branches of the tree), the least loaded of them (module
+    doc; the caller breaks the remaining ties)."""
     if not queues:
         return [], "least_loaded"
     low = min(queues.values())
@@ -236,6 +254,10 @@ def choose_replicas(tree: PrefixTree, key: str, queues: dict, imbalance: int,
         if near and n >= min_match_fraction * len(key):
             best = min(queues[r] for r in near)
             return [r for r in near if queues[r] == best], "prefix"
-    idle = [r for r, q in queues.items() if q == low]
-    least = min(tree.chars.get(r, 0) for r in idle)
-    return [r for r in idle if tree.chars.get(r, 0) == least], "least_loaded"
+    if not key:                  # nothing to hold (embeddings, a body without a prompt)
+        return [r for r, q in queues.items() if q == low], "least_loaded"
+    near = [r for r, q in queues.items() if q - low <= imbalance]
+    fewest = min(tree.leaves.get(r, 0) for r in near)
+    near = [r for r in near if tree.leaves.get(r, 0) == fewest]
+    best = min(queues[r] for r in near)
+    return [r for r in near if queues[r] == best], "least_loaded"

@@ -33,6 +33,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ..server.intake import MAX_BODY
 from .prefix_routing import routing_key
 
 log = logging.getLogger("ray.serve")
@@ -193,7 +194,13 @@ class PykleiIngress:
     async def __call__(self, request):
         from starlette.responses import StreamingResponse
 
-        body = await request.body()
+        body = bytearray()
+        async for chunk in request.stream():     # the server's own limit, before any replica
+            body += chunk
+            if len(body) > MAX_BODY:
+                return _error(request.url.path, 413, f"the body must be at most {MAX_BODY} "
+                              f"bytes", "invalid_request_error", None)
+        body = bytes(body)
         headers = {k.lower(): v for k, v in request.headers.items()}
         fwd = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
                                list(request.headers.raw), body,
@@ -230,22 +237,28 @@ def _failure(e: BaseException) -> str:
             f"replica will take it")
 
 
-def _error_body(path: str, e: BaseException) -> dict:
+def _error_body(path: str, message: str, type: str, code: str | None) -> dict:
     """The API's own error shape: Anthropic's on /v1/messages, OpenAI's elsewhere."""
     if path.startswith("/v1/messages"):
-        return {"type": "error", "error": {"type": "api_error", "message": _failure(e)}}
-    return {"error": {"message": _failure(e), "type": "server_error", "param": None,
-                      "code": "replica_unavailable"}}
+        kind = "api_error" if type == "server_error" else type
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": type, "param": None, "code": code}}
+
+
+def _error(path: str, status: int, message: str, type: str, code: str | None, headers=None):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(_error_body(path, message, type, code), status_code=status,
+                        headers=headers)
 
 
 def _replica_unavailable(path: str, e: BaseException):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(_error_body(path, e), status_code=503, headers={"Retry-After": "1"})
+    return _error(path, 503, _failure(e), "server_error", "replica_unavailable",
+                  {"Retry-After": "1"})
 
 
 def _stream_error_event(path: str, e: BaseException) -> bytes:
-    body = _error_body(path, e)
+    body = json.dumps(_error_body(path, _failure(e), "server_error", "replica_unavailable"))
     if path.startswith("/v1/messages"):
-        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+        return b"event: error\ndata: " + body.encode() + b"\n\n"
+    return b"data: " + body.encode() + b"\n\n"

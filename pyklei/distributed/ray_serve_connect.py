@@ -21,8 +21,8 @@ SLOW_MACHINE_PROXY_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
 
 
 class RayUnavailable(RuntimeError):
-    """Ray is not installed, or the cluster cannot be reached: the message is the one line a
-    user needs."""
+    """Ray is not installed, the cluster cannot be reached or the replicas did not start: the
+    message is the one line a user needs."""
 
 
 def import_ray_serve():

@@ -10,7 +10,7 @@ import sys
 import threading
 
 from .ray_serve_app import APP_NAME, PykleiIngress, PykleiReplica, deployment_options
-from .ray_serve_connect import connect_for_serve
+from .ray_serve_connect import RayUnavailable, connect_for_serve
 
 
 def build_application(*, model_id: str, load_kwargs: dict, engine_kwargs: dict,
@@ -33,6 +33,12 @@ def build_application(*, model_id: str, load_kwargs: dict, engine_kwargs: dict,
     return ingress.bind(replica.bind(model_id, load_kwargs, engine_kwargs, app_kwargs))
 
 
+def _last_error_line(message: str) -> str:
+    """The exception line at the end of a traceback Ray puts in its message."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no reason given"
+
+
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
@@ -51,7 +57,11 @@ def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=prin
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         serve.start(http_options={"host": host, "port": port})
-        serve.run(build_application(**application), name=APP_NAME, route_prefix="/")
+        try:
+            serve.run(build_application(**application), name=APP_NAME, route_prefix="/")
+        except RuntimeError as e:        # a replica's constructor failed: Ray's message, short
+            raise RayUnavailable(f"the replicas did not start: "
+                                 f"{_last_error_line(str(e))}") from None
         n = application["replicas"]
         lo, hi = application.get("min_replicas"), application.get("max_replicas")
         scale = f"{n} replicas" if lo is None and hi is None else \
@@ -65,7 +75,6 @@ def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=prin
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        serve.delete(APP_NAME)
-        serve.shutdown()
+        serve.shutdown()           # deletes the application: each replica drains, then stops
         ray.shutdown()
     return 0

@@ -76,6 +76,22 @@ def test_tree_finds_the_longest_prefix_and_who_holds_it():
     assert t.root.children == {} and t.chars == {}
 
 
+def test_tree_counts_each_replicas_conversations():
+    t = PrefixTree()
+    sys = "SYSTEM|user:"
+    t.insert(sys + "a", "A")
+    t.insert(sys + "a|assistant:x|user:b", "A")           # the next turn: the same conversation
+    t.insert(sys + "a|assistant:x|user:b", "A")           # the same request again
+    assert t.leaves == {"A": 1}
+    t.insert(sys + "c", "A")                               # a new conversation
+    t.insert(sys + "d", "B")
+    assert t.leaves == {"A": 2, "B": 1}
+    t.insert(sys, "B")                                     # a prefix of what it holds
+    assert t.leaves == {"A": 2, "B": 1}
+    t.remove("A")
+    assert t.leaves == {"B": 1}
+
+
 def test_tree_evicts_a_replicas_least_recently_used_prefixes_beyond_its_budget():
     clock = iter(range(1000))
     t = PrefixTree(chars_per_replica=30, clock=lambda: next(clock))
@@ -85,6 +101,7 @@ def test_tree_evicts_a_replicas_least_recently_used_prefixes_beyond_its_budget()
     assert t.chars["A"] == 19
     t.insert("x" * 10 + "abcdefghijkl", "A")       # 31 chars: over budget, evicted to 90%
     assert t.chars["A"] == 25
+    assert t.leaves["A"] == 2                                 # "mid" and "abcdefghijkl" are left
     assert t.match("x" * 10 + "old", ["A"])[0] == 10         # the two oldest branches went
     assert t.match("x" * 10 + "new", ["A"])[0] == 10
     assert t.match("x" * 10 + "mid", ["A"])[0] == 13
@@ -101,10 +118,13 @@ def test_choice_follows_the_previous_turn_unless_its_queue_is_much_longer():
     assert choose_replicas(t, "unknown", {"A": 1, "B": 0, "C": 0}, 4) == (["B", "C"], "least_loaded")
     assert choose_replicas(t, "", {"A": 0, "B": 1}, 4) == (["A"], "least_loaded")
     # a key that only branches off a shared prefix (a new conversation under the same system
-    # prompt) goes to the least-loaded replica holding the least, not onto the holder
+    # prompt) goes to the replica with the fewest conversations, not onto the holder ...
     t.insert("SYSTEM PROMPT user: first question", "A")
     assert choose_replicas(t, "SYSTEM PROMPT user: second question", {"A": 0, "B": 0}, 4) == (
         ["B"], "least_loaded")
+    # ... unless it is much busier
+    assert choose_replicas(t, "SYSTEM PROMPT user: 2nd", {"A": 0, "B": 5}, 4) == (
+        ["A"], "least_loaded")
     # an earlier key too short for this one is not worth a choice
     t.insert("ab", "A")
     assert choose_replicas(t, "ab" + "z" * 100, {"A": 0, "B": 0}, 4) == (["B"], "least_loaded")

@@ -80,6 +80,10 @@ def test_stream_passes_through_and_errors_keep_their_shape(served):
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     r = served.post("/v1/completions", content=b"{oops", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    # the ingress holds no more of a body than a replica would take
+    r = served.post("/v1/completions", content=b" " * ((8 << 20) + 1),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "at most" in r.json()["error"]["message"]
     assert served.get("/v1/models").json()["data"][0]["id"] == "smollm2"
     assert served.get("/health").json()["status"] == "ok"
 
