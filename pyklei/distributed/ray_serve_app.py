@@ -202,10 +202,13 @@ class PykleiIngress:
                               f"bytes", "invalid_request_error", None)
         body = bytes(body)
         headers = {k.lower(): v for k, v in request.headers.items()}
-        fwd = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
+        # the app's own paths: without the application's route prefix (ASGI's root_path)
+        path, root = request.scope["path"], request.scope.get("root_path", "")
+        path = path[len(root):] or "/" if root and path.startswith(root) else path
+        fwd = ForwardedRequest(request.method, path, request.url.query.encode(),
                                list(request.headers.raw), body,
                                tuple(request.client) if request.client else None,
-                               routing_key(request.url.path, body, headers))
+                               routing_key(path, body, headers))
         stream = self.replicas.remote(fwd)
         try:
             start = await stream.__anext__()

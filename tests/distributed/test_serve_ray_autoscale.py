@@ -30,12 +30,14 @@ def test_autoscaling_adds_replicas_under_load_and_removes_them_idle(ray_cluster,
     try:
         assert replicas() == 1
         stop = threading.Event()
+        statuses = []
 
         def load():
             with httpx.Client(base_url=ray_cluster[1], timeout=300) as c:
                 while not stop.is_set():
-                    c.post("/autoscaled/v1/completions", json={
-                        "model": "smollm2", "prompt": "Once upon a time", "max_tokens": 48})
+                    statuses.append(c.post("/autoscaled/v1/completions", json={
+                        "model": "smollm2", "prompt": "Once upon a time",
+                        "max_tokens": 48}).status_code)
 
         workers = [threading.Thread(target=load) for _ in range(6)]
         for w in workers:
@@ -46,6 +48,7 @@ def test_autoscaling_adds_replicas_under_load_and_removes_them_idle(ray_cluster,
         stop.set()
         for w in workers:
             w.join(300)
+        assert statuses and set(statuses) == {200}     # under the application's route prefix
         assert replicas() == 2
         deadline = time.monotonic() + 240
         while replicas() > 1 and time.monotonic() < deadline:
