@@ -19,7 +19,8 @@ Each room, bottom to top, and what it may import besides itself:
                                       tables): the API and everything under it; calibration
                                       alone meets the converters and the runtime
     server       pyklei/server/       runtime, text, formats
-    distributed  pyklei/distributed/  Ray's import and connection: nothing (ray only)
+    distributed  pyklei/distributed/  a model on a Ray cluster (serve --ray), Ray's import and
+                                      connection: server, llm and what they stand on
     batch        pyklei/batch/        OpenAI Batch API files through engines, here or on Ray
                                       Data: the server's request checks and replies, the API,
                                       runtime, text, formats, distributed
@@ -61,7 +62,7 @@ ALLOWED = {
     "llm": {"runtime", "text", "formats", "hub"},
     "jobs": {"llm", "jobs", "runtime", "text", "converters", "formats", "hub"},
     "server": {"runtime", "text", "formats"},
-    "distributed": set(),
+    "distributed": {"server", "llm", "runtime", "text", "formats", "hub"},
     "batch": {"server", "llm", "runtime", "text", "formats", "distributed"},
     "cli": {"llm", "jobs", "server", "batch", "distributed", "runtime", "text", "converters",
             "formats", "hub"},

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ._common import (CLIError, _add_chat_template_option, _add_command, _add_model_options, _add_option,
-                      _load, _model_path)
+                      _chat_template, _load, _model_path)
 
 # What pyproject.toml's `serve` extra installs. pyklei.server imports them only when the server
 # starts, after the model has loaded; `run` imports them first so that a missing extra is one
@@ -80,6 +80,22 @@ def add_parser(sub):
                         "vocabulary for every request (loaded with the same model options and a "
                         "KV cache slot per parallel sequence; greedy: the same text; sampling: "
                         "the same distribution)")
+    r = p.add_argument_group("Ray Serve (the 'ray' extra; docs/SERVE.md)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve from Ray Serve replicas, each one engine of --threads threads "
+                        "and --parallel slots, behind a router that sends a request to the "
+                        "replica holding the longest prefix of its prompt (else the "
+                        "least-loaded one)")
+    r.add_argument("--ray-address", metavar="ADDR",
+                   help="the Ray cluster to join (HOST:PORT of its head, ray://HOST:PORT, or "
+                        "auto); default: start a local one on this machine's cores")
+    r.add_argument("--replicas", type=_positive, default=None, metavar="N",
+                   help="replicas (default 1; with autoscaling the initial number)")
+    r.add_argument("--min-replicas", type=_positive, default=None, metavar="N",
+                   help="autoscale: at least N replicas (default 1 when --max-replicas is "
+                        "given; scaled on ongoing requests, --parallel per replica as the target)")
+    r.add_argument("--max-replicas", type=_positive, default=None, metavar="N",
+                   help="autoscale: at most N replicas")
     _add_chat_template_option(p, kwargs=False)     # requests carry chat_template_kwargs
     _add_model_options(p)
     p.set_defaults(func=run)
@@ -96,6 +112,11 @@ def run(args) -> int:
     cors = [o.strip() for arg in args.cors for o in arg.split(",") if o.strip()]
     keys = args.api_key if args.api_key is not None else [os.environ.get("PYKLEI_API_KEY", "")]
     keys = [k.strip() for arg in keys for k in arg.split(",") if k.strip()] or None
+    if args.ray:
+        return _run_on_ray(args, keys, cors)
+    for flag in ("ray_address", "replicas", "min_replicas", "max_replicas"):
+        if getattr(args, flag) is not None:
+            raise CLIError(f"--{flag.replace('_', '-')} needs --ray")
     from ..runtime.engine import EMBEDDING_SLOTS
     from ..runtime.options import SERVER_OPTIONS
 
@@ -164,3 +185,62 @@ def _file_model_id(arg: str) -> str:
 
     ref = split_file_ref(arg)
     return Path(ref[1] if ref else arg).stem
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        import argparse
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return n
+
+
+def _run_on_ray(args, keys, cors) -> int:
+    """`pyklei serve --ray`: one model, its replicas on a Ray cluster
+    (pyklei.distributed.ray_serve_run)."""
+    from ..distributed.ray_serve_connect import RayUnavailable, import_ray_serve
+
+    files = _model_files(args)
+    for flag, bad in (("several models or --models-dir", len(files) > 1 or args.models_dir),
+                      ("--draft-model", args.draft_model)):
+        if bad:
+            raise CLIError(f"--ray serves one model without {flag} (not supported yet)")
+    lo, hi = args.min_replicas, args.max_replicas
+    if lo is not None and hi is not None and lo > hi:
+        raise CLIError(f"--min-replicas {lo} is more than --max-replicas {hi}")
+    try:
+        import_ray_serve()          # the extra's absence is one line now, before any loading
+        for name in SERVE_EXTRA_MODULES:
+            importlib.import_module(name)
+    except RayUnavailable as e:
+        raise CLIError(str(e)) from None
+    except ImportError as e:
+        raise CLIError(f"the server needs the 'serve' extra (in a pyklei checkout: pip install -e '.[serve]'): {e}") from None
+    from ..distributed.ray_serve_run import serve_on_ray
+    from ..runtime.engine import EMBEDDING_SLOTS
+    from ..server.run import allowed_host_names
+
+    path = str(_model_path(files[0]).resolve())    # every replica opens the file at this path
+    load_kwargs = dict(path=path, n_threads=args.threads, n_ctx=args.ctx_size,
+                       n_batch=args.batch_size, kv_cache=args.kv_cache,
+                       activations=args.activations, n_seq=args.n_parallel + EMBEDDING_SLOTS)
+    if getattr(args, "chat_template", None) is not None:
+        load_kwargs["chat_template"] = _chat_template(args)
+    try:
+        return serve_on_ray(
+            ray_address=args.ray_address, host=args.host, port=args.port,
+            model_id=args.model_id or _file_model_id(files[0]), load_kwargs=load_kwargs,
+            engine_kwargs=dict(n_parallel=args.n_parallel, max_queue=args.max_queue,
+                               prefill_chunk=args.batch_size,
+                               speculative="lookup" if args.lookup else None,
+                               drain_timeout=args.drain_timeout),
+            app_kwargs=dict(api_key=keys, cors=cors, body_timeout=args.timeout_body,
+                            write_timeout=args.timeout_write,
+                            allowed_hosts=allowed_host_names(args.host, args.allow_host),
+                            special_in_content=args.special_in_content),
+            replicas=args.replicas or lo or 1, min_replicas=lo, max_replicas=hi)
+    except RayUnavailable as e:
+        raise CLIError(str(e)) from None

@@ -1,5 +1,11 @@
-"""Running pyklei across machines: Ray (the `ray` extra; pip install -e '.[ray]').
+"""pyklei on a Ray cluster (the `ray` extra, pip install -e '.[ray]'; docs/SERVE.md, docs/BATCH.md).
 
-    ray_util.py   import Ray or say which extra is missing; connect to a cluster, or start a
-                  local one, with one clear line when it cannot be reached (never a hang)
+    prefix_routing.py      which replica holds a prompt's prefix: the routing key, a radix tree
+                           per replica, the choice (no Ray: unit-tested alone)
+    ray_serve_router.py    that choice behind Ray Serve's request-router API
+    ray_serve_app.py       the ingress and the replicas (each one engine and the server's app)
+    ray_serve_run.py       `pyklei serve --ray`: deploy, hold until SIGTERM, take down
+    ray_serve_connect.py   serve's connection to the cluster: the extra, the address, one-line
+                           failures
+    ray_util.py            the same for `pyklei batch --ray` (Ray Data)
 """

@@ -404,6 +404,11 @@ class Engine:
         """A request's context in tokens (prompt + generated): the model's n_ctx, per slot."""
         return self.model.n_ctx
 
+    @property
+    def scheduler_alive(self) -> bool:
+        """Whether the scheduler thread still runs (a server's health check reads it)."""
+        return self._thread.is_alive()
+
     def stats(self) -> dict:
         with self._cond:
             return dict(queued=len(self._waiting), running=len(self._running),

@@ -71,6 +71,33 @@ def _draining_server(config, drain_timeout: float, on_deadline):
 _E, _S = ENGINE_OPTION, SERVER_OPTION
 
 
+def allowed_host_names(host: str, allow_hosts=()) -> list[str] | None:
+    """The Host header names a server listening on `host` answers (app.create_app's
+    allowed_hosts): the loopback names and allow_hosts on a loopback address or when names
+    are given; None (any) otherwise."""
+    if host in LOOPBACK or allow_hosts:
+        return list(LOOPBACK) + [host] + list(allow_hosts)
+    return None
+
+
+def served_model(model_id, llm, *, n_parallel=default(_E, "n_parallel"),
+                 max_queue=default(_E, "max_queue"), prefill_chunk=default(_E, "prefill_chunk"),
+                 speculative=None, drain_timeout=default(_S, "drain_timeout")) -> ServedModel:
+    """`llm` (a pyklei.LLM) with its engine, as the app serves it under model_id (also each
+    replica of `pyklei serve --ray`: pyklei.distributed.ray_serve_app)."""
+    from ..runtime.engine import Engine
+
+    engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
+                    prefill_chunk=prefill_chunk, speculative=speculative)
+
+    def close():           # unloaded to make room for another model: it is idle
+        engine.shutdown(cancel=True, timeout=drain_timeout)
+        llm.close()
+
+    return ServedModel(model_id, engine, llm.tokenizer,
+                       getattr(engine, "n_ctx", llm.n_ctx), close)   # a sequence's context
+
+
 def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
           n_parallel=default(_E, "n_parallel"), max_queue=default(_E, "max_queue"),
           prefill_chunk=default(_E, "prefill_chunk"), api_key=None, cors=(),
@@ -94,7 +121,6 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
     Tokenizer.apply_chat_template's parse_special_in_content)."""
     import uvicorn
 
-    from ..runtime.engine import Engine
     from .app import create_app
     from .intake import MAX_BODY
 
@@ -108,15 +134,9 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
         max_connections = max(budget, 1)
 
     def served(model_id, llm) -> ServedModel:
-        engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
-                        prefill_chunk=prefill_chunk, speculative=speculative)
-
-        def close():           # unloaded to make room for another model: it is idle
-            engine.shutdown(cancel=True, timeout=drain_timeout)
-            llm.close()
-
-        return ServedModel(model_id, engine, llm.tokenizer,
-                           getattr(engine, "n_ctx", llm.n_ctx), close)   # a sequence's context
+        return served_model(model_id, llm, n_parallel=n_parallel, max_queue=max_queue,
+                            prefill_chunk=prefill_chunk, speculative=speculative,
+                            drain_timeout=drain_timeout)
 
     if loaders is not None:
         if llm is not None or model_id not in loaders:
@@ -130,8 +150,7 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
         models = ModelRegistry.of_one(served(model_id, llm))
     app = create_app(models=models, api_key=api_key, cors=cors,
                      body_timeout=timeout_body, write_timeout=timeout_write,
-                     allowed_hosts=(list(LOOPBACK) + [host] + list(allow_hosts)
-                                    if host in LOOPBACK or allow_hosts else None),
+                     allowed_hosts=allowed_host_names(host, allow_hosts),
                      on_shutdown=lambda: models.shutdown(cancel=True, timeout=drain_timeout),
                      special_in_content=special_in_content)
     sock = bind(host, port)

@@ -1,0 +1,267 @@
+"""`pyklei serve --ray`: the same OpenAI-compatible app (pyklei.server.app) from N Ray Serve
+replicas, each one pyklei engine, behind one ingress that routes each request by its prompt's
+prefix (ray_serve_router.py).
+
+    HTTP -> Ray Serve's proxy -> PykleiIngress (reads the body, computes the routing key)
+         -> DeploymentHandle, PrefixAwareRequestRouter picks a replica
+         -> PykleiReplica.forward: runs the request through the replica's own Starlette app
+            (auth, validation, errors, streaming: as `pyklei serve`) and yields the response's
+            start, then its body chunks as they come (SSE passes through chunk by chunk)
+
+Why a separate ingress: Ray's proxy routes an HTTP request before it has read the body, so a
+router behind it cannot see the prompt; the ingress reads it once and hands the replicas a
+ForwardedRequest with the key (ray.llm's OpenAI ingress does the same for its LLM servers).
+
+Failures: a replica that dies fails only the requests it was serving. One that had not started
+its reply gets 503 `replica_unavailable` (a client retries it and the router sends it to a live
+replica); a streamed reply that was under way ends with an error event in the stream (its
+headers were sent), a whole reply with a cut connection. Ray Serve restarts the replica; its
+health check (check_health: the engine's scheduler alive) replaces one that hangs.
+
+Autoscaling (deployment_options): between --min-replicas and --max-replicas on ongoing requests
+per replica, with --parallel as the target (the requests a replica decodes together); Ray Serve
+keeps at most --parallel + --max-queue requests on a replica and queues the rest in the router.
+
+Cores: each replica asks Ray for --threads CPUs and pins itself to its own run of cores of its
+node (its local rank's) when the node has enough of them for every replica on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+from ..server.intake import MAX_BODY
+from .prefix_routing import routing_key
+
+log = logging.getLogger("ray.serve")
+
+APP_NAME = "pyklei"
+REPLICA_HEADER = "x-pyklei-replica"    # which replica served a request (routing is observable)
+HEALTH_CHECK_PERIOD_S = 10.0
+HEALTH_CHECK_TIMEOUT_S = 30.0
+DRAIN_S = 10.0             # a stopping replica's wait for its requests (graceful_shutdown_timeout_s)
+
+
+@dataclass
+class ForwardedRequest:
+    """One HTTP request as the ingress read it; routing_key: prefix_routing.routing_key's."""
+    method: str
+    path: str
+    query_string: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    client: tuple[str, int] | None
+    routing_key: str
+
+
+def deployment_options(*, replicas: int, threads: int, n_parallel: int, max_queue: int,
+                       min_replicas: int | None = None, max_replicas: int | None = None,
+                       imbalance: int | None = None) -> dict:
+    """The replicas' Ray Serve deployment options: a fixed number of replicas, or autoscaling
+    between min_replicas and max_replicas (starting at `replicas`, clipped into that range) on
+    ongoing requests, with n_parallel per replica as the target (min_replicas defaults to 1,
+    max_replicas to the larger of `replicas` and min_replicas). imbalance: how many more
+    queued requests a prefix holder may have than the least-loaded replica (default
+    n_parallel: one batch)."""
+    from ray.serve.config import RequestRouterConfig
+
+    from .ray_serve_router import PrefixAwareRequestRouter
+
+    opts = dict(
+        max_ongoing_requests=n_parallel + max_queue,
+        ray_actor_options={"num_cpus": threads},
+        health_check_period_s=HEALTH_CHECK_PERIOD_S,
+        health_check_timeout_s=HEALTH_CHECK_TIMEOUT_S,
+        graceful_shutdown_timeout_s=DRAIN_S,
+        request_router_config=RequestRouterConfig(
+            request_router_class=PrefixAwareRequestRouter,
+            request_router_kwargs={"imbalance": n_parallel if imbalance is None else imbalance}),
+    )
+    if min_replicas is None and max_replicas is None:
+        opts["num_replicas"] = replicas
+        return opts
+    lo = 1 if min_replicas is None else min_replicas
+    hi = max(replicas, lo) if max_replicas is None else max_replicas
+    if not 0 < lo <= hi:
+        raise ValueError(f"--min-replicas ({lo}) must be at least 1 and at most --max-replicas ({hi})")
+    opts["autoscaling_config"] = {
+        "min_replicas": lo, "max_replicas": hi, "initial_replicas": min(max(replicas, lo), hi),
+        "target_ongoing_requests": n_parallel,
+        "upscale_delay_s": 5.0, "downscale_delay_s": 30.0,
+    }
+    return opts
+
+
+def _pin_to_own_cores(threads: int) -> list[int] | None:
+    """Pins this process's threads to be (the engine's, created after) to `threads` cores of
+    the node, the local_rank-th run of them; None when the node has too few for that."""
+    from ray import serve
+
+    rank = serve.get_replica_context().rank
+    local = getattr(rank, "local_rank", rank if isinstance(rank, int) else 0)
+    cores = sorted(os.sched_getaffinity(0))
+    mine = cores[local * threads:(local + 1) * threads]
+    if len(mine) < threads:
+        return None
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+class PykleiReplica:
+    """One pyklei engine and the server's app over it (what `pyklei serve` would run).
+    load_kwargs: pyklei.load's; engine_kwargs: pyklei.server.run.served_model's; app_kwargs:
+    pyklei.server.app.create_app's."""
+
+    def __init__(self, model_id: str, load_kwargs: dict, engine_kwargs: dict, app_kwargs: dict):
+        from ray import serve
+
+        from ..llm import load
+        from ..server.app import create_app
+        from ..server.model_registry import ModelRegistry
+        from ..server.run import served_model
+
+        self.name = serve.get_replica_context().replica_id.unique_id
+        cores = _pin_to_own_cores(load_kwargs.get("n_threads") or 1)
+        log.info("pyklei replica %s: cores %s", self.name, cores or "not pinned (too few)")
+        llm = load(**load_kwargs)
+        self.model = served_model(model_id, llm, **engine_kwargs)
+        self.models = ModelRegistry.of_one(self.model)
+        self.app = create_app(models=self.models, **app_kwargs)
+
+    def check_health(self):
+        """Ray Serve calls this every HEALTH_CHECK_PERIOD_S: an engine whose scheduler thread
+        ended cannot answer, so the replica is replaced."""
+        if not self.model.engine.scheduler_alive:
+            raise RuntimeError(f"replica {self.name}: the engine's scheduler has stopped")
+
+    def __del__(self):
+        try:
+            self.models.shutdown(cancel=True, timeout=DRAIN_S)
+        except Exception:
+            pass
+
+    async def forward(self, req: ForwardedRequest):
+        """Runs `req` through the app: yields {"status", "headers", "replica"} once, then the
+        body's chunks (bytes) as the app sends them. Cancelled (the client left): the app sees
+        http.disconnect, which cancels its sequence in the engine."""
+        sent: asyncio.Queue = asyncio.Queue()
+        gone = asyncio.Event()
+        body_read = False
+
+        async def receive():
+            nonlocal body_read
+            if not body_read:
+                body_read = True
+                return {"type": "http.request", "body": req.body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                 "http_version": "1.1", "method": req.method, "scheme": "http",
+                 "path": req.path, "raw_path": req.path.encode(), "root_path": "",
+                 "query_string": req.query_string, "headers": req.headers,
+                 "client": req.client, "server": None, "state": {}}
+        app = asyncio.create_task(self.app(scope, receive, sent.put))
+        app.add_done_callback(lambda t: sent.put_nowait(None))
+        try:
+            while (msg := await sent.get()) is not None:
+                if msg["type"] == "http.response.start":
+                    yield {"status": msg["status"], "headers": list(msg.get("headers", [])),
+                           "replica": self.name}
+                elif msg["type"] == "http.response.body":
+                    if msg.get("body"):
+                        yield bytes(msg["body"])
+                    if not msg.get("more_body", False):
+                        break
+        finally:
+            gone.set()
+            try:
+                await asyncio.wait_for(app, DRAIN_S)
+            except BaseException:     # the app's own errors were answered (500) already
+                pass
+
+
+class PykleiIngress:
+    """Reads each request, computes its routing key and passes it to the replicas (their
+    router picks one); streams the replica's answer back with REPLICA_HEADER added."""
+
+    def __init__(self, replicas):
+        self.replicas = replicas.options(method_name="forward", stream=True)
+
+    async def __call__(self, request):
+        from starlette.responses import StreamingResponse
+
+        body = bytearray()
+        async for chunk in request.stream():     # the server's own limit, before any replica
+            body += chunk
+            if len(body) > MAX_BODY:
+                return _error(request.url.path, 413, f"the body must be at most {MAX_BODY} "
+                              f"bytes", "invalid_request_error", None)
+        body = bytes(body)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        # the app's own paths: without the application's route prefix (ASGI's root_path)
+        path, root = request.scope["path"], request.scope.get("root_path", "")
+        path = path[len(root):] or "/" if root and path.startswith(root) else path
+        fwd = ForwardedRequest(request.method, path, request.url.query.encode(),
+                               list(request.headers.raw), body,
+                               tuple(request.client) if request.client else None,
+                               routing_key(path, body, headers))
+        stream = self.replicas.remote(fwd)
+        try:
+            start = await stream.__anext__()
+        except Exception as e:
+            log.warning("pyklei ingress: %s %s failed before its reply: %s", fwd.method, fwd.path, e)
+            return _replica_unavailable(fwd.path, e)
+        sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                  for k, v in start["headers"])
+
+        async def rest():
+            try:
+                async for chunk in stream:
+                    yield chunk
+            except Exception as e:      # the replica died mid-reply: this request alone fails
+                log.warning("pyklei ingress: replica %s failed mid-reply: %s", start["replica"], e)
+                if not sse:
+                    raise
+                yield _stream_error_event(fwd.path, e)
+            finally:
+                stream.cancel()
+
+        out = StreamingResponse(rest(), status_code=start["status"])
+        out.raw_headers = [*start["headers"], (REPLICA_HEADER.encode(), start["replica"].encode())]
+        return out
+
+
+def _failure(e: BaseException) -> str:
+    return (f"the replica serving this request failed ({type(e).__name__}); retry it: another "
+            f"replica will take it")
+
+
+def _error_body(path: str, message: str, type: str, code: str | None) -> dict:
+    """The API's own error shape: Anthropic's on /v1/messages, OpenAI's elsewhere."""
+    if path.startswith("/v1/messages"):
+        kind = "api_error" if type == "server_error" else type
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": type, "param": None, "code": code}}
+
+
+def _error(path: str, status: int, message: str, type: str, code: str | None, headers=None):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(_error_body(path, message, type, code), status_code=status,
+                        headers=headers)
+
+
+def _replica_unavailable(path: str, e: BaseException):
+    return _error(path, 503, _failure(e), "server_error", "replica_unavailable",
+                  {"Retry-After": "1"})
+
+
+def _stream_error_event(path: str, e: BaseException) -> bytes:
+    body = json.dumps(_error_body(path, _failure(e), "server_error", "replica_unavailable"))
+    if path.startswith("/v1/messages"):
+        return b"event: error\ndata: " + body.encode() + b"\n\n"
+    return b"data: " + body.encode() + b"\n\n"

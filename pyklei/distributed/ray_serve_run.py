@@ -1,0 +1,80 @@
+"""Runs `pyklei serve --ray`: joins or starts the Ray cluster (ray_serve_connect.py), deploys
+the ingress and the replicas (ray_serve_app.py) under Ray Serve's HTTP proxy on --host:--port,
+and holds them until SIGTERM or Ctrl-C, then takes the application down (each replica drains
+for ray_serve_app.DRAIN_S) and leaves the cluster (a local one stops with it)."""
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+
+from .ray_serve_app import APP_NAME, PykleiIngress, PykleiReplica, deployment_options
+from .ray_serve_connect import RayUnavailable, connect_for_serve
+
+
+def build_application(*, model_id: str, load_kwargs: dict, engine_kwargs: dict,
+                      app_kwargs: dict, replicas: int, min_replicas=None, max_replicas=None,
+                      imbalance=None):
+    """The Serve application: PykleiIngress over `replicas` PykleiReplicas (or autoscaled
+    between min_replicas and max_replicas), each pyklei.load(**load_kwargs) with
+    served_model(**engine_kwargs) and create_app(**app_kwargs)."""
+    from ray import serve
+
+    threads = load_kwargs.get("n_threads") or 1
+    replica = serve.deployment(PykleiReplica, name="PykleiReplica").options(
+        **deployment_options(replicas=replicas, threads=threads,
+                             n_parallel=engine_kwargs["n_parallel"],
+                             max_queue=engine_kwargs["max_queue"], min_replicas=min_replicas,
+                             max_replicas=max_replicas, imbalance=imbalance))
+    # the ingress only reads bodies and passes bytes on: no CPU of the replicas' reserved
+    ingress = serve.deployment(PykleiIngress, name="PykleiIngress",
+                               ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1 << 16)
+    return ingress.bind(replica.bind(model_id, load_kwargs, engine_kwargs, app_kwargs))
+
+
+def _last_error_line(message: str) -> str:
+    """The exception line at the end of a traceback Ray puts in its message."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no reason given"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=print,
+                 **application) -> int:
+    """Serves build_application(**application) on http://host:port until SIGTERM/SIGINT
+    (port 0: a free one); returns the exit code."""
+    ray = connect_for_serve(ray_address)
+    from ray import serve
+
+    port = port or _free_port(host)
+    stop = threading.Event()
+    old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.run(build_application(**application), name=APP_NAME, route_prefix="/")
+        except RuntimeError as e:        # a replica's constructor failed: Ray's message, short
+            raise RayUnavailable(f"the replicas did not start: "
+                                 f"{_last_error_line(str(e))}") from None
+        n = application["replicas"]
+        lo, hi = application.get("min_replicas"), application.get("max_replicas")
+        scale = f"{n} replicas" if lo is None and hi is None else \
+            f"{n} replicas (autoscaled {lo or n}..{hi or n})"
+        shown = f"[{host}]" if ":" in host else host
+        announce(f"serving {application['model_id']} on http://{shown}:{port}/v1 from {scale} "
+                 f"on Ray ({ray.get_runtime_context().gcs_address}), routed by prompt prefix")
+        sys.stdout.flush()
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        serve.shutdown()           # deletes the application: each replica drains, then stops
+        ray.shutdown()
+    return 0
