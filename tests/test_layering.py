@@ -13,7 +13,8 @@ Each room, bottom to top, and what it may import besides itself:
                                       runtime)
     runtime      pyklei/runtime/      Model, Engine, generation, sampling, grammars, drafts:
                                       formats, text, and the kernel layer (pyklei._ext), which
-                                      pyklei.runtime.kernels alone imports (never the converters)
+                                      pyklei.runtime.kernels imports (never the converters; the
+                                      formats' C search, formats/_native.py, optionally)
     llm          pyklei/llm.py        the API (load, LLM): runtime, text, formats, hub
     jobs         calibration, bench, info, chat, perplexity (pyklei/*.py) and _report (their
                                       tables): the API and everything under it; calibration
@@ -167,6 +168,11 @@ def test_every_room_has_a_layer():
     assert rooms <= set(LAYER_OF_ROOM), sorted(rooms - set(LAYER_OF_ROOM))
 
 
+# the modules that import pyklei._ext: the runtime's kernel layer, and the format layer's C
+# block-scale search, which falls back to numpy when the extension is not built
+EXT_IMPORTERS = {"pyklei.runtime.kernels", "pyklei.formats._native"}
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_go_down(path):
     me = _module_name(path)
@@ -176,8 +182,8 @@ def test_imports_go_down(path):
     bad = []
     for name in _imports(path):
         if name == "pyklei._ext" or name.startswith("pyklei._ext."):
-            if me != "pyklei.runtime.kernels":
-                bad.append(f"{name} (only pyklei.runtime.kernels imports the extension)")
+            if me not in EXT_IMPORTERS:
+                bad.append(f"{name} (only {', '.join(sorted(EXT_IMPORTERS))} import the extension)")
             continue
         if name.split(".")[:2][-1] in MOVED:
             bad.append(f"{name} (an old path: pyklei's own modules import pyklei.{MOVED[name.split('.')[1]]})")

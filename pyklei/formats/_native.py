@@ -17,10 +17,10 @@ from functools import lru_cache
 def search_blocks():
     """pyklei._ext.weight_search_blocks, or None when the extension is not built."""
     try:
-        from pyklei import _ext
-    except ImportError:
+        from .._ext import weight_search_blocks
+    except ImportError:         # not built (or built before it had the search)
         return None
-    return getattr(_ext, "weight_search_blocks", None)
+    return weight_search_blocks
 
 
 def each_chunk(fn, starts) -> None:
