@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import hmac
 import json
 import logging
@@ -281,6 +282,11 @@ class _State:
                  special_in_content=False):
         self.models = models
         self.api_keys = [k.encode() for k in api_keys]   # empty: no key needed (one tenant)
+        # a tenant's name in the prefix cache: its key's digest, not its index, so that the
+        # blocks a restarted server finds on disk (--cache-dir) stay with the same key whatever
+        # the order of the keys given
+        self.cache_tenants = [hashlib.sha256(b"pyklei tenant\0" + k).hexdigest()
+                              for k in self.api_keys]
         self.body_timeout, self.write_timeout = body_timeout, write_timeout
         self.special_in_content = special_in_content
         self.created = int(time.time())
@@ -347,7 +353,8 @@ def _submit(s: _State, req: api.Request, tenant: int | None):
     try:
         return s.engine.submit_requests(req.generations(s.tokenizer.eos_ids),
                                         prompt_logprobs=req.echo and req.logprobs is not None,
-                                        cache_partition=(tenant, req.cache_salt))
+                                        cache_partition=(None if tenant is None else
+                                                         s.cache_tenants[tenant], req.cache_salt))
     except QueueFullError:
         raise _queue_full() from None
     except EngineClosedError:

@@ -79,7 +79,8 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
           timeout_write=default(_S, "timeout_write"), timeout_idle=default(_S, "timeout_idle"),
           max_connections=default(_S, "max_connections"), allow_hosts=(), announce=print,
           speculative=None, special_in_content=False, loaders=None,
-          models_max=default(_S, "models_max")) -> int:
+          models_max=default(_S, "models_max"), cache_ram=default(_E, "cache_ram"),
+          cache_dir=None, cache_disk=default(_E, "cache_disk")) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. loaders: several models instead (llm
     None), {model id: a function that loads that pyklei.LLM}: model_id's is loaded now (the
     default model), each other one on the first request that names it in its `model` field,
@@ -91,7 +92,9 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
     draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.runtime.engine). api_key: a
     key or a list of keys, each a tenant (app.create_app). special_in_content: special-token
     text in chat messages is read as control tokens (off: as text;
-    Tokenizer.apply_chat_template's parse_special_in_content)."""
+    Tokenizer.apply_chat_template's parse_special_in_content). cache_ram (MB; 0: off), cache_dir,
+    cache_disk (MB): each engine's prefix cache (pyklei.runtime.prefix_cache; several models
+    under one cache_dir keep their blocks apart)."""
     import uvicorn
 
     from ..runtime.engine import Engine
@@ -109,7 +112,8 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
 
     def served(model_id, llm) -> ServedModel:
         engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
-                        prefill_chunk=prefill_chunk, speculative=speculative)
+                        prefill_chunk=prefill_chunk, speculative=speculative,
+                        cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk)
 
         def close():           # unloaded to make room for another model: it is idle
             engine.shutdown(cancel=True, timeout=drain_timeout)
