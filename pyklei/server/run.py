@@ -114,6 +114,10 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
         engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
                         prefill_chunk=prefill_chunk, speculative=speculative,
                         cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk)
+        if cache_ram and engine.prefix_cache is None:
+            from ..runtime.prefix_cache import cacheable
+            print(f"pyklei serve: note: {model_id} runs without a prefix cache: "
+                  f"{cacheable(llm.model)}", file=sys.stderr, flush=True)
 
         def close():           # unloaded to make room for another model: it is idle
             engine.shutdown(cancel=True, timeout=drain_timeout)
