@@ -190,8 +190,10 @@ class LLM:
                 for i, p in enumerate(prompts)]
         if not reqs:
             return []
+        # no prefix cache: the engine lives for this call, its prompts share prefixes in slots
         engine = Engine(self.model, self.tokenizer, n_parallel=min(len(reqs), self.model.n_seq),
-                        max_queue=len(reqs), speculative=None if spec == "lookup" else spec)
+                        max_queue=len(reqs), speculative=None if spec == "lookup" else spec,
+                        cache_ram=0)
         try:
             streams = [engine.submit_requests([r])[0] for r in reqs]
             return [_collect(iter(s)) for s in streams]

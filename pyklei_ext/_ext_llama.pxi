@@ -86,6 +86,9 @@ cdef extern from "model/pk_llama.h":
                               const int32_t *pos, int n_out, const int32_t *out_rows, float *hidden,
                               volatile int *interrupt) nogil
     int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n) nogil
+    size_t pk_llama_kv_rows_bytes(const pk_llama *model, int n)
+    int pk_llama_kv_export(pk_llama *model, int seq, int a, int b, void *buf) nogil
+    int pk_llama_kv_import(pk_llama *model, int seq, int a, int b, const void *buf) nogil
     int pk_llama_ring(const pk_llama *model, int layer)
     ctypedef enum pk_llama_stat:
         PK_LLAMA_STAT_LM_HEAD_IN
@@ -366,4 +369,37 @@ cdef class LlamaRuntime:
     def kv_copy(self, int src, int dst, int n):
         """Copies the K/V of positions [0, n) of slot src into slot dst."""
         if pk_llama_kv_copy(self.model, src, dst, n) != 0:
+            raise ValueError(_last_error())
+
+    @property
+    def kv_row_block(self):
+        """Positions kv_export / kv_import move in units of (PK_KV_BLOCK)."""
+        return PK_KV_BLOCK
+
+    def kv_rows_bytes(self, int n):
+        """Bytes kv_export writes for n positions (pk_llama_kv_rows_bytes)."""
+        return pk_llama_kv_rows_bytes(self.model, n)
+
+    def kv_export(self, int seq, int a, int b):
+        """The K/V of positions [a, b) of slot seq, every layer, as bytes (pk_llama_kv_export)."""
+        if b < a or a < 0:
+            raise ValueError(f"kv export: bad positions [{a}, {b})")
+        out = bytearray(pk_llama_kv_rows_bytes(self.model, b - a))
+        cdef unsigned char[::1] ov = out
+        cdef int rc
+        with nogil:
+            rc = pk_llama_kv_export(self.model, seq, a, b, &ov[0] if ov.shape[0] else NULL)
+        if rc != 0:
+            raise ValueError(_last_error())
+        return bytes(out)
+
+    def kv_import(self, int seq, int a, int b, const unsigned char[::1] data):
+        """Writes kv_export's bytes of positions [a, b) into slot seq (pk_llama_kv_import)."""
+        if b < a or a < 0 or <size_t>data.shape[0] != pk_llama_kv_rows_bytes(self.model, b - a):
+            raise ValueError(f"kv import: {data.shape[0]} bytes are not the K/V of positions "
+                             f"[{a}, {b}) of this model")
+        cdef int rc
+        with nogil:
+            rc = pk_llama_kv_import(self.model, seq, a, b, &data[0] if data.shape[0] else NULL)
+        if rc != 0:
             raise ValueError(_last_error())

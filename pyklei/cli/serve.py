@@ -43,6 +43,12 @@ def add_parser(sub):
     _add_option(g, SERVER_OPTION["port"])
     _add_option(g, ENGINE_OPTION["n_parallel"])
     _add_option(g, ENGINE_OPTION["max_queue"])
+    _add_option(g, ENGINE_OPTION["cache_ram"])
+    g.add_argument("--cache-dir", metavar="DIR",
+                   help="keep the prefix cache's blocks in DIR too (a folder per model file and "
+                        "KV cache type), so that a restarted server finds its hot prefixes "
+                        "(default: memory only)")
+    _add_option(g, ENGINE_OPTION["cache_disk"])
     g.add_argument("--api-key", metavar="KEYS", action="append", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1, one of these keys "
                         "(comma-separated, repeatable; each key is a tenant: no prompt cache is "
@@ -150,7 +156,8 @@ def run(args) -> int:
                  max_queue=args.max_queue, prefill_chunk=args.batch_size, api_key=keys,
                  cors=cors, quiet=args.quiet, allow_hosts=args.allow_host,
                  speculative=speculative, special_in_content=args.special_in_content,
-                 loaders=loaders, **numbers)
+                 loaders=loaders, cache_ram=args.cache_ram, cache_dir=args.cache_dir,
+                 cache_disk=args.cache_disk, **numbers)
 
 
 def _model_files(args) -> list[str]:

@@ -24,29 +24,18 @@ Constrained requests (submit(constraint=), pyklei.runtime.grammar): each step, t
 requests that sample in it are computed on a helper thread while model.batch runs (both release
 the GIL), and applied to their logits after it.
 
-Speculative decoding (pyklei.runtime.speculative; the drafting, engine_drafts): submit(speculative="lookup"), or
-Engine(speculative="lookup") for every request, drafts by prompt lookup;
-Engine(speculative=draft_model) drafts with a draft model (a second Model of the same
-vocabulary with at least n_parallel slots: slot s of its KV cache drafts for the request in
-slot s of the model). A request's draft runs as more rows of its slot in the same batch; its
-rows are fed in order while the draft holds (greedy: the same tokens as without drafts; a
-sampled draft model's tokens by speculative sampling's rule, Generation.feed_drafted), and the
-slot drops the rejected tail. The draft model's passes come before the step: the first runs,
-for every request drafting with it, the tokens its slot lacks (what was accepted since its last
-draft, or a chunk of the prompt; from the first position where its slot differs from the
-request's text, which drops its own rejected drafts), then one pass per further drafted token,
-each with a row per request still drafting. A request's draft length adapts to its own
-acceptance rate and to what a drafted row costs beside a request's own row in this batch
-(pyklei.runtime.speculative.PassCost, fitted over the decode steps' times: in a big batch the weights
-are already shared, and a drafted row costs nearly what a request's own row does), and what
-drafting a token costs (the draft model's passes, fitted the same way). A constrained request
-decodes without drafts.
+Speculative decoding (pyklei.runtime.speculative): submit(speculative="lookup") drafts by prompt
+lookup, Engine(speculative=draft_model) with a draft model of n_parallel slots; a request's
+draft runs as more rows of its slot in the same batch and is fed while it holds (greedy: the
+same tokens as without drafts). engine_drafts' module doc tells the whole of it.
 
 Prefix reuse: a slot keeps its tokens after its request ends. A new request goes to the free
 slot sharing the longest prefix with its prompt, or, when another slot (running or idle) shares
-a longer one, gets that prefix copied (Model.copy_seq); only the rest of the prompt runs
-(prompt_eval_tokens says how many did). Only slots whose tokens were put there by requests of
-the same cache partition count (submit(cache_partition=): a server's tenant, an API key and a
+a longer one, gets that prefix copied (Model.copy_seq); when the prefix cache
+(pyklei.runtime.prefix_cache: Engine(cache_ram=MB), the whole blocks of ended requests, kept
+beyond their slots) holds a longer one still, its blocks are written into the slot. Only the
+rest of the prompt runs (prompt_eval_tokens says how many did). Only slots and blocks of the
+same cache partition count (submit(cache_partition=): a server's tenant, an API key and a
 cache_salt): how much of a prompt was cached, and how fast its first token came, would
 otherwise tell one user what another's prompt holds.
 
@@ -86,10 +75,12 @@ import numpy as np
 
 from .generate import Generation, GenerationResponse, token_logprob
 from .request import GenerationRequest, check_params, make_request
+from .request_stream import RequestStream
 from .embedding import EmbeddingBatch
 from .engine_drafts import common_prefix, lookup_draft, model_drafts
 from .model import Model
 from .options import ENGINE_OPTION, check_options, default
+from .prefix_cache import engine_cache
 from .sampler import SamplingParams
 from .speculative import DraftLength, PassCost, PromptLookup, check_speculative, drafting
 
@@ -113,9 +104,6 @@ class RequestFailedError(RuntimeError):
     beside it in the batch go on. The original exception is its __cause__."""
 
 
-_ids = itertools.count(1)
-
-
 class _Submission:
     """What the requests of one submit call share: their turn (module doc: fairness)."""
     __slots__ = ("served",)
@@ -133,47 +121,6 @@ MAX_DRAFT_ROWS = 16
 #: (~0.8 ms for 49k): a 3,900-token prompt in 256-row chunks slowed a stream beside it from
 #: 201 to 1.6 tok/s; 4 rows a step keep such a stream above half its pace.
 PROMPT_LOGPROBS_CHUNK, PROMPT_LOGPROBS_SHARED = 64, 2
-
-
-class RequestStream:
-    """One request's responses. Iterating blocks until the next response; the last one has
-    finish_reason set ("stop", "length" or "cancelled"). An error of the engine while the
-    request ran is raised from the iteration. Thread-safe."""
-
-    def __init__(self, engine: "Engine", prompt_tokens: int):
-        self.id = f"req-{next(_ids)}"
-        self.prompt_tokens = prompt_tokens
-        self._engine = engine
-        self._items: deque = deque()
-        self._ready = threading.Condition(threading.Lock())
-        self._ended = False        # the last response (or an error) was taken
-        self.cancelled = False
-
-    def _put(self, item) -> None:
-        with self._ready:
-            self._items.append(item)
-            self._ready.notify_all()
-
-    def __iter__(self):
-        while True:
-            with self._ready:
-                if self._ended:    # a second iteration after the end: nothing more comes
-                    return
-                while not self._items:
-                    self._ready.wait()
-                item = self._items.popleft()
-                self._ended = isinstance(item, BaseException) or item.finish_reason is not None
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if self._ended:
-                return
-
-    def cancel(self) -> None:
-        """Stops the request: its slot is freed at the engine's next step, and the stream ends
-        with a response whose finish_reason is "cancelled" (unless it had already finished)."""
-        self.cancelled = True
-        self._engine._wake()
 
 
 class _Request:
@@ -206,9 +153,12 @@ class Engine:
     def __init__(self, model: Model, tokenizer, *,
                  n_parallel: int = default(ENGINE_OPTION, "n_parallel"),
                  max_queue: int = default(ENGINE_OPTION, "max_queue"),
-                 prefill_chunk: int = default(ENGINE_OPTION, "prefill_chunk"), speculative=None):
+                 prefill_chunk: int = default(ENGINE_OPTION, "prefill_chunk"), speculative=None,
+                 cache_ram: int = default(ENGINE_OPTION, "cache_ram"), cache_dir=None,
+                 cache_disk: int = default(ENGINE_OPTION, "cache_disk")):
+        """cache_ram (MB, 0: off), cache_dir, cache_disk (MB): the prefix cache (module doc)."""
         check_options(ENGINE_OPTION, n_parallel=n_parallel, max_queue=max_queue,
-                      prefill_chunk=prefill_chunk)
+                      prefill_chunk=prefill_chunk, cache_ram=cache_ram, cache_disk=cache_disk)
         model.check_open()
         if n_parallel > model.n_seq:
             raise ValueError(f"n_parallel={n_parallel} needs as many KV cache slots; the model has "
@@ -223,6 +173,8 @@ class Engine:
             self.draft_model = mode
         self.speculative = mode                   # submit's default
         self.model, self.tokenizer = model, tokenizer
+        self.prefix_cache = engine_cache(model, cache_ram, cache_dir, cache_disk)
+        self._ended: list[_Request] = []          # ended requests whose blocks are not saved yet
         self.n_parallel, self.max_queue, self.prefill_chunk = n_parallel, max_queue, prefill_chunk
         self._cond = threading.Condition()
         self._waiting: deque[_Request] = deque()
@@ -236,7 +188,8 @@ class Engine:
         self._pass_cost = PassCost()              # decode steps' times: what drafts cost
         self._draft_pass_cost = PassCost()        # the draft model's passes' times
         self._counts = dict(completed=0, cancelled=0, failed=0, generated_tokens=0, prompt_tokens=0,
-                            prompt_eval_tokens=0, drafted_tokens=0, accepted_tokens=0)
+                            prompt_eval_tokens=0, drafted_tokens=0, accepted_tokens=0,
+                            prefix_cache_queries=0, prefix_cache_hits=0)
         self._thread = threading.Thread(target=self._loop, name="pyklei-engine", daemon=True)
         self._thread.start()
 
@@ -410,9 +363,14 @@ class Engine:
         return self._thread.is_alive()
 
     def stats(self) -> dict:
+        pc = self.prefix_cache
         with self._cond:
             return dict(queued=len(self._waiting), running=len(self._running),
-                        n_parallel=self.n_parallel, **self._counts)
+                        n_parallel=self.n_parallel, kv_capacity_tokens=self.n_parallel * self.n_ctx,
+                        kv_used_tokens=sum(r.done_pos for r in self._running),
+                        prefix_cache_bytes=pc.ram_used if pc else 0,
+                        prefix_cache_capacity_bytes=pc.ram_bytes if pc else 0,
+                        prefix_cache_restored=pc.counts["restored_tokens"] if pc else 0, **self._counts)
 
     def shutdown(self, cancel: bool = False, timeout: float | None = None) -> None:
         """Stops accepting requests; finishes the running and queued ones (cancel=False) or
@@ -454,6 +412,9 @@ class Engine:
                 if self._closing and not self._waiting and not self._running and not self._embeds:
                     if self._mask_pool is not None:
                         self._mask_pool.shutdown()
+                    self._save_ended()
+                    if self.prefix_cache is not None:
+                        self.prefix_cache.close()
                     return
                 admitted = []
                 while len(self._running) < self.n_parallel:
@@ -465,6 +426,7 @@ class Engine:
                     admitted.append(r)
                     self._counts["prompt_tokens"] += len(r.prompt)
             try:
+                self._save_ended()        # before a slot they held is given to another
                 for r in admitted:
                     self._place(r)
                 self._run_step()
@@ -500,6 +462,7 @@ class Engine:
             for r in [r for r in q if r.stream.cancelled]:
                 q.remove(r)
                 r.prefill_over = True
+                self._ended.append(r)
                 self._counts["cancelled"] += 1
                 self._count_tokens(r)
                 r.stream._put(r.gen.finish("cancelled"))
@@ -527,6 +490,11 @@ class Engine:
             share[slot] = share[src]
         if r.gen.prompt_logprobs is not None:   # every prompt position's logits are wanted
             share[slot] = 0
+        elif self.prefix_cache is not None:     # its blocks may reach further than any slot
+            share[slot] = self.prefix_cache.restore(slot, r.prompt[:limit], r.partition, share[slot])
+        with self._cond:
+            self._counts["prefix_cache_queries"] += len(r.prompt)
+            self._counts["prefix_cache_hits"] += share[slot]
         r.slot, r.done_pos = slot, share[slot]
         r.n_reused = share[slot]
         if r.draft_model:   # its draft slot too starts from the longest prefix it can copy
@@ -540,6 +508,18 @@ class Engine:
             if d_share[d_src] > d_share[slot]:
                 dm.copy_seq(d_src, slot, d_share[d_src])
         self._partition[slot] = r.partition
+
+    def _save_ended(self) -> None:
+        """Puts the whole blocks that ended requests left in their slots into the prefix cache
+        (a failed step's slots may be half written: not saved). A save that fails (the model
+        busy elsewhere) is a later miss, never a request's error."""
+        ended, self._ended = self._ended, []
+        for r in ended if self.prefix_cache is not None else ():
+            try:
+                if r.slot >= 0:
+                    self.prefix_cache.save(r.slot, r.partition)
+            except Exception:
+                pass
 
     def _run_step(self) -> None:
         tokens, seqs, pos, rows = [], [], [], []
@@ -621,6 +601,7 @@ class Engine:
                 for r in finished:
                     r.prefill_over = True
                     self._running.remove(r)
+                    self._ended.append(r)
                     self._counts["failed" if r.failed else "completed"] += 1
                     self._count_tokens(r)
         for r in self._running + finished:     # a request that ended this step used it too

@@ -1,6 +1,23 @@
-"""The engine's speculative drafts, step by step (pyklei.runtime.engine's module doc tells the
-whole of it): a request's draft by prompt lookup, and the drafts of the requests that draft
-with the engine's draft model, in that model's batched passes before the step.
+"""The engine's speculative drafts, step by step: a request's draft by prompt lookup, and the
+drafts of the requests that draft with the engine's draft model, in that model's batched passes
+before the step (pyklei.runtime.engine).
+
+submit(speculative="lookup"), or Engine(speculative="lookup") for every request, drafts by prompt lookup;
+Engine(speculative=draft_model) drafts with a draft model (a second Model of the same
+vocabulary with at least n_parallel slots: slot s of its KV cache drafts for the request in
+slot s of the model). A request's draft runs as more rows of its slot in the same batch; its
+rows are fed in order while the draft holds (greedy: the same tokens as without drafts; a
+sampled draft model's tokens by speculative sampling's rule, Generation.feed_drafted), and the
+slot drops the rejected tail. The draft model's passes come before the step: the first runs,
+for every request drafting with it, the tokens its slot lacks (what was accepted since its last
+draft, or a chunk of the prompt; from the first position where its slot differs from the
+request's text, which drops its own rejected drafts), then one pass per further drafted token,
+each with a row per request still drafting. A request's draft length adapts to its own
+acceptance rate and to what a drafted row costs beside a request's own row in this batch
+(pyklei.runtime.speculative.PassCost, fitted over the decode steps' times: in a big batch the weights
+are already shared, and a drafted row costs nearly what a request's own row does), and what
+drafting a token costs (the draft model's passes, fitted the same way). A constrained request
+decodes without drafts.
 
 A request here is the engine's record of one (engine._Request): its Generation (gen), its
 slot, its drafter (lookup) or draft model flag, its DraftLength, and this step's draft and
@@ -42,7 +59,7 @@ def lookup_draft(r, row_cost: float, budget: int) -> list[int]:
 def model_drafts(dm, reqs: list, n_decoding: int, row_cost: float, draft_rows: int, *,
                  prefill_chunk: int, pass_cost, draft_pass_cost) -> None:
     """The drafts of `reqs` (requests drafting with the draft model dm) for this step, in the
-    draft model's batched passes (pyklei.runtime.engine's module doc): r.draft, and r.q for a sampling one;
+    draft model's batched passes (module doc): r.draft, and r.q for a sampling one;
     `draft_rows` drafted tokens at most over all of them.
     n_decoding: the requests decoding in this step (what a request's own row costs);
     pass_cost, draft_pass_cost: the engine's PassCost of its model's and of dm's passes;

@@ -38,7 +38,9 @@ has left the C pass. The cache keeps the tokens before that call, so the model s
 Sequences: `n_seq` KV cache slots (default 1). eval/step/logits use slot 0; `batch` runs rows
 of several slots in one pass (every weight streamed once for all of them: the engine of
 pyklei.runtime.engine decodes many requests so), and each row gets the same logits, bit for bit, as
-it would alone. `copy_seq` copies a slot's cached prefix into another. `verify` runs a drafted
+it would alone. `copy_seq` copies a slot's cached prefix into another; `export_kv` and
+`import_kv` move a slot's K/V rows out to bytes and back (the engine's prefix cache,
+pyklei.runtime.prefix_cache, keeps prefixes so beyond the life of a slot). `verify` runs a drafted
 continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
 rejected tail (speculative decoding: pyklei.runtime.speculative). A slot costs memory only for the
 positions it has held: 2 * n_layer * n_head_kv * head_dim bytes per token times 4 (f32), 2
@@ -621,3 +623,59 @@ class Model:
             self.runtime.kv_copy(src, dst, n)
             self._seqs[dst] = self._seqs[src][:n]
             self._high[dst] = self._high[src] if n else 0
+
+    # ---- a slot's K/V rows out of the cache and back (pyklei.runtime.prefix_cache) ----------
+    @property
+    def kv_row_block(self) -> int:
+        """export_kv / import_kv move positions in units of this many (the K cache's blocks)."""
+        return self.runtime.kv_row_block
+
+    def kv_rows_bytes(self, n: int) -> int:
+        """Bytes export_kv returns for n positions (n a multiple of kv_row_block)."""
+        return self.runtime.kv_rows_bytes(n)
+
+    def export_kv(self, seq: int, a: int, b: int) -> bytes:
+        """The K/V of every layer for positions [a, b) of slot `seq`, in the cache's own type
+        (f32, f16, q8 and its scales): bytes that import_kv of this model takes back bit for bit.
+        a and b are multiples of kv_row_block, and the slot holds at least b tokens, whose
+        positions its sliding-window rings (if any) still keep."""
+        with self._busy():
+            seq = self._check_seq(seq)
+            self._check_rows(a, b)
+            if b > len(self._seqs[seq]):
+                raise ValueError(f"export_kv: slot {seq} holds {len(self._seqs[seq])} tokens, "
+                                 f"not positions up to {b}")
+            lost = [ring for ring, _ in self._rings if a < self._high[seq] - ring]
+            if lost:
+                raise ValueError(f"export_kv: slot {seq}'s sliding-window rings ({lost[0]} "
+                                 f"positions) no longer hold position {a}")
+            return self.runtime.kv_export(seq, a, b)
+
+    def import_kv(self, seq: int, a: int, tokens: Sequence[int], data) -> None:
+        """Makes slot `seq` hold its first a tokens, then `tokens` at positions [a, a + n),
+        their K/V written from `data` (export_kv's bytes for those positions): a row after
+        them gets the logits, bit for bit, it would after computing them."""
+        with self._busy():
+            seq = self._check_seq(seq)
+            toks = self._check(tokens)
+            self._check_rows(a, a + toks.size)
+            if a > len(self._seqs[seq]):
+                raise ValueError(f"import_kv: slot {seq} holds {len(self._seqs[seq])} tokens; "
+                                 f"rows continue from at most there, not from {a}")
+            if a + toks.size > self.n_ctx:
+                raise ValueError(f"import_kv: positions up to {a + toks.size} pass the context "
+                                 f"of {self.n_ctx} tokens")
+            self._cut(seq, a, "import_kv")
+            if seq == 0:
+                self._owner = None
+            self._writes(seq, a + toks.size)
+            self.runtime.kv_import(seq, a, a + toks.size, memoryview(data).cast("B"))
+            self._seqs[seq].extend(toks.tolist())
+
+    def _check_rows(self, a, b) -> None:
+        _check_int("a", a)
+        _check_int("b", b)
+        blk = self.kv_row_block
+        if not 0 <= a <= b or a % blk or b % blk:
+            raise ValueError(f"K/V rows move in units of {blk} positions: [{a}, {b}) is not "
+                             f"one (both ends multiples of {blk}, a <= b)")

@@ -134,6 +134,16 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
            "requests that may wait for a sequence; more get 429", lo=1),
     Option("prefill_chunk", int, MODEL_OPTION["n_batch"].default, (), "N", "prefill chunk",
            "prompt tokens per step of the request being prefilled", lo=1),
+    # 1 GiB: SmolLM2's f16 K/V for ~46k tokens, a Llama 3 8B's for ~8k; llama.cpp's server
+    # defaults to 8 GiB. Memory is taken only as blocks are saved.
+    Option("cache_ram", int, 1024, ("--cache-ram",), "MB", "prefix cache size",
+           "host memory for the prefix cache that outlives a slot (pyklei.runtime.prefix_cache): "
+           "the 32-token blocks finished requests leave in their slots, LRU-evicted, copied "
+           "back into a slot when a prompt starts with them; 0 turns it off", lo=0,
+           note=" (0 turns the cache off)"),
+    Option("cache_disk", int, 8192, ("--cache-disk",), "MB", "prefix cache disk size",
+           "disk space for the prefix cache's files in --cache-dir (least recently used out)",
+           lo=1),
 )
 ENGINE_OPTION = {o.name: o for o in ENGINE_OPTIONS}
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import hmac
 import json
 import logging
@@ -282,6 +283,11 @@ class _State:
                  special_in_content=False):
         self.models = models
         self.api_keys = [k.encode() for k in api_keys]   # empty: no key needed (one tenant)
+        # a tenant's name in the prefix cache: its key's digest, not its index, so that the
+        # blocks a restarted server finds on disk (--cache-dir) stay with the same key whatever
+        # the order of the keys given
+        self.cache_tenants = [hashlib.sha256(b"pyklei tenant\0" + k).hexdigest()
+                              for k in self.api_keys]
         self.body_timeout, self.write_timeout = body_timeout, write_timeout
         self.special_in_content = special_in_content
         self.created = int(time.time())
@@ -346,7 +352,8 @@ def _submit(s: _State, req: api.Request, tenant: int | None):
     """Queues the request's choices (in a worker thread: each choice's grammar state and stop
     matcher are made here)."""
     try:
-        return submit_reply(s.engine, req, s.tokenizer.eos_ids, (tenant, req.cache_salt))
+        return submit_reply(s.engine, req, s.tokenizer.eos_ids,
+                            (None if tenant is None else s.cache_tenants[tenant], req.cache_salt))
     except QueueFullError:
         raise _queue_full() from None
     except EngineClosedError:

@@ -6,6 +6,17 @@ apps in one process (tests) do not share counters.
     pyklei_generated_tokens_total                    tokens generated for them
     pyklei_queue_depth                               requests waiting for a sequence slot (engine)
     pyklei_running_sequences                         sequences being decoded now (engine)
+    pyklei_num_requests_waiting                      the same two under vLLM's names, the gauges a
+    pyklei_num_requests_running                      router reads (as vllm:num_requests_*)
+    pyklei_kv_cache_usage_perc                       fraction (0-1) of the KV cache slots' positions
+                                                     the running requests hold (vllm's name)
+    pyklei_prefix_cache_queries_total                prompt tokens looked up in cached prefixes
+    pyklei_prefix_cache_hits_total                   of those, tokens found (a slot's or the prefix
+                                                     cache's; hit rate: their ratio, as vLLM's)
+    pyklei_prefix_cache_restored_tokens_total        of the hits, tokens the prefix cache restored
+                                                     into a slot (pyklei.runtime.prefix_cache)
+    pyklei_prefix_cache_bytes                        its blocks' memory now, and its budget
+    pyklei_prefix_cache_capacity_bytes               (serve --cache-ram; 0: off)
     pyklei_parallel_slots                            the engine's n_parallel
     pyklei_cancelled_total                           sequences the engine cancelled (disconnects)
     pyklei_failed_total                              sequences that failed alone (a sampling or
@@ -46,6 +57,24 @@ class _EngineCollector:
                                 ("pyklei_running_sequences", "running", "sequences being decoded"),
                                 ("pyklei_parallel_slots", "n_parallel", "sequence slots")):
             yield GaugeMetricFamily(name, text, value=s[key])
+        yield GaugeMetricFamily("pyklei_num_requests_waiting", "requests waiting for a slot",
+                                value=s["queued"])
+        yield GaugeMetricFamily("pyklei_num_requests_running", "requests being decoded",
+                                value=s["running"])
+        yield GaugeMetricFamily("pyklei_kv_cache_usage_perc", "fraction of the KV cache slots' "
+                                "positions held by running requests",
+                                value=s["kv_used_tokens"] / max(1, s["kv_capacity_tokens"]))
+        for name, key, text in (
+                ("pyklei_prefix_cache_queries", "prefix_cache_queries", "prompt tokens looked up"),
+                ("pyklei_prefix_cache_hits", "prefix_cache_hits", "prompt tokens found cached"),
+                ("pyklei_prefix_cache_restored_tokens", "prefix_cache_restored",
+                 "prompt tokens the prefix cache restored into a slot")):
+            yield CounterMetricFamily(name, text, value=s.get(key, 0))
+        for name, key, text in (
+                ("pyklei_prefix_cache_bytes", "prefix_cache_bytes", "prefix cache memory used"),
+                ("pyklei_prefix_cache_capacity_bytes", "prefix_cache_capacity_bytes",
+                 "prefix cache memory budget")):
+            yield GaugeMetricFamily(name, text, value=s.get(key, 0))
         yield CounterMetricFamily("pyklei_cancelled", "sequences cancelled (client disconnects, "
                                   "shutdown)", value=s["cancelled"])
         yield CounterMetricFamily("pyklei_failed", "sequences that failed alone while sampling "

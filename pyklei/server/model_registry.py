@@ -33,7 +33,8 @@ from typing import Callable
 from ..runtime.engine import EngineClosedError
 
 # Engine.stats() keys that are gauges (now), not counters (since start)
-GAUGES = ("queued", "running", "n_parallel")
+GAUGES = ("queued", "running", "n_parallel", "kv_used_tokens", "kv_capacity_tokens",
+          "prefix_cache_bytes", "prefix_cache_capacity_bytes")
 
 
 @dataclass

@@ -82,13 +82,21 @@ def allowed_host_names(host: str, allow_hosts=()) -> list[str] | None:
 
 def served_model(model_id, llm, *, n_parallel=default(_E, "n_parallel"),
                  max_queue=default(_E, "max_queue"), prefill_chunk=default(_E, "prefill_chunk"),
-                 speculative=None, drain_timeout=default(_S, "drain_timeout")) -> ServedModel:
+                 speculative=None, drain_timeout=default(_S, "drain_timeout"),
+                 cache_ram=default(_E, "cache_ram"), cache_dir=None,
+                 cache_disk=default(_E, "cache_disk")) -> ServedModel:
     """`llm` (a pyklei.LLM) with its engine, as the app serves it under model_id (also each
-    replica of `pyklei serve --ray`: pyklei.distributed.ray_serve_app)."""
+    replica of `pyklei serve --ray`: pyklei.distributed.ray_serve_app); cache_*: the engine's
+    prefix cache (serve's)."""
     from ..runtime.engine import Engine
 
     engine = Engine(llm.model, llm.tokenizer, n_parallel=n_parallel, max_queue=max_queue,
-                    prefill_chunk=prefill_chunk, speculative=speculative)
+                    prefill_chunk=prefill_chunk, speculative=speculative,
+                    cache_ram=cache_ram, cache_dir=cache_dir, cache_disk=cache_disk)
+    if cache_ram and engine.prefix_cache is None:
+        from ..runtime.prefix_cache import cacheable
+        print(f"pyklei serve: note: {model_id} runs without a prefix cache: "
+              f"{cacheable(llm.model)}", file=sys.stderr, flush=True)
 
     def close():           # unloaded to make room for another model: it is idle
         engine.shutdown(cancel=True, timeout=drain_timeout)
@@ -106,7 +114,8 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
           timeout_write=default(_S, "timeout_write"), timeout_idle=default(_S, "timeout_idle"),
           max_connections=default(_S, "max_connections"), allow_hosts=(), announce=print,
           speculative=None, special_in_content=False, loaders=None,
-          models_max=default(_S, "models_max")) -> int:
+          models_max=default(_S, "models_max"), cache_ram=default(_E, "cache_ram"),
+          cache_dir=None, cache_disk=default(_E, "cache_disk")) -> int:
     """Serves `llm` (a pyklei.LLM) until SIGTERM/SIGINT. loaders: several models instead (llm
     None), {model id: a function that loads that pyklei.LLM}: model_id's is loaded now (the
     default model), each other one on the first request that names it in its `model` field,
@@ -118,7 +127,9 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
     draft model (pyklei.load(small, n_seq=n_parallel)) with it (pyklei.runtime.engine). api_key: a
     key or a list of keys, each a tenant (app.create_app). special_in_content: special-token
     text in chat messages is read as control tokens (off: as text;
-    Tokenizer.apply_chat_template's parse_special_in_content)."""
+    Tokenizer.apply_chat_template's parse_special_in_content). cache_ram (MB; 0: off), cache_dir,
+    cache_disk (MB): each engine's prefix cache (pyklei.runtime.prefix_cache; several models
+    under one cache_dir keep their blocks apart)."""
     import uvicorn
 
     from .app import create_app
@@ -136,7 +147,8 @@ def serve(llm, *, host="127.0.0.1", port=default(_S, "port"), model_id="model",
     def served(model_id, llm) -> ServedModel:
         return served_model(model_id, llm, n_parallel=n_parallel, max_queue=max_queue,
                             prefill_chunk=prefill_chunk, speculative=speculative,
-                            drain_timeout=drain_timeout)
+                            drain_timeout=drain_timeout, cache_ram=cache_ram, cache_dir=cache_dir,
+                            cache_disk=cache_disk)
 
     if loaders is not None:
         if llm is not None or model_id not in loaders:

@@ -108,6 +108,19 @@ int pk_llama_ring(const pk_llama *model, int layer);
  * once). Returns 0 or -1 for a bad slot or n. */
 int pk_llama_kv_copy(pk_llama *model, int src, int dst, int n);
 
+/* A slot's K/V rows in and out of the cache, for a prefix cache that outlives the slot
+ * (pyklei/runtime/prefix_cache.py). pk_llama_kv_export writes the K/V of every layer and K/V
+ * head for positions [a, b) of slot seq into buf (pk_llama_kv_rows_bytes(model, b - a) bytes,
+ * in the cache's own type: f32, f16, or q8 with its scales; an opaque layout that
+ * pk_llama_kv_import of the same model reads back); pk_llama_kv_import writes them into slot
+ * seq at the same positions, bit for bit, so a row after them gets the logits it would after
+ * computing them. a and b are multiples of PK_KV_BLOCK (contract/pk_kv.h). A sliding-window
+ * layer's ring keeps position p at p % ring: the caller exports only positions the ring still
+ * holds. Return 0, or -1 for a bad slot or range (pk_last_error). */
+size_t pk_llama_kv_rows_bytes(const pk_llama *model, int n);
+int pk_llama_kv_export(pk_llama *model, int seq, int a, int b, void *buf);
+int pk_llama_kv_import(pk_llama *model, int seq, int a, int b, const void *buf);
+
 /* Activation statistics for importance-weighted quantization ("imatrix"): when enabled, every
  * forward adds the squares of each linear layer's input rows, per input channel, into a double
  * buffer of sections: per layer the inputs below in this order, then once lm_head_in.

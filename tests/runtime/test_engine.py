@@ -191,10 +191,12 @@ def test_shutdown_drains_running_and_queued(gguf, tok):
     eng.shutdown(timeout=60)
     assert not eng._thread.is_alive()
     assert [list(s)[-1].finish_reason for s in streams] == ["length"] * 5
-    assert eng.stats() == dict(queued=0, running=0, n_parallel=2, completed=5, cancelled=0, failed=0,
-                               generated_tokens=50, prompt_tokens=sum(s.prompt_tokens for s in streams),
-                               prompt_eval_tokens=eng.stats()["prompt_eval_tokens"],
-                               drafted_tokens=0, accepted_tokens=0)
+    want = dict(queued=0, running=0, n_parallel=2, completed=5, cancelled=0, failed=0,
+                generated_tokens=50, prompt_tokens=sum(s.prompt_tokens for s in streams),
+                drafted_tokens=0, accepted_tokens=0, kv_used_tokens=0, kv_capacity_tokens=512)
+    st = eng.stats()
+    assert {k: st[k] for k in want} == want
+    assert st["prefix_cache_queries"] == st["prompt_tokens"]
 
 
 def test_prefix_reuse_runs_only_new_tokens(gguf, tok):

@@ -78,3 +78,25 @@ def test_the_engine_copies_only_prefixes_the_ring_holds(windowed):
         out = list(eng.submit(second, max_tokens=1, params=greedy, eos_ids=[]))
         assert out[-1].token == int(np.argmax(fresh.eval(second)))
         eng.shutdown()
+
+
+def test_kv_rows_move_through_the_ring_and_a_ring_file_is_not_prefix_cached(windowed):
+    """export_kv reads only positions the rings still hold; import_kv writes each at p % ring,
+    as the forward pass does, so rows exported while they were held restore a slot that
+    continues bit for bit. The engine's prefix cache skips such files (a finished request's
+    early positions are gone from its rings: pyklei.runtime.prefix_cache)."""
+    from pyklei.runtime.prefix_cache import cacheable, engine_cache
+    toks = _tokens(1040, seed=4)
+    with Model(windowed, n_threads=2, n_ctx=1100, n_batch=16, n_seq=2) as m:
+        m.eval(toks[:512])
+        first = m.export_kv(0, 0, 512)
+        m.eval(toks[:1024])
+        second = m.export_kv(0, 512, 1024)
+        with pytest.raises(ValueError, match="rings .* no longer hold position 0"):
+            m.export_kv(0, 0, 512)
+        ref = m.logits(toks)[1024:]                    # slot 0 computes all of it
+        m.import_kv(1, 0, toks[:512], first)
+        m.import_kv(1, 512, toks[512:1024], second)
+        out = m.batch(toks[1024:], [1] * 16, range(1024, 1040), range(16))
+        np.testing.assert_array_equal(out, ref)
+        assert "sliding-window" in cacheable(m) and engine_cache(m, 16) is None
