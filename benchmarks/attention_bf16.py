@@ -1,0 +1,176 @@
+#!/usr/bin/env python
+"""Attention in bf16 against f32 (issue 45): quality at depth and speed, PYKLEI_ATTENTION=f32 or
+bf16 on the same file (the bf16 kernels need AVX-512 BF16; elsewhere the script stops).
+
+    python benchmarks/attention_bf16.py --bed smollm2=A.gguf:HF_DIR --bed offgrid=B.gguf:HF_DIR \
+        [--tokens 4096] [--threads 2] [--reps 3] [--depths 512,4096]
+
+Quality: the logits of every position of a long text (benchmarks/quality.py's texts; --tokens
+positions) with each attention and KV cache (f16, q8), against transformers fp32 on the
+checkpoint the file came from: KLD and, per cache, bf16's change of it relative to f32's with a
+95% interval (benchmarks/kv_cache.py's paired_change: positions resampled in blocks).
+Speed: a prefill of `depth` random ordinary tokens, then n_gen decode steps at that depth, f16
+cache, the two attentions alternated in each of `reps` rounds (medians), the attention's share
+of the prefill from the runtime's op profile, the 1-minute load average beside each.
+
+Results: benchmarks/results/attention-bf16.md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from kv_cache import kld_positions, paired_change  # noqa: E402
+from quality import reference, score, texts  # noqa: E402
+
+RESULTS = ROOT / "results"
+MODES = ("f32", "bf16")
+CACHES = ("f16", "q8")
+
+
+def load(model: str, mode: str, **kw):
+    """The model with attention in `mode` (PYKLEI_ATTENTION is read when a model is made)."""
+    from pyklei.llm import LLM
+    os.environ["PYKLEI_ATTENTION"] = mode
+    return LLM(model, **kw)
+
+
+def quality(bed: str, model: str, hf: Path, tokens: int, threads: int) -> list[dict]:
+    rows = []
+    for tname, text in texts().items():
+        with load(model, "f32", n_threads=threads, n_ctx=tokens) as llm:
+            ids = llm.tokenizer.encode(text, parse_special=False)[:tokens]
+        ref = reference(hf, ids)
+        for kv in CACHES:
+            per = {}
+            for mode in MODES:
+                with load(model, mode, n_threads=threads, n_ctx=len(ids), kv_cache=kv) as llm:
+                    logits = llm.logits(ids)
+                per[mode] = kld_positions(ref, logits)
+                rows.append({"bed": bed, "text": tname, "tokens": len(ids), "kv_cache": kv, "attention": mode,
+                             **score(ref, logits, ids)})
+                if mode == "bf16":
+                    rows[-1].update(paired_change(per["bf16"], per["f32"]))
+                print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def speed(model: str, threads: int, depths: list[int], n_gen: int, reps: int) -> list[dict]:
+    rows = []
+    for rep in range(reps):
+        for depth in depths:
+            for mode in MODES:   # alternated: a busy machine hits both alike
+                with load(model, mode, n_threads=threads, n_ctx=depth + n_gen + 8, kv_cache="f16") as llm:
+                    rng = np.random.default_rng(rep)
+                    normal = np.nonzero(np.asarray(llm.tokenizer.token_types) == 1)[0]
+                    ids = [int(t) for t in rng.choice(normal, depth)]
+                    rt = llm.model.runtime
+                    la = os.getloadavg()[0]
+                    rt.profile_ops(True)
+                    t0 = time.perf_counter()
+                    logits = llm.model.eval(ids)
+                    t1 = time.perf_counter()
+                    ops, _ = rt.op_profile()
+                    rt.profile_ops(False)
+                    for _ in range(n_gen):
+                        logits = llm.model.step(int(np.argmax(logits)))
+                    t2 = time.perf_counter()
+                attn = ops.get("attention", 0.0)
+                rows.append({"attention": mode, "depth": depth, "rep": rep, "load": la,
+                             "prefill_tok_s": depth / (t1 - t0), "decode_tok_s": n_gen / (t2 - t1),
+                             "prefill_attention_s": attn, "prefill_s": t1 - t0, "ops": ops})
+                print({k: v for k, v in rows[-1].items() if k != "ops"}, file=sys.stderr)
+    return rows
+
+
+def report(res: dict) -> str:
+    lines = ["# Attention in bf16 against f32", "",
+             f"Command: `{res['command']}`; {res['date']}; {res['cpu']}; {res['threads']} threads; load "
+             f"average {res['loadavg_start'][0]:.2f} at the start, {res['loadavg_end'][0]:.2f} at the end "
+             f"(2 shared CPUs); {res['wall_s']:.0f} s.", ""]
+    if res["quality"]:
+        lines += ["## Quality: KLD against transformers fp32, every position", "",
+                  "| bed | text | tokens | KV cache | f32 KLD | bf16 KLD | bf16 change (95% interval) | top-1 f32 / bf16 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        q = res["quality"]
+        for r in q:
+            if r["attention"] != "bf16":
+                continue
+            f = next(x for x in q if x["bed"] == r["bed"] and x["text"] == r["text"] and x["kv_cache"] == r["kv_cache"]
+                     and x["attention"] == "f32")
+            lines.append(f"| {r['bed']} | {r['text']} | {r['tokens']} | {r['kv_cache']} | {f['kld']:.5f} | "
+                         f"{r['kld']:.5f} | {100 * r['kld_change']:+.2f}% ({100 * r['kld_change_lo']:+.2f}% .. "
+                         f"{100 * r['kld_change_hi']:+.2f}%) | {f['top1']:.4f} / {r['top1']:.4f} |")
+        lines.append("")
+    if res["speed"]:
+        lines += ["## Speed: f16 cache, medians of the alternated rounds", "",
+                  "| depth | attention | prefill tok/s | decode tok/s | attention share of the prefill | bf16 / f32 prefill | bf16 / f32 decode | loads |",
+                  "|---|---|---|---|---|---|---|---|"]
+        s = res["speed"]
+        for depth in sorted({r["depth"] for r in s}):
+            med = {}
+            for mode in MODES:
+                rr = [r for r in s if r["depth"] == depth and r["attention"] == mode]
+                med[mode] = (statistics.median(r["prefill_tok_s"] for r in rr),
+                             statistics.median(r["decode_tok_s"] for r in rr),
+                             statistics.median(r["prefill_attention_s"] / r["prefill_s"] for r in rr),
+                             [round(r["load"], 1) for r in rr])
+            for mode in MODES:
+                p, d, share, loads = med[mode]
+                ratio = (f"{p / med['f32'][0]:.2f}x | {d / med['f32'][1]:.2f}x" if mode == "bf16" else "| ")
+                lines.append(f"| {depth} | {mode} | {p:.0f} | {d:.1f} | {100 * share:.0f}% | {ratio} | {loads} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from pyklei import _ext
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bed", action="append", default=[], metavar="NAME=MODEL.gguf:HF_DIR",
+                    help="a test bed: a pyklei file and the checkpoint it came from (repeatable)")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--depths", default="512,4096", help="speed: comma list of prompt lengths")
+    ap.add_argument("--n-gen", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
+    ap.add_argument("--no-quality", action="store_true")
+    ap.add_argument("--out", default="attention-bf16")
+    args = ap.parse_args(argv)
+    if not _ext.attention_bf16_runs():
+        ap.error("this CPU has no AVX-512 BF16: bf16 attention would run the plain C reference")
+    beds = {}
+    for b in args.bed:
+        name, _, rest = b.partition("=")
+        model, _, hf = rest.rpartition(":")
+        beds[name] = (model, Path(hf))
+    if not beds:
+        ap.error("give at least one --bed")
+    t0, load0 = time.time(), os.getloadavg()
+    q = [] if args.no_quality else [r for name, (m, hf) in beds.items()
+                                    for r in quality(name, m, hf, args.tokens, args.threads)]
+    first = next(iter(beds.values()))[0]
+    s = speed(first, args.threads, [int(d) for d in args.depths.split(",")], args.n_gen, args.reps) if args.reps else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "threads": args.threads,
+           "beds": {k: [v[0], str(v[1])] for k, v in beds.items()}, "loadavg_start": load0,
+           "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "quality": q, "speed": s,
+           "command": "python benchmarks/attention_bf16.py " + " ".join(argv or sys.argv[1:])}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(res, indent=1))
+    (RESULTS / f"{args.out}.md").write_text(report(res))
+    print(report(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
