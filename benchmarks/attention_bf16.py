@@ -3,7 +3,7 @@
 bf16 on the same file (the bf16 kernels need AVX-512 BF16; elsewhere the script stops).
 
     python benchmarks/attention_bf16.py --bed smollm2=A.gguf:HF_DIR --bed offgrid=B.gguf:HF_DIR \
-        [--tokens 4096] [--threads 2] [--reps 3] [--depths 512,4096]
+        [--tokens 4096] [--threads 2] [--reps 3] [--depths 512,4096] [--texts langref]
 
 Quality: the logits of every position of a long text (benchmarks/quality.py's texts; --tokens
 positions) with each attention and KV cache (f16, q8), against transformers fp32 on the
@@ -45,9 +45,11 @@ def load(model: str, mode: str, **kw):
     return LLM(model, **kw)
 
 
-def quality(bed: str, model: str, hf: Path, tokens: int, threads: int) -> list[dict]:
+def quality(bed: str, model: str, hf: Path, tokens: int, threads: int, names: list[str]) -> list[dict]:
     rows = []
     for tname, text in texts().items():
+        if names and tname not in names:
+            continue
         with load(model, "f32", n_threads=threads, n_ctx=tokens) as llm:
             ids = llm.tokenizer.encode(text, parse_special=False)[:tokens]
         ref = reference(hf, ids)
@@ -144,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
     ap.add_argument("--no-quality", action="store_true")
+    ap.add_argument("--texts", default="", help="comma list of benchmarks/quality.py's texts (default: all)")
     ap.add_argument("--out", default="attention-bf16")
     args = ap.parse_args(argv)
     if not _ext.attention_bf16_runs():
@@ -157,7 +160,8 @@ def main(argv=None) -> int:
         ap.error("give at least one --bed")
     t0, load0 = time.time(), os.getloadavg()
     q = [] if args.no_quality else [r for name, (m, hf) in beds.items()
-                                    for r in quality(name, m, hf, args.tokens, args.threads)]
+                                    for r in quality(name, m, hf, args.tokens, args.threads,
+                                                                     [t for t in args.texts.split(",") if t])]
     first = next(iter(beds.values()))[0]
     s = speed(first, args.threads, [int(d) for d in args.depths.split(",")], args.n_gen, args.reps) if args.reps else []
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
