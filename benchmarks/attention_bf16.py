@@ -9,6 +9,7 @@ Quality: the logits of every position of a long text (benchmarks/quality.py's te
 positions) with each attention and KV cache (f16, q8), against transformers fp32 on the
 checkpoint the file came from: KLD and, per cache, bf16's change of it relative to f32's with a
 95% interval (benchmarks/kv_cache.py's paired_change: positions resampled in blocks).
+The op alone (--kernel-reps): pk_attend_rows over 4096 positions, 8 rows and 1, medians.
 Speed: a prefill of `depth` random ordinary tokens, then n_gen decode steps at that depth, f16
 cache, the two attentions alternated in each of `reps` rounds (medians), the attention's share
 of the prefill from the runtime's op profile, the 1-minute load average beside each.
@@ -95,6 +96,31 @@ def speed(model: str, threads: int, depths: list[int], n_gen: int, reps: int) ->
     return rows
 
 
+def kernel_speed(reps: int, n: int = 4096) -> list[dict]:
+    """The attention op alone (pyklei._ext.attend_group: pk_attend_rows over a cache of n
+    positions): a prefill window's 8 rows and a decode row, f32 and bf16 alternated."""
+    from pyklei import _ext
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for g, hd in ((3, 64), (4, 128)):          # SmolLM2 135M; Llama 3.1 8B
+        for cache in CACHES:
+            k, v = (rng.standard_normal((n, hd)).astype(np.float32) for _ in range(2))
+            k, v = (_ext.kv_q8_rows(k), _ext.kv_q8_rows(v)) if cache == "q8" else (k.astype(np.float16), v.astype(np.float16))
+            for rows in (8, 1):
+                q = rng.standard_normal((rows, g, hd)).astype(np.float32)
+                n_pos = np.arange(n - rows + 1, n + 1)
+                t = {m: [] for m in MODES}
+                for _ in range(reps):
+                    for mode in MODES:
+                        t0 = time.perf_counter()
+                        _ext.attend_group(q, k, v, n_pos=n_pos, bf16=mode == "bf16")
+                        t[mode].append(time.perf_counter() - t0)
+                rows_out.append({"group": g, "hd": hd, "kv_cache": cache, "rows": rows, "positions": n,
+                                 "load": os.getloadavg()[0], **{f"{m}_ms": 1e3 * statistics.median(t[m]) for m in MODES}})
+                print(rows_out[-1], file=sys.stderr)
+    return rows_out
+
+
 def report(res: dict) -> str:
     lines = ["# Attention in bf16 against f32", "",
              f"Command: `{res['command']}`; {res['date']}; {res['cpu']}; {res['threads']} threads; load "
@@ -113,6 +139,14 @@ def report(res: dict) -> str:
             lines.append(f"| {r['bed']} | {r['text']} | {r['tokens']} | {r['kv_cache']} | {f['kld']:.5f} | "
                          f"{r['kld']:.5f} | {100 * r['kld_change']:+.2f}% ({100 * r['kld_change_lo']:+.2f}% .. "
                          f"{100 * r['kld_change_hi']:+.2f}%) | {f['top1']:.4f} / {r['top1']:.4f} |")
+        lines.append("")
+    if res.get("kernels"):
+        lines += ["## The attention op alone (one thread, one K/V head's cache, medians)", "",
+                  "| group, head size | KV cache | rows | positions | f32 ms | bf16 ms | f32 / bf16 | load |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in res["kernels"]:
+            lines.append(f"| {r['group']}, {r['hd']} | {r['kv_cache']} | {r['rows']} | {r['positions']} | "
+                         f"{r['f32_ms']:.3f} | {r['bf16_ms']:.3f} | {r['f32_ms'] / r['bf16_ms']:.2f}x | {r['load']:.1f} |")
         lines.append("")
     if res["speed"]:
         lines += ["## Speed: f16 cache, medians of the alternated rounds", "",
@@ -147,6 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
     ap.add_argument("--no-quality", action="store_true")
     ap.add_argument("--texts", default="", help="comma list of benchmarks/quality.py's texts (default: all)")
+    ap.add_argument("--kernel-reps", type=int, default=0, help="rounds of the attention op alone (0: none)")
     ap.add_argument("--out", default="attention-bf16")
     args = ap.parse_args(argv)
     if not _ext.attention_bf16_runs():
@@ -156,18 +191,19 @@ def main(argv=None) -> int:
         name, _, rest = b.partition("=")
         model, _, hf = rest.rpartition(":")
         beds[name] = (model, Path(hf))
-    if not beds:
+    if not beds and not args.kernel_reps:
         ap.error("give at least one --bed")
     t0, load0 = time.time(), os.getloadavg()
     q = [] if args.no_quality else [r for name, (m, hf) in beds.items()
                                     for r in quality(name, m, hf, args.tokens, args.threads,
                                                                      [t for t in args.texts.split(",") if t])]
-    first = next(iter(beds.values()))[0]
-    s = speed(first, args.threads, [int(d) for d in args.depths.split(",")], args.n_gen, args.reps) if args.reps else []
+    kern = kernel_speed(args.kernel_reps) if args.kernel_reps else []
+    s = speed(next(iter(beds.values()))[0], args.threads, [int(d) for d in args.depths.split(",")], args.n_gen,
+              args.reps) if args.reps and beds else []
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "threads": args.threads,
            "beds": {k: [v[0], str(v[1])] for k, v in beds.items()}, "loadavg_start": load0,
-           "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "quality": q, "speed": s,
+           "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "quality": q, "speed": s, "kernels": kern,
            "command": "python benchmarks/attention_bf16.py " + " ".join(argv or sys.argv[1:])}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(res, indent=1))
