@@ -68,6 +68,27 @@ def quality(bed: str, model: str, hf: Path, tokens: int, threads: int, names: li
     return rows
 
 
+def drift(bed: str, model: str, tokens: int, threads: int, names: list[str]) -> list[dict]:
+    """Without a reference checkpoint at hand: how far bf16 moves the logits from f32's, per
+    cache (KL(f32 attention || bf16) per position, mean and p99; top-1 agreement)."""
+    rows = []
+    for tname, text in texts().items():
+        if names and tname not in names:
+            continue
+        for kv in CACHES:
+            out = {}
+            for mode in MODES:
+                with load(model, mode, n_threads=threads, n_ctx=tokens, kv_cache=kv) as llm:
+                    ids = llm.tokenizer.encode(text, parse_special=False)[:tokens]
+                    out[mode] = llm.logits(ids)
+            d = kld_positions(out["f32"], out["bf16"])
+            rows.append({"bed": bed, "text": tname, "tokens": len(ids), "kv_cache": kv,
+                         "kld_bf16_vs_f32": float(d.mean()), "kld_bf16_vs_f32_p99": float(np.percentile(d, 99)),
+                         "top1_bf16_vs_f32": float((out["f32"][:-1].argmax(-1) == out["bf16"][:-1].argmax(-1)).mean())})
+            print(rows[-1], file=sys.stderr)
+    return rows
+
+
 def speed(model: str, threads: int, depths: list[int], n_gen: int, reps: int) -> list[dict]:
     rows = []
     for rep in range(reps):
@@ -140,6 +161,13 @@ def report(res: dict) -> str:
                          f"{r['kld']:.5f} | {100 * r['kld_change']:+.2f}% ({100 * r['kld_change_lo']:+.2f}% .. "
                          f"{100 * r['kld_change_hi']:+.2f}%) | {f['top1']:.4f} / {r['top1']:.4f} |")
         lines.append("")
+    if res.get("drift"):
+        lines += ["## bf16 against f32 attention (no reference checkpoint): KL(f32 || bf16) per position", "",
+                  "| bed | text | tokens | KV cache | mean | p99 | top-1 agreement |", "|---|---|---|---|---|---|---|"]
+        for r in res["drift"]:
+            lines.append(f"| {r['bed']} | {r['text']} | {r['tokens']} | {r['kv_cache']} | {r['kld_bf16_vs_f32']:.5f} | "
+                         f"{r['kld_bf16_vs_f32_p99']:.5f} | {r['top1_bf16_vs_f32']:.4f} |")
+        lines.append("")
     if res.get("kernels"):
         lines += ["## The attention op alone (one thread, one K/V head's cache, medians)", "",
                   "| group, head size | KV cache | rows | positions | f32 ms | bf16 ms | f32 / bf16 | load |",
@@ -173,7 +201,8 @@ def main(argv=None) -> int:
     from pyklei import _ext
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bed", action="append", default=[], metavar="NAME=MODEL.gguf:HF_DIR",
-                    help="a test bed: a pyklei file and the checkpoint it came from (repeatable)")
+                    help="a test bed: a pyklei file and the checkpoint it came from (repeatable; no "
+                         "checkpoint, NAME=MODEL.gguf: only bf16's drift from f32)")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depths", default="512,4096", help="speed: comma list of prompt lengths")
@@ -189,21 +218,23 @@ def main(argv=None) -> int:
     beds = {}
     for b in args.bed:
         name, _, rest = b.partition("=")
-        model, _, hf = rest.rpartition(":")
+        model, _, hf = rest.rpartition(":") if ":" in rest else (rest, "", "")
         beds[name] = (model, Path(hf))
     if not beds and not args.kernel_reps:
         ap.error("give at least one --bed")
     t0, load0 = time.time(), os.getloadavg()
-    q = [] if args.no_quality else [r for name, (m, hf) in beds.items()
-                                    for r in quality(name, m, hf, args.tokens, args.threads,
-                                                                     [t for t in args.texts.split(",") if t])]
+    names = [t for t in args.texts.split(",") if t]
+    q = [] if args.no_quality else [r for name, (m, hf) in beds.items() if str(hf) not in ("", ".")
+                                    for r in quality(name, m, hf, args.tokens, args.threads, names)]
+    dr = [] if args.no_quality else [r for name, (m, hf) in beds.items() if str(hf) in ("", ".")
+                                     for r in drift(name, m, args.tokens, args.threads, names)]
     kern = kernel_speed(args.kernel_reps) if args.kernel_reps else []
     s = speed(next(iter(beds.values()))[0], args.threads, [int(d) for d in args.depths.split(",")], args.n_gen,
               args.reps) if args.reps and beds else []
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "threads": args.threads,
            "beds": {k: [v[0], str(v[1])] for k, v in beds.items()}, "loadavg_start": load0,
-           "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "quality": q, "speed": s, "kernels": kern,
+           "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "quality": q, "drift": dr, "speed": s, "kernels": kern,
            "command": "python benchmarks/attention_bf16.py " + " ".join(argv or sys.argv[1:])}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(res, indent=1))
