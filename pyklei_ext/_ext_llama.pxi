@@ -19,6 +19,9 @@ cdef extern from "ops/pk_nn.h":
         const uint16_t *k_scale
         const uint16_t *v_scale
         pk_f16_to_f32_fn f16
+        int dot_bf16
+    int pk_attend_bf16_pick(pk_kv_type type)
+    int pk_attend_bf16_runs()
     void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) nogil
     void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                          float *scores, size_t ld_scores, float *out) nogil

@@ -46,6 +46,23 @@ def f16_reader_isa():
     return isa.decode()
 
 
+def attention_bf16_runs():
+    """Whether this CPU runs the bf16 attention kernels (AVX-512 BF16); elsewhere a bf16 cache
+    read runs the reference's arithmetic."""
+    return bool(pk_attend_bf16_runs())
+
+
+def attention_bf16_pick(kv_type="f16"):
+    """Whether the forward pass reads a cache of kv_type ("f32", "f16", "q8") with bf16 dot
+    products here (pk_attend_bf16_pick: PYKLEI_ATTENTION and the CPU; a PYKLEI_LOG=kernels line
+    says which); ValueError for a PYKLEI_ATTENTION other than bf16 or f32."""
+    cdef pk_kv_type kt = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8}[kv_type]
+    cdef int on = pk_attend_bf16_pick(kt)
+    if on < 0:
+        raise ValueError(_last_error())
+    return bool(on)
+
+
 def _position_blocked(a):
     """Rows a [n, m] of K (or a q8 cache's K scales) as the cache holds them (pk_nn.h):
     [ceil(n/16)][m][16], the last block padded with zeros."""
@@ -72,7 +89,7 @@ def kv_q8_rows(x):
     return q, sc
 
 
-def attend_group(q, k, v, impl=None, n_pos=None):
+def attend_group(q, k, v, impl=None, n_pos=None, bf16=False):
     """Causal attention of the query heads q [group, hd] that share one K/V head, over the
     cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache; a pair (int8 [n, hd],
     float16 scales [n, hd // 32]) each: a q8 cache, as kv_q8_rows makes it), by pk_attend_group
@@ -80,7 +97,9 @@ def attend_group(q, k, v, impl=None, n_pos=None):
     n): rows of one sequence by pk_attend_rows, row r over positions [0, n_pos[r]). impl:
     "reference" runs pk_attend_group_reference row by row; else, for an f16 or q8 cache, the
     conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one the forward
-    pass picks; KernelError if this CPU cannot run it). -> float32, q's shape"""
+    pass picks; KernelError if this CPU cannot run it). bf16: an f16 or q8 cache's dot products
+    in bf16 (pk_kv_head.dot_bf16; the AVX-512 BF16 kernels where attention_bf16_runs(), else
+    the reference's same arithmetic). -> float32, q's shape"""
     qa = np.asarray(q, np.float32)
     one = qa.ndim == 2
     cdef float[:, :, ::1] qv = np.ascontiguousarray(qa[None] if one else qa)
@@ -110,6 +129,7 @@ def attend_group(q, k, v, impl=None, n_pos=None):
     cdef const char *tag = NULL
     kv.type = kt
     kv.f16 = NULL
+    kv.dot_bf16 = 1 if bf16 else 0
     if kt != PK_KV_F32 and impl != "reference":
         kv.f16 = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
         if kv.f16 == NULL:

@@ -31,6 +31,8 @@ typedef struct {
     const uint16_t *k_scale;   /* q8: f16 [ceil(n/16)][hd/32][16] (K's blocked order); else NULL */
     const uint16_t *v_scale;   /* q8: f16 [n][hd/32]; else NULL */
     pk_f16_to_f32_fn f16;      /* f16 and q8: the conversion of the values / the scales */
+    int dot_bf16;              /* f16 and q8: 1 = QK and PV in bf16 with f32 sums (the arithmetic of
+                                * isa/attention_x86_avx512bf16.h, on every path); 0 = in f32 */
 } pk_kv_head;
 
 /* Bytes one stored value of a cache of type t takes (q8's scales are apart). */

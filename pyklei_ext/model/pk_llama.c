@@ -41,7 +41,8 @@ int pk_llama_ring(const pk_llama *m, int layer) {
 /* (slot, layer, K/V head)'s cache as attention reads it */
 static pk_kv_head kv_view(const pk_llama *m, int seq, int layer, int h) {
     const pk_kv_head all = {.type = (pk_kv_type)m->hp.kv_type, .k = m->k_cache, .v = m->v_cache,
-                            .k_scale = m->k_scale, .v_scale = m->v_scale, .f16 = m->kv_read};
+                            .k_scale = m->k_scale, .v_scale = m->v_scale, .f16 = m->kv_read,
+                            .dot_bf16 = m->kv_bf16};
     return pk_kv_head_at(&all, kv_head(m, seq, layer, h));
 }
 
@@ -70,8 +71,11 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
             hp->head_dim);
         return NULL;
     }
+    const int kv_bf16 = hp->kv_type != PK_KV_F32 ? pk_attend_bf16_pick((pk_kv_type)hp->kv_type) : 0;
+    if (kv_bf16 < 0) return NULL;   /* PYKLEI_ATTENTION refused, the error set */
     pk_llama *m = calloc(1, sizeof *m);
     if (!m) { err("out of memory"); return NULL; }
+    m->kv_bf16 = kv_bf16;
     m->hp = *hp;
     if (m->hp.n_seq == 0) m->hp.n_seq = 1;
     m->w = *w;

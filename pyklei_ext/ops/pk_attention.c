@@ -243,18 +243,7 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
         for (int i = 0; i < HD; i++) out[g * HD + i] = acc[g][i];
 }
 
-/* The (query heads per K/V head, head size) pairs with compiled kernels; larger groups that
- * are multiples of 4 run by fours, and any other shape takes the reference (correct, 50x
- * slower). The family's shapes: SmolLM2 135M / 360M (3, 64), 1.7B (1, 64); Llama 3.2 1B (4,
- * 64), 3B (3, 128); Llama 3.1 8B (4, 128); Llama 2 7B (1, 128); TinyLlama (8, 64). (3, 128)
- * was missing until Llama 3.2 3B's attention was found on the reference: tests/kernels/c/test_matmul.c
- * now asks pk_attend_is_fast for each of these.
- * The other families (issue 42): Gemma 3 270M and 1B (4, 256), 4B (2, 256); Qwen2.5 0.5B (7, 64:
- * 4 + 3), 1.5B (6, 128: 4 + 2); Qwen3 0.6B / 1.7B (2, 128); Phi-4-mini (3, 128); SmolLM3 3B and
- * Ministral 8B (4, 128). */
-#define PK_ATTEND_SHAPES(X) X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(1, 128) X(2, 128) X(3, 128) X(4, 128) \
-    X(2, 256) X(4, 256)
-
+/* PK_ATTEND_SHAPES: the (group, head size) pairs with compiled kernels (pk_ops_internal.h). */
 static int shape_compiled(int group, int hd) {
 #define SHAPE(G, HD) if (group == G && hd == HD) return 1;
     PK_ATTEND_SHAPES(SHAPE)
@@ -432,6 +421,13 @@ static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) { return pk_kv_h
 void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
                     float *scores, size_t ld_scores, float *out, float *ml) {
     const pk_kv_head c = kv_from(kv, hd, p0);
+    if (c.dot_bf16 && c.type != PK_KV_F32) {   /* bf16 (pk_attention_bf16.c), else its reference */
+        if (pk_attend_rows_bf16(1, &n, group, hd, q, 0, &c, scale, scores, ld_scores, out, 0, ml)) return;
+        if (!by_fours(group, hd)) {
+            pk_attend_part_reference(group, hd, n, q, &c, scale, scores, out, ml);
+            return;
+        }
+    } else {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
         (c.type == PK_KV_F32 ? attend_f32_g##G##_hd##HD                                            \
          : c.type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(             \
@@ -439,6 +435,7 @@ void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_k
         return; }
     PK_ATTEND_SHAPES(CASE)
 #undef CASE
+    }
     if (by_fours(group, hd)) {
         for (int g = 0; g < group; g += 4)
             pk_attend_part(group - g < 4 ? group - g : 4, hd, p0, n, q + (size_t)g * hd, kv, scale, scores,
@@ -520,12 +517,16 @@ static void attend_rows_part(int rows, const int *n, int group, int hd, int p0, 
                              size_t ldo, float *ml) {
     if (kv->type != PK_KV_F32 && rows > 1) {
         const pk_kv_head c = kv_from(kv, hd, p0);
+        if (c.dot_bf16 && pk_attend_rows_bf16(rows, n, group, hd, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml))
+            return;
+        if (!c.dot_bf16) {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
         (c.type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(     \
             rows, n, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml);                          \
         return; }
         PK_ATTEND_SHAPES(CASE)
 #undef CASE
+        }
         if (by_fours(group, hd)) {
             float ml4[PK_ATTEND_ROWS][4][2];
             for (int g = 0; g < group; g += 4) {

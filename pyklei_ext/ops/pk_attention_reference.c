@@ -1,7 +1,7 @@
 /* The reference attention: one head at a time, one position at a time, the cache's values
  * converted in plain C (kv->f16 is not used). Every fast path of pk_attention.c keeps its
  * order of operations and agrees with it bit for bit; it also runs the shapes that have no
- * fast path. pk_attention.c folds its chunks' partials (pk_attend_group_reference). */
+ * fast path. A cache read in bf16 (pk_kv_head.dot_bf16) has its own arithmetic, attend_head_bf16. pk_attention.c folds its chunks' partials (pk_attend_group_reference). */
 #include "pk_nn.h"
 
 #include "pk_softmax.h"   /* max_f32, exp_sum */
@@ -26,6 +26,51 @@ static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
     case PK_KV_F16: return pk_f16_to_f32(((const uint16_t *)kv->v)[e]);
     default:
         return (float)((const int8_t *)kv->v)[e] * pk_f16_to_f32(kv->v_scale[e / PK_KV_Q8_GROUP]);
+    }
+}
+
+/* x rounded to bf16 as vcvtneps2bf16 rounds (to nearest even; an f32 subnormal to a signed
+ * zero; a NaN quiet), as a float. */
+static inline float bf16_round(float x) {
+    union { float f; uint32_t u; } v = {x};
+    if ((v.u & 0x7F800000u) == 0) v.u &= 0x80000000u;
+    else if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) v.u = (v.u | 0x00400000u) & 0xFFFF0000u;
+    else v.u = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) & 0xFFFF0000u;
+    return v.f;
+}
+
+/* s + a * b (exact product, one rounding), a subnormal result flushed to a signed zero: one
+ * of vdpbf16ps's two steps. */
+static inline float dot_step(float a, float b, float s) {
+    union { float f; uint32_t u; } v = {__builtin_fmaf(a, b, s)};
+    if ((v.u & 0x7F800000u) == 0) v.u &= 0x80000000u;
+    return v.f;
+}
+
+/* One head in bf16 (kv->dot_bf16): q * scale, K, V and the normalised weights rounded to bf16,
+ * f32 sums by pairs, each pair's odd element first (QK: dimensions 2p, 2p + 1; PV: positions
+ * 2p, 2p + 1 from the span's first; an odd last position pairs a zero weight with a zero):
+ * the arithmetic of isa/attention_x86_avx512bf16.h. */
+static void attend_head_bf16(int hd, int j0, int n_pos, const float *q, const pk_kv_head *kv, float scale,
+                             float *scores, float *out, float *ml) {
+    for (int j = 0; j < n_pos; j++) {
+        float s = 0.0f;
+        for (int i = 0; i < hd; i += 2) {
+            s = dot_step(bf16_round(q[i + 1] * scale), bf16_round(k_at(kv, hd, j0 + j, i + 1)), s);
+            s = dot_step(bf16_round(q[i] * scale), bf16_round(k_at(kv, hd, j0 + j, i)), s);
+        }
+        scores[j] = s;
+    }
+    const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
+    ml[0] = mx, ml[1] = sum;
+    for (int i = 0; i < hd; i++) out[i] = 0.0f;
+    for (int j = 0; j < n_pos; j += 2) {
+        const int odd = j + 1 < n_pos;
+        const float p0 = bf16_round(scores[j] * inv), p1 = odd ? bf16_round(scores[j + 1] * inv) : 0.0f;
+        for (int i = 0; i < hd; i++) {
+            const float v1 = odd ? bf16_round(v_at(kv, hd, j0 + j + 1, i)) : 0.0f;
+            out[i] = dot_step(p0, bf16_round(v_at(kv, hd, j0 + j, i)), dot_step(p1, v1, out[i]));
+        }
     }
 }
 
@@ -55,5 +100,5 @@ void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk
 void pk_attend_span_reference(int group, int hd, int j0, int n, const float *q, const pk_kv_head *kv, float scale,
                               float *scores, float *out, float *ml) {
     for (int g = 0; g < group; g++)
-        attend_head(hd, j0, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
+        (kv->dot_bf16 && kv->type != PK_KV_F32 ? attend_head_bf16 : attend_head)(hd, j0, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
 }

@@ -85,6 +85,15 @@ void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *
 void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                                float *scores, size_t ld_scores, float *out);
 
+/* The dot-product arithmetic the forward pass reads an f16 or q8 cache of `type` with
+ * (pk_kv_head.dot_bf16): 1 for bf16 where AVX-512 BF16 runs and PYKLEI_ATTENTION=bf16 asks
+ * (or the default does), else 0 (f32; always for an f32 cache); -1 with the error set for a
+ * PYKLEI_ATTENTION other than bf16 or f32. PYKLEI_LOG=kernels: a line on stderr says which.
+ * (ops/pk_attention_bf16.c) */
+int pk_attend_bf16_pick(pk_kv_type type);
+/* Whether this CPU runs the bf16 attention kernels (AVX-512 F/BW/VL and BF16). */
+int pk_attend_bf16_runs(void);
+
 /* Whether attention of `group` query heads per K/V head of size hd runs a compiled kernel
  * (else the plain reference, some 50x slower). */
 int pk_attend_is_fast(int group, int hd);

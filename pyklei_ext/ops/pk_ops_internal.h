@@ -21,6 +21,27 @@
 
 /* ---- attention (pk_attention_reference.c) ------------------------------------------------ */
 
+/* The (query heads per K/V head, head size) pairs with compiled kernels; larger groups that
+ * are multiples of 4 run by fours, and any other shape takes the reference (correct, 50x
+ * slower). The family's shapes: SmolLM2 135M / 360M (3, 64), 1.7B (1, 64); Llama 3.2 1B (4,
+ * 64), 3B (3, 128); Llama 3.1 8B (4, 128); Llama 2 7B (1, 128); TinyLlama (8, 64). (3, 128)
+ * was missing until Llama 3.2 3B's attention was found on the reference: tests/kernels/c/test_matmul.c
+ * now asks pk_attend_is_fast for each of these.
+ * The other families (issue 42): Gemma 3 270M and 1B (4, 256), 4B (2, 256); Qwen2.5 0.5B (7, 64:
+ * 4 + 3), 1.5B (6, 128: 4 + 2); Qwen3 0.6B / 1.7B (2, 128); Phi-4-mini (3, 128); SmolLM3 3B and
+ * Ministral 8B (4, 128). */
+#define PK_ATTEND_SHAPES(X) X(1, 64) X(2, 64) X(3, 64) X(4, 64) X(1, 128) X(2, 128) X(3, 128) X(4, 128) \
+    X(2, 256) X(4, 256)
+
+/* The bf16 path (pk_attention_bf16.c) of pk_attend_rows' partials, kv->dot_bf16 set: rows <=
+ * PK_ATTEND_ROWS rows of a partial ([0, n_pos[r]) of kv, n_pos[r] <= PK_ATTEND_CHUNK), out + r * ldo
+ * and ml + r * 2 * group as pk_attend_part's; 1 when it ran, 0 where it has no kernel (no AVX-512
+ * BF16, or not a PK_ATTEND_SHAPES shape): then the reference's bf16 arithmetic runs instead. */
+int pk_attend_rows_bf16(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
+                        const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out, size_t ldo,
+                        float *ml);
+
+
 /* The reference partial over positions [0, n) of kv for `group` query heads q [group][hd]:
  * out [group][hd] and ml [group][2] as pk_attend_part's (pk_nn.h); scores: [n] scratch. */
 void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk_kv_head *kv, float scale,

@@ -1,0 +1,247 @@
+#!/usr/bin/env python
+"""Attention in bf16 against f32 (issue 45): quality at depth and speed, PYKLEI_ATTENTION=f32 or
+bf16 on the same file (the bf16 kernels need AVX-512 BF16; elsewhere the script stops).
+
+    python benchmarks/attention_bf16.py --bed smollm2=A.gguf:HF_DIR --bed offgrid=B.gguf:HF_DIR \
+        [--tokens 4096] [--threads 2] [--reps 3] [--depths 512,4096] [--texts langref]
+
+Quality: the logits of every position of a long text (benchmarks/quality.py's texts; --tokens
+positions) with each attention and KV cache (f16, q8), against transformers fp32 on the
+checkpoint the file came from: KLD and, per cache, bf16's change of it relative to f32's with a
+95% interval (benchmarks/kv_cache.py's paired_change: positions resampled in blocks).
+The op alone (--kernel-reps): pk_attend_rows over 4096 positions, 8 rows and 1, medians.
+Speed: a prefill of `depth` random ordinary tokens, then n_gen decode steps at that depth, f16
+cache, the two attentions alternated in each of `reps` rounds (medians), the attention's share
+of the prefill from the runtime's op profile, the 1-minute load average beside each.
+
+Results: benchmarks/results/attention-bf16.md and .json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from kv_cache import kld_positions, paired_change  # noqa: E402
+from quality import reference, score, texts  # noqa: E402
+
+RESULTS = ROOT / "results"
+MODES = ("f32", "bf16")
+CACHES = ("f16", "q8")
+
+
+def load(model: str, mode: str, **kw):
+    """The model with attention in `mode` (PYKLEI_ATTENTION is read when a model is made)."""
+    from pyklei.llm import LLM
+    os.environ["PYKLEI_ATTENTION"] = mode
+    return LLM(model, **kw)
+
+
+def quality(bed: str, model: str, hf: Path, tokens: int, threads: int, names: list[str]) -> list[dict]:
+    rows = []
+    for tname, text in texts().items():
+        if names and tname not in names:
+            continue
+        with load(model, "f32", n_threads=threads, n_ctx=tokens) as llm:
+            ids = llm.tokenizer.encode(text, parse_special=False)[:tokens]
+        ref = reference(hf, ids)
+        for kv in CACHES:
+            per = {}
+            for mode in MODES:
+                with load(model, mode, n_threads=threads, n_ctx=len(ids), kv_cache=kv) as llm:
+                    logits = llm.logits(ids)
+                per[mode] = kld_positions(ref, logits)
+                rows.append({"bed": bed, "text": tname, "tokens": len(ids), "kv_cache": kv, "attention": mode,
+                             **score(ref, logits, ids)})
+                if mode == "bf16":
+                    rows[-1].update(paired_change(per["bf16"], per["f32"]))
+                print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def drift(bed: str, model: str, tokens: int, threads: int, names: list[str]) -> list[dict]:
+    """Without a reference checkpoint at hand: how far bf16 moves the logits from f32's, per
+    cache (KL(f32 attention || bf16) per position, mean and p99; top-1 agreement)."""
+    rows = []
+    for tname, text in texts().items():
+        if names and tname not in names:
+            continue
+        for kv in CACHES:
+            out = {}
+            for mode in MODES:
+                with load(model, mode, n_threads=threads, n_ctx=tokens, kv_cache=kv) as llm:
+                    ids = llm.tokenizer.encode(text, parse_special=False)[:tokens]
+                    out[mode] = llm.logits(ids)
+            d = kld_positions(out["f32"], out["bf16"])
+            rows.append({"bed": bed, "text": tname, "tokens": len(ids), "kv_cache": kv,
+                         "kld_bf16_vs_f32": float(d.mean()), "kld_bf16_vs_f32_p99": float(np.percentile(d, 99)),
+                         "top1_bf16_vs_f32": float((out["f32"][:-1].argmax(-1) == out["bf16"][:-1].argmax(-1)).mean())})
+            print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def speed(model: str, threads: int, depths: list[int], n_gen: int, reps: int) -> list[dict]:
+    rows = []
+    for rep in range(reps):
+        for depth in depths:
+            for mode in MODES:   # alternated: a busy machine hits both alike
+                with load(model, mode, n_threads=threads, n_ctx=depth + n_gen + 8, kv_cache="f16") as llm:
+                    rng = np.random.default_rng(rep)
+                    normal = np.nonzero(np.asarray(llm.tokenizer.token_types) == 1)[0]
+                    ids = [int(t) for t in rng.choice(normal, depth)]
+                    rt = llm.model.runtime
+                    la = os.getloadavg()[0]
+                    rt.profile_ops(True)
+                    t0 = time.perf_counter()
+                    logits = llm.model.eval(ids)
+                    t1 = time.perf_counter()
+                    ops, _ = rt.op_profile()
+                    rt.profile_ops(False)
+                    for _ in range(n_gen):
+                        logits = llm.model.step(int(np.argmax(logits)))
+                    t2 = time.perf_counter()
+                attn = ops.get("attention", 0.0)
+                rows.append({"attention": mode, "depth": depth, "rep": rep, "load": la,
+                             "prefill_tok_s": depth / (t1 - t0), "decode_tok_s": n_gen / (t2 - t1),
+                             "prefill_attention_s": attn, "prefill_s": t1 - t0, "ops": ops})
+                print({k: v for k, v in rows[-1].items() if k != "ops"}, file=sys.stderr)
+    return rows
+
+
+def kernel_speed(reps: int, n: int = 4096) -> list[dict]:
+    """The attention op alone (pyklei._ext.attend_group: pk_attend_rows over a cache of n
+    positions): a prefill window's 8 rows and a decode row, f32 and bf16 alternated."""
+    from pyklei import _ext
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for g, hd in ((3, 64), (4, 128)):          # SmolLM2 135M; Llama 3.1 8B
+        for cache in CACHES:
+            k, v = (rng.standard_normal((n, hd)).astype(np.float32) for _ in range(2))
+            k, v = (_ext.kv_q8_rows(k), _ext.kv_q8_rows(v)) if cache == "q8" else (k.astype(np.float16), v.astype(np.float16))
+            for rows in (8, 1):
+                q = rng.standard_normal((rows, g, hd)).astype(np.float32)
+                n_pos = np.arange(n - rows + 1, n + 1)
+                t = {m: [] for m in MODES}
+                for _ in range(reps):
+                    for mode in MODES:
+                        t0 = time.perf_counter()
+                        _ext.attend_group(q, k, v, n_pos=n_pos, bf16=mode == "bf16")
+                        t[mode].append(time.perf_counter() - t0)
+                rows_out.append({"group": g, "hd": hd, "kv_cache": cache, "rows": rows, "positions": n,
+                                 "load": os.getloadavg()[0], **{f"{m}_ms": 1e3 * statistics.median(t[m]) for m in MODES}})
+                print(rows_out[-1], file=sys.stderr)
+    return rows_out
+
+
+def report(res: dict) -> str:
+    lines = ["# Attention in bf16 against f32", "",
+             f"Command: `{res['command']}`; {res['date']}; {res['cpu']}; {res['threads']} threads; load "
+             f"average {res['loadavg_start'][0]:.2f} at the start, {res['loadavg_end'][0]:.2f} at the end "
+             f"(2 shared CPUs); {res['wall_s']:.0f} s.", ""]
+    if res["quality"]:
+        lines += ["## Quality: KLD against transformers fp32, every position", "",
+                  "| bed | text | tokens | KV cache | f32 KLD | bf16 KLD | bf16 change (95% interval) | top-1 f32 / bf16 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        q = res["quality"]
+        for r in q:
+            if r["attention"] != "bf16":
+                continue
+            f = next(x for x in q if x["bed"] == r["bed"] and x["text"] == r["text"] and x["kv_cache"] == r["kv_cache"]
+                     and x["attention"] == "f32")
+            lines.append(f"| {r['bed']} | {r['text']} | {r['tokens']} | {r['kv_cache']} | {f['kld']:.5f} | "
+                         f"{r['kld']:.5f} | {100 * r['kld_change']:+.2f}% ({100 * r['kld_change_lo']:+.2f}% .. "
+                         f"{100 * r['kld_change_hi']:+.2f}%) | {f['top1']:.4f} / {r['top1']:.4f} |")
+        lines.append("")
+    if res.get("drift"):
+        lines += ["## bf16 against f32 attention (no reference checkpoint): KL(f32 || bf16) per position", "",
+                  "| bed | text | tokens | KV cache | mean | p99 | top-1 agreement |", "|---|---|---|---|---|---|---|"]
+        for r in res["drift"]:
+            lines.append(f"| {r['bed']} | {r['text']} | {r['tokens']} | {r['kv_cache']} | {r['kld_bf16_vs_f32']:.5f} | "
+                         f"{r['kld_bf16_vs_f32_p99']:.5f} | {r['top1_bf16_vs_f32']:.4f} |")
+        lines.append("")
+    if res.get("kernels"):
+        lines += ["## The attention op alone (one thread, one K/V head's cache, medians)", "",
+                  "| group, head size | KV cache | rows | positions | f32 ms | bf16 ms | f32 / bf16 | load |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in res["kernels"]:
+            lines.append(f"| {r['group']}, {r['hd']} | {r['kv_cache']} | {r['rows']} | {r['positions']} | "
+                         f"{r['f32_ms']:.3f} | {r['bf16_ms']:.3f} | {r['f32_ms'] / r['bf16_ms']:.2f}x | {r['load']:.1f} |")
+        lines.append("")
+    if res["speed"]:
+        lines += ["## Speed: f16 cache, medians of the alternated rounds", "",
+                  "| depth | attention | prefill tok/s | decode tok/s | attention share of the prefill | bf16 / f32 prefill | bf16 / f32 decode | loads |",
+                  "|---|---|---|---|---|---|---|---|"]
+        s = res["speed"]
+        for depth in sorted({r["depth"] for r in s}):
+            med = {}
+            for mode in MODES:
+                rr = [r for r in s if r["depth"] == depth and r["attention"] == mode]
+                med[mode] = (statistics.median(r["prefill_tok_s"] for r in rr),
+                             statistics.median(r["decode_tok_s"] for r in rr),
+                             statistics.median(r["prefill_attention_s"] / r["prefill_s"] for r in rr),
+                             [round(r["load"], 1) for r in rr])
+            for mode in MODES:
+                p, d, share, loads = med[mode]
+                ratio = (f"{p / med['f32'][0]:.2f}x | {d / med['f32'][1]:.2f}x" if mode == "bf16" else "| ")
+                lines.append(f"| {depth} | {mode} | {p:.0f} | {d:.1f} | {100 * share:.0f}% | {ratio} | {loads} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from pyklei import _ext
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bed", action="append", default=[], metavar="NAME=MODEL.gguf:HF_DIR",
+                    help="a test bed: a pyklei file and the checkpoint it came from (repeatable; no "
+                         "checkpoint, NAME=MODEL.gguf: only bf16's drift from f32)")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--depths", default="512,4096", help="speed: comma list of prompt lengths")
+    ap.add_argument("--n-gen", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3, help="speed rounds (0: quality only)")
+    ap.add_argument("--no-quality", action="store_true")
+    ap.add_argument("--texts", default="", help="comma list of benchmarks/quality.py's texts (default: all)")
+    ap.add_argument("--kernel-reps", type=int, default=0, help="rounds of the attention op alone (0: none)")
+    ap.add_argument("--out", default="attention-bf16")
+    args = ap.parse_args(argv)
+    if not _ext.attention_bf16_runs():
+        ap.error("this CPU has no AVX-512 BF16: bf16 attention would run the plain C reference")
+    beds = {}
+    for b in args.bed:
+        name, _, rest = b.partition("=")
+        model, _, hf = rest.rpartition(":") if ":" in rest else (rest, "", "")
+        beds[name] = (model, Path(hf))
+    if not beds and not args.kernel_reps:
+        ap.error("give at least one --bed")
+    t0, load0 = time.time(), os.getloadavg()
+    names = [t for t in args.texts.split(",") if t]
+    q = [] if args.no_quality else [r for name, (m, hf) in beds.items() if str(hf) not in ("", ".")
+                                    for r in quality(name, m, hf, args.tokens, args.threads, names)]
+    dr = [] if args.no_quality else [r for name, (m, hf) in beds.items() if str(hf) in ("", ".")
+                                     for r in drift(name, m, args.tokens, args.threads, names)]
+    kern = kernel_speed(args.kernel_reps) if args.kernel_reps else []
+    s = speed(next(iter(beds.values()))[0], args.threads, [int(d) for d in args.depths.split(",")], args.n_gen,
+              args.reps) if args.reps and beds else []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "threads": args.threads,
+           "beds": {k: [v[0], str(v[1])] for k, v in beds.items()}, "loadavg_start": load0,
+           "loadavg_end": os.getloadavg(), "wall_s": time.time() - t0, "quality": q, "drift": dr, "speed": s, "kernels": kern,
+           "command": "python benchmarks/attention_bf16.py " + " ".join(argv or sys.argv[1:])}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(res, indent=1))
+    (RESULTS / f"{args.out}.md").write_text(report(res))
+    print(report(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

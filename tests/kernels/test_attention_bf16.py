@@ -1,0 +1,98 @@
+"""Attention over an f16 or q8 cache in bf16 (pk_kv_head.dot_bf16: ops/pk_attention_bf16.c,
+isa/attention_x86_avx512bf16.h) through pyklei._ext.attend_group(..., bf16=True):
+  (a) the C reference's bf16 arithmetic against a float64 numpy evaluation of the same
+      roundings (q * scale, K, V and the weights to bf16), for every cache type it reads;
+  (b) the AVX-512 BF16 kernels bit-identical to that reference (every compiled shape, by fours,
+      odd lengths, several chunks), where the CPU has them (elsewhere the reference runs);
+  (c) several rows of one sequence at once equal each row alone, bit for bit (odd and uneven
+      lengths: a vector's odd last position inside a span another row goes on through);
+  (d) PYKLEI_ATTENTION picks the arithmetic and the PYKLEI_LOG=kernels line says which.
+The forward pass with it: tests/runtime/test_attention_bf16_model.py.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_attention import SHAPES, _case, _rows, _values
+
+from pyklei import _ext
+
+RUNS = _ext.attention_bf16_runs()
+
+
+def _bf16(x):
+    """x rounded to bf16 as vcvtneps2bf16 rounds (nearest even, f32 subnormals to zero), float64."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    r = np.where((u & 0x7F800000) == 0, u & 0x80000000, r).astype(np.uint32)
+    return r.view(np.float32).astype(np.float64)
+
+
+def _numpy_bf16(q, k, v):
+    scale = np.float32(1.0) / np.sqrt(np.float32(q.shape[1]))
+    qb = _bf16(q.astype(np.float32) * scale)
+    kb, vb = _bf16(_values(k).astype(np.float32)), _bf16(_values(v).astype(np.float32))
+    s = qb @ kb.T
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p = (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+    return _bf16(p) @ vb
+
+
+@pytest.mark.parametrize("cache", ["f16", "q8"])
+@pytest.mark.parametrize("group,hd,n_pos", [(3, 64, 1), (3, 64, 17), (4, 128, 300), (1, 96, 33)])
+def test_bf16_reference_against_numpy(group, hd, n_pos, cache):
+    q, k, v = _case(group, hd, n_pos, cache, seed=11 + n_pos)
+    got = _ext.attend_group(q, k, v, impl="reference", bf16=True)
+    # the same roundings in float64: what is left is f32's (~1e-6) and the weights' bf16
+    # rounding of a float64 softmax against the f32 one (a weight's last bit): ~1e-3 of V
+    np.testing.assert_allclose(got, _numpy_bf16(q, k, v), rtol=0, atol=4e-3)
+    f32 = _ext.attend_group(q, k, v, impl="reference")
+    assert not np.array_equal(got, f32)                   # bf16 is on
+
+
+@pytest.mark.parametrize("group,hd,n_pos", SHAPES[::2] + [(2, 256, 513), (4, 256, 1100)])
+def test_bf16_kernels_bit_identical_to_reference(group, hd, n_pos):
+    for cache in ("f16", "q8"):
+        q, k, v = _case(group, hd, n_pos, cache, seed=5 + group * 1000 + hd + n_pos)
+        want = _ext.attend_group(q, k, v, impl="reference", bf16=True)
+        assert np.array_equal(_ext.attend_group(q, k, v, bf16=True), want), cache
+
+
+@pytest.mark.parametrize("rows", [2, 7, 11])
+@pytest.mark.parametrize("group,hd", [(3, 64), (4, 128), (8, 64), (2, 256)])
+@pytest.mark.parametrize("cache", ["f16", "q8"])
+def test_bf16_rows_equal_each_row_alone(rows, group, hd, cache):
+    rng = np.random.default_rng(rows * 100 + group + hd)
+    n = 1100
+    _, k, v = _case(group, hd, n, cache, seed=rows + hd)
+    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
+    for n_pos in (np.arange(n - rows + 1, n + 1), rng.integers(1, n + 1, rows), np.full(rows, 301) - np.arange(rows)):
+        want = np.stack([_ext.attend_group(q[r], _rows(k, n_pos[r]), _rows(v, n_pos[r]), bf16=True)
+                         for r in range(rows)])
+        assert np.array_equal(_ext.attend_group(q, k, v, n_pos=n_pos, bf16=True), want), list(n_pos)
+
+
+def _pick(env_value):
+    env = {k: v for k, v in os.environ.items() if k != "PYKLEI_ATTENTION"}
+    env["PYKLEI_LOG"] = "kernels"
+    if env_value is not None:
+        env["PYKLEI_ATTENTION"] = env_value
+    code = "from pyklei import _ext; print(_ext.attention_bf16_pick('f16'), _ext.attention_bf16_pick('f32'))"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_pyklei_attention_picks_the_arithmetic_and_the_log_says_which():
+    out = _pick("bf16")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(RUNS), "False"]     # an f32 cache stays f32
+    assert ("attention dot products in bf16 (avx512bf16)" if RUNS else "bf16 asked; no AVX-512 BF16") in out.stderr
+    for value in ("f32", None):                           # the default: f32 (docs/KERNELS.md)
+        out = _pick(value)
+        assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr
+        assert "attention dot products in f32" in out.stderr
+    out = _pick("fp8")
+    assert out.returncode != 0 and "PYKLEI_ATTENTION=fp8: expected bf16 or f32" in out.stderr
