@@ -12,8 +12,9 @@ type beside llama.cpp's own (issue 24: f16 beside f16, q8 beside q8_0).
 
 pyklei's file is what `pyklei convert` makes by default (rotation + GPTQ; the quality
 harness's cached "default" file, benchmarks/quality.py), measured by `pyklei bench` with its
-default activations (one plane on a rotated file). --model llama32-1b: the random checkpoint
-of Llama 3.2 1B's shape (scripts/make_llama32_1b_random.py), converted rotated without
+default activations (one plane on a rotated file). --model llama32-1b (llama32-3b, llama31-8b):
+the random checkpoint of Llama 3.2 1B's shape (3.2 3B's, 3.1 8B's; scripts/
+make_llama32_1b_random.py --shape), converted rotated without
 calibration (`--no-calibrate --rotate`: the default file's format and speed; GPTQ's minutes
 buy nothing on random weights); llama.cpp's files come from its own
 llama-quantize (benchmarks/llamacpp_quality.py's cache). --model gemma3: the real Gemma 3 270M,
@@ -231,6 +232,11 @@ def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss) -> 
                   file=sys.stderr)
 
 
+# --model NAME for a random Llama checkpoint of a published shape (scripts/make_llama32_1b_random.py
+# --shape): (its --shape, its directory, the tables' title)
+LLAMA_SHAPES = {"llama32-1b": ("1b", "llama32-1b-random", "random Llama-3.2-1B-shaped"),
+                "llama32-3b": ("3b", "llama32-3b-random", "random Llama-3.2-3B-shaped"),
+                "llama31-8b": ("8b", "llama31-8b-random", "random Llama-3.1-8B-shaped")}
 # --model NAME for a random checkpoint of a published shape (benchmarks/random_family.py)
 RANDOM = {"qwen3-1.7b": "Qwen3-1.7B", "gemma3-1b": "gemma-3-1b-it"}
 
@@ -257,11 +263,13 @@ def model_files(model: str, peers: list[str]) -> tuple[str, Path, dict[str, Path
         return "Gemma 3 270M (llama.cpp's Q4_K_M file)", ours, requantized(GEMMA3_270M, work, peers)
     # random checkpoints: converted rotated without calibration (`--no-calibrate --rotate`: the
     # default file's format and speed; GPTQ's minutes buy nothing on random weights)
-    if model == "llama32-1b":
-        hf, title = cache_dir() / "llama32-1b-random", "random Llama-3.2-1B-shaped"
+    if model in LLAMA_SHAPES:
+        shape, name, title = LLAMA_SHAPES[model]
+        hf = cache_dir() / name
         if not (hf / "config.json").exists():
-            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py")], check=True)
-        ours = cache_dir() / "speed1b" / "pyklei-rotated.gguf"
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py"),
+                            "--shape", shape], check=True)
+        ours = cache_dir() / ("speed1b" if shape == "1b" else f"speed-{model}") / "pyklei-rotated.gguf"
     else:
         from random_family import random_checkpoint
         hf, title = random_checkpoint(RANDOM[model]), f"random {RANDOM[model]}-shaped"
@@ -270,7 +278,7 @@ def model_files(model: str, peers: list[str]) -> tuple[str, Path, dict[str, Path
         ours.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pyklei", "convert", str(hf), "--no-calibrate", "--rotate",
                         "-o", str(ours), "--no-progress"], check=True)
-    theirs = (llamacpp_files_from_pyklei_f16(hf, work, peers) if model == "llama32-1b"
+    theirs = (llamacpp_files_from_pyklei_f16(hf, work, peers) if model in LLAMA_SHAPES
               else lcpp.make_files(hf, work, peers, log=log))
     return title, ours, theirs
 
@@ -302,7 +310,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-lengths", default="128,512")
     ap.add_argument("--n-gen", type=int, default=128)
-    ap.add_argument("--model", choices=("smollm2", "llama32-1b", "gemma3", *RANDOM), default="smollm2",
+    ap.add_argument("--model", choices=("smollm2", *LLAMA_SHAPES, "gemma3", *RANDOM), default="smollm2",
                     help="smollm2 (default), gemma3 (the real Gemma 3 270M), or a random checkpoint "
                     "of a published shape (module doc)")
     ap.add_argument("--peers", default="Q4_K_M,Q4_0", help="llama.cpp's files (default Q4_K_M,Q4_0)")
