@@ -9,6 +9,7 @@ type beside llama.cpp's own (issue 24: f16 beside f16, q8 beside q8_0).
     python benchmarks/speed_vs_llamacpp.py --model llama32-1b --depths 0,4096,16384 --rounds 1
     python benchmarks/speed_vs_llamacpp.py --model gemma3 --depths 0,4096    # the real Gemma 3 270M
     python benchmarks/speed_vs_llamacpp.py --model qwen3-1.7b --peers Q4_0   # or gemma3-1b
+    python benchmarks/speed_vs_llamacpp.py --model gemma3 --before /tmp/main-tree  # a change's before/after
 
 pyklei's file is what `pyklei convert` makes by default (rotation + GPTQ; the quality
 harness's cached "default" file, benchmarks/quality.py), measured by `pyklei bench` with its
@@ -74,13 +75,15 @@ def _key(test: str, depth: int) -> str:
     return f"{test} @ d{depth}" if depth else test
 
 
-def run_measured(cmd: list[str]) -> tuple[str, float]:
+def run_measured(cmd: list[str], tree: Path | None = None) -> tuple[str, float]:
     """(stdout, peak RSS in MB) of a command: the kernel's count of the child's largest resident
     set (wait4's ru_maxrss), the same measure for both engines whatever they report themselves.
-    Output goes through temporary files so that the child is reaped here, by wait4."""
+    Output goes through temporary files so that the child is reaped here, by wait4. tree: run
+    from that directory with it first on PYTHONPATH (the pyklei it holds imported)."""
     import tempfile
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=tree)
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -91,11 +94,11 @@ def run_measured(cmd: list[str]) -> tuple[str, float]:
 
 
 def pyklei_run(path: Path, threads: int, pl: list[int], n_gen: int, act: str, depth: int,
-               kv: str) -> tuple[dict, float]:
+               kv: str, tree: Path | None = None) -> tuple[dict, float]:
     out, rss = run_measured([sys.executable, "-m", "pyklei", "bench", str(path), "-t", str(threads),
                              "-p", ",".join(map(str, pl)), "-n", str(n_gen), "-r", str(_reps(depth)),
                              "-d", str(depth), "--kv-cache", kv, "--json", "--no-progress",
-                             "--activations", act])
+                             "--activations", act], tree)
     res = json.loads(out)["results"][0]
     got = {_key(f"pp{r['tokens']}", depth): r["tok_s"] for r in res["prefill"]}
     got[_key(f"tg{n_gen}", depth)] = res["decode"]["tok_s"]
@@ -211,14 +214,14 @@ def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss) -> 
     engine named "... idle" runs with the busy loops stopped."""
     for rnd in range(args.rounds):
         for (e, t, kv) in runs:
-            kind, path, act = engines[e.removesuffix(IDLE)]
+            kind, path, act, *tree = engines[e.removesuffix(IDLE)]
             got, peak = {}, 0.0
             pause = e.endswith(IDLE) and busy
             for b in busy if pause else ():
                 b.send_signal(signal.SIGSTOP)
             try:
                 for d in depths:
-                    one, mb = (pyklei_run(path, int(t), pl, args.n_gen, act, d, kv) if kind == "pyklei"
+                    one, mb = (pyklei_run(path, int(t), pl, args.n_gen, act, d, kv, *tree) if kind == "pyklei"
                                else llamacpp_run(bench, path, int(t), pl, args.n_gen, d, kv))
                     got.update(one)
                     peak = max(peak, mb)
@@ -322,7 +325,13 @@ def main(argv=None) -> int:
                     "(f32, f16, q8; llama.cpp gets f32, f16, q8_0) (default f16)")
     ap.add_argument("--one-plane", action="store_true", help="also pyklei's file with one activation "
                     "plane (--activations qai8dx), where auto runs two (a file not wholly rotated)")
+    ap.add_argument("--before", type=Path, default=None, metavar="DIR",
+                    help="also the default file run by the pyklei package in DIR (a copy of another "
+                    "tree with its built extension, e.g. main's), as 'pyklei default, before', "
+                    "alternating with the others: a change's before and after in one run")
     args = ap.parse_args(argv)
+    if args.before is not None and not (args.before / "pyklei" / "__init__.py").is_file():
+        ap.error(f"--before {args.before}: no pyklei package there")
     if args.busy < 0 or args.rounds < 1:
         ap.error(f"--busy must be >= 0 and --rounds >= 1 (got {args.busy}, {args.rounds})")
     default_out = "speed-vs-llamacpp" + {"smollm2": "", "llama32-1b": "-1b"}.get(args.model, "-" + args.model)
@@ -343,6 +352,7 @@ def main(argv=None) -> int:
     title, ours, theirs = model_files(args.model, peers)
     engines = {"pyklei default": ("pyklei", ours, "auto"),
                **({"pyklei default, qai8dx": ("pyklei", ours, "qai8dx")} if args.one_plane else {}),
+               **({"pyklei default, before": ("pyklei", ours, "auto", args.before.resolve())} if args.before else {}),
                **{f"llama.cpp {k}": ("llamacpp", theirs[k], None) for k in peers}}
     names = [n for e in engines for n in ((e, e + IDLE) if args.busy else (e,))]
     runs = {(e, t, kv): [] for kv in kvs for t in args.threads.split(",") for e in names}
@@ -370,6 +380,7 @@ def main(argv=None) -> int:
            + (f" --kv-caches {args.kv_caches}" if kvs != ["f16"] else "")
            + (f" --busy {args.busy}" if args.busy else "")
            + (" --one-plane" if args.one_plane else "")
+           + (f" --before {args.before}" if args.before else "")
            + (f" --out {args.out}" if args.out != default_out else ""))
     lines = [f"# pyklei's default file beside llama.cpp {' / '.join(peers)}: {title}", "",
              f"`{cmd}`; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {cpu}; "

@@ -30,9 +30,13 @@ cdef extern from "ops/pk_nn.h":
     void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
                         const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out,
                         size_t ldo) nogil
+    void pk_attend_rows_window(int rows, const int *lo, const int *hi, int ring, int group, int hd, const float *q,
+                               size_t ldq, const pk_kv_head *kv, float scale, float *scores, size_t ld_scores,
+                               float *out, size_t ldo) nogil
     int PK_KV_BLOCK
     int PK_KV_Q8_GROUP
     int PK_ATTEND_ROWS
+    int PK_ATTEND_CHUNK
 
 cdef extern from "model/pk_llama.h":
     ctypedef struct pk_llama_hparams:

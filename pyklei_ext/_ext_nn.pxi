@@ -89,12 +89,15 @@ def kv_q8_rows(x):
     return q, sc
 
 
-def attend_group(q, k, v, impl=None, n_pos=None, bf16=False):
+def attend_group(q, k, v, impl=None, n_pos=None, lo=None, ring=0, bf16=False):
     """Causal attention of the query heads q [group, hd] that share one K/V head, over the
     cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache; a pair (int8 [n, hd],
     float16 scales [n, hd // 32]) each: a q8 cache, as kv_q8_rows makes it), by pk_attend_group
     with scale 1/sqrt(hd) (tests). q [rows, group, hd] with n_pos (one count per row, each <=
-    n): rows of one sequence by pk_attend_rows, row r over positions [0, n_pos[r]). impl:
+    n): rows of one sequence by pk_attend_rows, row r over positions [0, n_pos[r]). lo (one
+    start per row, lo[r] < n_pos[r]): sliding windows by pk_attend_rows_window, row r over
+    [lo[r], n_pos[r]); ring > 0 (a multiple of 512, = n): the cache holds position p at row
+    p % ring, so n_pos may pass n (not with impl="reference"). impl:
     "reference" runs pk_attend_group_reference row by row; else, for an f16 or q8 cache, the
     conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one the forward
     pass picks; KernelError if this CPU cannot run it). bf16: an f16 or q8 cache's dot products
@@ -123,8 +126,18 @@ def attend_group(q, k, v, impl=None, n_pos=None, bf16=False):
     if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n < 1 or group < 1 or rows < 1:
         raise ValueError(f"shapes: q {list(qa.shape)}, k {list(ka.shape)}, v {list(va.shape)}")
     cdef int[::1] npos = np.full(rows, n, np.int32) if n_pos is None else np.ascontiguousarray(n_pos, np.int32)
-    if npos.shape[0] != rows or min(npos) < 1 or max(npos) > n:
+    if npos.shape[0] != rows or min(npos) < 1 or (max(npos) > n and not ring):
         raise ValueError(f"n_pos must hold {rows} counts in [1, {n}]")
+    cdef int[::1] los = np.zeros(rows, np.int32) if lo is None else np.ascontiguousarray(lo, np.int32)
+    cdef bint window = lo is not None or ring != 0
+    if window and impl == "reference":
+        raise ValueError("the reference runs whole rows: no lo or ring")
+    if los.shape[0] != rows or any(not 0 <= los[r] < npos[r] for r in range(rows)):
+        raise ValueError(f"lo must hold {rows} starts, each in [0, n_pos)")
+    if ring and (ring < 0 or ring % PK_ATTEND_CHUNK or ring != n or any(npos[r] - los[r] > ring for r in range(rows))):
+        raise ValueError(f"ring {ring}: a multiple of {PK_ATTEND_CHUNK} that is the cache's {n} rows, "
+                         "each window within it")
+    cdef int c_ring = ring
     cdef pk_kv_head kv
     cdef const char *tag = NULL
     kv.type = kt
@@ -153,6 +166,9 @@ def attend_group(q, k, v, impl=None, n_pos=None, bf16=False):
             for r in range(rows):
                 pk_attend_group_reference(group, hd, npos[r], &qv[r, 0, 0], &kv, scale, &scores[0, 0], n,
                                           &out[r, 0, 0])
+        elif window:
+            pk_attend_rows_window(rows, &los[0], &npos[0], c_ring, group, hd, &qv[0, 0, 0], group * hd, &kv,
+                                  scale, &scores[0, 0], n, &out[0, 0, 0], group * hd)
         else:
             pk_attend_rows(rows, &npos[0], group, hd, &qv[0, 0, 0], group * hd, &kv, scale,
                            &scores[0, 0], n, &out[0, 0, 0], group * hd)

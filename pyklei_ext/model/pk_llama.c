@@ -294,7 +294,8 @@ static void job_rope_store(void *arg, int ith, int nth) {
 /* Causal attention: query row t sees the positions [0, pos[t]] of its own slot. One work
  * item = a window of PK_ATTEND_ROWS consecutive rows and one K/V head, so the query heads that
  * share the K/V head read it once, and in a prefill chunk (the window's rows of one slot) an
- * f16 cache is converted once for all the rows (pk_attend_rows). A group is not split between
+ * f16 cache is converted once for all the rows (pk_attend_rows_window; a sliding layer's rows
+ * each over their own window, together where their windows meet one chunk). A group is not split between
  * threads to balance decode's few items: that measured slower (docs/KERNELS.md, "Attention
  * work items"). */
 static int attention_items(const pk_llama *m, int n) {
@@ -316,17 +317,13 @@ static void job_attention(void *arg, int ith, int nth) {
         for (int t0 = w * PK_ATTEND_ROWS, t1; t0 < t_end; t0 = t1) {   /* runs of one slot */
             const pk_kv_head kv = kv_view(m, j->seq[t0], j->layer, kvh);
             const size_t qoff = (size_t)t0 * ldq + (size_t)kvh * group * hd;
-            if (window && j->pos[t0] >= window) {   /* a row whose window starts after 0: alone */
-                t1 = t0 + 1;
-                pk_attend_window(group, hd, j->pos[t0] + 1 - window, j->pos[t0] + 1, m->ring[j->layer], m->q + qoff,
-                                 &kv, scale, scores, m->ld_scores, m->att + qoff);
-                continue;
+            int lo[PK_ATTEND_ROWS], hi[PK_ATTEND_ROWS];   /* row t sees [lo, hi): its window, or all before it */
+            for (t1 = t0; t1 < t_end && j->seq[t1] == j->seq[t0]; t1++) {
+                hi[t1 - t0] = j->pos[t1] + 1;
+                lo[t1 - t0] = window && hi[t1 - t0] > window ? hi[t1 - t0] - window : 0;
             }
-            int n_pos[PK_ATTEND_ROWS];
-            for (t1 = t0; t1 < t_end && j->seq[t1] == j->seq[t0] && !(window && j->pos[t1] >= window); t1++)
-                n_pos[t1 - t0] = j->pos[t1] + 1;
-            pk_attend_rows(t1 - t0, n_pos, group, hd, m->q + qoff, ldq, &kv, scale, scores, m->ld_scores,
-                           m->att + qoff, ldq);
+            pk_attend_rows_window(t1 - t0, lo, hi, m->ring[j->layer], group, hd, m->q + qoff, ldq, &kv, scale, scores,
+                                  m->ld_scores, m->att + qoff, ldq);
         }
     }
 }

@@ -22,7 +22,7 @@
  * the tile. Both conversions are exact, and per head the arithmetic and its order are those
  * of the reference (pk_attend_group_reference), so every path and every cache type agree with
  * it bit for bit. Decode runs one row here; a prefill window of a converted cache goes
- * through attend_rows_conv below. */
+ * through attend_rows_conv below, a sliding window's rows too (pk_attend_rows_window). */
 
 /* Query-key scores on K's blocked layout: a block of 16 positions is 16 lanes per dimension.
  * Every path sums over i in order, one fused multiply-add per term (__builtin_fmaf, written
@@ -200,8 +200,11 @@ static inline __attribute__((always_inline)) void tile_pad(const int HD, int nb,
     memset(tile + (size_t)nb * PK_KV_BLOCK * HD, 0, sizeof(float) * (size_t)(to - nb) * PK_KV_BLOCK * HD);
 }
 
+/* Positions [lo, n_pos) of kv (a window's start lo anywhere, here and in attend_rows_conv: the
+ * scores of its block's positions before lo are computed and dropped, each lane's sum its
+ * own; the softmax and the V sums start at lo, as the reference's partial from lo). */
 static inline __attribute__((always_inline)) void attend_fast(const int G, const int HD, const pk_kv_type T,
-                                                              int n_pos, const float *restrict q,
+                                                              int lo, int n_pos, const float *restrict q,
                                                               const pk_kv_head *kv, float scale,
                                                               float *restrict scores, size_t ld_scores,
                                                               float *restrict out, float *restrict ml) {
@@ -209,10 +212,11 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
     float qs[G * HD];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) qs[g * HD + i] = q[g * HD + i] * scale;
+    const int b0 = lo / PK_KV_BLOCK * PK_KV_BLOCK;   /* lo's block */
     if (T == PK_KV_F32) {
-        qk_span(G, HD, qs, (const float *)kv->k, 0, n_pos, scores, ld_scores, 0);
+        qk_span(G, HD, qs, (const float *)kv->k + (size_t)b0 * HD, b0, n_pos, scores, ld_scores, 0);
     } else {
-        for (int j0 = 0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {
+        for (int j0 = b0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {
             const int end = n_pos - j0 < QK_NB * PK_KV_BLOCK ? n_pos : j0 + QK_NB * PK_KV_BLOCK;
             const int nb = (end - j0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK;
             kv_k_to_f32(T, HD, kv, (size_t)j0 / PK_KV_BLOCK, (size_t)nb, tile);
@@ -221,17 +225,18 @@ static inline __attribute__((always_inline)) void attend_fast(const int G, const
             qk_span(G, HD, qs, tile, j0, end, scores, ld_scores, 1);
         }
     }
+    const int n = n_pos - lo;
     for (int g = 0; g < G; g++) {
-        float *sg = scores + g * ld_scores;
-        const float mx = QK_WIDE() ? max_wide(n_pos, sg) : max_f32(n_pos, sg);
-        const float sum = exp_sum(n_pos, sg, mx);
-        scale_f32(n_pos, sg, 1.0f / sum);
+        float *sg = scores + g * ld_scores + lo;
+        const float mx = QK_WIDE() ? max_wide(n, sg) : max_f32(n, sg);
+        const float sum = exp_sum(n, sg, mx);
+        scale_f32(n, sg, 1.0f / sum);
         ml[2 * g] = mx, ml[2 * g + 1] = sum;
     }
     float acc[G][HD];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < HD; i++) acc[g][i] = 0.0f;
-    for (int j0 = 0; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {   /* V rows QK_NB blocks at a time */
+    for (int j0 = lo; j0 < n_pos; j0 += QK_NB * PK_KV_BLOCK) {   /* V rows QK_NB blocks at a time */
         const int nv = n_pos - j0 < QK_NB * PK_KV_BLOCK ? n_pos - j0 : QK_NB * PK_KV_BLOCK;
         const float *restrict vb = tile;
         if (T == PK_KV_F32) vb = (const float *)kv->v + (size_t)j0 * HD;
@@ -261,39 +266,41 @@ int pk_attend_is_fast(int group, int hd) { return shape_compiled(group, hd) || b
 
 /* One function per (G, HD) and cache type, so that each keeps no test of the others. */
 #define ATTEND(G, HD)                                                                              \
-    PK_CLONES static void attend_f32_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
+    PK_CLONES static void attend_f32_g##G##_hd##HD(int lo, int n_pos, const float *q, const pk_kv_head *kv, \
                                                    float scale, float *scores, size_t ld_scores, float *out, \
                                                    float *ml) {                                    \
-        attend_fast(G, HD, PK_KV_F32, n_pos, q, kv, scale, scores, ld_scores, out, ml);            \
+        attend_fast(G, HD, PK_KV_F32, lo, n_pos, q, kv, scale, scores, ld_scores, out, ml);            \
     }                                                                                              \
-    PK_CLONES static void attend_f16_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
+    PK_CLONES static void attend_f16_g##G##_hd##HD(int lo, int n_pos, const float *q, const pk_kv_head *kv, \
                                                    float scale, float *scores, size_t ld_scores, float *out, \
                                                    float *ml) {                                    \
-        attend_fast(G, HD, PK_KV_F16, n_pos, q, kv, scale, scores, ld_scores, out, ml);            \
+        attend_fast(G, HD, PK_KV_F16, lo, n_pos, q, kv, scale, scores, ld_scores, out, ml);            \
     }                                                                                              \
-    PK_CLONES static void attend_q8_g##G##_hd##HD(int n_pos, const float *q, const pk_kv_head *kv, \
+    PK_CLONES static void attend_q8_g##G##_hd##HD(int lo, int n_pos, const float *q, const pk_kv_head *kv, \
                                                   float scale, float *scores, size_t ld_scores, float *out, \
                                                   float *ml) {                                     \
-        attend_fast(G, HD, PK_KV_Q8, n_pos, q, kv, scale, scores, ld_scores, out, ml);             \
+        attend_fast(G, HD, PK_KV_Q8, lo, n_pos, q, kv, scale, scores, ld_scores, out, ml);             \
     }
 PK_ATTEND_SHAPES(ATTEND)
 #undef ATTEND
 
 /* A converted cache (f16 or q8) in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one
- * sequence (row r sees positions [0, n_pos[r])) with G heads each, all over one K/V head. The
+ * sequence (row r sees positions [lo[r], n_pos[r]): a sliding window's rows each start at
+ * their own lo) with G heads each, all over one K/V head. The
  * cache is converted once for all R rows, a span of KV_SPAN positions at a time (K, then V,
  * into a tile that stays in L2): the conversion per row cost about as much as the 2G
  * multiply-adds it feeds. On AVX-512 the R x G query vectors go through the span in tiles of
  * up to QK_T (scores) and 24 / (HD / 16) (V sums) vectors, several rows' at once, so a K or V
  * vector loaded into a register feeds up to 6 sums; elsewhere row by row, attend_fast's loops.
- * A tile's V sums run jointly up to the shortest of its rows' positions in the span, then each
- * vector alone to its own end: j in order either way. Per row and head the arithmetic and its
+ * A tile's V sums run jointly over the positions of the span all its rows see, each
+ * vector alone before (from its own lo) and after (to its own end): j in order either way. Per row and head the arithmetic and its
  * order are attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row,
  * which measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV
  * cache"). */
 #define PV_T(HD) (24 / ((HD) / 16))   /* query vectors per V-sum tile: 6 for 64, 3 for 128 */
 static inline __attribute__((always_inline)) void attend_rows_conv(const int G, const int HD, const pk_kv_type T,
-                                                                   int R, const int *n_pos, const float *restrict q,
+                                                                   int R, const int *lo, const int *n_pos,
+                                                                   const float *restrict q,
                                                                    size_t ldq, const pk_kv_head *kv, float scale,
                                                                    float *restrict scores, size_t ld_scores,
                                                                    float *restrict out, size_t ldo,
@@ -303,12 +310,14 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
     float qs[PK_ATTEND_ROWS * G][HD];
     if (R < 1 || R > PK_ATTEND_ROWS) __builtin_unreachable();   /* pk_attend_rows splits larger sets */
     const int wide = QK_WIDE(), NQ = R * G;
-    int n_max = 0;
+    int n_max = 0, lo_min = n_pos[0];
     for (int r = 0; r < R; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
+    for (int r = 0; r < R; r++) lo_min = lo[r] < lo_min ? lo[r] : lo_min;
+    const int b0 = lo_min / PK_KV_BLOCK * PK_KV_BLOCK;   /* spans from the first row's block on */
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++)
             for (int i = 0; i < HD; i++) qs[r * G + g][i] = q[r * ldq + g * HD + i] * scale;
-    for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
+    for (int p0 = b0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
         /* K is padded to whole blocks: convert them all */
         const int nbk = (p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK;
@@ -346,14 +355,15 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
     }
     for (int r = 0; r < R; r++)
         for (int g = 0; g < G; g++) {
-            float *sg = scores + ((size_t)r * G + g) * ld_scores;
-            const float mx = wide ? max_wide(n_pos[r], sg) : max_f32(n_pos[r], sg);
-            const float sum = exp_sum(n_pos[r], sg, mx);
-            scale_f32(n_pos[r], sg, 1.0f / sum);
+            const int n = n_pos[r] - lo[r];
+            float *sg = scores + ((size_t)r * G + g) * ld_scores + lo[r];
+            const float mx = wide ? max_wide(n, sg) : max_f32(n, sg);
+            const float sum = exp_sum(n, sg, mx);
+            scale_f32(n, sg, 1.0f / sum);
             ml[(r * G + g) * 2] = mx, ml[(r * G + g) * 2 + 1] = sum;
             for (int i = 0; i < HD; i++) accs[r * G + g][i] = 0.0f;
         }
-    for (int p0 = 0; p0 < n_max; p0 += KV_SPAN) {
+    for (int p0 = b0; p0 < n_max; p0 += KV_SPAN) {
         const int p1 = n_max - p0 < KV_SPAN ? n_max : p0 + KV_SPAN;
         kv_v_to_f32(T, HD, kv, (size_t)p0, (size_t)(p1 - p0), tile);
         if (p1 < n_max) prefetch_kv(T, kv->v, kv->v_scale, (size_t)p1 * HD, (size_t)KV_SPAN * HD);
@@ -361,27 +371,39 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
             /* a tile of query vectors (without AVX-512: one row's G, pv_rows' registers);
              * scores normalised above */
             const int nt = !wide || HD > 128 ? G : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
-            int joint = p1;   /* the positions of the span that all its rows see */
-            for (int t = t0; t < t0 + nt; t++) joint = n_pos[t / G] < joint ? n_pos[t / G] : joint;
-            const float *restrict st = scores + (size_t)t0 * ld_scores + p0;
-            if (!wide || HD > 128) {   /* pv_tile holds at most 128 sums of a vector */
-                if (joint > p0) pv_rows(G, HD, joint - p0, st, ld_scores, tile, accs[t0]);
+            /* the positions of the span that all its rows see: [ja, je) */
+            int ja = p0, je = p1;
+            for (int t = t0; t < t0 + nt; t++) {
+                ja = lo[t / G] > ja ? lo[t / G] : ja;
+                je = n_pos[t / G] < je ? n_pos[t / G] : je;
+            }
+            if (!wide || HD > 128) {   /* pv_tile holds at most 128 sums of a vector; one row's G */
+                if (je > ja)
+                    pv_rows(G, HD, je - ja, scores + (size_t)t0 * ld_scores + ja, ld_scores,
+                            tile + (size_t)(ja - p0) * HD, accs[t0]);
                 t0 += nt;
                 continue;
             }
-            if (joint > p0) {
+            if (je <= ja) ja = je = p1;   /* none in common: each vector alone below */
+            for (int t = t0; t < t0 + nt; t++) {   /* each vector from its own start */
+                const int from = lo[t / G] > p0 ? lo[t / G] : p0, end = n_pos[t / G] < ja ? n_pos[t / G] : ja;
+                if (end > from)
+                    pv_rows(1, HD, end - from, scores + (size_t)t * ld_scores + from, ld_scores,
+                            tile + (size_t)(from - p0) * HD, accs[t]);
+            }
+            const float *restrict st = scores + (size_t)t0 * ld_scores + ja, *restrict vt = tile + (size_t)(ja - p0) * HD;
+            if (je > ja) {
                 switch (nt) {
-                case 6: pv_tile(6, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
-                case 5: pv_tile(5, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
-                case 4: pv_tile(4, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
-                case 3: pv_tile(3, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
-                case 2: pv_tile(2, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
-                default: pv_tile(1, HD, joint - p0, st, ld_scores, tile, accs[t0]); break;
+                case 6: pv_tile(6, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
+                case 5: pv_tile(5, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
+                case 4: pv_tile(4, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
+                case 3: pv_tile(3, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
+                case 2: pv_tile(2, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
+                default: pv_tile(1, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
                 }
             }
-            const int from = joint > p0 ? joint : p0;
             for (int t = t0; t < t0 + nt; t++) {   /* each vector on to its own end */
-                const int end = n_pos[t / G] < p1 ? n_pos[t / G] : p1;
+                const int from = lo[t / G] > je ? lo[t / G] : je, end = n_pos[t / G] < p1 ? n_pos[t / G] : p1;
                 if (end > from)
                     pv_rows(1, HD, end - from, scores + (size_t)t * ld_scores + from, ld_scores,
                             tile + (size_t)(from - p0) * HD, accs[t]);
@@ -395,15 +417,15 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
 }
 
 #define ATTEND_ROWS(G, HD)                                                                         \
-    PK_CLONES static void attend_rows_f16_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
+    PK_CLONES static void attend_rows_f16_g##G##_hd##HD(int R, const int *lo, const int *n_pos, const float *q, size_t ldq, \
                                                         const pk_kv_head *kv, float scale, float *scores, \
                                                         size_t ld_scores, float *out, size_t ldo, float *ml) { \
-        attend_rows_conv(G, HD, PK_KV_F16, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
+        attend_rows_conv(G, HD, PK_KV_F16, R, lo, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }                                                                                              \
-    PK_CLONES static void attend_rows_q8_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
+    PK_CLONES static void attend_rows_q8_g##G##_hd##HD(int R, const int *lo, const int *n_pos, const float *q, size_t ldq, \
                                                        const pk_kv_head *kv, float scale, float *scores, \
                                                        size_t ld_scores, float *out, size_t ldo, float *ml) { \
-        attend_rows_conv(G, HD, PK_KV_Q8, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
+        attend_rows_conv(G, HD, PK_KV_Q8, R, lo, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }
 PK_ATTEND_SHAPES(ATTEND_ROWS)
 #undef ATTEND_ROWS
@@ -418,31 +440,42 @@ PK_ATTEND_SHAPES(ATTEND_ROWS)
  * p0 * hd; p0 a multiple of PK_KV_BLOCK). */
 static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) { return pk_kv_head_at(kv, (size_t)p0 * hd); }
 
-void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
-                    float *scores, size_t ld_scores, float *out, float *ml) {
-    const pk_kv_head c = kv_from(kv, hd, p0);
-    if (c.dot_bf16 && c.type != PK_KV_F32) {   /* bf16 (pk_attention_bf16.c), else its reference */
-        if (pk_attend_rows_bf16(1, &n, group, hd, q, 0, &c, scale, scores, ld_scores, out, 0, ml)) return;
-        if (!by_fours(group, hd)) {
-            pk_attend_part_reference(group, hd, n, q, &c, scale, scores, out, ml);
+/* The partial of positions [at + lo, at + n) of the cache (at a multiple of PK_KV_BLOCK, lo < n
+ * any position: a window's start), its scores from position at on: the shape's kernel, or the
+ * reference. A cache read in bf16 (pk_attention_bf16.c) has kernels for spans from a chunk's
+ * start only: a span from inside one (a window's first chunk) takes the reference's same bf16
+ * arithmetic, so which one runs depends on the row alone, never on its batch. */
+static void attend_span(int group, int hd, int at, int lo, int n, const float *q, const pk_kv_head *kv,
+                        float scale, float *scores, size_t ld_scores, float *out, float *ml) {
+    const pk_kv_head c = kv_from(kv, hd, at);
+    if (c.dot_bf16 && c.type != PK_KV_F32) {
+        if (lo == 0 && pk_attend_rows_bf16(1, &n, group, hd, q, 0, &c, scale, scores, ld_scores, out, 0, ml))
+            return;
+        if (lo > 0 || !by_fours(group, hd)) {
+            pk_attend_span_reference(group, hd, lo, n - lo, q, &c, scale, scores, out, ml);
             return;
         }
     } else {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
         (c.type == PK_KV_F32 ? attend_f32_g##G##_hd##HD                                            \
          : c.type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(             \
-            n, q, &c, scale, scores, ld_scores, out, ml);                                          \
+            lo, n, q, &c, scale, scores, ld_scores, out, ml);                                      \
         return; }
     PK_ATTEND_SHAPES(CASE)
 #undef CASE
     }
     if (by_fours(group, hd)) {
         for (int g = 0; g < group; g += 4)
-            pk_attend_part(group - g < 4 ? group - g : 4, hd, p0, n, q + (size_t)g * hd, kv, scale, scores,
-                           ld_scores, out + (size_t)g * hd, ml + 2 * g);
+            attend_span(group - g < 4 ? group - g : 4, hd, at, lo, n, q + (size_t)g * hd, kv, scale, scores,
+                        ld_scores, out + (size_t)g * hd, ml + 2 * g);
         return;
     }
-    pk_attend_part_reference(group, hd, n, q, &c, scale, scores, out, ml);
+    pk_attend_span_reference(group, hd, lo, n - lo, q, &c, scale, scores, out, ml);
+}
+
+void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
+                    float *scores, size_t ld_scores, float *out, float *ml) {
+    attend_span(group, hd, p0, 0, n, q, kv, scale, scores, ld_scores, out, ml);
 }
 
 PK_CLONES void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *part, const float *ml) {
@@ -475,30 +508,6 @@ static void attend_chunks(int group, int hd, int n_pos, const float *q, const pk
     }
 }
 
-void pk_attend_window(int group, int hd, int lo, int hi, int ring, const float *q, const pk_kv_head *kv,
-                      float scale, float *scores, size_t ld_scores, float *out) {
-    float ml[2 * group], tmp[(size_t)group * hd], tml[2 * group];
-    int first = 1;
-    for (int s = lo; s < hi;) {
-        int e;
-        float *o = first ? out : tmp, *m = first ? ml : tml;
-        if (s % PK_KV_BLOCK) {   /* up to the next K block, in plain C */
-            e = (s / PK_KV_BLOCK + 1) * PK_KV_BLOCK;
-            e = e < hi ? e : hi;
-            const int at = ring ? s % ring : s;
-            const pk_kv_head c = kv_from(kv, hd, at - at % PK_KV_BLOCK);
-            pk_attend_span_reference(group, hd, at % PK_KV_BLOCK, e - s, q, &c, scale, scores, o, m);
-        } else {                 /* up to the next chunk boundary (a ring's wrap is one) */
-            e = (s / PK_ATTEND_CHUNK + 1) * PK_ATTEND_CHUNK;
-            e = e < hi ? e : hi;
-            pk_attend_part(group, hd, ring ? s % ring : s, e - s, q, kv, scale, scores, ld_scores, o, m);
-        }
-        if (!first) pk_attend_merge(group, hd, out, ml, tmp, tml);
-        first = 0;
-        s = e;
-    }
-}
-
 void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                                float *scores, size_t ld_scores, float *out) {
     attend_chunks(group, hd, n_pos, q, kv, scale, scores, ld_scores, out, 1);
@@ -509,29 +518,32 @@ void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_h
     attend_chunks(group, hd, n_pos, q, kv, scale, scores, ld_scores, out, 0);
 }
 
-/* Rows r < rows over chunk [p0, p0 + PK_ATTEND_CHUNK): row r's n[r] positions of it (n[r] >= 1
- * for every row, rows <= PK_ATTEND_ROWS), partials into out + r * ldo and ml + r * 2 * group.
- * A converted cache is converted once for all rows. */
-static void attend_rows_part(int rows, const int *n, int group, int hd, int p0, const float *q, size_t ldq,
-                             const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out,
-                             size_t ldo, float *ml) {
+/* Rows r < rows over the chunk's positions from `at` (a multiple of PK_KV_BLOCK): row r's
+ * [at + lo[r], at + n[r]) (lo[r] < n[r], rows <= PK_ATTEND_ROWS), partials into out + r * ldo
+ * and ml + r * 2 * group. A converted cache is converted once for all rows. */
+static void attend_rows_part(int rows, const int *lo, const int *n, int group, int hd, int at, const float *q,
+                             size_t ldq, const pk_kv_head *kv, float scale, float *scores, size_t ld_scores,
+                             float *out, size_t ldo, float *ml) {
     if (kv->type != PK_KV_F32 && rows > 1) {
-        const pk_kv_head c = kv_from(kv, hd, p0);
-        if (c.dot_bf16 && pk_attend_rows_bf16(rows, n, group, hd, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml))
+        const pk_kv_head c = kv_from(kv, hd, at);
+        int from_start = 1;     /* the bf16 kernels' spans begin at the chunk's start (attend_span) */
+        for (int r = 0; r < rows; r++) from_start &= lo[r] == 0;
+        if (c.dot_bf16 && from_start &&
+            pk_attend_rows_bf16(rows, n, group, hd, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml))
             return;
         if (!c.dot_bf16) {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
         (c.type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(     \
-            rows, n, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml);                          \
+            rows, lo, n, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml);                      \
         return; }
         PK_ATTEND_SHAPES(CASE)
 #undef CASE
         }
-        if (by_fours(group, hd)) {
+        if (by_fours(group, hd) && (!c.dot_bf16 || from_start)) {
             float ml4[PK_ATTEND_ROWS][4][2];
             for (int g = 0; g < group; g += 4) {
                 const int ng = group - g < 4 ? group - g : 4;
-                attend_rows_part(rows, n, ng, hd, p0, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
+                attend_rows_part(rows, lo, n, ng, hd, at, q + (size_t)g * hd, ldq, kv, scale, scores, ld_scores,
                                  out + (size_t)g * hd, ldo, &ml4[0][0][0]);
                 for (int r = 0; r < rows; r++)
                     memcpy(ml + ((size_t)r * group + g) * 2, &ml4[0][0][0] + (size_t)r * 2 * ng, sizeof(float) * 2 * ng);
@@ -540,47 +552,73 @@ static void attend_rows_part(int rows, const int *n, int group, int hd, int p0, 
         }
     }
     for (int r = 0; r < rows; r++)
-        pk_attend_part(group, hd, p0, n[r], q + (size_t)r * ldq, kv, scale, scores, ld_scores, out + (size_t)r * ldo,
-                       ml + (size_t)r * 2 * group);
+        attend_span(group, hd, at, lo[r], n[r], q + (size_t)r * ldq, kv, scale, scores, ld_scores,
+                    out + (size_t)r * ldo, ml + (size_t)r * 2 * group);
+}
+
+/* Per row, the partials of its chunks in order, the first as the result and each later one
+ * folded in (pk_attend_merge): the chunks of pk_attend_group when lo = 0, and whichever rows
+ * share a chunk compute their partials there together (a prefill window: a run of rows). */
+void pk_attend_rows_window(int rows, const int *lo, const int *hi, int ring, int group, int hd, const float *q,
+                           size_t ldq, const pk_kv_head *kv, float scale, float *scores, size_t ld_scores,
+                           float *out, size_t ldo) {
+    if (rows > PK_ATTEND_ROWS) {
+        for (int r0 = 0; r0 < rows; r0 += PK_ATTEND_ROWS)
+            pk_attend_rows_window(rows - r0 < PK_ATTEND_ROWS ? rows - r0 : PK_ATTEND_ROWS, lo + r0, hi + r0, ring,
+                                  group, hd, q + (size_t)r0 * ldq, ldq, kv, scale, scores, ld_scores,
+                                  out + (size_t)r0 * ldo, ldo);
+        return;
+    }
+    int lo_min = lo[0], hi_max = 0;
+    for (int r = 0; r < rows; r++) {
+        lo_min = lo[r] < lo_min ? lo[r] : lo_min;
+        hi_max = hi[r] > hi_max ? hi[r] : hi_max;
+    }
+    float ml[PK_ATTEND_ROWS * 2 * group], tml[PK_ATTEND_ROWS * 2 * group], tmp[(size_t)rows * group * hd];
+    for (int c0 = lo_min / PK_ATTEND_CHUNK * PK_ATTEND_CHUNK; c0 < hi_max; c0 += PK_ATTEND_CHUNK) {
+        /* the rows that see this chunk, each with its positions in it, from the block of the
+         * first one's start (a ring holds the chunk whole: ring is a multiple of the chunk) */
+        int idx[PK_ATTEND_ROWS] = {0}, s[PK_ATTEND_ROWS], e[PK_ATTEND_ROWS], k = 0, s_min = hi_max;
+        for (int r = 0; r < rows; r++) {
+            const int a = lo[r] > c0 ? lo[r] : c0, b = hi[r] < c0 + PK_ATTEND_CHUNK ? hi[r] : c0 + PK_ATTEND_CHUNK;
+            if (a >= b) continue;
+            idx[k] = r, s[k] = a, e[k++] = b;
+            s_min = a < s_min ? a : s_min;
+        }
+        if (!k) continue;
+        const int base = s_min / PK_KV_BLOCK * PK_KV_BLOCK, at = (ring ? c0 % ring : c0) + (base - c0);
+        for (int i = 0; i < k; i++) s[i] -= base, e[i] -= base;
+        /* the rows as a run from idx[0] when they are one (a prefill window's rows), else one by one */
+        if (idx[k - 1] - idx[0] + 1 == k) {
+            attend_rows_part(k, s, e, group, hd, at, q + (size_t)idx[0] * ldq, ldq, kv, scale, scores, ld_scores,
+                             tmp, (size_t)group * hd, tml);
+        } else {
+            for (int i = 0; i < k; i++)
+                attend_span(group, hd, at, s[i], e[i], q + (size_t)idx[i] * ldq, kv, scale, scores, ld_scores,
+                            tmp + (size_t)i * group * hd, tml + (size_t)i * 2 * group);
+        }
+        for (int i = 0; i < k; i++) {
+            const int r = idx[i];
+            float *o = out + (size_t)r * ldo, *m = ml + (size_t)r * 2 * group;
+            const float *t = tmp + (size_t)i * group * hd, *tm = tml + (size_t)i * 2 * group;
+            if (lo[r] >= c0) {   /* the row's first chunk */
+                memcpy(o, t, sizeof(float) * (size_t)group * hd);
+                memcpy(m, tm, sizeof(float) * 2 * group);
+            } else {
+                pk_attend_merge(group, hd, o, m, t, tm);
+            }
+        }
+    }
 }
 
 void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *q, size_t ldq,
                     const pk_kv_head *kv, float scale, float *scores, size_t ld_scores, float *out, size_t ldo) {
-    if (rows > PK_ATTEND_ROWS) {
-        for (int r0 = 0; r0 < rows; r0 += PK_ATTEND_ROWS)
-            pk_attend_rows(rows - r0 < PK_ATTEND_ROWS ? rows - r0 : PK_ATTEND_ROWS, n_pos + r0, group, hd,
-                           q + (size_t)r0 * ldq, ldq, kv, scale, scores, ld_scores, out + (size_t)r0 * ldo, ldo);
-        return;
-    }
-    int n_max = 0;
-    for (int r = 0; r < rows; r++) n_max = n_pos[r] > n_max ? n_pos[r] : n_max;
-    float ml[PK_ATTEND_ROWS * 2 * group], tml[PK_ATTEND_ROWS * 2 * group];
-    float tmp[n_max > PK_ATTEND_CHUNK ? (size_t)rows * group * hd : 1];
-    for (int p0 = 0; p0 < n_max; p0 += PK_ATTEND_CHUNK) {
-        /* the rows that reach this chunk (a prefill window's rows ascend: a tail of them),
-         * each with its positions in it */
-        int idx[PK_ATTEND_ROWS] = {0}, n[PK_ATTEND_ROWS], k = 0;   /* k >= 1: p0 < n_max */
-        for (int r = 0; r < rows; r++)
-            if (n_pos[r] > p0) {
-                idx[k] = r;
-                n[k++] = n_pos[r] - p0 < PK_ATTEND_CHUNK ? n_pos[r] - p0 : PK_ATTEND_CHUNK;
-            }
-        if (p0 == 0) {   /* every row: straight into out */
-            attend_rows_part(rows, n, group, hd, 0, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml);
-            continue;
-        }
-        /* the reaching rows as a run from idx[0] when they are one (the usual case), else one by one */
-        const int run = idx[k - 1] - idx[0] + 1 == k;
-        if (run) {
-            attend_rows_part(k, n, group, hd, p0, q + (size_t)idx[0] * ldq, ldq, kv, scale, scores, ld_scores,
-                             tmp, (size_t)group * hd, tml);
-        } else {
-            for (int i = 0; i < k; i++)
-                pk_attend_part(group, hd, p0, n[i], q + (size_t)idx[i] * ldq, kv, scale, scores, ld_scores,
-                               tmp + (size_t)i * group * hd, tml + (size_t)i * 2 * group);
-        }
-        for (int i = 0; i < k; i++)
-            pk_attend_merge(group, hd, out + (size_t)idx[i] * ldo, ml + (size_t)idx[i] * 2 * group,
-                            tmp + (size_t)i * group * hd, tml + (size_t)i * 2 * group);
-    }
+    int lo[rows];
+    memset(lo, 0, sizeof lo);
+    pk_attend_rows_window(rows, lo, n_pos, 0, group, hd, q, ldq, kv, scale, scores, ld_scores, out, ldo);
+}
+
+void pk_attend_window(int group, int hd, int lo, int hi, int ring, const float *q, const pk_kv_head *kv,
+                      float scale, float *scores, size_t ld_scores, float *out) {
+    pk_attend_rows_window(1, &lo, &hi, ring, group, hd, q, 0, kv, scale, scores, ld_scores, out, 0);
 }

@@ -109,10 +109,18 @@ int pk_attend_is_fast(int group, int hd);
  * scores and the sum of their exponentials from it. */
 void pk_attend_part(int group, int hd, int p0, int n, const float *q, const pk_kv_head *kv, float scale,
                     float *scores, size_t ld_scores, float *out, float *ml);
-/* Sliding-window attention: the row attends positions [lo, hi) only. The positions from lo to
- * the next multiple of PK_KV_BLOCK form a partial computed in plain C, the rest chunks that
- * end where pk_attend_group's do, folded in order: with lo = 0 it is pk_attend_group. ring > 0
- * (a multiple of PK_ATTEND_CHUNK): the cache holds position p at p % ring. */
+/* Sliding-window attention of `rows` query rows of one sequence: row r's heads q + r * ldq
+ * attend positions [lo[r], hi[r]) only (0 <= lo[r] < hi[r]) and write out + r * ldo. ring > 0
+ * (a multiple of PK_ATTEND_CHUNK): the cache holds position p at p % ring. Each row is the
+ * partials of the chunks of PK_ATTEND_CHUNK positions its window meets (the first from lo[r],
+ * wherever it falls in a K block), folded in order, so with lo[r] = 0 it is pk_attend_group's
+ * row; rows that meet one chunk compute their partials there together (as pk_attend_rows:
+ * a converted cache converted once for up to PK_ATTEND_ROWS rows), and each row is
+ * bit-identical to itself alone. scores: as pk_attend_rows'. */
+void pk_attend_rows_window(int rows, const int *lo, const int *hi, int ring, int group, int hd, const float *q,
+                           size_t ldq, const pk_kv_head *kv, float scale, float *scores, size_t ld_scores,
+                           float *out, size_t ldo);
+/* One row of it: positions [lo, hi). */
 void pk_attend_window(int group, int hd, int lo, int hi, int ring, const float *q, const pk_kv_head *kv,
                       float scale, float *scores, size_t ld_scores, float *out);
 /* Folds a later chunk's partial (part, ml) into the result so far (acc, acc_ml), in place. */

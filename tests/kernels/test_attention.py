@@ -6,6 +6,10 @@
       caches read by every f16 -> f32 conversion this CPU runs (scalar, avx2, avx512vnni, neon);
   (c) several rows of one sequence at once (pk_attend_rows, as a prefill chunk runs them; a
       converted cache then converted once for all the rows) equal each row alone, bit for bit;
+  (c') sliding windows (pk_attend_rows_window, Gemma 3's local layers): rows of one sequence,
+      each over its own window from anywhere in a K block, of a linear cache or of a ring whose
+      wrap the rows straddle: within float rounding of numpy, each row of the batch equal to
+      itself alone bit for bit, and a window from 0 equal to the whole row;
   (d) PYKLEI_KERNEL forces the conversion and the PYKLEI_LOG=kernels line names it;
   (e) the q8 cache's rows (pk_kv_q8_row): llama.cpp's q8_0 rule, an f16 scale per 32 values.
 """
@@ -102,6 +106,36 @@ def test_rows_equal_each_row_alone(rows, group, hd, cache):
             assert np.array_equal(got, want), (isa, list(n_pos))
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+@pytest.mark.parametrize("group,hd,window,ring", [(4, 256, 37, 512), (4, 256, 500, 1024), (3, 64, 129, 0),
+                                                  (5, 96, 9, 512)])
+@pytest.mark.parametrize("cache", ["f32", "f16", "q8"])
+def test_window_rows_equal_each_row_alone(rows, group, hd, window, ring, cache):
+    rng = np.random.default_rng(rows * 100 + group + hd + window)
+    n = ring or 1100
+    _, k, v = _case(group, hd, n, cache, seed=rows + hd + window)
+    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
+    # consecutive positions ending just past the ring's wrap (or the cache's end)
+    hi = np.arange(n + rows // 2 - rows, n + rows // 2) + 1 if ring else np.arange(n - rows, n) + 1
+    lo = np.maximum(hi - window, 0)
+    alone = [_ext.attend_group(q[r:r + 1], k, v, n_pos=hi[r:r + 1], lo=lo[r:r + 1], ring=ring)[0]
+             for r in range(rows)]
+    for r in range(rows):
+        at = np.arange(lo[r], hi[r]) % n                  # the window's rows of the cache, in order
+        kw = tuple(a[at] for a in k) if isinstance(k, tuple) else k[at]
+        vw = tuple(a[at] for a in v) if isinstance(v, tuple) else v[at]
+        np.testing.assert_allclose(alone[r], _numpy_attention(q[r], kw, vw), rtol=0, atol=5e-5)
+    for isa in F16_ISAS if cache != "f32" else (None,):
+        try:
+            got = _ext.attend_group(q, k, v, impl=isa, n_pos=hi, lo=lo, ring=ring)
+        except KernelError:
+            continue                                      # not this CPU
+        assert np.array_equal(got, np.stack(alone)), (isa, rows)
+    if not ring:                                          # a window from 0 is the whole row
+        assert np.array_equal(_ext.attend_group(q, k, v, n_pos=hi, lo=np.zeros(rows, np.int32)),
+                              _ext.attend_group(q, k, v, n_pos=hi))
+
+
 def test_pyklei_kernel_forces_the_f16_reader_and_the_log_says_which():
     from kernel_log import check_forced_choice
 
@@ -135,6 +169,15 @@ def test_bad_arguments():
         _ext.attend_group(q, np.zeros((3, 32), np.float32), np.zeros((3, 32), np.float32))
     with pytest.raises(KernelError):
         _ext.attend_group(q, np.zeros((3, 64), np.float16), np.zeros((3, 64), np.float16), impl="no_such_isa")
+    k, n1 = np.zeros((512, 64), np.float32), np.array([600], np.int32)
+    with pytest.raises(ValueError, match="lo must"):
+        _ext.attend_group(q, k, k, n_pos=[5], lo=[5])
+    with pytest.raises(ValueError, match="ring 500"):
+        _ext.attend_group(q, k[:500], k[:500], n_pos=[600], lo=[300], ring=500)
+    with pytest.raises(ValueError, match="ring 512"):
+        _ext.attend_group(q, k, k, n_pos=n1, lo=[0], ring=512)   # a window longer than the ring
+    with pytest.raises(ValueError, match="reference"):
+        _ext.attend_group(q, k, k, n_pos=[5], lo=[1], impl="reference")
     k8 = (np.zeros((3, 64), np.int8), np.ones((3, 2), np.float16))
     with pytest.raises(ValueError, match="q8"):
         _ext.attend_group(q, k8, np.zeros((3, 64), np.float16))

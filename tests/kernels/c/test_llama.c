@@ -585,6 +585,13 @@ int main(int argc, char **argv) {
          .fam = {.qk_norm = 1, .post_norms = 1, .window = 5, .window_layers = 0x5, .local_theta = 1e4f,
                  .rope_theta = 1e6f, .act = PK_ACT_GELU_TANH, .embd_scale = 8.0f, .attn_scale = 0.0625f,
                  .logit_softcap = 4.0f, .ring_wraps = 1}},
+        /* Gemma 3 270M's attention shape (4 heads on one K/V head of 256) with an odd window of
+         * 37 over an f16 ring: the rows of a chunk attend together (pk_attend_rows_window), each
+         * from its own place in a K block, across the wrap */
+        {"gemma3 hd256 win37 ring kvf16", 23, 64, 3, 4, 1, 256, 96, 560, PK_FMT_QSI8CX, 1, 0, 0, 1, 1, 2, 32,
+         .fam = {.qk_norm = 1, .post_norms = 1, .window = 37, .window_layers = 0x5, .local_theta = 1e4f,
+                 .rope_theta = 1e6f, .act = PK_ACT_GELU_TANH, .embd_scale = 8.0f, .attn_scale = 0.05f,
+                 .ring_wraps = 1}},
     };
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const config *c = &configs[i];

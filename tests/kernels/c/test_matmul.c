@@ -60,6 +60,7 @@
 #include "contract/pk_cpu.h"
 #include "ops/pk_matmul.h"
 #include "ops/pk_nn.h"
+#include "ops/pk_ops_internal.h"   /* pk_attend_span_reference: the windows' reference */
 #include "ops/pk_pool.h"
 #include "ops/pk_rotate.h"
 #include "pk_testhook.h"
@@ -499,6 +500,101 @@ static void test_attention(int quick) {
             if (runs[t][ii]) printf(", %s by f16_to_f32_%s %d cases", kv_names[t], f16_isas[ii], runs[t][ii]);
     printf(" bit-identical with the reference (max %.2g from double); %d checks%s\n", worst, n_pass - p0,
            n_fail > f0 ? " (FAILURES)" : "");
+}
+
+/* Sliding windows (pk_attend_rows_window): rows of one sequence, row r over [lo[r], hi[r]) of a
+ * cache that is linear or a ring (position p at p % ring) whose wrap the rows straddle;
+ * windows of odd sizes, from anywhere in a K block. The reference of a row: its chunks'
+ * partials by the reference kernel (pk_attend_span_reference), folded in order; each row of
+ * a batch, and each row alone (pk_attend_window), is bit-identical to it with every
+ * conversion, and the reference is within 1e-5 of a double evaluation. */
+static void window_reference(int G, int hd, int lo, int hi, int ring, const float *q, const pk_kv_head *kv,
+                             float scale, float *scores, float *out) {
+    float ml[2 * 8], tmp[8 * 256], tml[2 * 8];
+    for (int c0 = lo / PK_ATTEND_CHUNK * PK_ATTEND_CHUNK; c0 < hi; c0 += PK_ATTEND_CHUNK) {
+        const int a = lo > c0 ? lo : c0, b = hi < c0 + PK_ATTEND_CHUNK ? hi : c0 + PK_ATTEND_CHUNK;
+        const pk_kv_head c = pk_kv_head_at(kv, (size_t)(ring ? c0 % ring : c0) * hd);
+        const int first = c0 <= lo;
+        pk_attend_span_reference(G, hd, a - c0, b - a, q, &c, scale, scores, first ? out : tmp, first ? ml : tml);
+        if (!first) pk_attend_merge(G, hd, out, ml, tmp, tml);
+    }
+}
+
+static void test_attention_window(int quick) {
+    static const int groups[] = {4, 1, 3, 2, 8, 5};
+    static const int hds[] = {256, 64, 128, 96};
+    static const int rings[] = {0, 512, 1024};
+    const int p0 = n_pass, f0 = n_fail;
+    int runs = 0;
+    double worst = 0.0;
+    for (int t = 0; t < (quick ? 24 : 72); t++) {
+        const int G = groups[t % COUNT(groups)], hd = hds[(t / COUNT(groups)) % COUNT(hds)];
+        const int ring = rings[t % COUNT(rings)], rows = rnd_int(1, PK_ATTEND_ROWS + 3);
+        /* a window of any size that the ring holds with the batch's rows (as pk_llama sizes it) */
+        const int W = rnd_int(1, ring ? ring - rows + 1 : 700);
+        /* the first row's position: before the wrap, just before it (the rows straddle it), or past it */
+        const int where = rnd_int(0, 2), span = ring ? ring : 1400;
+        int pos0 = where == 0 ? rnd_int(0, span / 2) : where == 1 ? span - rnd_int(1, rows) : span + rnd_int(0, span / 2);
+        if (!ring) pos0 = rnd_int(0, 1400);
+        int lo[PK_ATTEND_ROWS + 3], hi[PK_ATTEND_ROWS + 3], n_cache = 0;
+        for (int r = 0; r < rows; r++) {   /* consecutive positions, or (t % 4 == 3) ascending with gaps */
+            const int p = r == 0 ? pos0 : hi[r - 1] - 1 + ((t & 3) == 3 ? rnd_int(1, 40) : 1);
+            hi[r] = p + 1, lo[r] = p + 1 > W ? p + 1 - W : 0;
+            n_cache = hi[r] > n_cache ? hi[r] : n_cache;
+        }
+        if (ring && n_cache - lo[0] > ring) continue;   /* gaps took the rows past what the ring holds */
+        n_cache = ring ? ring : (n_cache + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
+        const int ld = ring ? PK_ATTEND_CHUNK : n_cache;
+        const size_t ne = (size_t)n_cache * hd, ldq = (size_t)G * hd + (size_t)rnd_int(0, 9);
+        float *q = malloc(sizeof(float) * ldq * rows), *kf = malloc(sizeof(float) * ne), *vf = malloc(sizeof(float) * ne);
+        float *scores = malloc(sizeof(float) * (size_t)PK_ATTEND_ROWS * G * ld);
+        float *want = malloc(sizeof(float) * ldq * rows), *got = malloc(sizeof(float) * ldq * rows);
+        float *kw = malloc(sizeof(float) * (size_t)(W + 1) * hd), *vw = malloc(sizeof(float) * (size_t)(W + 1) * hd);
+        double *exact = malloc(sizeof(double) * (size_t)G * hd);
+        for (size_t i = 0; i < ldq * rows; i++) q[i] = rndf() * 3.0f;
+        for (size_t i = 0; i < ne; i++) kf[i] = rndf() * 3.0f, vf[i] = rndf();
+        for (int kt = PK_KV_F32; kt <= PK_KV_Q8; kt++) {
+            kv_case c;
+            kv_case_make(&c, (pk_kv_type)kt, hd, n_cache, kf, vf);
+            const pk_kv_head ref = kv_case_head(&c, (pk_kv_type)kt, NULL);
+            for (int r = 0; r < rows; r++) {
+                window_reference(G, hd, lo[r], hi[r], ring, q + r * ldq, &ref, 0.125f, scores, want + r * ldq);
+                for (int p = lo[r]; p < hi[r]; p++) {   /* the window's values in order, for the double evaluation */
+                    const size_t at = (size_t)(ring ? p % ring : p) * hd;
+                    memcpy(kw + (size_t)(p - lo[r]) * hd, c.kl + at, sizeof(float) * hd);
+                    memcpy(vw + (size_t)(p - lo[r]) * hd, c.vl + at, sizeof(float) * hd);
+                }
+                attend_double(G, hd, hi[r] - lo[r], q + r * ldq, kw, vw, 0.125f, exact);
+                double err = 0.0;
+                for (int i = 0; i < G * hd; i++) err = fmax(err, fabs(want[r * ldq + i] - exact[i]));
+                worst = fmax(worst, err);
+                CHECK(err <= 1e-5, "window reference G=%d hd=%d [%d, %d) ring %d %s: %.3g from double", G, hd, lo[r],
+                      hi[r], ring, kv_names[kt], err);
+            }
+            for (int ii = 0; ii < (kt != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
+                pk_f16_to_f32_fn fn = kt != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                if (kt != PK_KV_F32 && !fn) continue;
+                const pk_kv_head kv = kv_case_head(&c, (pk_kv_type)kt, fn);
+                for (size_t i = 0; i < ldq * rows; i++) got[i] = NAN;
+                pk_attend_rows_window(rows, lo, hi, ring, G, hd, q, ldq, &kv, 0.125f, scores, ld, got, ldq);
+                int same = 1, alone = 1;
+                for (int r = 0; r < rows; r++)
+                    same &= !memcmp(got + r * ldq, want + r * ldq, sizeof(float) * (size_t)G * hd);
+                for (int r = 0; r < rows; r++) {
+                    pk_attend_window(G, hd, lo[r], hi[r], ring, q + r * ldq, &kv, 0.125f, scores, ld, got + r * ldq);
+                    alone &= !memcmp(got + r * ldq, want + r * ldq, sizeof(float) * (size_t)G * hd);
+                }
+                CHECK(same && alone, "pk_attend_rows_window rows=%d G=%d hd=%d window %d from %d ring %d %s read by "
+                      "f16_to_f32_%s: %s differs from the reference", rows, G, hd, W, hi[0] - 1, ring, kv_names[kt],
+                      f16_isas[ii], same ? "a row alone" : "a batched row");
+                runs++;
+            }
+            kv_case_free(&c);
+        }
+        free(q); free(kf); free(vf); free(scores); free(want); free(got); free(kw); free(vw); free(exact);
+    }
+    printf("attention windows: %d pk_attend_rows_window cases bit-identical with the reference row by row "
+           "(max %.2g from double); %d checks%s\n", runs, worst, n_pass - p0, n_fail > f0 ? " (FAILURES)" : "");
 }
 
 /* ---- the thread pool: every share of every job runs once, never twice at once ------------ */
@@ -1158,6 +1254,7 @@ int main(int argc, char **argv) {
     test_attention_shapes();
     test_elementwise_exact();
     test_attention(quick);
+    test_attention_window(quick);
     test_pool();
     test_pool_policy();
     test_pool_contention(emulated);
