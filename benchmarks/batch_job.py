@@ -30,7 +30,7 @@ from pyklei.batch import lines as L
 from pyklei.batch.engine_run import EngineRunner, load_engine
 from pyklei.batch.job import run_job
 from pyklei.batch.ray_data import run_on_ray
-from pyklei.distributed.ray_util import connect
+from pyklei.distributed.ray_connect import connect
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYSTEM = "You are a concise assistant. Answer in one or two sentences."
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     inp = tmp / "in.jsonl"
     write_input(inp, a.requests, a.tokens)
     t0 = time.perf_counter()
-    ray = connect(num_cpus=a.ray_cpus)
+    ray = connect(part="data", num_cpus=a.ray_cpus)
     ray_start = time.perf_counter() - t0
     times = {"local": [], "ray": []}
     reference = None

@@ -1,7 +1,7 @@
 """A batch job's requests on Ray Data: an actor pool of pyklei engines, each actor one engine
 (engine_run.EngineRunner over it), results back in the input's order.
 
-    ray = connect(address, num_cpus=...)                 # pyklei.distributed.ray_util
+    ray = connect(address, part="data", num_cpus=...)    # pyklei.distributed.ray_connect
     results = lambda todo: run_on_ray(ray, todo, model="smollm2.gguf", replicas=2, threads=1,
                                       n_parallel=4, load_kwargs={...}, model_id="smollm2",
                                       created=created_of(input))

@@ -104,9 +104,9 @@ def _local(args, model_path: str, model_id: str, created: int):
 
 def _on_ray(args, model_path: str, model_id: str, created: int):
     from ..batch.ray_data import run_on_ray
-    from ..distributed.ray_util import connect
+    from ..distributed.ray_connect import connect
 
-    ray = connect(args.ray_address, what="pyklei batch --ray")
+    ray = connect(args.ray_address, part="data", what="pyklei batch --ray")
     return lambda todo: run_on_ray(ray, todo, model=model_path, replicas=args.replicas or 1,
                                    threads=args.threads or 1, n_parallel=args.n_parallel,
                                    load_kwargs=_model_kwargs(args), model_id=model_id,

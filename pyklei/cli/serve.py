@@ -208,7 +208,7 @@ def _positive(text: str) -> int:
 def _run_on_ray(args, keys, cors) -> int:
     """`pyklei serve --ray`: one model, its replicas on a Ray cluster
     (pyklei.distributed.ray_serve_run)."""
-    from ..distributed.ray_serve_connect import RayUnavailable, import_ray_serve
+    from ..distributed.ray_connect import RayUnavailable, import_ray
 
     files = _model_files(args)
     for flag, bad in (("several models or --models-dir", len(files) > 1 or args.models_dir),
@@ -219,7 +219,7 @@ def _run_on_ray(args, keys, cors) -> int:
     if lo is not None and hi is not None and lo > hi:
         raise CLIError(f"--min-replicas {lo} is more than --max-replicas {hi}")
     try:
-        import_ray_serve()          # the extra's absence is one line now, before any loading
+        import_ray("pyklei serve --ray", part="serve")   # the extra's absence is one line now, before any loading
         for name in SERVE_EXTRA_MODULES:
             importlib.import_module(name)
     except RayUnavailable as e:

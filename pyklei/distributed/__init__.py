@@ -5,7 +5,7 @@
     ray_serve_router.py    that choice behind Ray Serve's request-router API
     ray_serve_app.py       the ingress and the replicas (each one engine and the server's app)
     ray_serve_run.py       `pyklei serve --ray`: deploy, hold until SIGTERM, take down
-    ray_serve_connect.py   serve's connection to the cluster: the extra, the address, one-line
-                           failures
-    ray_util.py            the same for `pyklei batch --ray` (Ray Data)
+    ray_connect.py         the one way onto a cluster, for serve --ray and batch --ray: the
+                           extra (Ray Serve or Ray Data), the address and its deadline, a local
+                           cluster, one-line failures (RayUnavailable)
 """

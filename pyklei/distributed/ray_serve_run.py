@@ -1,4 +1,4 @@
-"""Runs `pyklei serve --ray`: joins or starts the Ray cluster (ray_serve_connect.py), deploys
+"""Runs `pyklei serve --ray`: joins or starts the Ray cluster (ray_connect.py), deploys
 the ingress and the replicas (ray_serve_app.py) under Ray Serve's HTTP proxy on --host:--port,
 and holds them until SIGTERM or Ctrl-C, then takes the application down (each replica drains
 for ray_serve_app.DRAIN_S) and leaves the cluster (a local one stops with it)."""
@@ -10,7 +10,7 @@ import sys
 import threading
 
 from .ray_serve_app import APP_NAME, PykleiIngress, PykleiReplica, deployment_options
-from .ray_serve_connect import RayUnavailable, connect_for_serve
+from .ray_connect import RayUnavailable, connect
 
 
 def build_application(*, model_id: str, load_kwargs: dict, engine_kwargs: dict,
@@ -49,7 +49,7 @@ def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=prin
                  **application) -> int:
     """Serves build_application(**application) on http://host:port until SIGTERM/SIGINT
     (port 0: a free one); returns the exit code."""
-    ray = connect_for_serve(ray_address)
+    ray = connect(ray_address, part="serve", what="pyklei serve --ray")
     from ray import serve
 
     port = port or _free_port(host)

@@ -186,11 +186,11 @@ def test_a_silent_ray_address_fails_within_the_timeout():
     ends."""
     pytest.importorskip("ray")
     code = ("import time\n"
-            "from pyklei.distributed.ray_util import RayUnavailable, connect, require_ray\n"
-            "require_ray('the test')\n"       # Ray's import is not the connection's time
+            "from pyklei.distributed.ray_connect import RayUnavailable, connect, import_ray\n"
+            "import_ray('the test', 'data')\n"  # Ray's import is not the connection's time
             "t0 = time.monotonic()\n"
             "try:\n"
-            "    connect('10.255.255.1:6379', timeout=1.0)\n"
+            "    connect('10.255.255.1:6379', part='data', timeout=1.0)\n"
             "except RayUnavailable as e:\n"
             "    print(round(time.monotonic() - t0, 1), e, flush=True)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,

@@ -15,7 +15,7 @@ from pyklei.batch import lines as L  # noqa: E402
 from pyklei.batch.engine_run import EngineRunner, load_engine  # noqa: E402
 from pyklei.batch.job import run_job  # noqa: E402
 from pyklei.batch.ray_data import run_on_ray  # noqa: E402
-from pyklei.distributed.ray_util import connect  # noqa: E402
+from pyklei.distributed.ray_connect import connect  # noqa: E402
 
 from test_batch_job import _mixed_input  # noqa: E402  (the same mixed file as the local tests)
 
@@ -24,7 +24,7 @@ N_PARALLEL = 2
 
 @pytest.fixture(scope="module")
 def ray():
-    ray = connect(num_cpus=2)
+    ray = connect(part="data", num_cpus=2)
     yield ray
     ray.shutdown()
 
@@ -73,6 +73,7 @@ def test_an_unreachable_cluster_is_one_line_at_once(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and "cannot reach the Ray cluster at 127.0.0.1:1" in err[0], r.stderr
+    assert len(err) == 1 and "--ray-address 127.0.0.1:1: no Ray cluster answers" in err[0], \
+        r.stderr
     assert time.monotonic() - t0 < 60
     assert not (tmp_path / "o.jsonl").exists()

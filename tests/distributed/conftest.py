@@ -17,9 +17,9 @@ def ray_cluster():
     pytest.importorskip("ray.serve", reason="needs the 'ray' extra (pip install -e '.[ray]')")
     from ray import serve
 
-    from pyklei.distributed.ray_serve_connect import connect_for_serve
+    from pyklei.distributed.ray_connect import connect
 
-    ray = connect_for_serve(None, num_cpus=2)
+    ray = connect(None, part="serve", num_cpus=2)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
