@@ -20,6 +20,11 @@ cdef extern from "ops/pk_matmul.h":
         const float *scale
         const int32_t *zp
         const int32_t *bsum32
+        const float *bscale
+    ctypedef enum pk_act:
+        PK_ACT_QAI8DX
+        PK_ACT_QAI8DX2
+        PK_ACT_QSI8D32
     ctypedef struct pk_kernel:
         const char *name
         const char *isa
@@ -29,6 +34,7 @@ cdef extern from "ops/pk_matmul.h":
         int m_min
         int n_step
         void *rhs_pack
+        void *run_d32
     ctypedef struct pk_rhs:
         pk_format fmt
         int n, k, bl
@@ -51,8 +57,9 @@ cdef extern from "ops/pk_matmul.h":
                                     int32_t *zp) nogil
     void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,
                                  int8_t *q2, float *s2, int32_t *z2) nogil
-    void pk_ctx_set_act_planes(pk_ctx *ctx, int planes)
-    int pk_ctx_act_planes(const pk_ctx *ctx)
+    void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum) nogil
+    void pk_ctx_set_activations(pk_ctx *ctx, pk_act act)
+    pk_act pk_ctx_activations(const pk_ctx *ctx)
     pk_ctx *pk_ctx_create(int n_threads)
     void pk_ctx_destroy(pk_ctx *ctx)
     int pk_ctx_threads(const pk_ctx *ctx)
@@ -101,6 +108,7 @@ def kernels():
             "name": k.name.decode(), "isa": k.isa.decode(), "format": _FORMAT_NAMES[k.fmt],
             "supported": bool(pk_kernel_supported(k)), "priority": k.priority,
             "m_min": k.m_min, "n_step": k.n_step, "repacks_weights": k.rhs_pack != NULL,
+            "takes_qsi8d32": k.run_d32 != NULL,
         })
     return out
 
@@ -180,6 +188,30 @@ def quantize_qai8dx2(x):
     return q, scale, zp
 
 
+def quantize_qsi8d32(x):
+    """C block quantizer: float32 [M, K] (K a multiple of 32) -> (q int8 [M, K],
+    scale f32 [M, K/32]); byte-exact with pyklei.formats.quantize_qsi8d32."""
+    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
+    cdef Py_ssize_t m = xv.shape[0], k = xv.shape[1], i
+    if k == 0 or k % 32:
+        raise ValueError(f"qsi8d32 rows must be a positive multiple of 32 long, got K={k}")
+    q = np.empty((m, k), np.int8)
+    scale = np.empty((m, k // 32), np.float32)
+    bsum = np.empty(k // 32, np.int32)
+    cdef int8_t[:, ::1] qv = q
+    cdef float[:, ::1] sv = scale
+    cdef int32_t[::1] bv = bsum
+    with nogil:
+        for i in range(m):
+            pk_quantize_qsi8d32_row(<int>k, &xv[i, 0], &qv[i, 0], &sv[i, 0], &bv[0])
+    return q, scale
+
+
+# The activation schemes of Ops (pk_matmul.h, pk_act), name -> id (not ACTIVATIONS: that name,
+# in _ext_llama.pxi, holds the MLP's activation functions).
+ACT_SCHEMES = {"qai8dx": PK_ACT_QAI8DX, "qai8dx2": PK_ACT_QAI8DX2, "qsi8d32": PK_ACT_QSI8D32}
+
+
 # The canonical arrays of each quantized format (docs/FORMAT.md): the scales' dtype, and
 # K = row bytes // chunk * k_per_chunk; fixed_bl: the only block size (0: any, the C side
 # checks it; -1: one f32 scale per row).
@@ -253,18 +285,20 @@ cdef class Ops:
     def __cinit__(self, int n_threads=1, str activations="qai8dx"):
         if n_threads < 1:
             raise ValueError(f"n_threads must be >= 1, got {n_threads}")
-        if activations not in ("qai8dx", "qai8dx2"):
-            raise ValueError(f"activations must be 'qai8dx' or 'qai8dx2', got {activations!r}")
+        if activations not in ACT_SCHEMES:
+            raise ValueError(f"activations must be one of {', '.join(ACT_SCHEMES)}, got {activations!r}")
         _init()
         self.ctx = pk_ctx_create(n_threads)
         if self.ctx == NULL:
             raise KernelError(_last_error())
-        pk_ctx_set_act_planes(self.ctx, 2 if activations == "qai8dx2" else 1)
+        pk_ctx_set_activations(self.ctx, ACT_SCHEMES[activations])
 
     @property
     def activations(self):
-        """'qai8dx' (one int8 plane per row) or 'qai8dx2' (plus a residual plane)."""
-        return "qai8dx2" if pk_ctx_act_planes(self.ctx) == 2 else "qai8dx"
+        """'qai8dx' (one int8 plane per row), 'qai8dx2' (plus a residual plane) or 'qsi8d32'
+        (symmetric int8, a scale per block of 32)."""
+        cdef pk_act a = pk_ctx_activations(self.ctx)
+        return next(name for name, v in ACT_SCHEMES.items() if v == a)
 
     def __dealloc__(self):
         if self.ctx != NULL:
@@ -315,6 +349,31 @@ cdef class Ops:
         cdef pk_lhs lhs
         lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], &sv[0], &zv[0]
         lhs.bsum32 = NULL   # the kernels sum the rows themselves
+        lhs.bscale = NULL   # qai8dx
+        cdef const pk_kernel *kern = _kernel(kernel)
+        cdef int rc
+        if m == 0:
+            return out
+        with nogil:
+            rc = pk_matmul_lhs(self.ctx, &w.rhs, &lhs, &ov[0, 0], ov.shape[1], -INFINITY, INFINITY, kern)
+        if rc != 0:
+            raise KernelError(_last_error())
+        return out
+
+    def matmul_lhs_d32(self, QWeight w, q, bscale, kernel=None):
+        """Like matmul, from activations already in qsi8d32 (q int8 [M, K], bscale f32
+        [M, K/32]); the kernel must take them (pk_kernel.run_d32), else KernelError."""
+        cdef const int8_t[:, ::1] qv = np.ascontiguousarray(q, dtype=np.int8)
+        cdef const float[:, ::1] sv = np.ascontiguousarray(bscale, dtype=np.float32)
+        cdef int m = qv.shape[0]
+        if qv.shape[1] != w.k or w.k % 32 or sv.shape[0] != m or sv.shape[1] != w.k // 32:
+            raise ValueError("q must be [M, K] (K a multiple of 32) with bscale [M, K/32]")
+        out = np.empty((m, w.n), np.float32)
+        cdef float[:, ::1] ov = out
+        cdef pk_lhs lhs
+        lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], NULL, NULL
+        lhs.bsum32 = NULL   # the kernels sum the blocks themselves
+        lhs.bscale = &sv[0, 0]
         cdef const pk_kernel *kern = _kernel(kernel)
         cdef int rc
         if m == 0:
@@ -343,6 +402,7 @@ cdef class Ops:
         cdef pk_lhs lhs
         lhs.m, lhs.k, lhs.q, lhs.ld, lhs.scale, lhs.zp = m, w.k, &qv[0, 0], qv.shape[1], &sv[0], &zv[0]
         lhs.bsum32 = NULL   # the kernels sum the rows themselves
+        lhs.bscale = NULL   # qai8dx
         cdef const pk_kernel *kern = _kernel(kernel)
         cdef int rc
         with nogil:

@@ -16,6 +16,7 @@ from .qsi4c32 import (
 )
 from .qsi6c32 import dequantize_qsi6c32, quantize_qsi6c32
 from .qsi8cx import dequantize_qsi8cx, quantize_qsi8cx
+from .qsi8d32 import dequantize_qsi8d32, quantize_qsi8d32
 from .registry import WEIGHT_FORMATS, WeightFormat, weight_format
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "dequantize_qsi4c32",
     "dequantize_qsi6c32",
     "dequantize_qsi8cx",
+    "dequantize_qsi8d32",
     "f32_to_bf16",
     "pack_nibbles",
     "quantize_qai8dx",
@@ -35,6 +37,7 @@ __all__ = [
     "quantize_qsi4c32",
     "quantize_qsi6c32",
     "quantize_qsi8cx",
+    "quantize_qsi8d32",
     "unpack_nibbles",
     "weight_format",
 ]

@@ -10,14 +10,15 @@
  *
  *   formats, element getters, bf16      pk_format.h
  *   CPU feature bits of the records     pk_cpu.h
- *   operands                            pk_operands.h (pk_lhs: qai8dx activations, pk_rhs: a weight)
+ *   operands                            pk_operands.h (pk_lhs: qai8dx / qsi8d32 activations, pk_rhs: a weight)
  *   the kernel record                   pk_kernel
  *   repacked weight layouts             pk_pack.h (p16, p4)
  *   the scalar reference                pk_scalar_run, the fallback of SIMD kernels
  *   row helpers                         pk_isa_helpers (FWHT, f16 -> f32, qai8dx quantizer)
  *
  * Kernel names state the contract: qai8dx_<weight format>[p<layout>]_<MR>x<NR>_<isa>, e.g.
- * qai8dx_qsi4c32p16_8x16_avx512vnni; docs/KERNELS.md lists them. */
+ * qai8dx_qsi4c32p16_8x16_avx512vnni; docs/KERNELS.md lists them. A record's run_d32 is the same
+ * tile on qsi8d32 activations; the kernel log names it qsi8d32_<the rest of the name>. */
 #ifndef PK_KERNEL_H
 #define PK_KERNEL_H
 
@@ -51,6 +52,13 @@ typedef struct pk_kernel {
      * bit-identical to summing run's unclamped rows. NULL: the caller sums. */
     void (*run_pairs)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                       const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
+    /* Optional, for block-scaled activations (qsi8d32: lhs->bscale set, k a multiple of 32,
+     * block formats only): as run, but each block of 32's int32 dot is scaled by the activation
+     * block's scale times the weight block's, and there is no zero point:
+     *     dst = clamp(sum_b (ws_b * as_b) * dot_b)
+     * NULL: this kernel takes only qai8dx (the matmul layer then quantizes per row for it). */
+    void (*run_d32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                    const void *packed, float *dst, size_t ldd, float clamp_lo, float clamp_hi);
 } pk_kernel;
 
 /* ---- helpers for the kernels and quantizers --------------------------------------------- */
@@ -70,6 +78,14 @@ static inline float pk_qai8dx_params(float mn, float mx, float *scale, int32_t *
     z = z < -128.0f ? -128.0f : (z > 127.0f ? 127.0f : z);
     *zp = (int32_t)z;
     return inv;
+}
+
+/* qsi8d32's rule (docs/FORMAT.md) for one block of 32 with largest magnitude amax: sets the
+ * block's scale, returns the inverse scale; q = rint(x * inverse), which lands in [-127, 127].
+ * One place for every quantizer: float32 arithmetic, round half to even. */
+static inline float pk_qsi8d32_params(float amax, float *scale) {
+    *scale = amax / 127.0f;
+    return amax == 0.0f ? 0.0f : 127.0f / amax;
 }
 
 /* ---- the ISA tables (the registry, ops/pk_registry.c, lists them in this order) ----------- */
@@ -94,6 +110,9 @@ extern const int pk_kernels_arm_neon_count;
  * SIMD kernels hand rows to it when they cannot get scratch memory. */
 void pk_scalar_run(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
                    float *dst, size_t ldd, float lo, float hi);
+/* The same for qsi8d32 activations (run_d32 of the scalar records; qsi4c32 and qsi6c32). */
+void pk_scalar_run_d32(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs, const void *packed,
+                       float *dst, size_t ldd, float lo, float hi);
 
 /* ---- helpers an ISA file may offer besides its kernels ---------------------------------- */
 

@@ -12,6 +12,9 @@
  * D the exact int32 dot product over a block. The float operations are the scalar
  * reference's, in the same order (no fused multiply-add), so the results match
  * matmul_scalar.c bit for bit when compiled with -ffp-contract=off (as setup.py does).
+ * qsi8d32 activations (run_d32, the qsi4c32 kernels): the same tiles with integer blocks of 32
+ * (a weight block of bl spans bl / 32), each dot multiplied by (s[n, b*32/bl] * as[m, b]) and
+ * summed, dst = that sum: the scalar reference's order again, so bit for bit too.
  *
  * qsi4c32 nibbles are two's complement, byte j of a 32-element chunk holds element j (low
  * nibble) and element 16+j (high nibble). The sdot/smmla paths multiply by
@@ -118,6 +121,28 @@ PK_INLINE const int8_t *lhs_row(const pk_lhs *lhs, int i, int m) {
     return lhs->q + (size_t)(i < m ? i : m - 1) * lhs->ld;
 }
 
+/* qsi8d32: block b's scale of activation row i (rows past m repeat the last, as lhs_row). */
+PK_INLINE float lhs_bscale(const pk_lhs *lhs, int i, int m, int b) {
+    return lhs->bscale[(size_t)(i < m ? i : m - 1) * (size_t)(lhs->k / 32) + (size_t)b];
+}
+
+/* The block loop of the qsi4c32 kernels: D32 0 walks the weight blocks (nb of bl / 32 chunks),
+ * D32 1 the activations' blocks of 32 (one chunk each, weight block b / sdiv). */
+typedef struct {
+    int nb, cpb, sdiv;
+} q4_blocks;
+
+PK_INLINE q4_blocks q4_blocks_of(const int D32, const pk_rhs *rhs) {
+    return D32 ? (q4_blocks){rhs->k / 32, 1, rhs->bl / 32} : (q4_blocks){rhs->k / rhs->bl, rhs->bl / 32, 1};
+}
+
+/* Stores row i: qai8dx's epilogue, or for qsi8d32 the sum itself. */
+PK_INLINE void store_q4_or_d32(const int D32, const pk_lhs *lhs, int i, const cols4 *c, float32x4_t acc, float *d,
+                               int nv, float lo, float hi) {
+    if (D32) store4(d, acc, nv, lo, hi);
+    else store_q4(lhs, i, c, acc, d, nv, lo, hi);
+}
+
 /* ---- neon (armv8-a): qsi4c32 ----------------------------------------------------------- */
 
 /* One 32-element chunk of one weight row: acc (int32x4) += products, pairwise widened. */
@@ -132,10 +157,10 @@ PK_INLINE int32x4_t q4_chunk_neon(int32x4_t acc, int8x16_t a0, int8x16_t a1, con
     return vpadalq_s16(acc, p);
 }
 
-static void qai8dx_qsi4c32_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                                    const void *packed, float *dst, size_t ldd, float lo, float hi) {
-    (void)packed;
-    const int nb = rhs->k / rhs->bl, cpb = rhs->bl / 32;
+PK_INLINE void q4_neon_run(const int D32, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                           float *dst, size_t ldd, float lo, float hi) {
+    const q4_blocks B = q4_blocks_of(D32, rhs);
+    const int nb = B.nb, cpb = B.cpb;
     for (int n = n0; n < n1; n += 4) {
         const int nv = n1 - n < 4 ? n1 - n : 4;
         cols4 c;
@@ -153,11 +178,25 @@ static void qai8dx_qsi4c32_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, co
                     x3 = q4_chunk_neon(x3, a0, a1, c.w[3] + 16 * ch);
                 }
                 const float32x4_t d = vcvtq_f32_s32(hsum4(x0, x1, x2, x3));
-                facc = vaddq_f32(facc, vmulq_f32(cols4_bscale(&c, b), d));
+                float32x4_t s = cols4_bscale(&c, b / B.sdiv);
+                if (D32) s = vmulq_n_f32(s, lhs_bscale(lhs, i, m, b));
+                facc = vaddq_f32(facc, vmulq_f32(s, d));
             }
-            store_q4(lhs, i, &c, facc, dst + (size_t)i * ldd + n, nv, lo, hi);
+            store_q4_or_d32(D32, lhs, i, &c, facc, dst + (size_t)i * ldd + n, nv, lo, hi);
         }
     }
+}
+
+static void qai8dx_qsi4c32_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                    const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    q4_neon_run(0, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+}
+
+static void qsi8d32_qsi4c32_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                     const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    q4_neon_run(1, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
 }
 
 /* ---- qsi6c32 (the 6-bit lm_head): neon and dotprod GEMV ----------------------------------- */
@@ -288,9 +327,10 @@ static void qai8dx_qsi8cx_1x4_neon(int m, int n0, int n1, const pk_lhs *lhs, con
 
 /* ---- dotprod (armv8.2-a+dotprod): MR x 4 tiles, MR = 1 (GEMV) or 4 (GEMM) --------------- */
 
-PK_DOTPROD PK_INLINE void q4_dot_run(const int MR, int m, int n0, int n1, const pk_lhs *lhs,
+PK_DOTPROD PK_INLINE void q4_dot_run(const int MR, const int D32, int m, int n0, int n1, const pk_lhs *lhs,
                                      const pk_rhs *rhs, float *dst, size_t ldd, float lo, float hi) {
-    const int nb = rhs->k / rhs->bl, cpb = rhs->bl / 32;
+    const q4_blocks B = q4_blocks_of(D32, rhs);
+    const int nb = B.nb, cpb = B.cpb;
     const int8x16_t hmask = vdupq_n_s8((int8_t)0xF0);
     for (int n = n0; n < n1; n += 4) {
         const int nv = n1 - n < 4 ? n1 - n : 4;
@@ -325,16 +365,18 @@ PK_DOTPROD PK_INLINE void q4_dot_run(const int MR, int m, int n0, int n1, const 
                         for (int j = 0; j < 4; j++) x[r][j] = vdotq_s32(vdotq_s32(x[r][j], a0, wl[j]), a1, wh[j]);
                     }
                 }
-                const float32x4_t s = cols4_bscale(&c, b);
+                const float32x4_t s = cols4_bscale(&c, b / B.sdiv);
 #pragma GCC unroll 4
                 for (int r = 0; r < MR; r++) {
                     const int32x4_t d = vshrq_n_s32(hsum4(x[r][0], x[r][1], x[r][2], x[r][3]), 4);
-                    facc[r] = vaddq_f32(facc[r], vmulq_f32(s, vcvtq_f32_s32(d)));
+                    const float32x4_t sr = D32 ? vmulq_n_f32(s, lhs_bscale(lhs, i + r, m, b)) : s;
+                    facc[r] = vaddq_f32(facc[r], vmulq_f32(sr, vcvtq_f32_s32(d)));
                 }
             }
 #pragma GCC unroll 4
             for (int r = 0; r < MR; r++)
-                if (i + r < m) store_q4(lhs, i + r, &c, facc[r], dst + (size_t)(i + r) * ldd + n, nv, lo, hi);
+                if (i + r < m)
+                    store_q4_or_d32(D32, lhs, i + r, &c, facc[r], dst + (size_t)(i + r) * ldd + n, nv, lo, hi);
         }
     }
 }
@@ -386,14 +428,28 @@ PK_DOTPROD static void qai8dx_qsi4c32_1x4_dotprod(int m, int n0, int n1, const p
                                                   const pk_rhs *rhs, const void *packed, float *dst,
                                                   size_t ldd, float lo, float hi) {
     (void)packed;
-    q4_dot_run(1, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+    q4_dot_run(1, 0, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+}
+
+PK_DOTPROD static void qsi8d32_qsi4c32_1x4_dotprod(int m, int n0, int n1, const pk_lhs *lhs,
+                                                   const pk_rhs *rhs, const void *packed, float *dst,
+                                                   size_t ldd, float lo, float hi) {
+    (void)packed;
+    q4_dot_run(1, 1, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
 }
 
 PK_DOTPROD static void qai8dx_qsi4c32_4x4_dotprod(int m, int n0, int n1, const pk_lhs *lhs,
                                                   const pk_rhs *rhs, const void *packed, float *dst,
                                                   size_t ldd, float lo, float hi) {
     (void)packed;
-    q4_dot_run(4, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+    q4_dot_run(4, 0, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+}
+
+PK_DOTPROD static void qsi8d32_qsi4c32_4x4_dotprod(int m, int n0, int n1, const pk_lhs *lhs,
+                                                   const pk_rhs *rhs, const void *packed, float *dst,
+                                                   size_t ldd, float lo, float hi) {
+    (void)packed;
+    q4_dot_run(4, 1, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
 }
 
 PK_DOTPROD static void qai8dx_qsi8cx_1x4_dotprod(int m, int n0, int n1, const pk_lhs *lhs,
@@ -435,11 +491,10 @@ PK_INLINE int32x4_t zip_hi64i(int32x4_t x, int32x4_t y) {
     return vreinterpretq_s32_s64(vzip2q_s64(vreinterpretq_s64_s32(x), vreinterpretq_s64_s32(y)));
 }
 
-PK_I8MM static void qai8dx_qsi4c32_4x4_i8mm(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                                            const void *packed, float *dst, size_t ldd, float lo,
-                                            float hi) {
-    (void)packed;
-    const int nb = rhs->k / rhs->bl, cpb = rhs->bl / 32;
+PK_I8MM PK_INLINE void q4_i8mm_run(const int D32, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                   float *dst, size_t ldd, float lo, float hi) {
+    const q4_blocks B = q4_blocks_of(D32, rhs);
+    const int nb = B.nb, cpb = B.cpb;
     const int8x16_t hmask = vdupq_n_s8((int8_t)0xF0);
     for (int n = n0; n < n1; n += 4) {
         const int nv = n1 - n < 4 ? n1 - n : 4;
@@ -497,20 +552,37 @@ PK_I8MM static void qai8dx_qsi4c32_4x4_i8mm(int m, int n0, int n1, const pk_lhs 
                     }
                 }
                 /* scales in the accumulators' order: [s0 s1 s0 s1], [s2 s3 s2 s3] */
-                const float32x4_t s = cols4_bscale(&c, b);
+                const float32x4_t s = cols4_bscale(&c, b / B.sdiv);
                 const float32x4_t s01 = zip_lo64f(s, s), s23 = zip_hi64f(s, s);
-                f00 = vaddq_f32(f00, vmulq_f32(s01, vcvtq_f32_s32(vshrq_n_s32(x00, 4))));
-                f01 = vaddq_f32(f01, vmulq_f32(s23, vcvtq_f32_s32(vshrq_n_s32(x01, 4))));
-                f10 = vaddq_f32(f10, vmulq_f32(s01, vcvtq_f32_s32(vshrq_n_s32(x10, 4))));
-                f11 = vaddq_f32(f11, vmulq_f32(s23, vcvtq_f32_s32(vshrq_n_s32(x11, 4))));
+                float32x4_t a01 = vdupq_n_f32(1.0f), a23 = a01;   /* D32: [as0 as0 as1 as1], rows 2, 3 */
+                if (D32) {
+                    a01 = vcombine_f32(vdup_n_f32(lhs_bscale(lhs, i, m, b)), vdup_n_f32(lhs_bscale(lhs, i + 1, m, b)));
+                    a23 = vcombine_f32(vdup_n_f32(lhs_bscale(lhs, i + 2, m, b)), vdup_n_f32(lhs_bscale(lhs, i + 3, m, b)));
+                }
+                f00 = vaddq_f32(f00, vmulq_f32(D32 ? vmulq_f32(s01, a01) : s01, vcvtq_f32_s32(vshrq_n_s32(x00, 4))));
+                f01 = vaddq_f32(f01, vmulq_f32(D32 ? vmulq_f32(s23, a01) : s23, vcvtq_f32_s32(vshrq_n_s32(x01, 4))));
+                f10 = vaddq_f32(f10, vmulq_f32(D32 ? vmulq_f32(s01, a23) : s01, vcvtq_f32_s32(vshrq_n_s32(x10, 4))));
+                f11 = vaddq_f32(f11, vmulq_f32(D32 ? vmulq_f32(s23, a23) : s23, vcvtq_f32_s32(vshrq_n_s32(x11, 4))));
             }
             /* back to rows: row 0 = low halves of f00, f01; row 1 = high halves; ... */
             float32x4_t rows[4] = {zip_lo64f(f00, f01), zip_hi64f(f00, f01), zip_lo64f(f10, f11),
                                    zip_hi64f(f10, f11)};
             for (int r = 0; r < 4 && i + r < m; r++)
-                store_q4(lhs, i + r, &c, rows[r], dst + (size_t)(i + r) * ldd + n, nv, lo, hi);
+                store_q4_or_d32(D32, lhs, i + r, &c, rows[r], dst + (size_t)(i + r) * ldd + n, nv, lo, hi);
         }
     }
+}
+
+PK_I8MM static void qai8dx_qsi4c32_4x4_i8mm(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                            const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    q4_i8mm_run(0, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+}
+
+PK_I8MM static void qsi8d32_qsi4c32_4x4_i8mm(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                             const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    q4_i8mm_run(1, m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
 }
 
 PK_I8MM static void qai8dx_qsi8cx_4x4_i8mm(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
@@ -568,16 +640,16 @@ PK_I8MM static void qai8dx_qsi8cx_4x4_i8mm(int m, int n0, int n1, const pk_lhs *
 const pk_kernel pk_kernels_arm_neon[] = {
     {.name = "qai8dx_qsi4c32_1x4_neon", .isa = "neon", .fmt = PK_FMT_QSI4C32, .features = NEON,
      .priority = 10, .m_min = 1, .n_step = 4,
-     .run = qai8dx_qsi4c32_1x4_neon},
+     .run = qai8dx_qsi4c32_1x4_neon, .run_d32 = qsi8d32_qsi4c32_1x4_neon},
     {.name = "qai8dx_qsi8cx_1x4_neon", .isa = "neon", .fmt = PK_FMT_QSI8CX, .features = NEON,
      .priority = 10, .m_min = 1, .n_step = 4,
      .run = qai8dx_qsi8cx_1x4_neon},
     {.name = "qai8dx_qsi4c32_1x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI4C32, .features = DOT,
      .priority = 20, .m_min = 1, .n_step = 4,
-     .run = qai8dx_qsi4c32_1x4_dotprod},
+     .run = qai8dx_qsi4c32_1x4_dotprod, .run_d32 = qsi8d32_qsi4c32_1x4_dotprod},
     {.name = "qai8dx_qsi4c32_4x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI4C32, .features = DOT,
      .priority = 21, .m_min = 4, .n_step = 4,
-     .run = qai8dx_qsi4c32_4x4_dotprod},
+     .run = qai8dx_qsi4c32_4x4_dotprod, .run_d32 = qsi8d32_qsi4c32_4x4_dotprod},
     {.name = "qai8dx_qsi8cx_1x4_dotprod", .isa = "dotprod", .fmt = PK_FMT_QSI8CX, .features = DOT,
      .priority = 20, .m_min = 1, .n_step = 4,
      .run = qai8dx_qsi8cx_1x4_dotprod},
@@ -586,7 +658,7 @@ const pk_kernel pk_kernels_arm_neon[] = {
      .run = qai8dx_qsi8cx_4x4_dotprod},
     {.name = "qai8dx_qsi4c32_4x4_i8mm", .isa = "i8mm", .fmt = PK_FMT_QSI4C32, .features = I8MM,
      .priority = 30, .m_min = 4, .n_step = 4,
-     .run = qai8dx_qsi4c32_4x4_i8mm},
+     .run = qai8dx_qsi4c32_4x4_i8mm, .run_d32 = qsi8d32_qsi4c32_4x4_i8mm},
     {.name = "qai8dx_qsi8cx_4x4_i8mm", .isa = "i8mm", .fmt = PK_FMT_QSI8CX, .features = I8MM,
      .priority = 30, .m_min = 4, .n_step = 4,
      .run = qai8dx_qsi8cx_4x4_i8mm},

@@ -10,6 +10,7 @@
  * operands are signed, so the block dots are exact with no offsets:
  *   qsi4c32: after each block, C is stored, converted and accumulated as s_b * D_b in f32
  *            (AVX-512), then dst = scale * (acc - zp * R) as in the scalar kernel;
+ *   qsi8d32 activations (run_d32): KD = 32, each block of 32 scaled by s_b * as_b, dst = acc;
  *   qsi8cx:  C accumulates all of K in int32; dst = (scale * s) * (D - zp * isum), bit-exact
  *            with the scalar kernel.
  * The tile configuration is loaded with an inline ldtilecfg whose operand is the whole
@@ -182,13 +183,15 @@ static void emu_dpbssd(int c, int a, int b) {
 const pk_kernel pk_kernels_x86_amx[] = {
     {.name = "qai8dx_qsi4c32p16_32x32_amx", .isa = "amx", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI,
      .priority = 40, .m_min = 32, .n_step = ZNR,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx,
+     .run_d32 = qsi8d32_qsi4c32p16_32x32_amx},
     {.name = "qai8dx_qsi8cxp4_32x32_amx", .isa = "amx", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AMX_INT8 | PK_CPU_AVX512VNNI,
      .priority = 40, .m_min = 16, .n_step = ZNR,
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_32x32_amx},
     {.name = "qai8dx_qsi4c32p16_32x32_amx_emul", .isa = "amx_emul", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = -1, .m_min = 32, .n_step = ZNR,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx_emul},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_32x32_amx_emul,
+     .run_d32 = qsi8d32_qsi4c32p16_32x32_amx_emul},
     {.name = "qai8dx_qsi8cxp4_32x32_amx_emul", .isa = "amx_emul", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
      .priority = -1, .m_min = 16, .n_step = ZNR,
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_32x32_amx_emul},

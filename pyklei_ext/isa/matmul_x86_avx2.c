@@ -17,6 +17,8 @@
 #define Y_NRV 1
 #define Y_Q4_GEMV qai8dx_qsi4c32_1x4_avx2
 #define Y_Q4_GEMM qai8dx_qsi4c32_4x8_avx2
+#define Y_D32_GEMV qsi8d32_qsi4c32_1x4_avx2
+#define Y_D32_GEMM qsi8d32_qsi4c32_4x8_avx2
 #include "x86_ymm_tmpl.h"
 
 /* qai8dx x qsi8cx, 1 x 4. vpmaddubsw would saturate on int8 x int8 (2 * 255 * 127 > 32767),
@@ -130,10 +132,10 @@ Y_TARGET static void qai8dx_qsi6c32_1x4_avx2(int m, int n0, int n1, const pk_lhs
 const pk_kernel pk_kernels_x86_avx2[] = {
     {.name = "qai8dx_qsi4c32_1x4_avx2", .isa = "avx2", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX2,
      .priority = 10, .m_min = 1, .n_step = 4,
-     .run = qai8dx_qsi4c32_1x4_avx2},
+     .run = qai8dx_qsi4c32_1x4_avx2, .run_d32 = qsi8d32_qsi4c32_1x4_avx2},
     {.name = "qai8dx_qsi4c32_4x8_avx2", .isa = "avx2", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX2,
      .priority = 11, .m_min = 8, .n_step = 8,
-     .run = qai8dx_qsi4c32_4x8_avx2},
+     .run = qai8dx_qsi4c32_4x8_avx2, .run_d32 = qsi8d32_qsi4c32_4x8_avx2},
     {.name = "qai8dx_qsi8cx_1x4_avx2", .isa = "avx2", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX2,
      .priority = 10, .m_min = 1, .n_step = 4,
      .run = qai8dx_qsi8cx_1x4_avx2},

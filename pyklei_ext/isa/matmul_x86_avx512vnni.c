@@ -81,13 +81,16 @@ typedef struct {
  * Per output (row i, weight row j), for every block b in order:
  *     acc = corr[i][b] + sum_q dot4(u_q, a_q)        (exact int32: u = w + off, corr = -off sum a)
  *     f   = fma(float(acc), s_b[j], f)
- * then dst = scale_i * (f - zp_i * R_j). Every tile (GEMV: MR <= 8, NP = 1; GEMM: MR <= 6,
+ * then dst = scale_i * (f - zp_i * R_j). D32 (qsi8d32 activations, run_d32): the blocks are the
+ * activations' blocks of 32 (a weight block of bl spans sdiv = bl / 32 of them), the multiply is
+ *     f   = fma(float(acc), s_{b / sdiv}[j] * as_i[b], f)
+ * and dst = f (symmetric: no zero-point term). Every tile (GEMV: MR <= 8, NP = 1; GEMM: MR <= 6,
  * NP = 1 or 2) does exactly this, so a row's result is bit-identical whatever M is and whichever
  * tile computed it. (The int32 sums may be added in any order: they are exact.)
  * BITS 4: qsi4c32 (off 8, 64 bytes per k-octet); BITS 6: qsi6c32 (off 32, per 16 k two nibble
  * pieces and one piece of top bits, OR-ed into bits 4-5 of each unsigned byte). */
-Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int PAIRS, const pk_lhs *lhs, int i0,
-                          const int8_t *a, size_t lda, z_corr corr, int nb, int bl, const uint8_t *w,
+Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int PAIRS, const int D32, const pk_lhs *lhs,
+                          int i0, const int8_t *a, size_t lda, z_corr corr, int nb, int bl, int sdiv, const uint8_t *w,
                           size_t panel_bytes, const uint16_t *s, size_t panel_scales, const float *rs, int c0, int c1,
                           float *dst, size_t ldd, float lo, float hi) {
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
@@ -136,8 +139,11 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
             for (int i = 0; i < MR; i++) acc[i][0] = _mm512_add_epi32(acc[i][0], acc[i][1]);
         for (int p = 0; p < NP; p++) {
             const __m512 sc = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
-                _mm256_loadu_si256((const __m256i *)(s + p * panel_scales + (size_t)16 * b))), 16));
-            for (int i = 0; i < MR; i++) f[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][p]), sc, f[i][p]);
+                _mm256_loadu_si256((const __m256i *)(s + p * panel_scales + (size_t)16 * (D32 ? b / sdiv : b)))), 16));
+            for (int i = 0; i < MR; i++) {
+                const __m512 m = D32 ? _mm512_mul_ps(sc, _mm512_set1_ps(lhs->bscale[(size_t)(i0 + i) * nb + b])) : sc;
+                f[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][p]), m, f[i][p]);
+            }
         }
     }
     const __m512 vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
@@ -146,9 +152,10 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
             const int e = c1 - 16 * p < 16 ? c1 - 16 * p : 16, st = c0 - 16 * p > 0 ? c0 - 16 * p : 0;
             if (e <= st) continue;
             const __mmask16 sm = (__mmask16)(((1u << e) - 1) & ~((1u << st) - 1));
-            const __m512 r = _mm512_maskz_loadu_ps(sm, rs + 16 * p);
+            const __m512 r = D32 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(sm, rs + 16 * p);
             __m512 v[2];
-            for (int h = 0; h < (PAIRS ? 2 : 1); h++) {   /* scale * (f - zp * R), the scalar kernel's order */
+            if (D32) v[0] = f[i][p];
+            else for (int h = 0; h < (PAIRS ? 2 : 1); h++) {   /* scale * (f - zp * R), the scalar kernel's order */
                 const int ii = i0 + i + h;
                 const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), r);
                 v[h] = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(f[i + h][p], t));
@@ -163,7 +170,7 @@ Z_INLINE void z_qp16_tile(const int BITS, const int MR, const int NP, const int 
 /* Rows [n0, n1) of a p16 weight for all m activation rows, MR rows x NP panels at a time, then
  * the m % MR rows left as one tile, so each panel is streamed from memory once and re-read from
  * L1 by the next tiles (PAIRS: m even, rows taken two by two, output row = pair index). */
-Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int PAIRS, int m, int n0, int n1, const pk_lhs *lhs,
+Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int PAIRS, const int D32, int m, int n0, int n1, const pk_lhs *lhs,
                           const pk_rhs *rhs, const uint8_t *packed, const int8_t *a, size_t lda, z_corr corr,
                           float *dst, size_t ldd, float lo, float hi) {
     const pk_p16_geom g = pk_p16_geometry(rhs);
@@ -176,9 +183,11 @@ Z_INLINE void z_qp16_run(const int BITS, const int MR, const int NP, const int P
         const uint16_t *s = pk_p16_scales(packed, &g, p, 0);
         /* rsum is read for columns [c0, c1) only (masked loads) */
         int i0 = 0;
-#define Z_T(R) do { if (np == 2) z_qp16_tile(BITS, R, 2, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, \
-                                             s, pscales, rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi);               \
-                    else z_qp16_tile(BITS, R, 1, PAIRS, lhs, i0, a, lda, corr, g.nb, rhs->bl, w, g.panel_bytes, s,     \
+        /* D32: the integer blocks are the activations' 32 (bsum32: corr), sdiv of them per weight block */
+        const int nb = D32 ? rhs->k / 32 : g.nb, bl = D32 ? 32 : rhs->bl, sdiv = rhs->bl / 32;
+#define Z_T(R) do { if (np == 2) z_qp16_tile(BITS, R, 2, PAIRS, D32, lhs, i0, a, lda, corr, nb, bl, sdiv, w,          \
+                                             g.panel_bytes, s, pscales, rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi);  \
+                    else z_qp16_tile(BITS, R, 1, PAIRS, D32, lhs, i0, a, lda, corr, nb, bl, sdiv, w, g.panel_bytes, s, \
                                      pscales, rhs->rsum + n, c0, c1, dst + n, ldd, lo, hi); } while (0)
         for (; i0 + MR <= m; i0 += MR) Z_T(MR);
         switch (m - i0) {   /* the rows left: one tile of them (PAIRS: an even count) */
@@ -225,26 +234,28 @@ Z_TARGET static int z_qp16_lhs(const pk_lhs *lhs, int m, int k, int bl, int off,
 }
 
 /* GEMV (tiles of up to 8 activation rows x 16 weight rows) or GEMM (6 x 32): one micro-kernel;
- * pairs: two-plane rows summed in the kernel (pk_kernel.run_pairs); the GEMV's tile of 8 rows is
- * then 4 output rows. */
-Z_INLINE void z_qp16(const int BITS, const int MR, const int NP, int pairs, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+ * mode 1: two-plane rows summed in the kernel (pk_kernel.run_pairs); the GEMV's tile of 8 rows is
+ * then 4 output rows; mode 2: qsi8d32 activations (pk_kernel.run_d32). */
+Z_INLINE void z_qp16(const int BITS, const int MR, const int NP, int mode, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
                      const void *packed, float *dst, size_t ldd, float lo, float hi) {
     const int8_t *a;
     size_t lda;
     z_corr corr;
-    if (!packed || z_qp16_lhs(lhs, m, rhs->k, rhs->bl, BITS == 6 ? 32 : 8, &a, &lda, &corr)) {
-        if (!pairs) pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+    if (!packed || z_qp16_lhs(lhs, m, rhs->k, mode == 2 ? 32 : rhs->bl, BITS == 6 ? 32 : 8, &a, &lda, &corr)) {
+        if (mode == 2) pk_scalar_run_d32(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
+        else if (!mode) pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         else pk_run_scalar_pairs(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
         return;
     }
-    if (pairs) z_qp16_run(BITS, MR, NP, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
-    else z_qp16_run(BITS, MR, NP, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    if (mode == 2) z_qp16_run(BITS, MR, NP, 0, 1, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else if (mode) z_qp16_run(BITS, MR, NP, 1, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
+    else z_qp16_run(BITS, MR, NP, 0, 0, m, n0, n1, lhs, rhs, packed, a, lda, corr, dst, ldd, lo, hi);
 }
 
-#define Z_QP16_ENTRY(NAME, BITS, MR, NP, PAIRS)                                                      \
+#define Z_QP16_ENTRY(NAME, BITS, MR, NP, MODE)                                                       \
     Z_TARGET static void NAME(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,          \
                               const void *packed, float *dst, size_t ldd, float lo, float hi) {     \
-        z_qp16(BITS, MR, NP, PAIRS, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                   \
+        z_qp16(BITS, MR, NP, MODE, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);                    \
     }
 Z_QP16_ENTRY(qai8dx_qsi4c32p16_8x16_avx512vnni, 4, ZVMR, 1, 0)
 Z_QP16_ENTRY(qai8dx2_qsi4c32p16_8x16_avx512vnni, 4, ZVMR, 1, 1)
@@ -254,6 +265,10 @@ Z_QP16_ENTRY(qai8dx_qsi6c32p16_8x16_avx512vnni, 6, ZVMR, 1, 0)
 Z_QP16_ENTRY(qai8dx2_qsi6c32p16_8x16_avx512vnni, 6, ZVMR, 1, 1)
 Z_QP16_ENTRY(qai8dx_qsi6c32p16_6x32_avx512vnni, 6, ZMR, 2, 0)
 Z_QP16_ENTRY(qai8dx2_qsi6c32p16_6x32_avx512vnni, 6, ZMR, 2, 1)
+Z_QP16_ENTRY(qsi8d32_qsi4c32p16_8x16_avx512vnni, 4, ZVMR, 1, 2)
+Z_QP16_ENTRY(qsi8d32_qsi4c32p16_6x32_avx512vnni, 4, ZMR, 2, 2)
+Z_QP16_ENTRY(qsi8d32_qsi6c32p16_8x16_avx512vnni, 6, ZVMR, 1, 2)
+Z_QP16_ENTRY(qsi8d32_qsi6c32p16_6x32_avx512vnni, 6, ZMR, 2, 2)
 #undef Z_QP16_ENTRY
 
 /* Activation rows i0, i0+1 of a GEMV pass (the second repeats the first when m is odd). */
@@ -397,16 +412,20 @@ Z_TARGET static void qai8dx_qsi8cxp4_6x32_avx512vnni(int m, int n0, int n1, cons
 const pk_kernel pk_kernels_x86_avx512vnni[] = {
     {.name = "qai8dx_qsi4c32p16_8x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 16,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_8x16_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_8x16_avx512vnni},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_8x16_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_8x16_avx512vnni,
+     .run_d32 = qsi8d32_qsi4c32p16_8x16_avx512vnni},
     {.name = "qai8dx_qsi4c32p16_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = 31, .m_min = ZVMR + 1, .n_step = ZNR,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_6x32_avx512vnni},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi4c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi4c32p16_6x32_avx512vnni,
+     .run_d32 = qsi8d32_qsi4c32p16_6x32_avx512vnni},
     {.name = "qai8dx_qsi6c32p16_8x16_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 16,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_8x16_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_8x16_avx512vnni},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_8x16_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_8x16_avx512vnni,
+     .run_d32 = qsi8d32_qsi6c32p16_8x16_avx512vnni},
     {.name = "qai8dx_qsi6c32p16_6x32_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI6C32, .features = PK_CPU_AVX512VNNI,
      .priority = 31, .m_min = ZVMR + 1, .n_step = ZNR,
-     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_6x32_avx512vnni},
+     .rhs_packed_size = pk_p16_size, .rhs_pack = pk_p16_pack, .run = qai8dx_qsi6c32p16_6x32_avx512vnni, .run_pairs = qai8dx2_qsi6c32p16_6x32_avx512vnni,
+     .run_d32 = qsi8d32_qsi6c32p16_6x32_avx512vnni},
     {.name = "qai8dx_qsi8cxp4_1x4_avx512vnni", .isa = "avx512vnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
      .priority = 30, .m_min = 1, .n_step = 4,
      .rhs_packed_size = pk_p4_size, .rhs_pack = pk_p4_pack, .run = qai8dx_qsi8cxp4_1x4_avx512vnni},

@@ -27,6 +27,8 @@
 #define Y_DPBUSD _mm256_dpbusd_avx_epi32
 #define Y_Q4_GEMV qai8dx_qsi4c32_1x4_avxvnni
 #define Y_Q4_GEMM qai8dx_qsi4c32_3x16_avxvnni
+#define Y_D32_GEMV qsi8d32_qsi4c32_1x4_avxvnni
+#define Y_D32_GEMM qsi8d32_qsi4c32_3x16_avxvnni
 #define Y_Q8_GEMV qai8dx_qsi8cx_1x4_avxvnni
 #define Y_Q8_GEMM qai8dx_qsi8cx_3x16_avxvnni
 #include "x86_ymm_tmpl.h"
@@ -39,6 +41,8 @@
 #undef Y_DPBUSD
 #undef Y_Q4_GEMV
 #undef Y_Q4_GEMM
+#undef Y_D32_GEMV
+#undef Y_D32_GEMM
 #undef Y_Q8_GEMV
 #undef Y_Q8_GEMM
 #define Y_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma,f16c")))
@@ -46,6 +50,8 @@
 #define Y_DPBUSD _mm256_dpbusd_epi32
 #define Y_Q4_GEMV qai8dx_qsi4c32_1x4_avxvnni_evex
 #define Y_Q4_GEMM qai8dx_qsi4c32_3x16_avxvnni_evex
+#define Y_D32_GEMV qsi8d32_qsi4c32_1x4_avxvnni_evex
+#define Y_D32_GEMM qsi8d32_qsi4c32_3x16_avxvnni_evex
 #define Y_Q8_GEMV qai8dx_qsi8cx_1x4_avxvnni_evex
 #define Y_Q8_GEMM qai8dx_qsi8cx_3x16_avxvnni_evex
 #include "x86_ymm_tmpl.h"
@@ -57,10 +63,10 @@
 const pk_kernel pk_kernels_x86_avxvnni[] = {
     {.name = "qai8dx_qsi4c32_1x4_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVXVNNI,
      .priority = 20, .m_min = 1, .n_step = 4,
-     .run = qai8dx_qsi4c32_1x4_avxvnni},
+     .run = qai8dx_qsi4c32_1x4_avxvnni, .run_d32 = qsi8d32_qsi4c32_1x4_avxvnni},
     {.name = "qai8dx_qsi4c32_3x16_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVXVNNI,
      .priority = 21, .m_min = 6, .n_step = 16,
-     .run = qai8dx_qsi4c32_3x16_avxvnni},
+     .run = qai8dx_qsi4c32_3x16_avxvnni, .run_d32 = qsi8d32_qsi4c32_3x16_avxvnni},
     {.name = "qai8dx_qsi8cx_1x4_avxvnni", .isa = "avxvnni", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVXVNNI,
      .priority = 20, .m_min = 1, .n_step = 4,
      .run = qai8dx_qsi8cx_1x4_avxvnni},
@@ -69,10 +75,10 @@ const pk_kernel pk_kernels_x86_avxvnni[] = {
      .run = qai8dx_qsi8cx_3x16_avxvnni},
     {.name = "qai8dx_qsi4c32_1x4_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = -1, .m_min = 1, .n_step = 4,
-     .run = qai8dx_qsi4c32_1x4_avxvnni_evex},
+     .run = qai8dx_qsi4c32_1x4_avxvnni_evex, .run_d32 = qsi8d32_qsi4c32_1x4_avxvnni_evex},
     {.name = "qai8dx_qsi4c32_3x16_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI4C32, .features = PK_CPU_AVX512VNNI,
      .priority = -1, .m_min = 4, .n_step = 16,
-     .run = qai8dx_qsi4c32_3x16_avxvnni_evex},
+     .run = qai8dx_qsi4c32_3x16_avxvnni_evex, .run_d32 = qsi8d32_qsi4c32_3x16_avxvnni_evex},
     {.name = "qai8dx_qsi8cx_1x4_avxvnni_evex", .isa = "avxvnni_evex", .fmt = PK_FMT_QSI8CX, .features = PK_CPU_AVX512VNNI,
      .priority = -1, .m_min = 1, .n_step = 4,
      .run = qai8dx_qsi8cx_1x4_avxvnni_evex},

@@ -28,16 +28,23 @@ A_INLINE __m512 A_NAME(amx_clamp)(__m512 v, float lo, float hi) {
     return _mm512_min_ps(_mm512_set1_ps(hi), _mm512_max_ps(_mm512_set1_ps(lo), v));
 }
 
-/* qai8dx_qsi4c32p16_32x32_amx, qai8dx_qsi4c32p16_32x32_amx_emul */
-A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
-                                              const void *packed, float *dst, size_t ldd, float lo, float hi) {
-    const int k = rhs->k, bl = rhs->bl, nb = k / bl, kd = bl == 32 ? 32 : 64, steps = bl / kd;
+/* qai8dx_qsi4c32p16_32x32_amx (D32 0) and qsi8d32_qsi4c32p16_32x32_amx (D32 1: qsi8d32
+ * activations, integer blocks of 32 whatever bl, each scaled by s_{b / sdiv} * as_b; no zero
+ * point), and their _amx_emul twins */
+A_INLINE void A_NAME(amx_q4_32x32)(const int D32, int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                   const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    const int k = rhs->k, bl = rhs->bl, nbw = k / bl, bli = D32 ? 32 : bl, nb = k / bli, sdiv = bl / bli;
+    const int kd = bli == 32 ? 32 : 64, steps = bli / kd;
     size_t lda;
-    uint8_t *panel = pk_scratch(0, (size_t)k * ZNR + sizeof(float) * ((size_t)nb * ZNR + ZNR));
+    uint8_t *panel = pk_scratch(0, (size_t)k * ZNR + sizeof(float) * ((size_t)nbw * ZNR + ZNR));
     float *work = pk_scratch(3, 2 * sizeof(float) * 32 * 32);
     int8_t *act = panel && work && packed ? amx_copy_lhs(lhs, m, k, &lda) : NULL;
-    if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
-    float *spanel = (float *)(panel + (size_t)k * ZNR), *rs = spanel + (size_t)nb * ZNR;
+    if (!act) {
+        if (D32) pk_scalar_run_d32(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
+        else pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi);
+        return;
+    }
+    float *spanel = (float *)(panel + (size_t)k * ZNR), *rs = spanel + (size_t)nbw * ZNR;
     int32_t *cbuf = (int32_t *)work;
     float *facc = work + 32 * 32;
     amx_cfg cfg;
@@ -57,10 +64,16 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, cons
                 AMX_ZERO(1);
                 AMX_ZERO(2);
                 AMX_ZERO(3);
-                for (int st = 0; st < steps; st++) A_NAME(amx_step)(act, lda, i0, b * bl + st * kd, panel);
+                for (int st = 0; st < steps; st++) A_NAME(amx_step)(act, lda, i0, b * bli + st * kd, panel);
                 A_NAME(amx_store_c)(cbuf);
-                const __m512 s0 = _mm512_load_ps(spanel + (size_t)b * ZNR), s1 = _mm512_load_ps(spanel + (size_t)b * ZNR + 16);
+                const float *sb = spanel + (size_t)(b / sdiv) * ZNR;
                 for (int r = 0; r < mr; r++) {
+                    __m512 s0 = _mm512_load_ps(sb), s1 = _mm512_load_ps(sb + 16);
+                    if (D32) {
+                        const __m512 a = _mm512_set1_ps(lhs->bscale[(size_t)(i0 + r) * nb + b]);
+                        s0 = _mm512_mul_ps(s0, a);
+                        s1 = _mm512_mul_ps(s1, a);
+                    }
                     float *f = facc + r * 32;
                     _mm512_store_ps(f, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + r * 32)), s0, _mm512_load_ps(f)));
                     _mm512_store_ps(f + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cbuf + r * 32 + 16)), s1,
@@ -73,15 +86,27 @@ A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, cons
                     const int e = nv - 16 * j < 16 ? nv - 16 * j : 16, st = c0 - 16 * j > 0 ? c0 - 16 * j : 0;
                     if (e <= st) continue;
                     const __mmask16 sm = (__mmask16)(((1u << e) - 1) & ~((1u << st) - 1));
-                    const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_load_ps(rs + 16 * j));
-                    const __m512 v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]),
-                                                   _mm512_sub_ps(_mm512_load_ps(facc + r * 32 + 16 * j), t));
+                    __m512 v = _mm512_load_ps(facc + r * 32 + 16 * j);
+                    if (!D32) {
+                        const __m512 t = _mm512_mul_ps(_mm512_set1_ps((float)lhs->zp[ii]), _mm512_load_ps(rs + 16 * j));
+                        v = _mm512_mul_ps(_mm512_set1_ps(lhs->scale[ii]), _mm512_sub_ps(v, t));
+                    }
                     _mm512_mask_storeu_ps(dst + (size_t)ii * ldd + np + 16 * j, sm, A_NAME(amx_clamp)(v, lo, hi));
                 }
             }
         }
     }
     AMX_RELEASE();
+}
+
+A_TARGET static void A_NAME(qai8dx_qsi4c32p16_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                                     const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    A_NAME(amx_q4_32x32)(0, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
+}
+
+A_TARGET static void A_NAME(qsi8d32_qsi4c32p16_32x32)(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                                      const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    A_NAME(amx_q4_32x32)(1, m, n0, n1, lhs, rhs, packed, dst, ldd, lo, hi);
 }
 
 /* qai8dx_qsi8cxp4_32x32_amx, qai8dx_qsi8cxp4_32x32_amx_emul */

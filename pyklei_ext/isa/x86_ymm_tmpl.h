@@ -6,7 +6,8 @@
  *   Y_DPBUSD   (Y_VNNI) the ymm vpdpbusd intrinsic: _mm256_dpbusd_avx_epi32 (VEX) or
  *              _mm256_dpbusd_epi32 (EVEX, AVX512VL: the test twin)
  *   Y_MR, Y_NRV  GEMM register tile: Y_MR activation rows x 8*Y_NRV weight rows
- *   Y_Q4_GEMV, Y_Q4_GEMM (and with Y_VNNI Y_Q8_GEMV, Y_Q8_GEMM)  the kernels' function names,
+ *   Y_Q4_GEMV, Y_Q4_GEMM, Y_D32_GEMV, Y_D32_GEMM (qsi8d32 x qsi4c32; and with Y_VNNI Y_Q8_GEMV,
+ *              Y_Q8_GEMM)  the kernels' function names,
  *              the whole names of their table entries (qai8dx_qsi4c32_1x4_avx2, ...), so
  *              that a name in PYKLEI_LOG=kernels greps to the #define next to the include
  *
@@ -17,7 +18,11 @@
  *  GEMM qsi4c32: u8 = w + 8 in [0, 15] (packed panel), s8 = activation (broadcast 4 bytes);
  *    the int32 block accumulator starts at -8 * sum_{k in block} a. vpmaddubsw lanes are
  *    <= 2*15*128 = 3840 per product pair, 2 pairs added: no saturation.
- *  GEMM qsi8cx (VNNI only): u8 = w + 128, start at -128 * sum a. */
+ *  GEMM qsi8cx (VNNI only): u8 = w + 128, start at -128 * sum a.
+ *  qsi8d32 (symmetric activations, a scale per block of 32): the GEMV takes u8 = |a| and
+ *    s8 = sign(a) * w (vpsignb), so no offset term; the GEMM is the qsi4c32 GEMM with blocks of
+ *    32 (corr from the activations' blocks) and the weight block's scale times the activation
+ *    block's in the float multiply. */
 
 #define Y_INLINE static inline __attribute__((always_inline)) Y_TARGET
 
@@ -36,8 +41,9 @@ Y_INLINE __m256i Y_NAME(y_dot2)(__m256i acc, __m256i u0, __m256i s0, __m256i u1,
 
 /* Per 64 elements (32 bytes of qs = 2 chunks): bytes 0..31 pair with the low nibbles
  * (chunk 0 elements 0..15 | chunk 1 elements 0..15), bytes 32..63 with the high nibbles. */
-Y_TARGET static void Y_NAME(y_prep_q4_gemv)(int m, int k, const pk_lhs *lhs, uint8_t *out, size_t ldo) {
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+/* xr: 0x80 (u8 = q + 128, qai8dx) or 0 (the bytes as they are, qsi8d32); the tail pads with xr. */
+Y_TARGET static void Y_NAME(y_prep_q4_gemv)(int m, int k, const pk_lhs *lhs, uint8_t *out, size_t ldo, int xr) {
+    const __m256i x80 = _mm256_set1_epi8((char)xr);
     for (int i = 0; i < m; i++) {
         const int8_t *a = lhs->q + (size_t)i * lhs->ld;
         uint8_t *o = out + (size_t)i * ldo;
@@ -49,10 +55,10 @@ Y_TARGET static void Y_NAME(y_prep_q4_gemv)(int m, int k, const pk_lhs *lhs, uin
             _mm256_store_si256((__m256i *)(o + kk + 32), _mm256_xor_si256(_mm256_permute2x128_si256(y0, y1, 0x31), x80));
         }
         if (kk < k) {   /* one trailing chunk of 32 */
-            memset(o + kk, 0x80, 64);
+            memset(o + kk, xr, 64);
             for (int j = 0; j < 16; j++) {
-                o[kk + j] = (uint8_t)(a[kk + j] ^ 0x80);
-                o[kk + 32 + j] = (uint8_t)(a[kk + 16 + j] ^ 0x80);
+                o[kk + j] = (uint8_t)(a[kk + j] ^ xr);
+                o[kk + 32 + j] = (uint8_t)(a[kk + 16 + j] ^ xr);
             }
         }
     }
@@ -127,7 +133,7 @@ Y_TARGET static void Y_Q4_GEMV(int m, int n0, int n1, const pk_lhs *lhs, const p
     const size_t ldo = pk_round_up((size_t)k, 64);
     uint8_t *act = pk_scratch(0, ldo * (size_t)m);
     if (!act) { pk_run_scalar(m, n0, n1, lhs, rhs, dst, ldd, lo, hi); return; }
-    Y_NAME(y_prep_q4_gemv)(m, k, lhs, act, ldo);
+    Y_NAME(y_prep_q4_gemv)(m, k, lhs, act, ldo, 0x80);
     for (int n = n0; n < n1; n += 4) {
         const int nr = n1 - n < 4 ? n1 - n : 4;
         const uint8_t *w[4];
@@ -149,6 +155,61 @@ Y_TARGET static void Y_Q4_GEMV(int m, int n0, int n1, const pk_lhs *lhs, const p
             const float zpf = (float)(lhs->zp[i] + 128), sc = lhs->scale[i];
             for (int r = 0; r < nr; r++)
                 dst[(size_t)i * ldd + n + r] = pk_clampf(sc * (sums[r] - zpf * rhs->rsum[n + r]), lo, hi);
+        }
+    }
+}
+
+/* qsi8d32 x qsi4c32, 1 activation row x 4 weight rows: per 64-group the low 128-bit lane of the
+ * dot is block 2g, the high one block 2g + 1 (y_prep_q4_gemv's order), each multiplied by its
+ * weight block's scale times its activation block's. A ragged last group (k % 64 == 32) has zero
+ * weights and activations in the high lane. */
+Y_TARGET static void Y_D32_GEMV(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, bl = rhs->bl, nbw = k / bl, nba = k / 32, G = (k + 63) / 64;
+    const size_t ldo = pk_round_up((size_t)k, 64);
+    uint8_t *act = pk_scratch(0, ldo * (size_t)m);
+    if (!act) { pk_scalar_run_d32(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi); return; }
+    Y_NAME(y_prep_q4_gemv)(m, k, lhs, act, ldo, 0);
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1,
+                                         0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    for (int n = n0; n < n1; n += 4) {
+        const int nr = n1 - n < 4 ? n1 - n : 4;
+        const uint8_t *w[4];
+        const uint16_t *s[4];
+        for (int r = 0; r < 4; r++) {
+            const int rr = n + (r < nr ? r : nr - 1);
+            w[r] = rhs->qs + (size_t)rr * (k / 2);
+            s[r] = (const uint16_t *)rhs->scales + (size_t)rr * nbw;
+        }
+        for (int i = 0; i < m; i++) {
+            const int8_t *ai = (const int8_t *)act + (size_t)i * ldo;
+            const float *as = lhs->bscale + (size_t)i * nba;
+            __m256 acc[4];
+            for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
+            for (int g = 0; g < G; g++) {
+                const int b0 = 2 * g, b1 = 2 * g + 1 < nba ? 2 * g + 1 : 2 * g;
+                const __m256i alo = _mm256_load_si256((const __m256i *)(ai + 64 * g));
+                const __m256i ahi = _mm256_load_si256((const __m256i *)(ai + 64 * g + 32));
+                const __m256i ulo = _mm256_abs_epi8(alo), uhi = _mm256_abs_epi8(ahi);   /* -128 -> 0x80 = 128 */
+                for (int r = 0; r < 4; r++) {
+                    const __m256i v = 2 * g + 1 < nba ? _mm256_loadu_si256((const __m256i *)(w[r] + 32 * g))
+                                                      : _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(w[r] + 32 * g)));
+                    const __m256i wlo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m0f));
+                    const __m256i whi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+                    const __m256i d = Y_NAME(y_dot2)(_mm256_setzero_si256(), ulo, _mm256_sign_epi8(wlo, alo), uhi,
+                                                     _mm256_sign_epi8(whi, ahi));
+                    const __m256 sc = _mm256_setr_m128(_mm_set1_ps(pk_bf16_to_f32(s[r][32 * b0 / bl]) * as[b0]),
+                                                       _mm_set1_ps(pk_bf16_to_f32(s[r][32 * b1 / bl]) * as[b1]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, acc[r]);
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+                const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+                dst[(size_t)i * ldd + n + r] = pk_clampf(_mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2))), lo, hi);
+            }
         }
     }
 }
@@ -250,8 +311,10 @@ Y_INLINE void Y_NAME(y_store)(float *d, __m256 v, int nv) {
     }
 }
 
-Y_INLINE void Y_NAME(y_gemm_tile)(const int MR, const int Q8, const pk_lhs *lhs, int i0, const int8_t *a,
-                                  size_t lda, const int32_t *corr, int nbc, int nbk, int qpb,
+/* D32 (qsi8d32): blocks of 32 (nbk = K/32), spanel row b / sdiv (sdiv = bl / 32) times the
+ * activation block's scale; the result is f itself (no zero point). */
+Y_INLINE void Y_NAME(y_gemm_tile)(const int MR, const int Q8, const int D32, int sdiv, const pk_lhs *lhs, int i0,
+                                  const int8_t *a, size_t lda, const int32_t *corr, int nbc, int nbk, int qpb,
                                   const uint8_t *panel, const float *spanel, const float *rs,
                                   const int32_t *isum, int nvalid, float *dst, size_t ldd, float lo, float hi) {
     __m256 f[Y_MR][Y_NRV];
@@ -277,8 +340,11 @@ Y_INLINE void Y_NAME(y_gemm_tile)(const int MR, const int Q8, const pk_lhs *lhs,
         }
         if (!Q8) {
             for (int j = 0; j < Y_NRV; j++) {
-                const __m256 sj = _mm256_load_ps(spanel + (size_t)b * Y_NR + 8 * j);
-                for (int i = 0; i < MR; i++) f[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][j]), sj, f[i][j]);
+                const __m256 sj = _mm256_load_ps(spanel + (size_t)(D32 ? b / sdiv : b) * Y_NR + 8 * j);
+                for (int i = 0; i < MR; i++) {
+                    const __m256 mj = D32 ? _mm256_mul_ps(sj, _mm256_set1_ps(lhs->bscale[(size_t)(i0 + i) * nbk + b])) : sj;
+                    f[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][j]), mj, f[i][j]);
+                }
             }
         }
     }
@@ -289,7 +355,9 @@ Y_INLINE void Y_NAME(y_gemm_tile)(const int MR, const int Q8, const pk_lhs *lhs,
             const int nv = nvalid - 8 * j;
             if (nv <= 0) break;
             __m256 v;
-            if (!Q8) {
+            if (D32) {
+                v = f[i][j];
+            } else if (!Q8) {
                 const __m256 t = _mm256_mul_ps(_mm256_set1_ps((float)lhs->zp[ii]), _mm256_load_ps(rs + 8 * j));
                 v = _mm256_mul_ps(_mm256_set1_ps(lhs->scale[ii]), _mm256_sub_ps(f[i][j], t));
             } else {
@@ -304,15 +372,16 @@ Y_INLINE void Y_NAME(y_gemm_tile)(const int MR, const int Q8, const pk_lhs *lhs,
     }
 }
 
-Y_TARGET static void Y_NAME(y_gemm_panel)(const int Q8, int m, const pk_lhs *lhs, const int8_t *a, size_t lda,
-                                          const int32_t *corr, int nbc, int nbk, int qpb, const uint8_t *panel,
+Y_TARGET static void Y_NAME(y_gemm_panel)(const int Q8, const int D32, int sdiv, int m, const pk_lhs *lhs, const int8_t *a,
+                                          size_t lda, const int32_t *corr, int nbc, int nbk, int qpb, const uint8_t *panel,
                                           const float *spanel, const float *rs, const int32_t *isum, int nvalid,
                                           float *dst, size_t ldd, float lo, float hi) {
     int i0 = 0;
     for (; i0 + Y_MR <= m; i0 += Y_MR)
-        Y_NAME(y_gemm_tile)(Y_MR, Q8, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi);
+        Y_NAME(y_gemm_tile)(Y_MR, Q8, D32, sdiv, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst,
+                            ldd, lo, hi);
     switch (m - i0) {
-#define Y_TAIL(R) case R: if (R < Y_MR) Y_NAME(y_gemm_tile)(R < Y_MR ? R : 1, Q8, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi); break;
+#define Y_TAIL(R) case R: if (R < Y_MR) Y_NAME(y_gemm_tile)(R < Y_MR ? R : 1, Q8, D32, sdiv, lhs, i0, a, lda, corr, nbc, nbk, qpb, panel, spanel, rs, isum, nvalid, dst, ldd, lo, hi); break;
     Y_TAIL(1) Y_TAIL(2) Y_TAIL(3) Y_TAIL(4) Y_TAIL(5)
 #undef Y_TAIL
     default: break;
@@ -334,7 +403,28 @@ Y_TARGET static void Y_Q4_GEMM(int m, int n0, int n1, const pk_lhs *lhs, const p
     float *spanel = (float *)(panel + (size_t)k * Y_NR), *rs = spanel + (size_t)nb * Y_NR;
     for (int np = n0; np < n1; np += Y_NR) {
         Y_NAME(y_pack_q4_panel)(rhs, np, n1, panel, spanel, rs);
-        Y_NAME(y_gemm_panel)(0, m, lhs, a, lda, corr, nb, nb, bl / 4, panel, spanel, rs, NULL,
+        Y_NAME(y_gemm_panel)(0, 0, 1, m, lhs, a, lda, corr, nb, nb, bl / 4, panel, spanel, rs, NULL,
+                             n1 - np < Y_NR ? n1 - np : Y_NR, dst + np, ldd, lo, hi);
+    }
+}
+
+/* qsi8d32 x qsi4c32: Y_Q4_GEMM's panels, integer blocks of 32 (D32 in y_gemm_tile). */
+Y_TARGET static void Y_D32_GEMM(int m, int n0, int n1, const pk_lhs *lhs, const pk_rhs *rhs,
+                                const void *packed, float *dst, size_t ldd, float lo, float hi) {
+    (void)packed;
+    const int k = rhs->k, bl = rhs->bl, nb = k / bl;
+    const int8_t *a;
+    size_t lda;
+    int32_t *corr;
+    uint8_t *panel = pk_scratch(0, (size_t)k * Y_NR + sizeof(float) * ((size_t)nb * Y_NR + Y_NR));
+    if (!panel || pk_gemm_lhs_prep(lhs, m, k, k, 32, 8, &a, &lda, &corr)) {
+        pk_scalar_run_d32(m, n0, n1, lhs, rhs, NULL, dst, ldd, lo, hi);
+        return;
+    }
+    float *spanel = (float *)(panel + (size_t)k * Y_NR), *rs = spanel + (size_t)nb * Y_NR;
+    for (int np = n0; np < n1; np += Y_NR) {
+        Y_NAME(y_pack_q4_panel)(rhs, np, n1, panel, spanel, rs);
+        Y_NAME(y_gemm_panel)(0, 1, bl / 32, m, lhs, a, lda, corr, k / 32, k / 32, 8, panel, spanel, rs, NULL,
                              n1 - np < Y_NR ? n1 - np : Y_NR, dst + np, ldd, lo, hi);
     }
 }
@@ -356,7 +446,7 @@ Y_TARGET static void Y_Q8_GEMM(int m, int n0, int n1, const pk_lhs *lhs, const p
     int32_t *isum = (int32_t *)(ws + Y_NR);
     for (int np = n0; np < n1; np += Y_NR) {
         Y_NAME(y_pack_q8_panel)(rhs, np, n1, kp, panel, ws, isum);
-        Y_NAME(y_gemm_panel)(1, m, lhs, a, lda, corr, 1, 1, kp / 4, panel, NULL, ws, isum,
+        Y_NAME(y_gemm_panel)(1, 0, 1, m, lhs, a, lda, corr, 1, 1, kp / 4, panel, NULL, ws, isum,
                              n1 - np < Y_NR ? n1 - np : Y_NR, dst + np, ldd, lo, hi);
     }
 }

@@ -12,14 +12,16 @@
 
 /* ---- logging ------------------------------------------------------------------------ */
 
-/* PYKLEI_LOG=kernels (or 1): one stderr line per distinct (kernel, m, n, k). */
+/* PYKLEI_LOG=kernels (or 1): one stderr line per distinct (kernel, activations, m, n, k); a
+ * call on qsi8d32 activations names the kernel qsi8d32_<its name after the first '_'>, the
+ * contract it ran (its run_d32). */
 int pk_log_kernels = -1;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t logged[512];
 
-void pk_log_call(const pk_kernel *kern, int m, int n, int k) {
+void pk_log_call(const pk_kernel *kern, int d32, int m, int n, int k) {
     if (!pk_log_kernels) return;
-    const uint64_t key = ((uint64_t)(uintptr_t)kern * 0x9E3779B97F4A7C15ull)
+    const uint64_t key = (((uint64_t)(uintptr_t)kern + (uint64_t)d32) * 0x9E3779B97F4A7C15ull)
                        ^ ((uint64_t)m << 42) ^ ((uint64_t)n << 21) ^ (uint64_t)k;
     pthread_mutex_lock(&log_lock);
     for (size_t i = 0; i < sizeof logged / sizeof logged[0]; i++) {
@@ -27,8 +29,9 @@ void pk_log_call(const pk_kernel *kern, int m, int n, int k) {
         if (logged[slot] == key) break;
         if (logged[slot] == 0) {
             logged[slot] = key;
-            fprintf(stderr, "pyklei: matmul %s m=%d n=%d k=%d -> %s\n", pk_format_name(kern->fmt), m, n, k,
-                    kern->name);
+            const char *rest = strchr(kern->name, '_');
+            fprintf(stderr, "pyklei: matmul %s m=%d n=%d k=%d -> %s%s\n", pk_format_name(kern->fmt), m, n, k,
+                    d32 ? "qsi8d32" : "", d32 && rest ? rest : kern->name);
             break;
         }
     }

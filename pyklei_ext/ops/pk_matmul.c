@@ -10,18 +10,23 @@
 
 struct pk_ctx {
     pk_pool *pool;
-    int planes;          /* activation planes: 1 (qai8dx) or 2 (qai8dx2) */
+    pk_act act;          /* the requested scheme (a call may fall back: pk_matmul.h) */
+    int planes;          /* activation planes: 2 for qai8dx2, else 1 */
     int8_t *q;           /* scratch for quantized activations [planes*m][ld] */
     float *scale;        /* [planes*m] */
     int32_t *zp;         /* [planes*m] */
     float *resid;        /* [n_threads][k] residual rows (2 planes) */
     float *dst2;         /* [2m][n] per-plane products (2 planes) */
     int32_t *bsum32;     /* [planes*m][k/32] block sums of the quantized rows */
-    size_t cap_q, cap_scale, cap_zp, cap_resid, cap_dst2, cap_bsum32;
+    float *bscale;       /* qsi8d32: [m][k/32] block scales */
+    size_t cap_q, cap_scale, cap_zp, cap_resid, cap_dst2, cap_bsum32, cap_bscale;
 };
 
-void pk_ctx_set_act_planes(pk_ctx *ctx, int planes) { ctx->planes = planes == 2 ? 2 : 1; }
-int pk_ctx_act_planes(const pk_ctx *ctx) { return ctx->planes; }
+void pk_ctx_set_activations(pk_ctx *ctx, pk_act act) {
+    ctx->act = act == PK_ACT_QAI8DX2 || act == PK_ACT_QSI8D32 ? act : PK_ACT_QAI8DX;
+    ctx->planes = ctx->act == PK_ACT_QAI8DX2 ? 2 : 1;
+}
+pk_act pk_ctx_activations(const pk_ctx *ctx) { return ctx->act; }
 
 pk_ctx *pk_ctx_create(int n_threads) {
     if (pk_dispatch_init()) return NULL;
@@ -29,7 +34,7 @@ pk_ctx *pk_ctx_create(int n_threads) {
     if (!ctx) { fail("out of memory"); return NULL; }
     ctx->pool = pk_pool_create(n_threads);
     if (!ctx->pool) { free(ctx); fail("cannot start %d threads", n_threads); return NULL; }
-    ctx->planes = 1;
+    pk_ctx_set_activations(ctx, PK_ACT_QAI8DX);
     return ctx;
 }
 
@@ -42,6 +47,7 @@ void pk_ctx_destroy(pk_ctx *ctx) {
     free(ctx->resid);
     free(ctx->dst2);
     free(ctx->bsum32);
+    free(ctx->bscale);
     free(ctx);
 }
 
@@ -67,6 +73,7 @@ typedef struct {
     const pk_lhs *lhs;
     float lo, hi;        /* the kernels' clamp */
     float out_lo, out_hi;   /* two planes: the clamp of the summed output */
+    int d32;             /* the kernels run on qsi8d32 activations (run_d32) */
     int chunks;          /* total over the parts */
     int next;            /* atomic */
     /* quantization stage */
@@ -91,6 +98,12 @@ static void run_quantize(void *arg, int ith, int nth) {
     const size_t ld = job->lhs->ld;
     float *sc = (float *)job->lhs->scale;
     int32_t *zp = (int32_t *)job->lhs->zp, *bs = (int32_t *)job->lhs->bsum32;
+    if (job->lhs->bscale) {   /* qsi8d32 */
+        for (int i = ith; i < m; i += nth)
+            pk_quantize_qsi8d32_row(k, job->x + (size_t)i * job->ldx, job->q + (size_t)i * ld,
+                                    (float *)job->lhs->bscale + (size_t)i * (k / 32), bs + (size_t)i * (k / 32));
+        return;
+    }
     if (!job->resid) {
         for (int i = ith; i < m; i += nth) {
             pk_quantize_qai8dx_row(k, job->x + (size_t)i * job->ldx, job->q + (size_t)i * ld, sc + i, zp + i);
@@ -111,6 +124,10 @@ static void run_quantize(void *arg, int ith, int nth) {
 
 static void run_part(const matmul_job *job, const mm_part *p, int n0, int n1) {
     if (n0 >= n1) return;
+    if (job->lhs->bscale) {   /* qsi8d32: plan_parts checked that every part has run_d32 */
+        p->kern->run_d32(job->lhs->m, n0, n1, job->lhs, p->rhs, p->packed, p->dst, p->ldd, job->lo, job->hi);
+        return;
+    }
     if (p->out && p->kern->run_pairs) {   /* the kernel sums the two planes itself */
         p->kern->run_pairs(job->lhs->m, n0, n1, job->lhs, p->rhs, p->packed, p->out, p->ldo, job->out_lo,
                            job->out_hi);
@@ -159,22 +176,26 @@ static int check_kernel(const pk_rhs *rhs, const pk_kernel **kern, int m) {
     return 0;
 }
 
-/* Fills job->part[] for the weights (kernel, packed copy, chunks); returns 0 or -1. */
+/* Fills job->part[] for the weights (kernel, packed copy, chunks) and job->d32: whether the
+ * call runs on qsi8d32 activations, which needs d32 (the scheme asked for), K a multiple of 32
+ * and every part's kernel taking them (run_d32: block formats); returns 0 or -1. */
 static int plan_parts(matmul_job *job, int count, const pk_rhs *const *rhs, float *const *dst,
-                      const size_t *ldd, const pk_kernel *kern, int nth) {
+                      const size_t *ldd, const pk_kernel *kern, int nth, int d32) {
     if (count < 1 || count > PK_MAX_PARTS) return fail("a matmul call takes 1 to %d weights, not %d", PK_MAX_PARTS, count);
     job->nparts = count;
     job->chunks = 0;
     job->next = 0;
+    job->d32 = d32 && job->lhs->k % 32 == 0;
     for (int i = 0; i < count; i++) {
         mm_part *p = &job->part[i];
         const pk_kernel *kr = kern;
         if (rhs[i]->k != job->lhs->k)
             return fail("activation K=%d does not match weight K=%d", job->lhs->k, rhs[i]->k);
         if (check_kernel(rhs[i], &kr, job->lhs->m)) return -1;
-        pk_log_call(kr, job->lhs->m, rhs[i]->n, rhs[i]->k);
+        job->d32 &= kr->run_d32 != NULL;
         *p = (mm_part){kr, rhs[i], pk_rhs_packed_for(rhs[i], kr), dst[i], ldd[i], NULL, 0, 0, 0};
     }
+    for (int i = 0; i < count; i++) pk_log_call(job->part[i].kern, job->d32, job->lhs->m, rhs[i]->n, rhs[i]->k);
     /* per thread and weight about 4 chunks for a GEMV, 2 for a GEMM (each kernel call prepares
      * the activations again); each chunk at least 16 KiB of weights */
     for (int i = 0; i < count; i++) {
@@ -196,7 +217,9 @@ int pk_matmul_lhs(pk_ctx *ctx, const pk_rhs *rhs, const pk_lhs *lhs, float *dst,
     if (lhs->k != rhs->k) return fail("activation K=%d does not match weight K=%d", lhs->k, rhs->k);
     if (lhs->m <= 0) return 0;
     matmul_job job = {.lhs = lhs, .lo = clamp_lo, .hi = clamp_hi};
-    if (plan_parts(&job, 1, &rhs, &dst, &ldd, kern, pk_pool_size(ctx->pool))) return -1;
+    if (plan_parts(&job, 1, &rhs, &dst, &ldd, kern, pk_pool_size(ctx->pool), lhs->bscale != NULL)) return -1;
+    if (lhs->bscale && !job.d32)
+        return fail("qsi8d32 activations: kernel %s does not take them (K=%d)", job.part[0].kern->name, lhs->k);
     pk_pool_run(ctx->pool, run_kernel, &job);
     return 0;
 }
@@ -222,9 +245,13 @@ int pk_matmul_f32_multi(pk_ctx *ctx, int count, const pk_rhs *const *rhs, int m,
         return -1;
     if (k % 32 == 0 && grow((void **)&ctx->bsum32, &ctx->cap_bsum32, sizeof(int32_t) * (size_t)rows * (k / 32)))
         return -1;
-    pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp, k % 32 == 0 ? ctx->bsum32 : NULL};
+    pk_lhs lhs = {rows, k, ctx->q, ld, ctx->scale, ctx->zp, k % 32 == 0 ? ctx->bsum32 : NULL, NULL};
     matmul_job job = {.lhs = &lhs, .lo = clamp_lo, .hi = clamp_hi, .x = x, .ldx = ldx, .q = ctx->q};
-    if (plan_parts(&job, count, rhs, dst, ldd, kern, pk_pool_size(ctx->pool))) return -1;
+    if (plan_parts(&job, count, rhs, dst, ldd, kern, pk_pool_size(ctx->pool), ctx->act == PK_ACT_QSI8D32)) return -1;
+    if (job.d32) {   /* the quantizing stage fills bscale and bsum32 (allocated above: k % 32 == 0) */
+        if (grow((void **)&ctx->bscale, &ctx->cap_bscale, sizeof(float) * (size_t)rows * (k / 32))) return -1;
+        lhs.bscale = ctx->bscale;
+    }
     if (planes == 2) {
         if (grow((void **)&ctx->resid, &ctx->cap_resid, sizeof(float) * (size_t)k * pk_pool_size(ctx->pool)))
             return -1;

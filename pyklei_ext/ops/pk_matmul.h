@@ -62,6 +62,10 @@ void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int3
 int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
                                 int32_t *zp);
 
+/* qsi8d32 of one row, k a multiple of 32: q [k], bscale and bsum [k/32] (the block sums of q);
+ * byte-exact with pyklei.formats.quantize_qsi8d32. */
+void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum);
+
 /* ---- matmul ------------------------------------------------------------------------- */
 
 typedef struct pk_ctx pk_ctx;
@@ -71,12 +75,18 @@ void pk_ctx_destroy(pk_ctx *ctx);
 int pk_ctx_threads(const pk_ctx *ctx);
 pk_pool *pk_ctx_pool(pk_ctx *ctx);
 
-/* Activation precision of pk_matmul_f32: 1 plane = qai8dx (KleidiAI's per-row int8);
- * 2 planes = qai8dx2: each row also gets a second qai8dx row quantizing the residual
- * x - dequant(plane 1), and the two rows' products are summed. The kernels see 2M rows, so
- * weights stream once; the result has ~16-bit activation precision (docs/FORMAT.md). */
-void pk_ctx_set_act_planes(pk_ctx *ctx, int planes);
-int pk_ctx_act_planes(const pk_ctx *ctx);
+/* Activation scheme of pk_matmul_f32 (docs/FORMAT.md):
+ *   PK_ACT_QAI8DX   one int8 plane per row, asymmetric (KleidiAI's qai8dx);
+ *   PK_ACT_QAI8DX2  each row also gets a second qai8dx row quantizing the residual
+ *                   x - dequant(plane 1), and the two rows' products are summed. The kernels
+ *                   see 2M rows, so weights stream once; ~16-bit activation precision;
+ *   PK_ACT_QSI8D32  one symmetric int8 plane with a scale per block of 32 along K (KleidiAI's
+ *                   qsi8d32, llama.cpp's Q8_0), folded into the kernels' per-block multiply
+ *                   (pk_kernel.run_d32). A call whose kernel has no run_d32, or whose K is
+ *                   not a multiple of 32, or a qsi8cx weight, runs qai8dx instead. */
+typedef enum { PK_ACT_QAI8DX = 0, PK_ACT_QAI8DX2 = 1, PK_ACT_QSI8D32 = 2 } pk_act;
+void pk_ctx_set_activations(pk_ctx *ctx, pk_act act);
+pk_act pk_ctx_activations(const pk_ctx *ctx);
 
 /* Two-plane quantization of one row: plane 1 into (q1, s1, z1), its residual into (q2, s2, z2);
  * byte-exact with pyklei.formats.quantize_qai8dx2. r: scratch [k]. */

@@ -58,8 +58,9 @@ extern const pk_kernel *pk_usable[PK_FMT_QUANT_COUNT][PK_MAX_KERNELS];   /* best
 extern int pk_n_usable[PK_FMT_QUANT_COUNT];
 extern int pk_log_kernels;   /* PYKLEI_LOG=kernels */
 
-/* One stderr line per distinct (kernel, m, n, k) when pk_log_kernels. */
-void pk_log_call(const pk_kernel *kern, int m, int n, int k);
+/* One stderr line per distinct (kernel, activations, m, n, k) when pk_log_kernels; d32: the
+ * call ran the kernel's run_d32 (qsi8d32 activations). */
+void pk_log_call(const pk_kernel *kern, int d32, int m, int n, int k);
 
 /* Whether the PYKLEI_KERNEL list names ISA tag isa (as a tag or a kernel name's suffix). */
 int pk_force_names_isa(const char *list, const char *isa);

@@ -27,7 +27,9 @@
  * takes any K: a tail of 7); N = 2 n_step + 5 for the largest n_step among the checked
  * kernels (two panels and a ragged tail), computed in two calls split at the kernel's own
  * n_step, as threads split N; m = 1 and m = m_min; run_pairs with 2 and with m_min (rounded
- * up to even) rows. Data from a small LCG: every int8 / int4 / int6 value, zero points of
+ * up to even) rows; run_d32 (block formats) with m = 1 and m_min on the same int8 rows read as
+ * qsi8d32, block scales in [2^-6, 2^-5) like the row scales (no zero-point term: its bound is
+ * below run's). Data from a small LCG: every int8 / int4 / int6 value, zero points of
  * both signs, scales of both signs; the kernel's own rhs_pack makes its copy of the weight.
  *
  * Tolerance: kernels compute exact int32 block dots and differ from the scalar kernel only
@@ -59,6 +61,8 @@ typedef struct {
     pk_lhs lhs;
     float *ref;           /* [m][n] the scalar kernel, unclamped */
     float *ref_pairs;     /* [m/2][n] ref rows 2t + 2t+1 */
+    float *bscale;        /* qsi8d32 view of the same q: [m][k/32] block scales (block formats) */
+    float *ref_d32;       /* [m][n] the scalar kernel's run_d32, unclamped (block formats) */
     float tol;            /* bound on |kernel - ref| for one product */
 } selfcheck_case;
 
@@ -71,6 +75,8 @@ static void selfcheck_case_free(selfcheck_case *c) {
     free(c->zp);
     free(c->ref);
     free(c->ref_pairs);
+    free(c->bscale);
+    free(c->ref_d32);
 }
 
 /* m rows x n weight rows x k (m even); returns 0, or -1 when out of memory. */
@@ -87,7 +93,10 @@ static int selfcheck_case_make(selfcheck_case *c, pk_format fmt, int m, int n, i
     c->zp = malloc(sizeof(int32_t) * (size_t)m);
     c->ref = malloc(sizeof(float) * (size_t)m * n);
     c->ref_pairs = malloc(sizeof(float) * (size_t)(m / 2) * n);
-    if (!c->qs || !c->scales || !c->q || !c->ascale || !c->zp || !c->ref || !c->ref_pairs) return -1;
+    c->bscale = malloc(sizeof(float) * (size_t)m * (k / 32 + 1));
+    c->ref_d32 = malloc(sizeof(float) * (size_t)m * n);
+    if (!c->qs || !c->scales || !c->q || !c->ascale || !c->zp || !c->ref || !c->ref_pairs || !c->bscale || !c->ref_d32)
+        return -1;
     uint32_t st = seed;
     /* weights: any int4 / int6 byte; int8 in [-127, 127] (qsi8cx is symmetric); scales of
      * both signs, |s| in [2^-7, 2^-6) (bf16) or [2^-10, 2^-9) (qsi8cx) */
@@ -114,7 +123,9 @@ static int selfcheck_case_make(selfcheck_case *c, pk_format fmt, int m, int n, i
         c->ascale[i] = ldexpf(1.0f + (float)(selfcheck_rand(&st) & 0xFFFF) / 65536.0f, -6);
         c->zp[i] = (int32_t)(selfcheck_rand(&st) & 255) - 128;
     }
-    c->lhs = (pk_lhs){m, k, c->q, ld, c->ascale, c->zp};
+    for (int i = 0; i < m * (k / 32); i++)
+        c->bscale[i] = ldexpf(1.0f + (float)(selfcheck_rand(&st) & 0xFFFF) / 65536.0f, -6);
+    c->lhs = (pk_lhs){m, k, c->q, ld, c->ascale, c->zp, NULL, NULL};
     const float t_max = ldexpf(1.0f, -5) * (float)k * 512.0f * wmax;
     c->tol = 2.0f * (float)(nb + 24) * ldexpf(1.0f, -24) * t_max;
     if (pk_rhs_prepare_canonical(&c->rhs, fmt, n, k, bl, c->qs, c->scales)) return -1;
@@ -122,27 +133,39 @@ static int selfcheck_case_make(selfcheck_case *c, pk_format fmt, int m, int n, i
     for (int t = 0; t < m / 2; t++)
         for (int j = 0; j < n; j++)
             c->ref_pairs[(size_t)t * n + j] = c->ref[(size_t)(2 * t) * n + j] + c->ref[(size_t)(2 * t + 1) * n + j];
+    if (blocks) {
+        pk_lhs d = c->lhs;
+        d.bscale = c->bscale;
+        pk_kernel_scalar_for(fmt)->run_d32(m, 0, n, &d, &c->rhs, NULL, c->ref_d32, (size_t)n, -INFINITY, INFINITY);
+    }
     return 0;
 }
 
-/* Runs kern (run_pairs if pairs) on the first m activation rows into dst [rows][n], in two
- * calls split at its n_step; returns max |dst - want| (NaN counts as infinite) and where. */
+enum { RUN = 0, RUN_PAIRS = 1, RUN_D32 = 2 };
+
+/* Runs kern (run, run_pairs or run_d32, as `pairs` says) on the first m activation rows into
+ * dst [rows][n], in two calls split at its n_step; returns max |dst - want| (NaN counts as
+ * infinite) and where. */
 static float selfcheck_run(const pk_kernel *kern, int pairs, int m, const selfcheck_case *c, const void *packed,
                            float *dst, int *at_row, int *at_col) {
     const int n = c->n, step = kern->n_step > 0 && kern->n_step < n ? kern->n_step : 1;
     pk_lhs lhs = c->lhs;
     lhs.m = m;
-    if (pairs) {
+    if (pairs == RUN_D32) {
+        lhs.bscale = c->bscale;
+        kern->run_d32(m, 0, step, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
+        kern->run_d32(m, step, n, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
+    } else if (pairs) {
         kern->run_pairs(m, 0, step, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
         kern->run_pairs(m, step, n, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
     } else {
         kern->run(m, 0, step, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
         kern->run(m, step, n, &lhs, &c->rhs, packed, dst, (size_t)n, -INFINITY, INFINITY);
     }
-    const float *want = pairs ? c->ref_pairs : c->ref;
+    const float *want = pairs == RUN_D32 ? c->ref_d32 : pairs ? c->ref_pairs : c->ref;
     float worst = 0.0f;
     *at_row = *at_col = 0;
-    for (int i = 0; i < (pairs ? m / 2 : m); i++)
+    for (int i = 0; i < (pairs == RUN_PAIRS ? m / 2 : m); i++)
         for (int j = 0; j < n; j++) {
             float d = fabsf(dst[(size_t)i * n + j] - want[(size_t)i * n + j]);
             if (d != d) d = INFINITY;
@@ -166,22 +189,26 @@ static int selfcheck_kernel(const pk_kernel *kern, const selfcheck_case *c, floa
     const int ms[2] = {1, kern->m_min > 1 ? kern->m_min : 1};
     const int mps[2] = {2, kern->m_min > 2 ? (kern->m_min + 1) & ~1 : 2};
     int rc = 0;
-    for (int pairs = 0; pairs < (kern->run_pairs ? 2 : 1) && !rc; pairs++)
+    for (int pairs = RUN; pairs <= RUN_D32 && !rc; pairs++) {
+        if ((pairs == RUN_PAIRS && !kern->run_pairs) || (pairs == RUN_D32 && (!kern->run_d32 || kern->fmt == PK_FMT_QSI8CX)))
+            continue;
         for (int t = 0; t < 2 && !rc; t++) {
-            const int m = pairs ? mps[t] : ms[t];
-            if (t == 1 && m == (pairs ? mps[0] : ms[0])) break;
+            const int m = pairs == RUN_PAIRS ? mps[t] : ms[t];
+            if (t == 1 && m == (pairs == RUN_PAIRS ? mps[0] : ms[0])) break;
             int row = 0, col = 0;
             const float d = selfcheck_run(kern, pairs, m, c, packed, dst, &row, &col);
-            const float bound = pairs ? 2.0f * c->tol : c->tol;
+            const float bound = pairs == RUN_PAIRS ? 2.0f * c->tol : c->tol;
             if (!(d <= bound)) {
                 fprintf(stderr,
                         "pyklei: warning: kernel %s failed its self-check against the scalar kernel "
                         "(%s m=%d n=%d k=%d bl=%d: max |diff| %.3g at [%d][%d], bound %.3g); "
                         "using the next best\n",
-                        kern->name, pairs ? "run_pairs" : "run", m, c->n, c->k, c->bl, d, row, col, bound);
+                        kern->name, pairs == RUN_D32 ? "run_d32" : pairs ? "run_pairs" : "run", m, c->n, c->k,
+                        c->bl, d, row, col, bound);
                 rc = -1;
             }
         }
+    }
     free(packed);
     return rc;
 }

@@ -41,7 +41,10 @@
  *      (c) guards: dst is a tile inside a larger buffer filled with a NaN sentinel, with
  *          ldd > N; nothing outside the written tile may change. Each case runs once through
  *          pk_matmul_lhs / pk_matmul_f32 (2 threads splitting N) and once directly on a
- *          random sub-range [n0, n1) with a random m.
+ *          random sub-range [n0, n1) with a random m;
+ *      (d) qsi8d32 (run_d32, block formats): the same rows with a scale per block of 32,
+ *          against the scalar run_d32 (itself checked against a double evaluation), same bound
+ *          with K/32 blocks and T = sum |s_w * s_a * q_a * q_w|.
  * Last line: "<P> passed, <F> failed"; exit status 1 on any failure.
  * One file past 600 lines on purpose: every check runs through the same case generator,
  * reference and tile guard below; split up, they would only be passed around. */
@@ -1073,7 +1076,18 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
             pk_quantize_qai8dx_row(K, x + (size_t)i * ldx, aq + (size_t)i * ld, &ascale[i], &azp[i]);
         }
     }
-    pk_lhs lhs = {M, K, aq, ld, ascale, azp};
+    pk_lhs lhs = {M, K, aq, ld, ascale, azp, NULL, NULL};
+
+    /* qsi8d32 (kernels' run_d32): the same int8 rows, read with a scale per block of 32; the
+     * reference is the scalar run_d32, checked below against a double evaluation */
+    const int d32 = blocks && K % 32 == 0, nb32 = K / 32;
+    float *bsc = NULL;
+    pk_lhs lhs32 = lhs;
+    if (d32) {
+        bsc = malloc(sizeof(float) * (size_t)M * nb32);
+        for (int i = 0; i < M * nb32; i++) bsc[i] = exact ? 1.0f : 0.001f + 0.05f * rnd_unit();
+        lhs32.bscale = bsc;
+    }
 
     /* the weight, prepared once (kernels with a repacked layout get their own below) */
     pk_rhs rhs;
@@ -1125,6 +1139,36 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
         }
     }
     CHECK(ref_ok, "reference %s %s M=%d N=%d K=%d bl=%d: %s", fmt_str(cs->fmt), variant_name[v], M, N, K, bl, why);
+
+    float *ref32 = NULL, *tol32 = NULL;
+    if (d32) {
+        ref32 = malloc(sizeof(float) * (size_t)M * N);
+        tol32 = malloc(sizeof(float) * (size_t)M * N);
+        pk_scalar_run_d32(M, 0, N, &lhs32, &rhs, NULL, ref32, (size_t)N, -INFINITY, INFINITY);
+        int ok32 = 1;
+        for (int i = 0; i < M && ok32; i++)
+            for (int n = 0; n < N && ok32; n++) {
+                double truth = 0.0, T = 0.0;
+                for (int b = 0; b < nb32; b++) {
+                    const double s = (double)pk_bf16_to_f32(((uint16_t *)scales)[(size_t)n * nb + 32 * b / bl]) * bsc[i * nb32 + b];
+                    int64_t d = 0, dabs = 0;
+                    for (int kk = 32 * b; kk < 32 * b + 32; kk++) {
+                        const uint8_t *wr = qs + (size_t)n * row_bytes;
+                        const int w = q4 ? pk_qsi4c32_get(wr, kk) : pk_qsi6c32_get(wr, kk), av = aq[(size_t)i * ld + kk];
+                        d += (int64_t)av * w;
+                        dabs += (int64_t)abs(av) * abs(w);
+                    }
+                    truth += s * (double)d;
+                    T += fabs(s) * (double)dabs;
+                }
+                tol32[i * N + n] = (float)((double)(nb32 + 8) * ldexp(1.0, -23) * T) + 1e-30f;
+                if (fabs((double)ref32[i * N + n] - truth) > tol32[i * N + n]) {
+                    snprintf(why, sizeof why, "ref32[%d][%d] = %.9g, independent %.9g", i, n, ref32[i * N + n], truth);
+                    ok32 = 0;
+                }
+            }
+        CHECK(ok32, "qsi8d32 reference %s %s M=%d N=%d K=%d bl=%d: %s", fmt_str(cs->fmt), variant_name[v], M, N, K, bl, why);
+    }
 
     /* clamps: finite for some random cases (applied to the reference the same way) */
     float lo = -INFINITY, hi = INFINITY;
@@ -1200,6 +1244,18 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
                 free(buf2);
                 free(bs);
             }
+            /* (4) run_d32 on all rows and a sub-range of N, against the qsi8d32 reference */
+            if (ok && d32 && kern->run_d32) {
+                float *buf3 = guard_alloc(rows, ldd);
+                kern->run_d32(m, n0, n1, &lhs32, r, packed, buf3 + 1, ldd, -INFINITY, INFINITY);
+                ok = check_tile(buf3, rows, ldd, 0, 1, m, n0, n1, ref32, tol32, N, why, sizeof why);
+                if (!ok) {
+                    char tmp[sizeof why];
+                    snprintf(tmp, sizeof tmp, "%s", why);
+                    snprintf(why, sizeof why, "run_d32 m=%d n=[%d,%d): %.200s", m, n0, n1, tmp);
+                }
+                free(buf3);
+            }
             free(buf);
         }
         CHECK(ok, "%s %s M=%d N=%d K=%d bl=%d: %s", kern->name, variant_name[v], M, N, K, bl, why);
@@ -1210,8 +1266,11 @@ static void run_case(const mcase *cs, pk_ctx *ctx, const pk_kernel *ref_kern) {
     }
     free(ref);
     free(tol);
+    free(ref32);
+    free(tol32);
     pk_rhs_release(&rhs);
 out:
+    free(bsc);
     free(qs);
     free(scales);
     free(aq);
