@@ -51,6 +51,7 @@ VARIANTS = {      # name -> how to convert (and "same": score another variant's 
                                                   # (one activation plane: rotated, "auto")
     "default-qai8dx2": {"same": "default", "activations": "qai8dx2"},   # two activation planes
     "default-qai8dx": {"same": "default", "activations": "qai8dx"},     # one, whatever the file
+    "default-qsi8d32": {"same": "default", "activations": "qsi8d32"},   # one, a scale per block of 32
     "emb8": {"rotate": True, "gptq": True, "embedding_bits": 8},   # the default, 8-bit embedding
     "b4.9": {"rotate": True, "gptq": True, "bits": 4.9},      # the ladder, < llama.cpp Q4_0's size
     "q4m": {"rotate": True, "gptq": True, "recipe": "q4m"},

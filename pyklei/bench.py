@@ -146,7 +146,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
     from .formats.model_file import check_model_path, is_model_file
     from .hub import model_file
     from .runtime.generate import peak_rss_mb
-    from .runtime.kernels import cpu_features, selected_kernel
+    from .runtime.kernels import cpu_features, selected_kernel_for
     from .llm import LLM
     from .runtime.model import physical_cores
 
@@ -181,8 +181,8 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
             report["params"] = sum(math.prod(t.shape) for t in model.file.tensors.values())
             report["name"] = model.file.metadata.get("general.name")
             report["kernels"] = {
-                "decode": {f: selected_kernel(f, planes) for f in ("qsi4c32", "qsi6c32", "qsi8cx")},
-                "prefill": {f: selected_kernel(f, planes * n_batch)
+                "decode": {f: selected_kernel_for(f, planes, activations) for f in ("qsi4c32", "qsi6c32", "qsi8cx")},
+                "prefill": {f: selected_kernel_for(f, planes * n_batch, activations)
                             for f in ("qsi4c32", "qsi6c32", "qsi8cx")}}
         rng = np.random.default_rng(seed)
         normal = np.nonzero(np.asarray(llm.tokenizer.token_types) == 1)[0]

@@ -34,7 +34,7 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
     from .formats.llama_tensors import BLOCK_LINEARS
     from .formats.model_file import check_model_path, is_model_file, read_model
     from .formats.registry import WEIGHT_FORMATS
-    from .runtime.kernels import available_kernels, cpu_features, selected_kernel
+    from .runtime.kernels import available_kernels, cpu_features, selected_kernel_for
 
     path = check_model_path(path)
     if not is_model_file(path):
@@ -72,9 +72,10 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
         f = r["format"] if WEIGHT_FORMATS[r["format"]].quantized else "qsi8cx"
         if f != r["format"]:
             r["runtime_format"] = f
-        r["decode_kernel"] = selected_kernel(f, m_dec)
+        r["decode_kernel"] = selected_kernel_for(f, m_dec, activations)
         # only the last position's logits are computed after a prompt: lm_head runs at m = planes
-        r["prefill_kernel"] = selected_kernel(f, m_dec if r["weight"].startswith("lm_head") else m_pre)
+        r["prefill_kernel"] = selected_kernel_for(f, m_dec if r["weight"].startswith("lm_head") else m_pre,
+                                                  activations)
 
     tmpl = md.get("tokenizer.chat_template")
     return {

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..formats.model_file import ModelFile
 
-ACTIVATIONS = ("auto", "qai8dx2", "qai8dx")     # what a caller may request
+# what a caller may request: "auto", or a scheme of pyklei._ext.ACTIVATIONS (docs/FORMAT.md):
+# qai8dx (one int8 plane per row), qai8dx2 (two planes), qsi8d32 (a scale per block of 32)
+ACTIVATIONS = ("auto", "qai8dx2", "qai8dx", "qsi8d32")
 
 
 def choose_activations(file: ModelFile, requested: str = "auto") -> str:

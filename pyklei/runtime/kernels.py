@@ -38,10 +38,21 @@ def cpu_features() -> list[str]:
     return _ext.cpu_features()
 
 
+def selected_kernel_for(fmt: str, m: int, activations: str = "qai8dx") -> str:
+    """The kernel a matmul of weight format `fmt` on m activation rows runs, named as the
+    PYKLEI_LOG=kernels line names it (ops/pk_dispatch.c, pk_log_call): with qsi8d32 activations a
+    kernel that takes them (its run_d32) is qsi8d32_<the rest of its name>; one that does not
+    runs qai8dx (docs/KERNELS.md, "qsi8d32 activations")."""
+    name = selected_kernel(fmt, m)
+    if activations == "qsi8d32" and any(k["name"] == name and k["takes_qsi8d32"] for k in kernels()):
+        return "qsi8d32" + name[name.index("_"):]
+    return name
+
+
 def available_kernels(supported_only: bool = True) -> list[dict]:
     """Kernels compiled in (name, isa, format, supported, priority, m_min, ...)."""
     return [k for k in kernels() if k["supported"] or not supported_only]
 
 
 __all__ = ["KernelError", "Ops", "QWeight", "available_kernels", "cpu_features", "load_ext", "np",
-           "quantize_qai8dx", "selected_kernel"]
+           "quantize_qai8dx", "selected_kernel", "selected_kernel_for"]

@@ -112,9 +112,10 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16,q8}", "KV cache type",
            "KV cache precision (q8: int8 with an f16 scale per 32 values, as llama.cpp's q8_0)",
            choices=("f32", "f16", "q8")),
-    Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx}", "activations",
-           "activation quantization: qai8dx2 (two int8 planes, accurate on any file) or qai8dx "
-           "(one plane, KleidiAI's scheme: faster prefill, a little less accurate)",
+    Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx,qsi8d32}", "activations",
+           "activation quantization: qai8dx2 (two int8 planes, accurate on any file), qai8dx "
+           "(one plane per row, KleidiAI's scheme: faster prefill, a little less accurate) or "
+           "qsi8d32 (one plane, a scale per block of 32, as llama.cpp's Q8_0)",
            "default %(default)s: one plane on a rotated file, two on any other; the figures in "
            "docs/QUALITY.md", choices=ACTIVATIONS),
     Option("n_seq", int, 4, (), "N", "sequence count",      # no flag: serve's --parallel sets it
