@@ -5,10 +5,12 @@
 
 The same file is loaded once per scheme (qai8dx: one int8 plane per row; qai8dx2: two planes;
 qsi8d32: one plane with a scale per block of 32, docs/FORMAT.md) and the three models are
-measured in turn, round after round (pyklei.bench.measure_speed: prefill of --prompts tokens
-and --gen greedy decode steps, one repetition per round), so that a busy neighbour on the shared
-machine slows all of them alike. Each figure is the median over the rounds; each ratio is the
-median over the rounds of that round's qsi8d32 / qai8dx (or qai8dx2 / qai8dx) ratio; the load
+measured in turn, round after round (a prefill of each --prompts length from an empty cache,
+then --gen greedy decode steps after a one-token prompt), so that a busy neighbour on the
+shared machine slows all of them alike. Rates are tokens per second of the process's CPU time
+(1 thread: the work itself; on this shared 2-core VM wall-clock rates moved 2x between rounds
+under a load of 20) and, beside them, of wall-clock time. Each figure is the median over the
+rounds; each ratio is the median over the rounds of that round's ratio to qai8dx; the load
 average is printed beside the run.
 
 Files: --model smollm2 is benchmarks/quality.py's cached "default" file of the smollm2 bed
@@ -59,7 +61,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="results name (default activations-speed-<model>)")
     args = ap.parse_args(argv)
 
-    from pyklei.bench import measure_speed
     from pyklei.llm import LLM
 
     path = model_path(args.model)
@@ -72,26 +73,42 @@ def main(argv=None) -> int:
     vocab = models["qai8dx"].model.vocab_size
     tokens = lambda n: [int(t) for t in rng.integers(100, vocab, n)]   # noqa: E731
     tests = [f"pp{p}" for p in lengths] + [f"tg{args.gen}"]
-    rates = {s: {t: [] for t in tests} for s in SCHEMES}
+    clocks = {"cpu": time.process_time, "wall": time.perf_counter}
+    rates = {c: {s: {t: [] for t in tests} for s in SCHEMES} for c in clocks}
+
+    def timed(fn):
+        t = {c: f() for c, f in clocks.items()}
+        out = fn()
+        return out, {c: f() - t[c] for c, f in clocks.items()}
+
+    for s in SCHEMES:   # warm-up: touch every weight once
+        models[s].model.reset()
+        models[s].model.eval(tokens(8))
     load = [os.getloadavg()[0]]
     for r in range(args.rounds):
         for s in SCHEMES:
             model = models[s].model
-
-            def prefill(ids, model=model):
+            for p in lengths:
                 model.reset()
-                return model.eval(ids)
+                _, dt = timed(lambda: model.eval(tokens(p)))
+                for c in clocks:
+                    rates[c][s][f"pp{p}"].append(p / dt[c])
+            model.reset()
+            logits = model.eval(tokens(1))
 
-            m = measure_speed(prefill, model.step, tokens, lengths, args.gen, repeats=1)
-            for p in m["prefill"]:
-                rates[s][f"pp{p['tokens']}"].append(p["tok_s"])
-            rates[s][f"tg{args.gen}"].append(m["decode"]["tok_s"])
+            def decode(logits=logits, model=model):
+                for _ in range(args.gen):
+                    logits = model.step(int(np.argmax(logits)))
+
+            _, dt = timed(decode)
+            for c in clocks:
+                rates[c][s][f"tg{args.gen}"].append(args.gen / dt[c])
         load.append(os.getloadavg()[0])
         print(f"round {r + 1}/{args.rounds} done (load {load[-1]:.1f})", file=sys.stderr)
 
-    med = {s: {t: statistics.median(v) for t, v in rates[s].items()} for s in SCHEMES}
-    ratio = {s: {t: statistics.median([a / b for a, b in zip(rates[s][t], rates["qai8dx"][t])]) for t in tests}
-             for s in SCHEMES}
+    med = {c: {s: {t: statistics.median(v) for t, v in rates[c][s].items()} for s in SCHEMES} for c in clocks}
+    ratio = {c: {s: {t: statistics.median([a / b for a, b in zip(rates[c][s][t], rates[c]["qai8dx"][t])])
+                     for t in tests} for s in SCHEMES} for c in clocks}
     report = {"model": str(path), "threads": args.threads, "rounds": args.rounds, "cpu": cpu_model(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_1min": load,
               "tok_s": rates, "median_tok_s": med, "median_ratio_vs_qai8dx": ratio}
@@ -101,10 +118,13 @@ def main(argv=None) -> int:
     lines = [f"`python benchmarks/activations_speed.py --model {args.model} --threads {args.threads} "
              f"--rounds {args.rounds}` — {report['date']}, {report['cpu']}, {args.threads} thread(s), "
              f"1-min load average {min(load):.1f}-{max(load):.1f} during the run (shared machine).",
-             "", "tok/s, median over rounds (ratio to qai8dx: median of the per-round ratios)", "",
-             "| scheme | " + " | ".join(tests) + " |", "|---|" + "---|" * len(tests)]
+             "", "tok/s of CPU time and of wall-clock time, median over rounds (ratio to qai8dx: median "
+             "of the per-round ratios)", "",
+             "| scheme | " + " | ".join(f"{t} CPU | {t} wall" for t in tests) + " |",
+             "|---|" + "---|---|" * len(tests)]
     for s in SCHEMES:
-        lines.append(f"| {s} | " + " | ".join(f"{med[s][t]:.0f} ({ratio[s][t]:.2f}x)" for t in tests) + " |")
+        lines.append(f"| {s} | " + " | ".join(f"{med[c][s][t]:.0f} ({ratio[c][s][t]:.2f}x)" for t in tests
+                                               for c in clocks) + " |")
     (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

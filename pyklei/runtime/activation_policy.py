@@ -21,7 +21,9 @@ def choose_activations(file: ModelFile, requested: str = "auto") -> str:
     """The activation scheme to run `file` with: `requested`, or for "auto" one int8 plane
     (qai8dx) on a rotated file and two (qai8dx2) on any other. One plane halves the integer
     work of prefill; what it costs in KL divergence on rotated and unrotated files is measured
-    in docs/QUALITY.md, "Activations" (imported files are unrotated)."""
+    in docs/QUALITY.md, "Activations" (imported files are unrotated). qsi8d32 (a scale per block
+    of 32) is selectable, not chosen by "auto" until it is measured to recover two planes'
+    accuracy on every test bed (docs/QUALITY.md, "A scale per block of 32")."""
     if requested not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {requested!r}")
     if requested != "auto":
