@@ -23,17 +23,6 @@ static double now_s(void) {
  * threads (split_attention); m->parts holds as many. */
 #define SPLIT_PAIRS(nt) (2 * (nt))
 
-/* First element of (slot, layer, K/V head) in k_cache / v_cache */
-static size_t kv_head(const pk_llama *m, int seq, int layer, int h) {
-    const size_t len = m->ring[layer] ? (size_t)m->ring[layer] : (size_t)m->ctx_pad;
-    return (size_t)seq * m->slot_elems + m->layer_off[layer] + (size_t)h * len * m->hp.head_dim;
-}
-
-/* Where position pos of a layer's cache is stored */
-static int kv_index(const pk_llama *m, int layer, int pos) {
-    return m->ring[layer] ? pos % m->ring[layer] : pos;
-}
-
 int pk_llama_ring(const pk_llama *m, int layer) {
     return layer >= 0 && layer < m->hp.n_layer ? m->ring[layer] : 0;
 }
@@ -43,7 +32,7 @@ static pk_kv_head kv_view(const pk_llama *m, int seq, int layer, int h) {
     const pk_kv_head all = {.type = (pk_kv_type)m->hp.kv_type, .k = m->k_cache, .v = m->v_cache,
                             .k_scale = m->k_scale, .v_scale = m->v_scale, .f16 = m->kv_read,
                             .dot_bf16 = m->kv_bf16};
-    return pk_kv_head_at(&all, kv_head(m, seq, layer, h));
+    return pk_kv_head_at(&all, pk_llama_kv_head(m, seq, layer, h));
 }
 
 /* Per-operation wall time: PROF(op) closes the interval that the previous PROF opened. */
@@ -261,9 +250,9 @@ static void job_rope_store(void *arg, int ith, int nth) {
                 for (int h = 0; h < nkv; h++) pk_rope_cs(1, rd, cs, k + (size_t)h * hd);
             }
         }
-        const int at = kv_index(m, j->layer, pos);   /* where the position is stored */
+        const int at = pk_llama_kv_index(m, j->layer, pos);   /* where the position is stored */
         for (int h = 0; h < nkv; h++) {
-            const size_t head = kv_head(m, j->seq[t], j->layer, h);                /* first element */
+            const size_t head = pk_llama_kv_head(m, j->seq[t], j->layer, h);                /* first element */
             const size_t voff = head + (size_t)at * hd;                            /* V row */
             const size_t kbase = head + (size_t)(at / PK_KV_BLOCK) * PK_KV_BLOCK * hd + at % PK_KV_BLOCK;
             const float *kh = k + (size_t)h * hd, *vh = v + (size_t)h * hd;
@@ -635,79 +624,4 @@ int pk_llama_hidden_batch(pk_llama *m, int n, const int32_t *tokens, const int32
                           const int32_t *pos, int n_out, const int32_t *out_rows, float *hidden,
                           volatile int *interrupt) {
     return forward_rows(m, n, tokens, seq, pos, n_out, out_rows, hidden, 1, interrupt);
-}
-
-int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
-    const pk_llama_hparams *hp = &m->hp;
-    if (src < 0 || src >= hp->n_seq || dst < 0 || dst >= hp->n_seq)
-        return err("kv copy: slots %d -> %d outside [0, %d)", src, dst, hp->n_seq);
-    if (n < 0 || n > hp->n_ctx) return err("kv copy: %d positions outside [0, %d]", n, hp->n_ctx);
-    if (src == dst || n == 0) return 0;
-    const size_t es = pk_kv_value_bytes((pk_kv_type)hp->kv_type), hd = (size_t)hp->head_dim;
-    for (int l = 0; l < hp->n_layer; l++)
-        for (int h = 0; h < hp->n_head_kv; h++) {
-            /* K is stored in blocks of PK_KV_BLOCK positions: copy whole blocks (the tail of
-             * the last one is beyond n in both slots, and is rewritten before it is read); a
-             * ring that has wrapped, whole */
-            const int ring = m->ring[l], wrapped = ring && n > ring;
-            const size_t k_pos = wrapped ? (size_t)ring : (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
-            const size_t v_pos = wrapped ? (size_t)ring : (size_t)n;
-            const size_t s = kv_head(m, src, l, h) * es, d = kv_head(m, dst, l, h) * es;
-            memcpy((char *)m->k_cache + d, (const char *)m->k_cache + s, k_pos * hd * es);
-            memcpy((char *)m->v_cache + d, (const char *)m->v_cache + s, v_pos * hd * es);
-            if (hp->kv_type == PK_KV_Q8) {   /* and the scales of those elements */
-                const size_t ks = kv_head(m, src, l, h) / PK_KV_Q8_GROUP, kd = kv_head(m, dst, l, h) / PK_KV_Q8_GROUP;
-                memcpy(m->k_scale + kd, m->k_scale + ks, sizeof(uint16_t) * (k_pos * hd / PK_KV_Q8_GROUP));
-                memcpy(m->v_scale + kd, m->v_scale + ks, sizeof(uint16_t) * (v_pos * hd / PK_KV_Q8_GROUP));
-            }
-        }
-    return 0;
-}
-
-/* Moves the K/V of positions [a, b) of slot seq between the cache and buf (out: cache -> buf).
- * a and b are multiples of PK_KV_BLOCK, so each unit of PK_KV_BLOCK positions is, per (layer,
- * K/V head), one contiguous run of K, one of V (and, for q8, one of each's scales) at the same
- * element offset: K's [len/16][hd][16] blocks and V's [len][hd] rows both start a unit at
- * position * hd. A ring layer's rings are multiples of PK_ATTEND_CHUNK, so no unit crosses a
- * wrap; position p goes to p % ring there, as the forward pass writes it. */
-static int kv_rows(pk_llama *m, int seq, int a, int b, char *buf, int out) {
-    const pk_llama_hparams *hp = &m->hp;
-    if (seq < 0 || seq >= hp->n_seq) return err("kv rows: slot %d outside [0, %d)", seq, hp->n_seq);
-    if (a < 0 || b < a || b > m->ctx_pad || a % PK_KV_BLOCK || b % PK_KV_BLOCK)
-        return err("kv rows: positions [%d, %d) are not multiples of %d within [0, %d]", a, b,
-                   PK_KV_BLOCK, m->ctx_pad);
-    const size_t es = pk_kv_value_bytes((pk_kv_type)hp->kv_type), hd = (size_t)hp->head_dim;
-    const size_t unit = PK_KV_BLOCK * hd, unit_bytes = unit * es;
-    const size_t scale_bytes = hp->kv_type == PK_KV_Q8 ? sizeof(uint16_t) * (unit / PK_KV_Q8_GROUP) : 0;
-    for (int l = 0; l < hp->n_layer; l++)
-        for (int h = 0; h < hp->n_head_kv; h++)
-            for (int p = a; p < b; p += PK_KV_BLOCK) {
-                const size_t e = kv_head(m, seq, l, h) + (size_t)kv_index(m, l, p) * hd;
-                char *const parts[4] = {(char *)m->k_cache + e * es, (char *)m->v_cache + e * es,
-                                        m->k_scale ? (char *)(m->k_scale + e / PK_KV_Q8_GROUP) : NULL,
-                                        m->v_scale ? (char *)(m->v_scale + e / PK_KV_Q8_GROUP) : NULL};
-                const size_t sizes[4] = {unit_bytes, unit_bytes, scale_bytes, scale_bytes};
-                for (int i = 0; i < 4; i++) {
-                    if (!sizes[i]) continue;
-                    if (out) memcpy(buf, parts[i], sizes[i]);
-                    else memcpy(parts[i], buf, sizes[i]);
-                    buf += sizes[i];
-                }
-            }
-    return 0;
-}
-
-size_t pk_llama_kv_rows_bytes(const pk_llama *m, int n) {
-    const pk_llama_hparams *hp = &m->hp;
-    const size_t vals = (size_t)n * hp->n_layer * hp->n_head_kv * hp->head_dim;
-    return 2 * vals * pk_kv_value_bytes((pk_kv_type)hp->kv_type) +
-           (hp->kv_type == PK_KV_Q8 ? 2 * sizeof(uint16_t) * (vals / PK_KV_Q8_GROUP) : 0);
-}
-
-int pk_llama_kv_export(pk_llama *m, int seq, int a, int b, void *buf) {
-    return kv_rows(m, seq, a, b, buf, 1);
-}
-
-int pk_llama_kv_import(pk_llama *m, int seq, int a, int b, const void *buf) {
-    return kv_rows(m, seq, a, b, (char *)buf, 0);
 }

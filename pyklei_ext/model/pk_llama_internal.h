@@ -60,6 +60,17 @@ struct pk_llama {
     long prof_calls;
 };
 
+/* First element of (slot, layer, K/V head) in k_cache / v_cache */
+static inline size_t pk_llama_kv_head(const pk_llama *m, int seq, int layer, int h) {
+    const size_t len = m->ring[layer] ? (size_t)m->ring[layer] : (size_t)m->ctx_pad;
+    return (size_t)seq * m->slot_elems + m->layer_off[layer] + (size_t)h * len * m->hp.head_dim;
+}
+
+/* Where position pos of a layer's cache is stored (a sliding layer's ring wraps) */
+static inline int pk_llama_kv_index(const pk_llama *m, int layer, int pos) {
+    return m->ring[layer] ? pos % m->ring[layer] : pos;
+}
+
 /* Section s of layer l of the activation statistics, or NULL when they are off */
 double *pk_llama_stat_at(const pk_llama *m, int l, pk_llama_stat s);
 

@@ -189,7 +189,7 @@ static int setup(fixture *f, const config *c) {
     f->w.layers = f->layers;
     f->ctx = pk_ctx_create(c->threads);
     if (!f->ctx) return -1;
-    pk_ctx_set_act_planes(f->ctx, c->planes);
+    pk_ctx_set_activations(f->ctx, c->planes == 2 ? PK_ACT_QAI8DX2 : PK_ACT_QAI8DX);
     return 0;
 }
 
