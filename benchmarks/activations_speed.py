@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))
+from compare import cpu_name  # noqa: E402  (benchmarks/, this script's folder)
 RESULTS = ROOT / "benchmarks" / "results"
 SCHEMES = ("qai8dx", "qai8dx2", "qsi8d32")
 
@@ -39,16 +39,6 @@ SCHEMES = ("qai8dx", "qai8dx2", "qsi8d32")
 def model_path(name: str) -> Path:
     from pyklei_dev.assets import cache_dir
     return cache_dir() / "quality" / f"{name}-default.gguf"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> int:
@@ -109,7 +99,7 @@ def main(argv=None) -> int:
     med = {c: {s: {t: statistics.median(v) for t, v in rates[c][s].items()} for s in SCHEMES} for c in clocks}
     ratio = {c: {s: {t: statistics.median([a / b for a, b in zip(rates[c][s][t], rates[c]["qai8dx"][t])])
                      for t in tests} for s in SCHEMES} for c in clocks}
-    report = {"model": str(path), "threads": args.threads, "rounds": args.rounds, "cpu": cpu_model(),
+    report = {"model": str(path), "threads": args.threads, "rounds": args.rounds, "cpu": cpu_name(),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_1min": load,
               "tok_s": rates, "median_tok_s": med, "median_ratio_vs_qai8dx": ratio}
     name = args.out or f"activations-speed-{args.model}"
