@@ -30,7 +30,7 @@ export PYKLEI_TEST_HOOKS=1 PYKLEI_REQUIRE_TEST_HOOKS=1
 python -m pip install --quiet --disable-pip-version-check -e '.[test]'
 if ! python -c "import ctypes, pyklei._ext as e; ctypes.CDLL(e.__file__).pk_test_hook_kernels_to_check" 2>/dev/null; then
     echo "[test.sh] rebuilding pyklei._ext with the test hook"
-    python setup.py -q build_ext --inplace --force
+    python setup.py -q build_ext --inplace --force -j "$(nproc)"
 fi
 python -m pytest -q -m "not slow" "$@"
 bash scripts/test_arm.sh

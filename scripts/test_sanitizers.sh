@@ -101,7 +101,7 @@ if [ $PYTHON_TESTS -eq 1 ]; then
     # too, so that the .so depends on libasan and libubsan
     if ! (cd "$SRC" && PYKLEI_DEBUG_BUILD="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
             LDFLAGS="${LDFLAGS:-} -fsanitize=address,undefined" \
-            python setup.py -q build_ext --inplace >"$WORK/build.log" 2>&1); then
+            python setup.py -q build_ext --inplace -j "$(nproc)" >"$WORK/build.log" 2>&1); then
         say "  build FAILED"; tail -n 30 "$WORK/build.log" | sed 's/^/    | /'; exit 1
     fi
     LIBASAN=$(gcc -print-file-name=libasan.so)
