@@ -24,6 +24,18 @@ def smollm2():
     return LLM(SMOLLM2_CACHED, n_threads=1, n_ctx=2048, n_seq=3)
 
 
+@pytest.fixture(scope="module")
+def gguf(tiny64):
+    """The tiny random Llama file (tests/conftest.py's tiny64) the engine tests run on."""
+    return tiny64[1]
+
+
+@pytest.fixture(scope="module")
+def tok(gguf):
+    from pyklei.text.tokenizer import Tokenizer
+    return Tokenizer.from_gguf(gguf)
+
+
 @pytest.fixture
 def steady_costs(monkeypatch):
     """Draft lengths from the acceptance rate and the cost priors only: on a loaded machine

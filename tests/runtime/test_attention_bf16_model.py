@@ -10,11 +10,6 @@ from pyklei import _ext
 from pyklei.runtime.model import Model
 
 
-@pytest.fixture(scope="module")
-def gguf(tiny64):
-    return tiny64[1]
-
-
 @pytest.mark.parametrize("kv_cache", ["f16", "q8"])
 def test_bf16_batch_rows_equal_solo_rows_and_stay_near_f32(gguf, kv_cache, monkeypatch):
     rng = np.random.default_rng(4)

@@ -12,19 +12,8 @@ from pyklei.runtime.engine import Engine, EngineClosedError, QueueFullError, Req
 from pyklei.runtime.generate import stream_generate
 from pyklei.runtime.model import Model
 from pyklei.runtime.sampler import SamplingParams
-from pyklei.text.tokenizer import Tokenizer
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def gguf(tiny64):
-    return tiny64[1]
-
-
-@pytest.fixture(scope="module")
-def tok(gguf):
-    return Tokenizer.from_gguf(gguf)
 
 
 def _prompts(n, seed=0, lo=3, hi=40):

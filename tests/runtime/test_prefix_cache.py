@@ -16,16 +16,6 @@ GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, seed=7)
 
 
-@pytest.fixture(scope="module")
-def gguf(tiny64):
-    return tiny64[1]
-
-
-@pytest.fixture(scope="module")
-def tok(gguf):
-    return Tokenizer.from_gguf(gguf)
-
-
 def _tokens(n, seed):
     return np.random.default_rng(seed).integers(0, 512, size=n).tolist()
 
