@@ -60,6 +60,9 @@ VARIANTS = {      # name -> how to convert (and "same": score another variant's 
     "calibrated": {"calibrate": True},            # --calibrate: the importance matrix
     "g64": {"group_size": 64},
     "gptq": {"gptq": True, "rotate": False},      # --no-rotate
+    "gptq-qai8dx2": {"same": "gptq", "activations": "qai8dx2"},   # the unrotated file's schemes
+    "gptq-qai8dx": {"same": "gptq", "activations": "qai8dx"},
+    "gptq-qsi8d32": {"same": "gptq", "activations": "qsi8d32"},
     "rotate": {"rotate": True},                   # --no-calibrate --rotate
 }
 # The ladder's sensitivity study (--variants sensitivity --out sensitivity): the default with one

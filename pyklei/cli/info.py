@@ -15,8 +15,8 @@ def add_parser(sub):
     i.add_argument("model", metavar="MODEL", help="pyklei .gguf file, or another GGUF (llama.cpp's)")
     i.add_argument("--activations", choices=ACTIVATIONS, default="auto",
                    help="activation scheme the kernel table assumes (qai8dx2: 2 rows per token; "
-                        "default %(default)s: one plane on a rotated file, two on any other, see "
-                        "docs/QUALITY.md)")
+                        "default %(default)s: one plane per row on a rotated file, a scale per block "
+                        "of 32 on any other, see docs/QUALITY.md)")
     i.add_argument("-b", "--batch-size", type=_int_at_least(1, "batch size"), default=256, metavar="N",
                    help="prefill chunk (tokens) the kernel table assumes (default %(default)s)")
     i.add_argument("--json", action="store_true", help="print the information as JSON")

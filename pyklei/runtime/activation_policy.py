@@ -18,14 +18,18 @@ ACTIVATIONS = ("auto", "qai8dx2", "qai8dx", "qsi8d32")
 
 
 def choose_activations(file: ModelFile, requested: str = "auto") -> str:
-    """The activation scheme to run `file` with: `requested`, or for "auto" one int8 plane
-    (qai8dx) on a rotated file and two (qai8dx2) on any other. One plane halves the integer
-    work of prefill; what it costs in KL divergence on rotated and unrotated files is measured
-    in docs/QUALITY.md, "Activations" (imported files are unrotated). qsi8d32 (a scale per block
-    of 32) is selectable, not chosen by "auto" until it is measured to recover two planes'
-    accuracy on every test bed (docs/QUALITY.md, "A scale per block of 32")."""
+    """The activation scheme to run `file` with: `requested`, or for "auto" one int8 plane per
+    row (qai8dx) on a rotated file and a scale per block of 32 (qsi8d32) on any other.
+
+    Rotation spreads the residual stream's outlier channels, so one scale per row loses little
+    there; an unrotated file (Gemma's, an import, --no-rotate) keeps its outliers, which one
+    scale per row crushes. A scale per block of 32 confines an outlier to its block at one
+    plane's cost, where two planes (qai8dx2, ~16-bit) would double prefill's integer work: on
+    the unrotated files measured it recovers 67-83% of two planes' KL-divergence gain at one
+    plane's prefill speed (docs/QUALITY.md, "A scale per block of 32"). On rotated files it
+    buys nothing measurable, so they keep qai8dx."""
     if requested not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {requested!r}")
     if requested != "auto":
         return requested
-    return "qai8dx" if file.rotated else "qai8dx2"
+    return "qai8dx" if file.rotated else "qsi8d32"

@@ -8,8 +8,9 @@ Activations are quantized per row at run time: `activations="qai8dx2"` adds a re
 plane to KleidiAI's qai8dx, which an unrotated SmolLM2's outlier channels need to agree with
 float references (docs/FORMAT.md); `"qai8dx"` is the single-plane scheme (half the integer
 work of prefill; what it costs in accuracy is measured in docs/QUALITY.md, "Activations");
-`"auto"` (default) is the choice for the file (activation_policy.choose_activations: one
-plane on a rotated file, two on any other).
+`"qsi8d32"` is one plane with a scale per block of 32 along K; `"auto"` (default) is the
+choice for the file (activation_policy.choose_activations: qai8dx on a rotated file, qsi8d32
+on any other).
 
 Weights are memory-mapped. Kernels that stream a repacked layout (the x86 AVX-512 and AMX
 kernels read qsi4c32/qsi6c32 as "p16", panels of 16 rows with offset nibbles, and qsi8cx as
@@ -153,8 +154,8 @@ class Model:
         self.n_threads = n_threads or physical_cores()
         self.n_ctx = n_ctx or min(hp.context_length, 4096)
         # qai8dx2: two int8 planes per activation row, ~16-bit precision; qai8dx: one plane
-        # (KleidiAI's scheme), half the integer work, close once the file is rotated (the
-        # "auto" default there; docs/QUALITY.md).
+        # (KleidiAI's scheme), half the integer work, close once the file is rotated; qsi8d32:
+        # one plane, a scale per block (the "auto" choice on unrotated files; docs/QUALITY.md).
         activations = choose_activations(self.file, activations)
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations

@@ -116,8 +116,8 @@ MODEL_OPTIONS: tuple[Option, ...] = (
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file), qai8dx "
            "(one plane per row, KleidiAI's scheme: faster prefill, a little less accurate) or "
            "qsi8d32 (one plane, a scale per block of 32, as llama.cpp's Q8_0)",
-           "default %(default)s: one plane on a rotated file, two on any other; the figures in "
-           "docs/QUALITY.md", choices=ACTIVATIONS),
+           "default %(default)s: one plane per row on a rotated file, a scale per block of 32 "
+           "on any other; the figures in docs/QUALITY.md", choices=ACTIVATIONS),
     Option("n_seq", int, 4, (), "N", "sequence count",      # no flag: serve's --parallel sets it
            "KV cache slots: sequences decoded together (pyklei.engine)", lo=1),
 )

@@ -71,19 +71,19 @@ def test_recipe_q4m_and_user_keep_first(tiny64, tmp_path):
         convert(hf, tmp_path / "x.gguf", recipe="q4m", bits=5.0)
 
 
-def test_activation_default_is_one_plane_on_rotated_files_only(tiny64, tmp_path):
+def test_activation_default_is_per_row_on_rotated_files_per_block_on_others(tiny64, tmp_path):
     import pyklei
     hf, plain = tiny64
     rot = convert(hf, tmp_path / "r.gguf", rotate=True).path
     assert read_model(rot).rotated and not read_model(plain).rotated
     assert choose_activations(read_model(rot)) == "qai8dx"       # the decision: docs/QUALITY.md
-    assert choose_activations(read_model(plain)) == "qai8dx2"    # unrotated: outliers need two planes
+    assert choose_activations(read_model(plain)) == "qsi8d32"    # unrotated: a scale per block
     assert choose_activations(read_model(plain), "qai8dx") == "qai8dx"
     assert choose_activations(read_model(rot), "qai8dx2") == "qai8dx2"
     with pyklei.load(rot, n_threads=1, n_ctx=32) as llm:
         assert llm.model.activations == "qai8dx"
     with pyklei.load(plain, n_threads=1, n_ctx=32) as llm:
-        assert llm.model.activations == "qai8dx2"
+        assert llm.model.activations == "qsi8d32"
     with pyklei.load(rot, n_threads=1, n_ctx=32, activations="qai8dx2") as llm:
         assert llm.model.activations == "qai8dx2"
     with pytest.raises(ValueError, match="activations must be one of auto, qai8dx2, qai8dx"):
