@@ -249,6 +249,7 @@ def test_serve_checks_every_module_of_its_extra():
 
 def test_info(smollm2_q4):
     from pyklei.kernels import selected_kernel
+    from pyklei.runtime.kernels import selected_kernel_for
 
     r = pyklei("info", smollm2_q4)
     assert r.returncode == 0, r.stderr
@@ -259,7 +260,9 @@ def test_info(smollm2_q4):
     rows = {line.split()[0]: line.split() for line in out.splitlines()[-8:]}
     assert set(rows) == {"q", "k", "v", "o", "gate", "up", "down", "lm_head"}
     assert rows["gate"][1:4] == ["1536", "x", "576"]
-    assert rows["down"][-2:] == [selected_kernel("qsi4c32", 2), selected_kernel("qsi4c32", 512)]
+    # an unrotated file: auto runs qsi8d32 activations, one row per token
+    assert rows["down"][-2:] == [selected_kernel_for("qsi4c32", 1, "qsi8d32"),
+                                 selected_kernel_for("qsi4c32", 256, "qsi8d32")]
 
     info = json.loads(pyklei("info", smollm2_q4, "--json", "--activations", "qai8dx").stdout)
     assert info["m_decode"] == 1 and info["m_prefill"] == 256
