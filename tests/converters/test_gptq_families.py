@@ -111,7 +111,8 @@ def numpy_logits(src: ModelSource, toks) -> np.ndarray:
 
 def runtime_logits(path, toks) -> np.ndarray:
     from pyklei.runtime.model import Model
-    with Model(path, n_threads=2, n_ctx=len(toks)) as m:
+    # two planes, as the bounds assume (auto runs qsi8d32 on these unrotated files)
+    with Model(path, n_threads=2, n_ctx=len(toks), activations="qai8dx2") as m:
         return np.asarray(m.logits(list(toks)), np.float64)
 
 
