@@ -76,22 +76,27 @@ __attribute__((target("avx512f"))) static inline float max_wide(int n, const flo
 }
 
 /* acc[t][i] += p[t][j] * V[j][i] for T query vectors (their weights p[t][j] = sc[t * ld + j])
- * over the n rows of V at v ([n][HD]), j in order: pv_rows' sums, T x HD / 16 <= 24 of them in
- * zmm registers, each V vector loaded once for all T (as in qk_blocks). */
-__attribute__((target("avx512f"))) static inline void pv_tile(const int T, const int HD, int n,
+ * over the n rows of V at v ([n][HD]), j in order, for the columns i in [c0, c0 + NC): pv_rows'
+ * sums, T x NC / 16 <= 24 of them in zmm registers, each V vector loaded once for all T (as in
+ * qk_blocks). A head wider than 128 (Gemma's 256) goes through in column windows of 128: each
+ * sum is its own column's, so the window changes no bit, and three vectors share each V load
+ * where one row's whole head would have spilled its sums to memory. */
+__attribute__((target("avx512f"))) static inline void pv_tile(const int T, const int HD, const int c0,
+                                                              const int NC, int n,
                                                               const float *restrict sc, size_t ld,
                                                               const float *restrict v,
                                                               float *restrict acc) {
-    /* T <= 6, HD <= 128, T * HD / 16 <= 24; zeroed for the out-of-line copy in the other clones,
-     * whose HD is not a constant (the inlined ones drop the stores) */
+    /* T <= 6, NC <= 128, T * NC / 16 <= 24; zeroed for the out-of-line copy in the other clones,
+     * whose NC is not a constant (the inlined ones drop the stores) */
     __m512 a[QK_T][8] = {{_mm512_setzero_ps()}}, vv[8];
+    v += c0, acc += c0;
 #pragma GCC unroll 6
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 8
-        for (int c = 0; c < HD / 16; c++) a[t][c] = _mm512_loadu_ps(acc + t * HD + c * 16);
+        for (int c = 0; c < NC / 16; c++) a[t][c] = _mm512_loadu_ps(acc + t * HD + c * 16);
     for (int j = 0; j < n; j++) {
 #pragma GCC unroll 8
-        for (int c = 0; c < HD / 16; c++) {
+        for (int c = 0; c < NC / 16; c++) {
             vv[c] = _mm512_loadu_ps(v + (size_t)j * HD + c * 16);
             __asm__("" : "+v"(vv[c]));
         }
@@ -99,13 +104,13 @@ __attribute__((target("avx512f"))) static inline void pv_tile(const int T, const
         for (int t = 0; t < T; t++) {
             const __m512 p = _mm512_set1_ps(sc[t * ld + j]);
 #pragma GCC unroll 8
-            for (int c = 0; c < HD / 16; c++) a[t][c] = _mm512_fmadd_ps(p, vv[c], a[t][c]);
+            for (int c = 0; c < NC / 16; c++) a[t][c] = _mm512_fmadd_ps(p, vv[c], a[t][c]);
         }
     }
 #pragma GCC unroll 6
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 8
-        for (int c = 0; c < HD / 16; c++) _mm512_storeu_ps(acc + t * HD + c * 16, a[t][c]);
+        for (int c = 0; c < NC / 16; c++) _mm512_storeu_ps(acc + t * HD + c * 16, a[t][c]);
 }
 
 /* A q8 cache's values as f32 on AVX-512: 16 int8 widened in one instruction, converted and
@@ -146,7 +151,7 @@ __attribute__((target("avx512f"))) static inline void q8_v_wide(const int HD, si
 #else
 /* QK_WIDE() is 0 here: never called (the operands named, so that none is "unused") */
 #define qk_blocks(T, HD, qs, blk, s) ((void)(qs), (void)(blk), (void)(s), __builtin_unreachable())
-#define pv_tile(T, HD, n, sc, ld, v, acc) ((void)(sc), (void)(v), (void)(acc), __builtin_unreachable())
+#define pv_tile(T, HD, c0, NC, n, sc, ld, v, acc) ((void)(sc), (void)(v), (void)(acc), __builtin_unreachable())
 #define max_wide(n, x) ((void)(x), __builtin_unreachable(), 0.0f)
 #define q8_k_wide(HD, nb, k8, sc, tile) ((void)(k8), (void)(sc), (void)(tile), __builtin_unreachable())
 #define q8_v_wide(HD, n, v8, sc, tile) ((void)(v8), (void)(sc), (void)(tile), __builtin_unreachable())

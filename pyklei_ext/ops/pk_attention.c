@@ -290,14 +290,15 @@ PK_ATTEND_SHAPES(ATTEND)
  * cache is converted once for all R rows, a span of KV_SPAN positions at a time (K, then V,
  * into a tile that stays in L2): the conversion per row cost about as much as the 2G
  * multiply-adds it feeds. On AVX-512 the R x G query vectors go through the span in tiles of
- * up to QK_T (scores) and 24 / (HD / 16) (V sums) vectors, several rows' at once, so a K or V
+ * up to QK_T (scores) and PV_T(HD) (V sums, 128 columns at a time) vectors, several rows' at once, so a K or V
  * vector loaded into a register feeds up to 6 sums; elsewhere row by row, attend_fast's loops.
  * A tile's V sums run jointly over the positions of the span all its rows see, each
  * vector alone before (from its own lo) and after (to its own end): j in order either way. Per row and head the arithmetic and its
  * order are attend_fast's (and the reference's). The f32 cache keeps attend_fast row by row,
  * which measured faster than sharing its reads (docs/KERNELS.md, "Attention over an f16 KV
  * cache"). */
-#define PV_T(HD) (24 / ((HD) / 16))   /* query vectors per V-sum tile: 6 for 64, 3 for 128 */
+#define PV_NC(HD) ((HD) > 128 ? 128 : (HD))   /* columns per V-sum tile: pv_tile's window */
+#define PV_T(HD) (24 / (PV_NC(HD) / 16))     /* query vectors per V-sum tile: 6 for 64, 3 for 128+ */
 static inline __attribute__((always_inline)) void attend_rows_conv(const int G, const int HD, const pk_kv_type T,
                                                                    int R, const int *lo, const int *n_pos,
                                                                    const float *restrict q,
@@ -370,14 +371,14 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
         for (int t0 = 0; t0 < NQ;) {
             /* a tile of query vectors (without AVX-512: one row's G, pv_rows' registers);
              * scores normalised above */
-            const int nt = !wide || HD > 128 ? G : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
+            const int nt = !wide ? G : NQ - t0 < PV_T(HD) ? NQ - t0 : PV_T(HD);
             /* the positions of the span that all its rows see: [ja, je) */
             int ja = p0, je = p1;
             for (int t = t0; t < t0 + nt; t++) {
                 ja = lo[t / G] > ja ? lo[t / G] : ja;
                 je = n_pos[t / G] < je ? n_pos[t / G] : je;
             }
-            if (!wide || HD > 128) {   /* pv_tile holds at most 128 sums of a vector; one row's G */
+            if (!wide) {   /* one row's G, pv_rows' loops */
                 if (je > ja)
                     pv_rows(G, HD, je - ja, scores + (size_t)t0 * ld_scores + ja, ld_scores,
                             tile + (size_t)(ja - p0) * HD, accs[t0]);
@@ -392,16 +393,16 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                             tile + (size_t)(from - p0) * HD, accs[t]);
             }
             const float *restrict st = scores + (size_t)t0 * ld_scores + ja, *restrict vt = tile + (size_t)(ja - p0) * HD;
-            if (je > ja) {
-                switch (nt) {
-                case 6: pv_tile(6, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
-                case 5: pv_tile(5, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
-                case 4: pv_tile(4, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
-                case 3: pv_tile(3, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
-                case 2: pv_tile(2, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
-                default: pv_tile(1, HD, je - ja, st, ld_scores, vt, accs[t0]); break;
-                }
-            }
+            if (je > ja)
+                for (int c0 = 0; c0 < HD; c0 += PV_NC(HD))
+                    switch (nt) {
+                    case 6: pv_tile(6, HD, c0, PV_NC(HD), je - ja, st, ld_scores, vt, accs[t0]); break;
+                    case 5: pv_tile(5, HD, c0, PV_NC(HD), je - ja, st, ld_scores, vt, accs[t0]); break;
+                    case 4: pv_tile(4, HD, c0, PV_NC(HD), je - ja, st, ld_scores, vt, accs[t0]); break;
+                    case 3: pv_tile(3, HD, c0, PV_NC(HD), je - ja, st, ld_scores, vt, accs[t0]); break;
+                    case 2: pv_tile(2, HD, c0, PV_NC(HD), je - ja, st, ld_scores, vt, accs[t0]); break;
+                    default: pv_tile(1, HD, c0, PV_NC(HD), je - ja, st, ld_scores, vt, accs[t0]); break;
+                    }
             for (int t = t0; t < t0 + nt; t++) {   /* each vector on to its own end */
                 const int from = lo[t / G] > je ? lo[t / G] : je, end = n_pos[t / G] < p1 ? n_pos[t / G] : p1;
                 if (end > from)
