@@ -138,6 +138,7 @@ def gguf_info(path) -> dict:
     from .formats import gguf_keys as K
     from .formats.end_of_generation import end_of_generation_ids
     from .formats.gguf_reader import read_gguf
+    from .converters.llamacpp_gguf import GGUF_ARCHS
 
     path = Path(path)
     g = read_gguf(path, tensors=True, arrays="list")
@@ -162,8 +163,9 @@ def gguf_info(path) -> dict:
     ftype = md.get("general.file_type")
 
     out = f"{path.stem}.pyklei.gguf"
-    if arch != K.ARCH:
-        cmd, note = None, f"pyklei converts llama models only; this file's architecture is {arch!r}"
+    if arch not in GGUF_ARCHS:
+        cmd, note = None, (f"pyklei imports llama.cpp files of {', '.join(GGUF_ARCHS)}; this "
+                           f"file's architecture is {arch!r}")
     else:
         cmd = f"pyklei convert {shlex.quote(str(path))} -o {shlex.quote(out)}"
         quantized = sorted(set(types) - set(_PLAIN_TYPES))

@@ -253,29 +253,46 @@ def hparams_from_config(cfg: dict) -> dict:
 
 
 def _longrope(hp: dict, sc: dict) -> None:
-    """Phi-3's LongRoPE as far as a file with one set of frequencies can hold it: the short
-    factors (transformers uses them while the sequence is within
-    original_max_position_embeddings, the long ones for a longer sequence, switching every
-    position's rotation at once), so the file's context is that original length; the attention
-    factor, which multiplies cos and sin (q.k of the rotated dimensions by its square), is
-    folded into q's and k's rotated rows (hf_llama)."""
+    """Phi-3's LongRoPE of a config: its short factors and attention factor (given, or
+    transformers' default for factor = max / original positions), as fold_longrope keeps them."""
     orig = int(sc["original_max_position_embeddings"])
-    short = np.asarray(sc["short_factor"], np.float64)
-    if short.shape != (hp["rope_dim"] // 2,) or not np.all(short > 0):
-        raise ConversionError(f"rope scaling 'longrope': short_factor must hold "
-                              f"{hp['rope_dim'] // 2} positive values")
     factor = sc.get("factor") or hp["context_length"] / orig
     af = sc.get("attention_factor")
     if af is None:
         af = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    fold_longrope(hp, sc["short_factor"], float(af), orig, "rope scaling 'longrope': short_factor")
+
+
+def fold_longrope(hp: dict, short, attention_factor: float, orig: int, what: str) -> None:
+    """LongRoPE (Phi-3) as far as a file with one set of frequencies can hold it, from a Hugging
+    Face config or a llama.cpp file alike. hp holds rope_dim, context_length and notes; this sets
+    rope_factors (the rope_freqs tensor), qk_rope_gain and the context.
+
+    The short factors: transformers uses them while the sequence is within
+    original_max_position_embeddings, the long ones for a longer sequence (switching every
+    position's rotation at once), so the file's context is that original length. The attention
+    factor, which multiplies cos and sin (q.k of the rotated dimensions by its square), is
+    folded into q's and k's rotated rows (hf_llama.scale_rotated_rows). what: the short
+    factors' source, for the error."""
+    short = np.asarray(short, np.float64)
+    if short.shape != (hp["rope_dim"] // 2,) or not np.all(short > 0):
+        raise ConversionError(f"{what} must hold {hp['rope_dim'] // 2} positive values")
+    if not (math.isfinite(attention_factor) and attention_factor > 0):
+        raise ConversionError(f"LongRoPE attention factor {attention_factor!r} is not a positive number")
     hp["rope_factors"] = short.astype(np.float32)
-    hp["qk_rope_gain"] = float(af)
+    hp["qk_rope_gain"] = float(attention_factor)
     if hp["context_length"] > orig:
         hp["notes"].append(f"LongRoPE: converted with the short factors, so the file's context "
                            f"is original_max_position_embeddings = {orig} (the checkpoint's "
                            f"{hp['context_length']} needs the long factors, which pyklei "
                            f"does not switch to)")
         hp["context_length"] = orig
+
+
+def rope_scaling_kv(rope_type: str, orig: int) -> list:
+    """The file's informational keys of a scaling held in rope_freqs alone (LongRoPE)."""
+    return [(K.ROPE_SCALING_TYPE, rope_type, T.STRING, None),
+            (K.ROPE_SCALING_ORIG_CTX, int(orig), T.UINT32, None)]
 
 
 def hparams_kv(hp: dict, name: str) -> list:
@@ -312,8 +329,7 @@ def hparams_kv(hp: dict, name: str) -> list:
             (K.ROPE_SCALING_ORIG_CTX, int(sc["original_max_position_embeddings"]), T.UINT32, None),
         ]
     elif sc:
-        kv += [(K.ROPE_SCALING_TYPE, sc["rope_type"], T.STRING, None),
-               (K.ROPE_SCALING_ORIG_CTX, int(sc["original_max_position_embeddings"]), T.UINT32, None)]
+        kv += rope_scaling_kv(sc["rope_type"], sc["original_max_position_embeddings"])
     if any(hp["layer_window"]):
         kv.append((K.KEY_LAYER_WINDOW, hp["layer_window"], T.ARRAY, T.UINT32))
     if any(b != hp["rope_theta"] for b in hp["layer_rope_base"]):

@@ -56,6 +56,16 @@ def permute_qk_rows(w: np.ndarray, n_head: int, rope_dim: int | None = None) -> 
     return heads.reshape(w.shape)
 
 
+def scale_rotated_rows(w: np.ndarray, n_head: int, rope_dim: int, gain: float) -> np.ndarray:
+    """w with the first rope_dim rows of each head times gain (LongRoPE's attention factor,
+    hf_config.fold_longrope); any row order within them, before or after permute_qk_rows."""
+    if gain == 1.0:
+        return w
+    heads = w.reshape(n_head, -1, *w.shape[1:]).copy()
+    heads[:, :rope_dim] *= np.float32(gain)
+    return heads.reshape(w.shape)
+
+
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of permute_qk (llama.cpp order -> HF order)."""
     n = w.shape[0]
@@ -183,10 +193,7 @@ def _reader(hp: dict, st: SafetensorsModel, t: HFTensor):
         w = np.asarray(st.read(t.hf, t.row0, t.row0 + t.shape[0]), np.float32)
         if offset:
             w = w + np.float32(offset)
-        if gain != 1.0:      # LongRoPE's attention factor, on the rotated rows of each head
-            w = w.reshape(t.heads, -1, *w.shape[1:]).copy()
-            w[:, :hp["rope_dim"]] *= np.float32(gain)
-            w = w.reshape(t.shape)
+        w = scale_rotated_rows(w, t.heads, hp["rope_dim"], gain)
         return permute_qk_rows(w, t.heads, hp["rope_dim"])[r0:r1]
     return read_whole
 

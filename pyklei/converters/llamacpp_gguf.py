@@ -2,13 +2,17 @@
 
 Tensors of every type the `gguf` package can dequantize (F32, F16, BF16, Q4_0 ... Q8_0, the
 K-quants, the IQ types) are dequantized with `gguf.quants.dequantize` (row chunk by row chunk).
-A Llama file's q/k rows are already in the interleaved order pyklei's RoPE rotates; the other
-families' are in rotate-half order, permuted here as the HF converter permutes them. llama.cpp
-stores Gemma's RMSNorm gains as 1 + w already, which is what pyklei's files hold. What llama.cpp
-keeps as rules of a family rather than in the file (Gemma 3's pattern of sliding-window layers
-and their RoPE base, its GeGLU and embedding scale) becomes the file's own keys here
-(_family_kv). Re-quantizing a quantized file adds pyklei's rounding
-error to the one the file already has: the conversion summary says so.
+A Llama or SmolLM3 file's q/k rows are already in the interleaved order pyklei's RoPE rotates;
+the other families' are in rotate-half order, permuted here as the HF converter permutes them.
+llama.cpp stores Gemma's RMSNorm gains as 1 + w already, which is what pyklei's files hold, and
+Phi-3's projections fused (attn_qkv, and ffn_up holding gate and up: Family.gguf_fused), split
+here. What llama.cpp keeps as rules of a family rather than in the file (Gemma 3's pattern of
+sliding-window layers and their RoPE base, its GeGLU and embedding scale; SmolLM3's layers
+without RoPE) becomes the file's own keys here (_family_kv); Phi-3's LongRoPE (its short factors
+and attention factor) is folded as the HF converter folds it (hf_config.fold_longrope).
+llama.cpp writes a Mistral checkpoint as a "llama" file, without its sliding window, and runs it
+so: it is imported as the Llama it says it is. Re-quantizing a quantized file adds pyklei's
+rounding error to the one the file already has: the conversion summary says so.
 Metadata keys are copied with their types, except those describing llama.cpp's own storage
 (general.file_type, general.quantization_version, general.alignment, split.*).
 """
@@ -32,7 +36,8 @@ from pyklei.formats.gguf_keys import TOKEN_CONTROL
 
 from .core import ModelSource, SourceTensor
 from .errors import ConversionError
-from .hf_llama import permute_qk_rows
+from .hf_config import fold_longrope, rope_scaling_kv
+from .hf_llama import permute_qk_rows, scale_rotated_rows
 
 PLAIN_TYPES = (Q.F32, Q.F16, Q.BF16)
 
@@ -83,22 +88,36 @@ def _eos_kv(fields) -> list:
     return out
 
 
-# The llama.cpp architectures imported (families.py names): Mistral's llama.cpp files say
-# "llama"; SmolLM3's and Phi-3's keep rules this importer does not know yet.
-GGUF_ARCHS = tuple(a for a in FAMILIES if a not in ("mistral", "smollm3", "phi3"))
+# The llama.cpp architectures imported (families.py names): llama.cpp files a Mistral checkpoint
+# as "llama" (convert_hf_to_gguf.py), so no llama.cpp file says "mistral".
+GGUF_ARCHS = tuple(a for a in FAMILIES if a != "mistral")
 # llama.cpp's Gemma 3 rules (src/llama-model.cpp): every 6th layer attends globally, the
 # others a sliding window with RoPE base 10000; GeGLU; embeddings times sqrt(n_embd).
 GEMMA3_GLOBAL_EVERY = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# llama.cpp's SmolLM3 rule (src/models/smollm3.cpp, not in the file): every 4th layer has no
+# RoPE, as SmolLM3-3B's no_rope_layers
+SMOLLM3_NO_ROPE_EVERY = 4
+# Phi-3's LongRoPE in a llama.cpp file (convert_hf_to_gguf.py's Phi3MiniModel): both factor sets
+# as tensors, the attention factor and the original context as keys
+PHI3_LONG, PHI3_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
+PHI3_ROPE_KEYS = ("phi3.rope.scaling.attn_factor", "phi3.rope.scaling.original_context_length")
 
 
-def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path) -> list:
+def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path,
+               context: int = 0) -> list:
     """The family hyperparameters (gguf_keys) of a llama.cpp file, which llama.cpp keeps as
-    rules of the architecture; refuses what the rules here do not cover."""
+    rules of the architecture; refuses what the rules here do not cover. context: the file's
+    context length as imported (Phi-3's window is none at or beyond it)."""
     for key in fields:
-        if key.startswith(f"{arch}.rope.scaling.") and key != f"{arch}.rope.scaling.type":
+        if (key.startswith(f"{arch}.rope.scaling.") and key != f"{arch}.rope.scaling.type"
+                and not (arch == "phi3" and key in PHI3_ROPE_KEYS)):
             raise ConversionError(f"{path}: unsupported feature: RoPE scaling ({key}) in a "
                                   f"{arch} file")
+    if arch == "smollm3":
+        return _smollm3_kv(fields, n_layer, path)
+    if arch == "phi3":
+        return _phi3_kv(fields, n_layer, context, path)
     if arch != "gemma3":
         return []
     window_key = f"{arch}.attention.sliding_window"
@@ -116,6 +135,73 @@ def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path
     ]
 
 
+def _smollm3_kv(fields, n_layer: int, path) -> list:
+    """SmolLM3: RoPE base 0 (none) on llama.cpp's no-RoPE layers. llama.cpp's smollm3 has no
+    sliding window; a file that names one is refused (which layers it meant is not known)."""
+    window_key = "smollm3.attention.sliding_window"
+    if window_key in fields and int(fields[window_key].contents()):
+        raise ConversionError(f"{path}: unsupported feature: {window_key} in a smollm3 file "
+                              f"(llama.cpp's smollm3 has no sliding window)")
+    base = float(fields[K.arch_key("smollm3", K.ROPE_FREQ_BASE)].contents()) \
+        if K.arch_key("smollm3", K.ROPE_FREQ_BASE) in fields else 10000.0
+    bases = [base if (i + 1) % SMOLLM3_NO_ROPE_EVERY else 0.0 for i in range(n_layer)]
+    return [(K.KEY_LAYER_ROPE_BASE, bases, T.ARRAY, T.FLOAT32)] if 0.0 in bases else []
+
+
+def _phi3_kv(fields, n_layer: int, context: int, path) -> list:
+    """Phi-3: its sliding window (0: none) on every layer, as transformers' Phi3 applies it
+    (llama.cpp disables it), none where it reaches the context; only LongRoPE scaling."""
+    kind_key = "phi3.rope.scaling.type"
+    if kind_key in fields and fields[kind_key].contents() not in ("longrope", "none"):
+        raise ConversionError(f"{path}: unsupported feature: {kind_key} = "
+                              f"{fields[kind_key].contents()!r} (pyklei imports 'longrope')")
+    window_key = "phi3.attention.sliding_window"
+    window = int(fields[window_key].contents()) if window_key in fields else 0
+    return ([(K.KEY_LAYER_WINDOW, [window] * n_layer, T.ARRAY, T.UINT32)]
+            if 0 < window < context else [])
+
+
+def _phi3_longrope(fields, by_name, rope_dim: int, context: int, path) -> dict | None:
+    """A Phi-3 file's LongRoPE as hf_config.fold_longrope keeps it (rope_factors, qk_rope_gain,
+    context_length, notes), or None where the file has no factors."""
+    if PHI3_LONG not in by_name and PHI3_SHORT not in by_name:
+        return None
+    for name in (PHI3_SHORT, PHI3_LONG):
+        if name not in by_name:
+            raise ConversionError(f"{path}: LongRoPE without tensor {name}")
+    orig_key = "phi3.rope.scaling.original_context_length"
+    if orig_key not in fields:
+        raise ConversionError(f"{path}: LongRoPE factors without {orig_key!r}")
+    af_key = "phi3.rope.scaling.attn_factor"
+    # llama.cpp's default, as its loader reads the key (hparams.rope_attn_factor)
+    af = float(fields[af_key].contents()) if af_key in fields else 1.0
+    t = by_name[PHI3_SHORT]
+    short = np.asarray(dequantize(np.asarray(t.data), t.tensor_type), np.float32).reshape(-1)
+    rope = dict(rope_dim=rope_dim, context_length=context, notes=[])
+    fold_longrope(rope, short, af, int(fields[orig_key].contents()), f"{path}: {PHI3_SHORT}")
+    return rope
+
+
+def _fused_sources(fam, by_name, n_layer: int, dims) -> dict:
+    """{tensor of the table: (the file's fused tensor holding it, its first row)} for the
+    family's fused tensors (Family.gguf_fused) the file holds: those whose rows are their
+    parts' sum."""
+    shapes = {name: spec.shape(dims) for name, spec, _ in L.for_each_tensor(dims)}
+    out = {}
+    for i in range(n_layer):
+        for fused, parts in fam.gguf_fused.items():
+            t = by_name.get(L.blk(i, fused))
+            names = [L.blk(i, p) for p in parts]
+            if t is None or any(n not in shapes for n in names):
+                continue
+            if int(t.shape[-1]) == sum(shapes[n][0] for n in names):
+                row = 0
+                for n in names:
+                    out[n] = (t, row)
+                    row += shapes[n][0]
+    return out
+
+
 def gguf_source(path, name: str | None = None) -> ModelSource:
     path = Path(path)
     if not path.is_file():
@@ -129,7 +215,7 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     if K.KEY_FORMAT_VERSION in fields:
         raise ConversionError(f"{path} is already a pyklei model file")
     fam = family(arch)
-    if fam is None or arch in ("mistral", "smollm3", "phi3"):
+    if fam is None or arch not in GGUF_ARCHS:
         raise ConversionError(f"unsupported architecture {arch!r} in {path}; pyklei imports "
                               f"llama.cpp files of {', '.join(GGUF_ARCHS)}")
     kv = []
@@ -156,21 +242,38 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     head_dim = int(num(K.KEY_LENGTH, n_embd // n_head))
     n_ff = int(num(K.FEED_FORWARD_LENGTH))
     rope_dim = int(num(K.ROPE_DIM, head_dim))
+    context = int(num(K.CONTEXT_LENGTH, 2048))
     by_name = {t.name: t for t in r.tensors}
     if K.TOKEN_EMBD not in by_name:
         raise ConversionError(f"{path} has no {K.TOKEN_EMBD}")
     vocab = int(by_name[K.TOKEN_EMBD].shape[1])
     if K.arch_key(arch, K.VOCAB_SIZE) not in fields:
         kv.append((K.arch_key(arch, K.VOCAB_SIZE), vocab, T.UINT32, None))
-    kv += _family_kv(arch, fields, n_layer, n_embd, head_dim, path)
+    longrope = _phi3_longrope(fields, by_name, rope_dim, context, path) if arch == "phi3" else None
+    notes = []
+    if longrope:
+        # the file says what pyklei's HF conversion says: the context of the short factors,
+        # the attention factor folded into q/k (so not kept as llama.cpp's key)
+        context = longrope["context_length"]
+        notes += longrope["notes"]
+        kv = [(k, context if k == K.arch_key(arch, K.CONTEXT_LENGTH) else v, vt, sub)
+              for k, v, vt, sub in kv if k not in PHI3_ROPE_KEYS]
+        kv += rope_scaling_kv("longrope", int(fields[PHI3_ROPE_KEYS[1]].contents()))
+    kv += _family_kv(arch, fields, n_layer, n_embd, head_dim, path, context=context)
     dims = L.Dims(vocab_size=vocab, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
                   n_head_kv=n_head_kv, head_dim=head_dim, tied=K.OUTPUT not in by_name,
-                  has_rope_freqs=K.ROPE_FREQS in by_name, features=fam.features)
+                  has_rope_freqs=K.ROPE_FREQS in by_name or longrope is not None,
+                  features=fam.features)
     expect = {name: (spec.shape(dims), spec.kind) for name, spec, _ in L.for_each_tensor(dims)}
     heads = {name: spec.head_count(dims) if fam.gguf_neox else 0
              for name, spec, _ in L.for_each_tensor(dims)}
+    gain = longrope["qk_rope_gain"] if longrope else 1.0
+    fused = _fused_sources(fam, by_name, n_layer, dims)
+    known = set(expect) | {t.name for t, _ in fused.values()}
+    if longrope:
+        known |= {PHI3_LONG, PHI3_SHORT}
     for t in r.tensors:
-        if t.name not in expect:
+        if t.name not in known:
             raise ConversionError(f"{path}: unsupported tensor {t.name} (not part of a {arch} model "
                                   f"with {n_layer} blocks)")
     data = getattr(r.data, "_mmap", None)
@@ -187,22 +290,32 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     tensors = []
     requantized: set[str] = set()
     for gname, (shape, kind) in expect.items():
-        if gname not in by_name:
-            raise ConversionError(f"{path} lacks tensor {gname}")
-        t = by_name[gname]
+        if longrope and gname == K.ROPE_FREQS:    # rope_dim / 2 divisors, as the HF converter's
+            f = longrope["rope_factors"]
+            tensors.append(SourceTensor(gname, f.shape, kind, lambda r0, r1, f=f: f[r0:r1], gname))
+            continue
+        if gname in fused:
+            t, row0 = fused[gname]
+        elif gname in by_name:
+            t, row0 = by_name[gname], 0
+        else:
+            alt = [f for f, parts in fam.gguf_fused.items()
+                   if L.parse_name(gname) and L.parse_name(gname)[0].part in parts]
+            also = f" (nor its fused {L.blk(L.layer_of(gname), alt[0])} with its rows)" if alt else ""
+            raise ConversionError(f"{path} lacks tensor {gname}{also}")
         lshape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if lshape != shape:
-            raise ConversionError(f"{path}: {gname} has shape {list(lshape)}, the metadata "
+        if gname not in fused and lshape != shape or gname in fused and lshape[1:] != shape[1:]:
+            raise ConversionError(f"{path}: {t.name} has shape {list(lshape)}, the metadata "
                                   f"implies {list(shape)}")
         if not _dequantizable(t.tensor_type):
             raise ConversionError(
-                f"{path}: tensor {gname} has type {t.tensor_type.name}, which the installed gguf "
+                f"{path}: tensor {t.name} has type {t.tensor_type.name}, which the installed gguf "
                 f"package cannot dequantize")
         if t.tensor_type not in PLAIN_TYPES:
             requantized.add(t.tensor_type.name)
 
-        def read(r0, r1, t=t, shape=shape):
-            raw = np.asarray(t.data[r0:r1] if len(shape) > 1 else t.data)
+        def read(r0, r1, t=t, shape=shape, row0=row0):
+            raw = np.asarray(t.data[row0 + r0:row0 + r1] if len(shape) > 1 else t.data)
             if t.tensor_type == Q.BF16:
                 out = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
             else:
@@ -212,8 +325,11 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
             return np.asarray(out, np.float32).reshape((r1 - r0,) + shape[1:])
 
         if heads[gname]:   # rotate-half rows -> interleaved pairs: the whole tensor at once
-            def read(r0, r1, plain=read, shape=shape, n=heads[gname]):
-                return permute_qk_rows(plain(0, shape[0]), n, rope_dim)[r0:r1]
+            def read(r0, r1, plain=read, shape=shape, n=heads[gname], kind=kind):
+                w = plain(0, shape[0])
+                if kind == L.LINEAR:       # LongRoPE's attention factor (none: 1)
+                    w = scale_rotated_rows(w, n, rope_dim, gain)
+                return permute_qk_rows(w, n, rope_dim)[r0:r1]
         tensors.append(SourceTensor(gname, shape, kind, read, gname, whole=bool(heads[gname])))
     # The table's order, except that a block's norms come before its linears: the order
     # imported files have always had (kept, so that a re-conversion stays byte-identical).
@@ -226,7 +342,6 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
     tensors.sort(key=import_rank)
     kv += _eos_kv(fields)
     kv.append((K.KEY_SOURCE, "gguf", T.STRING, None))
-    notes = []
     if requantized:
         notes.append(f"the source is already quantized ({', '.join(sorted(requantized))}): "
                      f"re-quantizing adds pyklei's rounding error to the file's own; convert "

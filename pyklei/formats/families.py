@@ -27,8 +27,12 @@ class Family:
     # Hugging Face names of block parts where the family's differ from Llama's
     hf_names: dict = field(default_factory=dict)
     # llama.cpp keeps q/k rows in Hugging Face's rotate-half ("NeoX") order for this family; it
-    # permutes only Llama's into interleaved pairs, which pyklei's RoPE rotates
+    # permutes only its Llama-derived families' (LlamaModel in its converter: Llama, SmolLM3)
+    # into interleaved pairs, which pyklei's RoPE rotates
     gguf_neox: bool = True
+    # tensors llama.cpp's files of the family hold fused: {its block part: the parts it holds,
+    # as consecutive row blocks}; an importer splits one when its rows are the parts' sum
+    gguf_fused: dict = field(default_factory=dict)
     # Hugging Face checkpoints of a class that nests the language model (Gemma 3's image-text
     # model): {class: (the config.json key of its text config, ((prefix of the "model." names,
     # prefix of "lm_head"), ...) tried in order)}. transformers 4 and 5 save
@@ -62,13 +66,16 @@ FAMILIES = {f.arch: f for f in (
                "text_config", (("language_model.model.", "language_model."),
                                ("model.language_model.", "")))},
            hf_norm_offset=1.0),
-    Family("smollm3", ("SmolLM3ForCausalLM",)),
+    Family("smollm3", ("SmolLM3ForCausalLM",), gguf_neox=False),
     Family("phi3", ("Phi3ForCausalLM",),
            # fused projections, split at conversion (gate before up: transformers' Phi3MLP
            # chunks gate_up_proj's output into gate, up)
            hf_names={"attn_q": "self_attn.qkv_proj", "attn_k": "self_attn.qkv_proj",
                      "attn_v": "self_attn.qkv_proj", "ffn_gate": "mlp.gate_up_proj",
-                     "ffn_up": "mlp.gate_up_proj"}),
+                     "ffn_up": "mlp.gate_up_proj"},
+           # llama.cpp's phi3: attn_qkv = [q; k; v]; ffn_up = [gate; up] (its fused SwiGLU
+           # activates the first half, src/models/phi3.cpp)
+           gguf_fused={"attn_qkv": ("attn_q", "attn_k", "attn_v"), "ffn_up": ("ffn_gate", "ffn_up")}),
 )}
 
 

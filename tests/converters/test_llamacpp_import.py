@@ -151,7 +151,7 @@ def test_info_of_a_gguf_pyklei_cannot_convert(tmp_path):
     GGUFError (ValueError) naming the problem."""
     from pyklei.info import info_text, model_info
 
-    w = gguf.GGUFWriter(tmp_path / "qwen.gguf", "qwen2")
+    w = gguf.GGUFWriter(tmp_path / "qwen.gguf", "qwen2moe")
     w.add_block_count(1)
     w.add_context_length(128)
     w.add_file_type(1)
@@ -162,12 +162,14 @@ def test_info_of_a_gguf_pyklei_cannot_convert(tmp_path):
     w.write_tensors_to_file()
     w.close()
     info = model_info(tmp_path / "qwen.gguf")
-    assert (info["architecture"], info["file_type"], info["convert_command"]) == ("qwen2", "F16", None)
+    assert (info["architecture"], info["file_type"], info["convert_command"]) == ("qwen2moe", "F16", None)
     assert info["hparams"]["n_layer"] == 1 and info["hparams"]["n_embd"] is None
     assert info["tensor_types"]["F16"] == {"tensors": 1, "params": 256, "bytes": 512,
                                            "bits_per_weight": 16.0}
     text = info_text(info)
-    assert "pyklei converts llama models only; this file's architecture is 'qwen2'" in text
+    assert info["convert_note"] == ("pyklei imports llama.cpp files of llama, qwen2, qwen3, gemma3, "
+                                    "smollm3, phi3; this file's architecture is 'qwen2moe'")
+    assert "architecture is 'qwen2moe'" in text
     assert "pyklei convert " not in text and "convert it:" not in text and "embedding -," in text
     (tmp_path / "cut.gguf").write_bytes((tmp_path / "qwen.gguf").read_bytes()[:100])
     with pytest.raises(ValueError, match="cut.gguf"):
