@@ -260,39 +260,60 @@ def _longrope(hp: dict, sc: dict) -> None:
     af = sc.get("attention_factor")
     if af is None:
         af = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
-    fold_longrope(hp, sc["short_factor"], float(af), orig, "rope scaling 'longrope': short_factor")
+    fold_longrope(hp, sc["short_factor"], float(af), orig, "rope scaling 'longrope': {}_factor",
+                  long=sc.get("long_factor"))
 
 
-def fold_longrope(hp: dict, short, attention_factor: float, orig: int, what: str) -> None:
-    """LongRoPE (Phi-3) as far as a file with one set of frequencies can hold it, from a Hugging
-    Face config or a llama.cpp file alike. hp holds rope_dim, context_length and notes; this sets
-    rope_factors (the rope_freqs tensor), qk_rope_gain and the context.
+def fold_longrope(hp: dict, short, attention_factor: float, orig: int, what: str,
+                  long=None) -> None:
+    """LongRoPE (Phi-3) from a Hugging Face config or a llama.cpp file alike. hp holds
+    rope_dim, context_length and notes; this sets rope_factors (the rope_freqs tensor: the
+    short factors), rope_long_factors (gguf_keys.KEY_ROPE_LONG_FACTORS), qk_rope_gain and the
+    context.
 
-    The short factors: transformers uses them while the sequence is within
-    original_max_position_embeddings, the long ones for a longer sequence (switching every
-    position's rotation at once), so the file's context is that original length. The attention
-    factor, which multiplies cos and sin (q.k of the rotated dimensions by its square), is
-    folded into q's and k's rotated rows (hf_llama.scale_rotated_rows). what: the short
-    factors' source, for the error."""
-    short = np.asarray(short, np.float64)
-    if short.shape != (hp["rope_dim"] // 2,) or not np.all(short > 0):
-        raise ConversionError(f"{what} must hold {hp['rope_dim'] // 2} positive values")
+    transformers rotates by the short factors while the sequence is within
+    original_max_position_embeddings and by the long ones past it (switching every position's
+    rotation at once); llama.cpp picks one set by the context it is given, and so does pyklei's
+    runtime (a model loaded with a context past the original length takes the long factors).
+    Without long factors the file's context is that original length. The attention factor,
+    which multiplies cos and sin (q.k of the rotated dimensions by its square), is folded into
+    q's and k's rotated rows (hf_llama.scale_rotated_rows). what: the factors' source, for the
+    error, with {} for "short" or "long"."""
+    n = hp["rope_dim"] // 2
+    factors = {}
+    for name, f in (("short", short), ("long", long)):
+        if f is None:
+            continue
+        f = np.asarray(f, np.float64)
+        if f.shape != (n,) or not np.all(f > 0) or not np.all(np.isfinite(f)):
+            raise ConversionError(f"{what.format(name)} must hold {n} positive values")
+        factors[name] = f.astype(np.float32)
     if not (math.isfinite(attention_factor) and attention_factor > 0):
         raise ConversionError(f"LongRoPE attention factor {attention_factor!r} is not a positive number")
-    hp["rope_factors"] = short.astype(np.float32)
+    hp["rope_factors"] = factors["short"]
     hp["qk_rope_gain"] = float(attention_factor)
-    if hp["context_length"] > orig:
-        hp["notes"].append(f"LongRoPE: converted with the short factors, so the file's context "
-                           f"is original_max_position_embeddings = {orig} (the checkpoint's "
-                           f"{hp['context_length']} needs the long factors, which pyklei "
-                           f"does not switch to)")
+    if hp["context_length"] <= orig:
+        return
+    if "long" in factors:
+        hp["rope_long_factors"] = factors["long"]
+        hp["rope_long_from"] = int(orig)
+        hp["notes"].append(f"LongRoPE: the short factors up to {orig} tokens of context, the long "
+                           f"ones when the model is loaded with a longer one (n_ctx), up to "
+                           f"{hp['context_length']}")
+    else:
+        hp["notes"].append(f"LongRoPE: no long factors, so the file's context is "
+                           f"original_max_position_embeddings = {orig}")
         hp["context_length"] = orig
 
 
-def rope_scaling_kv(rope_type: str, orig: int) -> list:
-    """The file's informational keys of a scaling held in rope_freqs alone (LongRoPE)."""
-    return [(K.ROPE_SCALING_TYPE, rope_type, T.STRING, None),
-            (K.ROPE_SCALING_ORIG_CTX, int(orig), T.UINT32, None)]
+def rope_scaling_kv(rope_type: str, orig: int, long_factors=None) -> list:
+    """The file's keys of a scaling held in rope_freqs (LongRoPE): informational, and the long
+    factors where the file has them (the runtime reads them and the original context)."""
+    kv = [(K.ROPE_SCALING_TYPE, rope_type, T.STRING, None),
+          (K.ROPE_SCALING_ORIG_CTX, int(orig), T.UINT32, None)]
+    if long_factors is not None:
+        kv.append((K.KEY_ROPE_LONG_FACTORS, [float(x) for x in long_factors], T.ARRAY, T.FLOAT32))
+    return kv
 
 
 def hparams_kv(hp: dict, name: str) -> list:
@@ -329,7 +350,8 @@ def hparams_kv(hp: dict, name: str) -> list:
             (K.ROPE_SCALING_ORIG_CTX, int(sc["original_max_position_embeddings"]), T.UINT32, None),
         ]
     elif sc:
-        kv += rope_scaling_kv(sc["rope_type"], sc["original_max_position_embeddings"])
+        kv += rope_scaling_kv(sc["rope_type"], sc["original_max_position_embeddings"],
+                              hp.get("rope_long_factors"))
     if any(hp["layer_window"]):
         kv.append((K.KEY_LAYER_WINDOW, hp["layer_window"], T.ARRAY, T.UINT32))
     if any(b != hp["rope_theta"] for b in hp["layer_rope_base"]):

@@ -175,10 +175,11 @@ def _phi3_longrope(fields, by_name, rope_dim: int, context: int, path) -> dict |
     af_key = "phi3.rope.scaling.attn_factor"
     # llama.cpp's default, as its loader reads the key (hparams.rope_attn_factor)
     af = float(fields[af_key].contents()) if af_key in fields else 1.0
-    t = by_name[PHI3_SHORT]
-    short = np.asarray(dequantize(np.asarray(t.data), t.tensor_type), np.float32).reshape(-1)
+    short, long = (np.asarray(dequantize(np.asarray(by_name[n].data), by_name[n].tensor_type),
+                              np.float32).reshape(-1) for n in (PHI3_SHORT, PHI3_LONG))
     rope = dict(rope_dim=rope_dim, context_length=context, notes=[])
-    fold_longrope(rope, short, af, int(fields[orig_key].contents()), f"{path}: {PHI3_SHORT}")
+    fold_longrope(rope, short, af, int(fields[orig_key].contents()), f"{path}: rope_factors_{{}}.weight",
+                  long=long)
     return rope
 
 
@@ -258,7 +259,8 @@ def gguf_source(path, name: str | None = None) -> ModelSource:
         notes += longrope["notes"]
         kv = [(k, context if k == K.arch_key(arch, K.CONTEXT_LENGTH) else v, vt, sub)
               for k, v, vt, sub in kv if k not in PHI3_ROPE_KEYS]
-        kv += rope_scaling_kv("longrope", int(fields[PHI3_ROPE_KEYS[1]].contents()))
+        kv += rope_scaling_kv("longrope", int(fields[PHI3_ROPE_KEYS[1]].contents()),
+                              longrope.get("rope_long_factors"))
     kv += _family_kv(arch, fields, n_layer, n_embd, head_dim, path, context=context)
     dims = L.Dims(vocab_size=vocab, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head,
                   n_head_kv=n_head_kv, head_dim=head_dim, tied=K.OUTPUT not in by_name,

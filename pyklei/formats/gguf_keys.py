@@ -105,6 +105,11 @@ KEY_ACTIVATION = "pyklei.ffn.activation"     # the MLP's gate: "silu" (SwiGLU) |
 KEY_EMBEDDING_SCALE = "pyklei.embedding_scale"       # token embeddings times this (Gemma: sqrt(n_embd))
 KEY_ATTENTION_SCALE = "pyklei.attention.scale"       # scores times this; absent: 1/sqrt(head_dim)
 KEY_LOGIT_SOFTCAP = "pyklei.final_logit_softcapping"  # logits = c tanh(logits / c); absent: none
+# LongRoPE (Phi-3): rope_freqs holds the short factors; these (array float32, rope_dim / 2) are
+# the divisors of a context longer than ROPE_SCALING_ORIG_CTX, which the runtime takes in
+# place of rope_freqs when a model is loaded with such a context (as llama.cpp picks its
+# rope_factors_long by the context it is given)
+KEY_ROPE_LONG_FACTORS = "pyklei.rope.long_factors"
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 # SentencePiece tokenizers: the original tokenizer.model bytes (array uint8), next to

@@ -13,8 +13,9 @@ presence, GGUF type and shape of every tensor of the model, and the data alignme
 """
 from __future__ import annotations
 
+
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,6 +63,9 @@ class HParams:
     embedding_scale: float = 1.0
     attention_scale: float = 0.0    # 0: 1/sqrt(head_dim)
     logit_softcap: float = 0.0      # 0: none
+    # LongRoPE: the divisors in place of rope_freqs for a context longer than rope_long_from
+    rope_long_factors: tuple = ()
+    rope_long_from: int = 0
     pooling: str | None = None      # the embedding pooling the file declares (gguf_keys.POOLING_TYPES' name)
 
     def window(self, layer: int) -> int:
@@ -367,6 +371,8 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
         logit_softcap=need(K.KEY_LOGIT_SOFTCAP, float, default=0.0, lo=1e-30, hi=1e30),
         pooling=_pooling(md, vtype, a(K.POOLING_TYPE), where),
     )
+    if K.KEY_ROPE_LONG_FACTORS in md:
+        hp = _rope_long(md, vtype, hp, need, where)
     if hp.n_head % hp.n_head_kv:
         raise ModelFileError(f"{where}: head_count {hp.n_head} is not a multiple of head_count_kv {hp.n_head_kv}")
     if need(a(K.VALUE_LENGTH), default=hp.head_dim) != hp.head_dim:
@@ -397,6 +403,25 @@ def _pooling(md, vtype, key, where) -> str | None:
         raise ModelFileError(f"{where}: metadata {key!r} = {v!r} is not a pooling type "
                              f"({', '.join(f'{i} {n}' for n, i in K.POOLING_TYPES.items())})")
     return names[v]
+
+
+def _rope_long(md, vtype, hp: HParams, need, where) -> HParams:
+    """hp with LongRoPE's long factors (gguf_keys.KEY_ROPE_LONG_FACTORS), checked: rope_dim / 2
+    positive divisors beside rope_freqs' short ones, and the context past which they apply."""
+    key, n = K.KEY_ROPE_LONG_FACTORS, hp.rope_dim // 2
+    v = md[key]
+    if vtype(key) != 9 or not isinstance(v, list) or len(v) != n:
+        raise ModelFileError(f"{where}: {key} must be an array of {n} values (rope_dim / 2)")
+    try:
+        f = tuple(float(x) for x in v)
+    except (TypeError, ValueError):
+        raise ModelFileError(f"{where}: {key} holds a value that is not a number") from None
+    if not all(0.0 < x < 1e30 for x in f):
+        raise ModelFileError(f"{where}: {key} holds a value that is not a positive number")
+    if not hp.has_rope_freqs:
+        raise ModelFileError(f"{where}: {key} without the short factors ({K.ROPE_FREQS})")
+    start = need(K.ROPE_SCALING_ORIG_CTX, hi=hp.context_length)
+    return replace(hp, rope_long_factors=f, rope_long_from=start)
 
 
 def _layer_array(md, vtype, key, n_layer, typ, lo, hi, where) -> tuple:

@@ -192,6 +192,10 @@ class Model:
         self._layers = layers
 
         rope_freqs = self.file.tensor(ROPE_FREQS).data if hp.has_rope_freqs else None
+        if hp.rope_long_factors and self.n_ctx > hp.rope_long_from:
+            # LongRoPE: a context past the original length rotates by the long factors, all
+            # of it, as llama.cpp picks them by its context (gguf_keys.KEY_ROPE_LONG_FACTORS)
+            rope_freqs = np.asarray(hp.rope_long_factors, np.float32)
         if hp.head_dim > MAX_HEAD_DIM:
             raise ModelFileError(f"{path}: head_dim {hp.head_dim} is larger than pyklei supports "
                                  f"({MAX_HEAD_DIM})")

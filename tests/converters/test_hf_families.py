@@ -233,6 +233,27 @@ def test_files_agree_with_the_checkpoint(converted):
     assert kld(ref, q4) <= Q4_KLD
 
 
+def test_phi3_past_its_original_context_takes_the_long_factors(converted):
+    """LongRoPE: a model loaded with a context past original_max_position_embeddings (64 here)
+    rotates by the long factors, as transformers does over a sequence that long; within it,
+    by the short ones (every other test here)."""
+    family, hf, files, _ = converted
+    if family != "phi3":
+        pytest.skip("LongRoPE is Phi-3's")
+    from pyklei.runtime.model import Model
+    ids = list(range(5, 95))                                  # 90 positions > 64
+    state = file_state_dict(files["q8"], family)
+    ref = hf_logits(hf_model(hf, state), ids)
+    out = Model(files["q8"], n_threads=2, n_ctx=128, activations="qai8dx2").logits(ids)
+    diff = np.abs(out - ref).max()
+    short = hf_logits(hf_model(hf, state, config_edit=_rope_edit(
+        long_factor=[1.0, 1.3, 1.7, 2.2, 2.9, 3.5, 4.0, 4.6])), ids)   # the fixture's short factors
+    print(f"\nphi3 q8 over 90 positions: max |dlogit| {diff:.2e}; "
+          f"with the short factors there {np.abs(short - ref).max():.3f}")
+    assert diff <= EXACT_MAX_DIFF
+    assert np.abs(short - ref).max() >= FEATURE_MIN_DIFF
+
+
 def test_the_file_says_what_the_family_needs(converted):
     family, _, files, _ = converted
     hp = read_model(files["q4"]).hparams
@@ -242,7 +263,8 @@ def test_the_file_says_what_the_family_needs(converted):
         "qwen3": dict(head_dim=64, layer_window=()),
         "mistral": dict(layer_window=(20, 20)),
         "smollm3": dict(layer_rope_base=(10000.0, 0.0, 10000.0, 0.0)),
-        "phi3": dict(rope_dim=16, layer_window=(24, 24), context_length=64, has_rope_freqs=True),
+        "phi3": dict(rope_dim=16, layer_window=(24, 24), context_length=256, has_rope_freqs=True,
+                     rope_long_from=64),
         "gemma3": dict(layer_window=(16, 16, 0, 16), layer_rope_base=(100.0, 100.0, 1e6, 100.0),
                        activation="gelu_tanh", logit_softcap=4.0,
                        embedding_scale=pytest.approx(96 ** 0.5), attention_scale=pytest.approx(48 ** -0.5)),
@@ -288,8 +310,9 @@ def test_published_configs_give_their_shapes(name):
         assert hp["embedding_scale"] == pytest.approx(1152 ** 0.5) and hp["attention_scale"] == 0.0
         assert hp["activation"] == "gelu_tanh" and hp["tied"]
     elif arch == "phi3":
-        assert (hp["head_dim"], hp["rope_dim"], hp["context_length"]) == (128, 96, 4096)
-        assert hp["rope_factors"].shape == (48,) and not any(hp["layer_window"])   # 262144 >= 4096
+        assert (hp["head_dim"], hp["rope_dim"], hp["context_length"]) == (128, 96, 131072)
+        assert hp["rope_factors"].shape == hp["rope_long_factors"].shape == (48,)
+        assert hp["rope_long_from"] == 4096 and not any(hp["layer_window"])   # 262144 >= 131072
         assert hp["qk_rope_gain"] == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
     elif arch == "smollm3":
         assert [i for i, b in enumerate(hp["layer_rope_base"]) if b == 0] == list(range(3, 36, 4))
