@@ -6,9 +6,9 @@ A Llama file's q/k rows are already in the interleaved order pyklei's RoPE rotat
 families' are in rotate-half order, permuted here as the HF converter permutes them. llama.cpp
 stores Gemma's RMSNorm gains as 1 + w already, which is what pyklei's files hold. What llama.cpp
 keeps as rules of a family rather than in the file (Gemma 3's pattern of sliding-window layers
-and their RoPE base, its GeGLU and embedding scale) becomes the file's own keys here
-(_family_kv). Re-quantizing a quantized file adds pyklei's rounding
-error to the one the file already has: the conversion summary says so.
+and their RoPE base, its linear RoPE scaling on the global layers alone, its GeGLU and
+embedding scale) becomes the file's own keys here (_family_kv). Re-quantizing a quantized file
+adds pyklei's rounding error to the one the file already has: the conversion summary says so.
 Metadata keys are copied with their types, except those describing llama.cpp's own storage
 (general.file_type, general.quantization_version, general.alignment, split.*).
 """
@@ -87,33 +87,58 @@ def _eos_kv(fields) -> list:
 # "llama"; SmolLM3's and Phi-3's keep rules this importer does not know yet.
 GGUF_ARCHS = tuple(a for a in FAMILIES if a not in ("mistral", "smollm3", "phi3"))
 # llama.cpp's Gemma 3 rules (src/llama-model.cpp): every 6th layer attends globally, the
-# others a sliding window with RoPE base 10000; GeGLU; embeddings times sqrt(n_embd).
+# others a sliding window with RoPE base 10000 and no RoPE scaling; GeGLU; embeddings times
+# sqrt(n_embd).
 GEMMA3_GLOBAL_EVERY = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
-def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path) -> list:
-    """The family hyperparameters (gguf_keys) of a llama.cpp file, which llama.cpp keeps as
-    rules of the architecture; refuses what the rules here do not cover."""
+def _linear_factor(arch: str, fields, path) -> float:
+    """The linear RoPE scaling factor of a llama.cpp file (1.0: none), as llama.cpp reads it:
+    rope.scaling.factor, or the older rope.scale_linear; 0 means none. Any other scaling is
+    refused."""
+    tkey, fkey = K.arch_key(arch, K.LLAMACPP_ROPE_SCALING_TYPE), K.arch_key(arch, K.LLAMACPP_ROPE_SCALING_FACTOR)
     for key in fields:
-        if key.startswith(f"{arch}.rope.scaling.") and key != f"{arch}.rope.scaling.type":
+        if key.startswith(f"{arch}.rope.scaling.") and key not in (tkey, fkey):
             raise ConversionError(f"{path}: unsupported feature: RoPE scaling ({key}) in a "
                                   f"{arch} file")
+    kind = fields[tkey].contents() if tkey in fields else "linear"
+    old = f"{arch}.rope.scale_linear"
+    key = fkey if fkey in fields else old if old in fields else None
+    factor = float(fields[key].contents()) if key else 0.0
+    if factor == 0.0 or (kind == "none" and factor == 1.0):
+        return 1.0
+    if kind != "linear" or not (0.0 < factor < float("inf")):
+        raise ConversionError(f"{path}: unsupported feature: RoPE scaling {kind!r} with factor "
+                              f"{factor:g} ({key}; pyklei imports 'linear' with a positive factor)")
+    return factor
+
+
+def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path) -> list:
+    """The family hyperparameters (gguf_keys) of a llama.cpp file, which llama.cpp keeps as
+    rules of the architecture; refuses what the rules here do not cover. Linear RoPE scaling:
+    llama.cpp scales every layer, Gemma 3's global layers only."""
+    factor = _linear_factor(arch, fields, path)
     if arch != "gemma3":
-        return []
+        return ([] if factor == 1.0 else
+                [(K.KEY_LAYER_ROPE_FACTOR, [factor] * n_layer, T.ARRAY, T.FLOAT32)])
     window_key = f"{arch}.attention.sliding_window"
     if window_key not in fields:
         raise ConversionError(f"{path} lacks {window_key!r}")
     window = int(fields[window_key].contents())
     base = float(fields[K.arch_key(arch, K.ROPE_FREQ_BASE)].contents())
     local = [(i + 1) % GEMMA3_GLOBAL_EVERY != 0 for i in range(n_layer)]
-    return [
+    kv = [
         (K.KEY_LAYER_WINDOW, [window if lo else 0 for lo in local], T.ARRAY, T.UINT32),
         (K.KEY_LAYER_ROPE_BASE, [GEMMA3_LOCAL_ROPE_BASE if lo else base for lo in local],
          T.ARRAY, T.FLOAT32),
         (K.KEY_ACTIVATION, "gelu_tanh", T.STRING, None),
         (K.KEY_EMBEDDING_SCALE, float(np.float32(n_embd ** 0.5)), T.FLOAT32, None),
     ]
+    if factor != 1.0:
+        kv.append((K.KEY_LAYER_ROPE_FACTOR, [1.0 if lo else factor for lo in local],
+                   T.ARRAY, T.FLOAT32))
+    return kv
 
 
 def gguf_source(path, name: str | None = None) -> ModelSource:
