@@ -267,8 +267,15 @@ def test_gemma3_linear_rope_scaling_of_the_global_layers_is_exact(tmp_path):
     convert(hf, q8, keep=["*=q8"], embedding_bits=8)
     mf = read_model(q8)
     assert mf.hparams.layer_rope_factor == (1.0, 1.0, 8.0, 1.0)
-    # llama.cpp's keys, which it applies to Gemma 3's global layers only
+    # llama.cpp's keys, which it applies to Gemma 3's global layers only; the reader refuses a
+    # file where they disagree with the per-layer factors
     assert (mf.metadata["gemma3.rope.scaling.type"], mf.metadata["gemma3.rope.scaling.factor"]) == ("linear", 8.0)
+    from pyklei.formats.model_file import ModelFileError, read_hparams
+    md = {**mf.metadata, "gemma3.rope.scaling.factor": 4.0}
+    with pytest.raises(ModelFileError, match="gemma3.rope.scaling.factor = 4.0 disagrees"):
+        read_hparams(md, lambda k: mf.metadata_types[k][0], set(mf.tensors), "x")
+    from pyklei.info import _family_features     # what `pyklei info` lists as "family"
+    assert "RoPE linear scaling 8 on 1 of 4 layers" in _family_features(mf.hparams)
     state = file_state_dict(q8, "gemma3")
     ref = hf_logits(hf_model(hf, state))
     out = pyklei_logits(q8)
