@@ -288,6 +288,12 @@ def test_gemma3_linear_rope_scaling_of_the_global_layers_is_exact(tmp_path):
         far = np.abs(hf_logits(hf_model(hf, state, config_edit=edit)) - ref).max()
         print(f"  twin '{what}': max |dlogit| {far:.3f} from the reference")
         assert far >= FEATURE_MIN_DIFF, what
+    # the default conversion (rotation + GPTQ, whose calibration runs each layer's own RoPE)
+    q4 = tmp_path / "q4.gguf"
+    convert(hf, q4)
+    orig = hf_logits(hf_model(hf))
+    print(f"  default 4-bit vs transformers fp32: KLD {kld(orig, pyklei_logits(q4)):.2e}")
+    assert kld(orig, pyklei_logits(q4)) <= Q4_KLD
 
 
 def _write_llamacpp_gemma3(hf_dir: Path, out: Path) -> None:
