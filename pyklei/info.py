@@ -94,7 +94,9 @@ def model_info(path, activations: str = "auto", batch_size: int = 256) -> dict:
         "hparams": {"context_length": hp.context_length, "n_layer": hp.n_layer,
                     "n_embd": hp.n_embd, "n_ff": hp.n_ff, "n_head": hp.n_head,
                     "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim,
-                    "rope_theta": hp.rope_theta, "rope_scaling": md.get(K.ROPE_SCALING_TYPE),
+                    "rope_theta": hp.rope_theta,
+                    "rope_scaling": md.get(K.ROPE_SCALING_TYPE) or ("linear" if any(
+                        f != 1.0 for f in hp.layer_rope_factor) else None),
                     "rms_eps": hp.rms_eps, "tied_embeddings": hp.tied},
         "family": _family_features(hp),
         "tokenizer": {"model": md.get("tokenizer.ggml.model"), "pre": md.get("tokenizer.ggml.pre"),
@@ -300,6 +302,10 @@ def _family_features(hp) -> list[str]:
     bases = sorted({hp.rope_base(i) for i in range(hp.n_layer)})
     if hp.layer_rope_base and len(bases) > 1:
         out.append("RoPE bases " + ", ".join("none" if b == 0 else f"{b:g}" for b in bases))
+    scaled = [hp.rope_factor(i) for i in range(hp.n_layer) if hp.rope_factor(i) != 1.0]
+    if scaled:
+        out.append("RoPE linear scaling " + "/".join(f"{f:g}" for f in sorted(set(scaled)))
+                   + f" on {len(scaled)} of {hp.n_layer} layers")
     if hp.rope_dim != hp.head_dim:
         out.append(f"RoPE on {hp.rope_dim} of {hp.head_dim} dims")
     if hp.activation != "silu":

@@ -11,6 +11,15 @@ def _phi4_factors(n, top):
     return [round(1 + (top - 1) * i / (n - 1), 3) for i in range(n)]
 
 
+def _gemma3_image_text(**text):
+    return dict(architectures=["Gemma3ForConditionalGeneration"], model_type="gemma3",
+                boi_token_index=255999, eoi_token_index=256000, eos_token_id=[1, 106],
+                image_token_index=262144, initializer_range=0.02, mm_tokens_per_image=256,
+                text_config=dict(model_type="gemma3_text", **text,
+                                 rope_scaling={"factor": 8.0, "rope_type": "linear"},
+                                 sliding_window=1024))
+
+
 PUBLISHED = {
     "Qwen3-0.6B": dict(architectures=["Qwen3ForCausalLM"], hidden_size=1024, intermediate_size=3072,
                        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -39,6 +48,18 @@ PUBLISHED = {
                           sliding_window_pattern=6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
                           rope_scaling=None, rms_norm_eps=1e-6, final_logit_softcapping=None,
                           attn_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh"),
+    # Gemma 3 4B / 12B / 27B: image-text checkpoints whose text_config lists only what differs
+    # from Gemma3TextConfig's defaults (vision_config left out: pyklei converts the text part).
+    # Linear RoPE scaling (factor 8) on the global layers only; 27B scales scores by
+    # query_pre_attn_scalar 168, not head_dim 128.
+    "gemma-3-4b-it": _gemma3_image_text(hidden_size=2560, intermediate_size=10240,
+                                        num_hidden_layers=34),
+    "gemma-3-12b-it": _gemma3_image_text(hidden_size=3840, intermediate_size=15360,
+                                         num_attention_heads=16, num_hidden_layers=48,
+                                         num_key_value_heads=8),
+    "gemma-3-27b-it": _gemma3_image_text(head_dim=128, hidden_size=5376, intermediate_size=21504,
+                                         num_attention_heads=32, num_hidden_layers=62,
+                                         num_key_value_heads=16, query_pre_attn_scalar=168),
     "Phi-4-mini-instruct": dict(
         architectures=["Phi3ForCausalLM"], hidden_size=3072, intermediate_size=8192,
         num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, vocab_size=200064,

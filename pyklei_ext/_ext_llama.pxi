@@ -64,6 +64,7 @@ cdef extern from "model/pk_llama.h":
         const float *post_ffn_norm
         int window
         float rope_theta
+        float rope_factor
         int no_rope
     ctypedef struct pk_rotation:
         int n, m, p
@@ -125,7 +126,7 @@ LAYER_LINEAR_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 # Per-layer features a layer dict may give (None or absent: the layer has none): f32 vectors
 # (field -> its length from the hparams) and settings.
 LAYER_VECTOR_FIELDS = ("bq", "bk", "bv", "q_norm", "k_norm", "post_attn_norm", "post_ffn_norm")
-LAYER_SETTINGS = ("window", "rope_theta", "no_rope")
+LAYER_SETTINGS = ("window", "rope_theta", "rope_factor", "no_rope")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}      # pk_llama_act; gguf_keys.ACTIVATIONS' names
 # The sections of the activation statistics, in the C layout's order (pk_llama.h, pk_llama_stat)
 STAT_SECTIONS = tuple(pk_llama_stat_names[i].decode() for i in range(<int>PK_LLAMA_STATS))
@@ -226,6 +227,7 @@ cdef class LlamaRuntime:
                     else: self.layers[i].post_ffn_norm = ptr
             self.layers[i].window = L.get("window", 0)
             self.layers[i].rope_theta = L.get("rope_theta", 0.0)
+            self.layers[i].rope_factor = L.get("rope_factor", 0.0)
             self.layers[i].no_rope = L.get("no_rope", 0)
         w.layers = self.layers
         # rotations: {"ffn_down" | "output": (signs [n], mix [m, m])}, checked by the loader

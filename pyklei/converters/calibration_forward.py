@@ -62,13 +62,17 @@ def rmsnorm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
     return (x * inv[:, None]) * gain.astype(np.float32)
 
 
-def rope_tables(base: float, rope_dim: int, n_pos: int, rope_freqs: np.ndarray | None):
+def rope_tables(base: float, rope_dim: int, n_pos: int, rope_freqs: np.ndarray | None,
+                factor: float = 1.0):
     """(cos, sin), each float32 [n_pos, rope_dim/2]: pair i at position p turns by
-    p * base^(-2i/rope_dim) / rope_freqs[i] (inv_freq in float32, as pk_llama_create)."""
+    p * base^(-2i/rope_dim) / rope_freqs[i] / factor (inv_freq in float32, as pk_llama_create;
+    factor: the layer's linear scaling)."""
     i = np.arange(rope_dim // 2, dtype=np.float64)
     inv = (1.0 / base ** (2 * i / rope_dim)).astype(np.float32)
     if rope_freqs is not None:
         inv = (inv / rope_freqs.astype(np.float32)).astype(np.float32)
+    if factor != 1.0:
+        inv = (inv / np.float32(factor)).astype(np.float32)
     ang = np.arange(n_pos, dtype=np.float32)[:, None] * inv[None, :]
     return np.cos(ang), np.sin(ang)
 
@@ -202,7 +206,7 @@ class LayerCalibrator:
         self.status: Callable[[str], None] | None = None   # the writer's bar postfix (set_status)
         rf = self.by_name.get(K.ROPE_FREQS)
         self.rope_freqs = None if rf is None else self._read(rf).reshape(-1)
-        self.rope: dict[float, tuple[np.ndarray, np.ndarray]] = {}   # base -> (cos, sin)
+        self.rope: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}   # (base, factor) -> (cos, sin)
 
     @property
     def n_tokens(self) -> int:
@@ -279,14 +283,16 @@ class LayerCalibrator:
                 for s in readers}
 
     def _rope(self, i: int, q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """q and k of layer i after RoPE at its own base (none where the base is 0)."""
-        base = self.hp.rope_base(i)
+        """q and k of layer i after RoPE at its own base and linear factor (none where the
+        base is 0)."""
+        base, factor = self.hp.rope_base(i), self.hp.rope_factor(i)
+        key = (base, factor)
         if not base:
             return q, k
-        if base not in self.rope:
-            self.rope[base] = rope_tables(base, self.hp.rope_dim, self.batch.shape[1],
-                                          self.rope_freqs)
-        cos, sin = self.rope[base]
+        if key not in self.rope:
+            self.rope[key] = rope_tables(base, self.hp.rope_dim, self.batch.shape[1],
+                                         self.rope_freqs, factor)
+        cos, sin = self.rope[key]
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
     def set_status(self, status: Callable[[str], None] | None) -> None:

@@ -1,7 +1,8 @@
 """A Hugging Face config.json -> the hyperparameters of a pyklei file, one family at a time.
 
     hp = hparams_from_config(json.load(open("config.json")))
-    hp["family"].arch, hp["n_layer"], hp["layer_window"], hp["layer_rope_base"], ...
+    hp["family"].arch, hp["n_layer"], hp["layer_window"], hp["layer_rope_base"],
+    hp["layer_rope_factor"], ...
     kv = hparams_kv(hp, "name")          # the file's metadata (gguf_keys), family keys included
 
 What each family's config means is transformers' (5.x, reading 4.x files too): its
@@ -25,7 +26,10 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)
 # transformers' hidden_act names -> the file's KEY_ACTIVATION
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-ROPE_SCALINGS = ("llama3", "longrope")
+# RoPE scalings the runtime honours: "linear" per layer type (its frequencies divided by the
+# factor: Gemma 3 4B+ scale their global layers only), "llama3" and "longrope" on every layer
+# alike (rope_freqs holds one set of divisors)
+ROPE_SCALINGS = ("linear", "llama3", "longrope")
 
 # transformers' config defaults for the fields a saved config may omit (a nested text_config
 # is saved as its difference from the class defaults: Gemma 3's image-text checkpoints keep
@@ -92,13 +96,22 @@ def _rope_dicts(c: dict, fam) -> dict[str, dict]:
     return out
 
 
-def _scaling(rope: dict, used_types: set) -> dict | None:
-    """The one RoPE scaling of the model (rope_freqs holds one set of divisors for every
-    layer), checked; None: none."""
+def _linear_factor(layer_type: str, d: dict) -> float:
+    f = d.get("factor")
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+        raise ConversionError(f"rope scaling 'linear' of the {layer_type} layers: factor must be "
+                              f"a positive number, got {f!r} (config rope_parameters / rope_scaling)")
+    return float(f)
+
+
+def _scaling(rope: dict, used_types: set) -> tuple[dict | None, dict[str, float]]:
+    """The model's RoPE scalings, checked: (the one llama3 / longrope scaling of every layer,
+    or None; {layer type: linear factor}, 1.0 where a type is not scaled linearly)."""
     kinds = {t: rope[t]["rope_type"] for t in used_types}
-    scaled = {t: k for t, k in kinds.items() if k != "default"}
+    linear = {t: _linear_factor(t, rope[t]) if k == "linear" else 1.0 for t, k in kinds.items()}
+    scaled = {t: k for t, k in kinds.items() if k not in ("default", "linear")}
     if not scaled:
-        return None
+        return None, linear
     kind = next(iter(scaled.values()))
     if kind not in ROPE_SCALINGS:
         raise ConversionError(f"unsupported feature: rope scaling of type {kind!r} (config "
@@ -107,7 +120,7 @@ def _scaling(rope: dict, used_types: set) -> dict | None:
     if len(scaled) != len(kinds) or any(rope[t] != rope[next(iter(scaled))] for t in scaled):
         raise ConversionError(f"unsupported feature: rope scaling {kind!r} on the "
                               f"{', '.join(sorted(scaled))} layers only (config rope_parameters; "
-                              f"pyklei scales every layer's RoPE alike)")
+                              f"pyklei applies {kind!r} to every layer or none)")
     sc = rope[next(iter(scaled))]
     need = {"llama3": ("factor", "low_freq_factor", "high_freq_factor",
                        "original_max_position_embeddings"),
@@ -115,7 +128,7 @@ def _scaling(rope: dict, used_types: set) -> dict | None:
     for k in need:
         if sc.get(k) is None:
             raise ConversionError(f"rope scaling {kind!r} lacks {k!r} in config.json")
-    return dict(sc)
+    return dict(sc), linear
 
 
 def _layer_types(c: dict, fam, n_layer: int) -> list[str]:
@@ -214,10 +227,11 @@ def hparams_from_config(cfg: dict) -> dict:
                               f"head_dim {hp['head_dim']}; pyklei rotates an even number, at least 2")
     hp["rope_dim"] = rope_dim
     uses_rope = _uses_rope(c, n_layer) if fam.arch == "smollm3" else [True] * n_layer
-    hp["rope_scaling"] = _scaling(rope, {t for t, r in zip(types, uses_rope) if r})
+    hp["rope_scaling"], linear = _scaling(rope, {t for t, r in zip(types, uses_rope) if r})
     hp["rope_theta"] = float(rope[FULL]["rope_theta"])
     hp["layer_rope_base"] = [float(rope[t]["rope_theta"]) if r else 0.0
                              for t, r in zip(types, uses_rope)]
+    hp["layer_rope_factor"] = [linear[t] if r else 1.0 for t, r in zip(types, uses_rope)]
 
     rule, window = WINDOW_RULE.get(fam.arch), c.get("sliding_window")
     if rule == "switched" and not c.get("use_sliding_window"):
@@ -356,6 +370,13 @@ def hparams_kv(hp: dict, name: str) -> list:
         kv.append((K.KEY_LAYER_WINDOW, hp["layer_window"], T.ARRAY, T.UINT32))
     if any(b != hp["rope_theta"] for b in hp["layer_rope_base"]):
         kv.append((K.KEY_LAYER_ROPE_BASE, hp["layer_rope_base"], T.ARRAY, T.FLOAT32))
+    factors = hp["layer_rope_factor"]
+    if any(f != 1.0 for f in factors):
+        kv.append((K.KEY_LAYER_ROPE_FACTOR, factors, T.ARRAY, T.FLOAT32))
+        linear = {f for f in factors if f != 1.0}
+        if len(linear) == 1:    # llama.cpp's keys hold one factor
+            kv += [(a(K.LLAMACPP_ROPE_SCALING_TYPE), "linear", T.STRING, None),
+                   (a(K.LLAMACPP_ROPE_SCALING_FACTOR), linear.pop(), T.FLOAT32, None)]
     if hp["activation"] != "silu":
         kv.append((K.KEY_ACTIVATION, hp["activation"], T.STRING, None))
     for key, field in ((K.KEY_EMBEDDING_SCALE, "embedding_scale"),

@@ -7,12 +7,13 @@ the other families' are in rotate-half order, permuted here as the HF converter 
 llama.cpp stores Gemma's RMSNorm gains as 1 + w already, which is what pyklei's files hold, and
 Phi-3's projections fused (attn_qkv, and ffn_up holding gate and up: Family.gguf_fused), split
 here. What llama.cpp keeps as rules of a family rather than in the file (Gemma 3's pattern of
-sliding-window layers and their RoPE base, its GeGLU and embedding scale; SmolLM3's layers
-without RoPE) becomes the file's own keys here (_family_kv); Phi-3's LongRoPE (its short factors
-and attention factor) is folded as the HF converter folds it (hf_config.fold_longrope).
-llama.cpp writes a Mistral checkpoint as a "llama" file, without its sliding window, and runs it
-so: it is imported as the Llama it says it is. Re-quantizing a quantized file adds pyklei's
-rounding error to the one the file already has: the conversion summary says so.
+sliding-window layers and their RoPE base, its linear RoPE scaling on the global layers alone,
+its GeGLU and embedding scale; SmolLM3's layers without RoPE) becomes the file's own keys here
+(_family_kv); Phi-3's LongRoPE (its factors and attention factor) is folded as the HF converter
+folds it (hf_config.fold_longrope). llama.cpp writes a Mistral checkpoint as a "llama" file,
+without its sliding window, and runs it so: it is imported as the Llama it says it is.
+Re-quantizing a quantized file adds pyklei's rounding error to the one the file already has:
+the conversion summary says so.
 Metadata keys are copied with their types, except those describing llama.cpp's own storage
 (general.file_type, general.quantization_version, general.alignment, split.*).
 """
@@ -92,7 +93,8 @@ def _eos_kv(fields) -> list:
 # as "llama" (convert_hf_to_gguf.py), so no llama.cpp file says "mistral".
 GGUF_ARCHS = tuple(a for a in FAMILIES if a != "mistral")
 # llama.cpp's Gemma 3 rules (src/llama-model.cpp): every 6th layer attends globally, the
-# others a sliding window with RoPE base 10000; GeGLU; embeddings times sqrt(n_embd).
+# others a sliding window with RoPE base 10000 and no RoPE scaling; GeGLU; embeddings times
+# sqrt(n_embd).
 GEMMA3_GLOBAL_EVERY = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # llama.cpp's SmolLM3 rule (src/models/smollm3.cpp, not in the file): every 4th layer has no
@@ -104,35 +106,59 @@ PHI3_LONG, PHI3_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 PHI3_ROPE_KEYS = ("phi3.rope.scaling.attn_factor", "phi3.rope.scaling.original_context_length")
 
 
-def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path,
-               context: int = 0) -> list:
-    """The family hyperparameters (gguf_keys) of a llama.cpp file, which llama.cpp keeps as
-    rules of the architecture; refuses what the rules here do not cover. context: the file's
-    context length as imported (Phi-3's window is none at or beyond it)."""
+def _linear_factor(arch: str, fields, path) -> float:
+    """The linear RoPE scaling factor of a llama.cpp file (1.0: none), as llama.cpp reads it:
+    rope.scaling.factor, or the older rope.scale_linear; 0 means none. Any other scaling key
+    is refused (Phi-3's LongRoPE keys are _phi3_longrope's)."""
+    tkey, fkey = K.arch_key(arch, K.LLAMACPP_ROPE_SCALING_TYPE), K.arch_key(arch, K.LLAMACPP_ROPE_SCALING_FACTOR)
     for key in fields:
-        if (key.startswith(f"{arch}.rope.scaling.") and key != f"{arch}.rope.scaling.type"
+        if (key.startswith(f"{arch}.rope.scaling.") and key not in (tkey, fkey)
                 and not (arch == "phi3" and key in PHI3_ROPE_KEYS)):
             raise ConversionError(f"{path}: unsupported feature: RoPE scaling ({key}) in a "
                                   f"{arch} file")
+    kind = fields[tkey].contents() if tkey in fields else "linear"
+    old = f"{arch}.rope.scale_linear"
+    key = fkey if fkey in fields else old if old in fields else None
+    factor = float(fields[key].contents()) if key else 0.0
+    if factor == 0.0 or (kind == "none" and factor == 1.0):
+        return 1.0
+    if kind != "linear" or not (0.0 < factor < float("inf")):
+        raise ConversionError(f"{path}: unsupported feature: RoPE scaling {kind!r} with factor "
+                              f"{factor:g} ({key}; pyklei imports 'linear' with a positive factor)")
+    return factor
+
+
+def _family_kv(arch: str, fields, n_layer: int, n_embd: int, head_dim: int, path,
+               context: int = 0) -> list:
+    """The family hyperparameters (gguf_keys) of a llama.cpp file, which llama.cpp keeps as
+    rules of the architecture; refuses what the rules here do not cover. Linear RoPE scaling:
+    llama.cpp scales every layer, Gemma 3's global layers only. context: the file's context
+    length as imported (Phi-3's window is none at or beyond it)."""
+    factor = _linear_factor(arch, fields, path)
+    every = [] if factor == 1.0 else [(K.KEY_LAYER_ROPE_FACTOR, [factor] * n_layer, T.ARRAY, T.FLOAT32)]
     if arch == "smollm3":
-        return _smollm3_kv(fields, n_layer, path)
+        return _smollm3_kv(fields, n_layer, path) + every
     if arch == "phi3":
-        return _phi3_kv(fields, n_layer, context, path)
+        return _phi3_kv(fields, n_layer, context, path) + every
     if arch != "gemma3":
-        return []
+        return every
     window_key = f"{arch}.attention.sliding_window"
     if window_key not in fields:
         raise ConversionError(f"{path} lacks {window_key!r}")
     window = int(fields[window_key].contents())
     base = float(fields[K.arch_key(arch, K.ROPE_FREQ_BASE)].contents())
     local = [(i + 1) % GEMMA3_GLOBAL_EVERY != 0 for i in range(n_layer)]
-    return [
+    kv = [
         (K.KEY_LAYER_WINDOW, [window if lo else 0 for lo in local], T.ARRAY, T.UINT32),
         (K.KEY_LAYER_ROPE_BASE, [GEMMA3_LOCAL_ROPE_BASE if lo else base for lo in local],
          T.ARRAY, T.FLOAT32),
         (K.KEY_ACTIVATION, "gelu_tanh", T.STRING, None),
         (K.KEY_EMBEDDING_SCALE, float(np.float32(n_embd ** 0.5)), T.FLOAT32, None),
     ]
+    if factor != 1.0:
+        kv.append((K.KEY_LAYER_ROPE_FACTOR, [1.0 if lo else factor for lo in local],
+                   T.ARRAY, T.FLOAT32))
+    return kv
 
 
 def _smollm3_kv(fields, n_layer: int, path) -> list:

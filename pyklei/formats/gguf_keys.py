@@ -98,9 +98,17 @@ ROPE_SCALING_ORIG_CTX = "pyklei.rope.scaling.original_context_length"
 
 # Family hyperparameters (families.py): written only where a model differs from Llama, so a
 # Llama file has none of them. Per layer, arrays of block_count values: the sliding window
-# (0: the layer attends every position) and the RoPE base (0: the layer has no RoPE).
+# (0: the layer attends every position), the RoPE base (0: the layer has no RoPE) and the
+# linear RoPE scaling factor (the layer's frequencies divided by it; 1: unscaled).
 KEY_LAYER_WINDOW = "pyklei.attention.layer_sliding_window"     # array uint32
 KEY_LAYER_ROPE_BASE = "pyklei.rope.layer_freq_base"             # array float32
+KEY_LAYER_ROPE_FACTOR = "pyklei.rope.layer_scaling_factor"      # array float32
+# llama.cpp's spelling of linear RoPE scaling (its rope.scaling.type "linear" and factor; it
+# scales every layer, Gemma 3's global layers only). A file with linear scaling carries them
+# too, so llama.cpp's tools read the scaling the layers get; the loader checks they agree with
+# KEY_LAYER_ROPE_FACTOR, the one the runtime follows.
+LLAMACPP_ROPE_SCALING_TYPE = llama_key("rope.scaling.type")
+LLAMACPP_ROPE_SCALING_FACTOR = llama_key("rope.scaling.factor")
 KEY_ACTIVATION = "pyklei.ffn.activation"     # the MLP's gate: "silu" (SwiGLU) | "gelu_tanh" (GeGLU)
 KEY_EMBEDDING_SCALE = "pyklei.embedding_scale"       # token embeddings times this (Gemma: sqrt(n_embd))
 KEY_ATTENTION_SCALE = "pyklei.attention.scale"       # scores times this; absent: 1/sqrt(head_dim)

@@ -59,6 +59,7 @@ class HParams:
     features: frozenset = frozenset()
     layer_window: tuple = ()        # per layer: sliding window, 0 = every position; () = all 0
     layer_rope_base: tuple = ()     # per layer: RoPE base, 0 = no RoPE; () = all rope_theta
+    layer_rope_factor: tuple = ()   # per layer: linear RoPE scaling (frequencies / it); () = all 1
     activation: str = "silu"
     embedding_scale: float = 1.0
     attention_scale: float = 0.0    # 0: 1/sqrt(head_dim)
@@ -73,6 +74,9 @@ class HParams:
 
     def rope_base(self, layer: int) -> float:
         return self.layer_rope_base[layer] if self.layer_rope_base else self.rope_theta
+
+    def rope_factor(self, layer: int) -> float:
+        return self.layer_rope_factor[layer] if self.layer_rope_factor else 1.0
 
 
 @dataclass
@@ -365,12 +369,15 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
         features=fam.features,
         layer_window=_layer_array(md, vtype, K.KEY_LAYER_WINDOW, n_layer, int, 0, _I32_MAX, where),
         layer_rope_base=_layer_array(md, vtype, K.KEY_LAYER_ROPE_BASE, n_layer, float, 0.0, 1e30, where),
+        layer_rope_factor=_layer_array(md, vtype, K.KEY_LAYER_ROPE_FACTOR, n_layer, float, 1e-30, 1e30,
+                                       where),
         activation=_choice(md, vtype, K.KEY_ACTIVATION, K.ACTIVATIONS, where),
         embedding_scale=need(K.KEY_EMBEDDING_SCALE, float, default=1.0, lo=1e-30, hi=1e30),
         attention_scale=need(K.KEY_ATTENTION_SCALE, float, default=0.0, lo=1e-30, hi=1e30),
         logit_softcap=need(K.KEY_LOGIT_SOFTCAP, float, default=0.0, lo=1e-30, hi=1e30),
         pooling=_pooling(md, vtype, a(K.POOLING_TYPE), where),
     )
+    _check_llamacpp_linear_scaling(md, vtype, a, hp, where)
     if K.KEY_ROPE_LONG_FACTORS in md:
         hp = _rope_long(md, vtype, hp, need, where)
     if hp.n_head % hp.n_head_kv:
@@ -391,6 +398,22 @@ def read_hparams(md: dict, vtype: Callable[[str], int | None], tensor_names, whe
         if n > _I32_MAX:
             raise ModelFileError(f"{where}: {what} = {n} is too large")
     return hp
+
+
+def _check_llamacpp_linear_scaling(md, vtype, a, hp: HParams, where) -> None:
+    """llama.cpp's linear-scaling keys, where a file says "linear", must give the one factor the
+    per-layer factors (the runtime's) scale by: llama.cpp's tools read those keys."""
+    fkey, tkey = a(K.LLAMACPP_ROPE_SCALING_FACTOR), a(K.LLAMACPP_ROPE_SCALING_TYPE)
+    if md.get(tkey) != "linear":
+        return
+    if fkey in md and vtype(fkey) not in _NUM_TYPES:
+        raise ModelFileError(f"{where}: metadata {fkey!r} = {md[fkey]!r} is not a number")
+    factor = np.float32(md.get(fkey) or 1.0)     # llama.cpp: 0 or absent is no scaling
+    scaled = {np.float32(f) for f in hp.layer_rope_factor if f != 1.0}
+    if scaled != ({factor} if factor != 1.0 else set()):
+        raise ModelFileError(f"{where}: {fkey} = {float(factor)!r} disagrees with "
+                             f"{K.KEY_LAYER_ROPE_FACTOR} (scaled layers' factors: "
+                             f"{sorted(float(f) for f in scaled) or 'none'})")
 
 
 def _pooling(md, vtype, key, where) -> str | None:

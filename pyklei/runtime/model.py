@@ -183,7 +183,8 @@ class Model:
             layer.update({s.field: self.file.tensor(s.name(i)).data for s in BLOCK_VECTORS
                           if s.feature in hp.features})
             base = hp.rope_base(i)
-            layer.update(window=hp.window(i), rope_theta=base, no_rope=int(base == 0.0))
+            layer.update(window=hp.window(i), rope_theta=base, rope_factor=hp.rope_factor(i),
+                         no_rope=int(base == 0.0))
             for key, part in _LINEARS:
                 t = self.file.layer(i, part)
                 layer[key] = _qweight(t)

@@ -85,24 +85,36 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     m->kv_read = hp->kv_type != PK_KV_F32 ? pk_f16_to_f32_pick(NULL) : NULL;
     m->rope_dim = hp->rope_dim ? hp->rope_dim : hd;
     m->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    /* the distinct RoPE bases (Gemma 3: one for its sliding-window layers, one for the rest) */
-    float bases[64];
+    /* the distinct RoPE frequency sets, each a (base, linear factor) pair (Gemma 3: its
+     * sliding-window layers' base, and the global layers' base and factor; 4B+ scale the
+     * global ones only) */
+    float bases[64], factors[64];
     m->layer_base = alloc(m, sizeof(int) * hp->n_layer);
     for (int l = 0; m->layer_base && l < hp->n_layer; l++) {
         const pk_llama_layer *L = &w->layers[l];
-        /* != 0, not > 0: a negative or NaN base is refused below, not taken for "the model's" */
+        /* != 0, not > 0: a negative or NaN base or factor is refused below, not taken for the
+         * default */
         const float base = L->rope_theta != 0.0f ? L->rope_theta : hp->rope_theta;
+        const float factor = L->rope_factor != 0.0f ? L->rope_factor : 1.0f;
         int b = 0;
-        while (b < m->n_bases && bases[b] != base) b++;
-        if (L->window < 0 || !(base > 0.0f) || (b == m->n_bases && m->n_bases == 64)) {
+        while (b < m->n_bases && (bases[b] != base || factors[b] != factor)) b++;
+        if (L->window < 0 || !(base > 0.0f) || !(factor > 0.0f) || !isfinite(factor) ||
+            (b == m->n_bases && m->n_bases == 64)) {
             pk_llama_destroy(m);
-            err("layer %d: invalid window %d or RoPE base %g", l, L->window, (double)base);
+            err("layer %d: invalid window %d, RoPE base %g or RoPE factor %g", l, L->window,
+                (double)base, (double)factor);
             return NULL;
         }
-        if (b == m->n_bases) bases[m->n_bases++] = base;
+        if (b == m->n_bases) {
+            bases[m->n_bases] = base;
+            factors[m->n_bases++] = factor;
+        }
         m->layer_base[l] = L->no_rope ? -1 : b;
     }
-    if (!m->n_bases) bases[m->n_bases++] = hp->rope_theta;
+    if (!m->n_bases) {
+        bases[m->n_bases] = hp->rope_theta;
+        factors[m->n_bases++] = 1.0f;
+    }
     m->inv_freq = alloc(m, sizeof(float) * m->n_bases * (m->rope_dim / 2));
     m->k_cache = alloc(m, kv_elems * pk_kv_value_bytes((pk_kv_type)hp->kv_type));
     m->v_cache = alloc(m, kv_elems * pk_kv_value_bytes((pk_kv_type)hp->kv_type));
@@ -151,13 +163,15 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     memcpy(m->layers, w->layers, sizeof(pk_llama_layer) * hp->n_layer);
     for (int i = 0; i < hp->n_embd; i++) m->ones[i] = 1.0f;
     m->w.layers = m->layers;
-    /* inv_freq[i] = theta^(-2i/rope_dim), divided by llama3's per-frequency factor if present;
+    /* inv_freq[i] = theta^(-2i/rope_dim), divided by llama3's per-frequency factor if present
+     * and by the set's linear factor (transformers' "linear" rope_type: inv_freq / factor);
      * computed like the float32 reference implementations do */
     const int rd = m->rope_dim;
     for (int b = 0; b < m->n_bases; b++)
         for (int i = 0; i < rd / 2; i++) {
             float f = (float)(1.0 / pow((double)bases[b], (double)(2 * i) / rd));
             if (w->rope_freqs) f = f / w->rope_freqs[i];
+            if (factors[b] != 1.0f) f = f / factors[b];
             m->inv_freq[(size_t)b * (rd / 2) + i] = f;
         }
     return m;

@@ -1,8 +1,8 @@
 /* The Llama forward pass: embeddings -> n_layer x (RMSNorm, GQA attention with RoPE over a
  * KV cache, RMSNorm, SwiGLU MLP) -> RMSNorm -> lm_head. The other families (pyklei/formats/
  * families.py) are this pass with per-layer features: q/k/v biases (Qwen2), an RMSNorm of each
- * q and k head (Qwen3, Gemma 3), sliding-window layers and a RoPE base per layer (Gemma 3,
- * Mistral), layers without RoPE (SmolLM3), RoPE on part of a head (Phi-4-mini), GeGLU and
+ * q and k head (Qwen3, Gemma 3), sliding-window layers and a RoPE base and linear scaling per
+ * layer (Gemma 3, Mistral), layers without RoPE (SmolLM3), RoPE on part of a head (Phi-4-mini), GeGLU and
  * norms of the attention's and the MLP's outputs (Gemma 3), scaled embeddings and attention
  * scores, and soft-capped logits. Prefill runs all rows of a chunk
  * through the kernel layer as GEMMs; decode is the same code with one row (GEMVs).
@@ -49,6 +49,7 @@ typedef struct {
     const float *post_attn_norm, *post_ffn_norm;  /* [n_embd]: RMSNorm of the attention's / MLP's output */
     int window;           /* a row attends its last `window` positions, itself included (0: all) */
     float rope_theta;     /* this layer's RoPE base (0: the model's rope_theta) */
+    float rope_factor;    /* linear RoPE scaling: this layer's frequencies divided by it (0: 1) */
     int no_rope;          /* 1: q and k are not rotated */
 } pk_llama_layer;
 

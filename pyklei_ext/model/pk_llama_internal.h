@@ -11,7 +11,7 @@ struct pk_llama {
     pk_llama_layer *layers;
     pk_ctx *ctx;
     int rope_dim;        /* dimensions of a head RoPE rotates (hp.rope_dim, or head_dim) */
-    int n_bases;         /* distinct RoPE bases among the layers */
+    int n_bases;         /* distinct RoPE frequency sets (base, linear factor) among the layers */
     int *layer_base;     /* [n_layer]: index of the layer's base, -1 for a layer without RoPE */
     float *inv_freq;     /* [n_bases][rope_dim/2] */
     float attn_scale;    /* hp.attn_scale, or 1/sqrt(head_dim) */

@@ -272,16 +272,134 @@ def test_the_file_says_what_the_family_needs(converted):
     assert {k: getattr(hp, k) for k in expect} == expect
 
 
+# Gemma 3 4B / 12B / 27B: RoPE scaled linearly (factor 8) on the global layers only
+GEMMA3_LINEAR = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                 "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+
+
+def _rope_parameters(full, sliding):
+    def edit(cfg):
+        cfg.rope_parameters = {"full_attention": full, "sliding_attention": sliding}
+    return edit
+
+
+def test_gemma3_linear_rope_scaling_of_the_global_layers_is_exact(tmp_path):
+    hf = make_tiny_family(tmp_path / "hf", "gemma3", seed=11, rope_parameters=GEMMA3_LINEAR)
+    q8 = tmp_path / "q8.gguf"
+    convert(hf, q8, keep=["*=q8"], embedding_bits=8)
+    mf = read_model(q8)
+    assert mf.hparams.layer_rope_factor == (1.0, 1.0, 8.0, 1.0)
+    # llama.cpp's keys, which it applies to Gemma 3's global layers only; the reader refuses a
+    # file where they disagree with the per-layer factors
+    assert (mf.metadata["gemma3.rope.scaling.type"], mf.metadata["gemma3.rope.scaling.factor"]) == ("linear", 8.0)
+    from pyklei.formats.model_file import ModelFileError, read_hparams
+    md = {**mf.metadata, "gemma3.rope.scaling.factor": 4.0}
+    with pytest.raises(ModelFileError, match="gemma3.rope.scaling.factor = 4.0 disagrees"):
+        read_hparams(md, lambda k: mf.metadata_types[k][0], set(mf.tensors), "x")
+    from pyklei.info import _family_features     # what `pyklei info` lists as "family"
+    assert "RoPE linear scaling 8 on 1 of 4 layers" in _family_features(mf.hparams)
+    state = file_state_dict(q8, "gemma3")
+    ref = hf_logits(hf_model(hf, state))
+    out = pyklei_logits(q8)
+    diff = np.abs(out - ref).max()
+    print(f"\ngemma3 linear RoPE x8 q8, same weights: max |dlogit| {diff:.2e}")
+    assert diff <= EXACT_MAX_DIFF and (out.argmax(-1) == ref.argmax(-1)).all()
+    full, sliding = GEMMA3_LINEAR["full_attention"], GEMMA3_LINEAR["sliding_attention"]
+    for what, edit in (("unscaled", _rope_parameters({**full, "rope_type": "default"}, sliding)),
+                       ("every layer scaled", _rope_parameters(full, {**full, "rope_theta": 100.0}))):
+        far = np.abs(hf_logits(hf_model(hf, state, config_edit=edit)) - ref).max()
+        print(f"  twin '{what}': max |dlogit| {far:.3f} from the reference")
+        assert far >= FEATURE_MIN_DIFF, what
+    # the default conversion (rotation + GPTQ, whose calibration runs each layer's own RoPE)
+    q4 = tmp_path / "q4.gguf"
+    convert(hf, q4)
+    orig = hf_logits(hf_model(hf))
+    print(f"  default 4-bit vs transformers fp32: KLD {kld(orig, pyklei_logits(q4)):.2e}")
+    assert kld(orig, pyklei_logits(q4)) <= Q4_KLD
+
+
+def _write_llamacpp_gemma3(hf_dir: Path, out: Path) -> None:
+    """A Gemma 3 checkpoint as llama.cpp's converter writes it: q/k rows in Hugging Face's
+    order, RMSNorm gains stored as 1 + w, f16 matrices, the sliding window, and (from the
+    pyklei conversion's metadata, in llama.cpp's spelling) rope.scaling.type / factor;
+    llama.cpp's rules give the rest (every 6th layer global, the local RoPE base 10000)."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import quantize
+    from safetensors.torch import load_file
+
+    tmp = out.with_suffix(".pyklei.gguf")
+    convert(hf_dir, tmp, keep=["*=q8"], embedding_bits=8)    # for its metadata
+    mf = read_model(tmp)
+    hf = {k: v.float().numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
+    w = gguf.GGUFWriter(out, "gemma3")
+    for k, v in mf.metadata.items():
+        if k.startswith("pyklei.") or k in ("general.architecture", "general.alignment"):
+            continue
+        vt, sub = mf.metadata_types[k]
+        w.add_key_value(k, v, gguf.GGUFValueType(vt), None if sub is None else gguf.GGUFValueType(sub))
+    w.add_sliding_window(json.loads((hf_dir / "config.json").read_text())["sliding_window"])
+    parts = {**HF_PARTS, **GEMMA_PARTS}
+    for name in mf.tensors:
+        bits = name.split(".")
+        x = hf[GLOBALS[name] if bits[0] != "blk" else f"model.layers.{bits[1]}.{parts[bits[2]]}.weight"]
+        if name.endswith("norm.weight"):
+            x = x + np.float32(1.0)
+        if x.ndim == 2:
+            w.add_tensor(name, quantize(x, Q.F16), raw_dtype=Q.F16)
+        else:
+            w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.unlink()
+
+
+def test_llamacpp_gemma3_file_scales_rope_linearly_on_its_global_layers(tmp_path):
+    """Gemma 3 4B+ as llama.cpp files them (rope.scaling.type linear, factor 8, which llama.cpp
+    applies to the global layers only), imported (pyklei/converters/llamacpp_gguf.py): exact
+    against transformers on the imported weights."""
+    import gguf
+
+    full = {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}
+    local = {"rope_type": "default", "rope_theta": 10000.0}
+    # what llama.cpp's gemma3 rules can hold: 1/sqrt(head_dim) scores, no logit soft-cap
+    hf = make_tiny_family(tmp_path / "hf", "gemma3", seed=5, num_hidden_layers=6,
+                          layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                          rope_parameters={"full_attention": full, "sliding_attention": local},
+                          query_pre_attn_scalar=64, final_logit_softcapping=None)
+    src, q8 = tmp_path / "gemma3-f16.gguf", tmp_path / "q8.gguf"
+    _write_llamacpp_gemma3(hf, src)
+    assert gguf.GGUFReader(src).fields["gemma3.rope.scaling.factor"].contents() == 8.0
+    convert(src, q8, keep=["*=q8"], embedding_bits=8)
+    assert read_model(q8).hparams.layer_rope_factor == (1.0,) * 5 + (8.0,)
+    state = file_state_dict(q8, "gemma3")
+    ref = hf_logits(hf_model(hf, state))
+    out = pyklei_logits(q8)
+    diff = np.abs(out - ref).max()
+    twin = hf_logits(hf_model(hf, state, config_edit=_rope_parameters({**full, "rope_type": "default"}, local)))
+    print(f"\ngemma3 llama.cpp file, linear RoPE x8 q8, same weights: max |dlogit| {diff:.2e}; "
+          f"unscaled twin {np.abs(twin - ref).max():.3f}")
+    assert diff <= EXACT_MAX_DIFF and (out.argmax(-1) == ref.argmax(-1)).all()
+    assert np.abs(twin - ref).max() >= FEATURE_MIN_DIFF
+
+
 def test_gemma3_image_text_checkpoint_converts_its_language_model(tmp_path):
-    hf = make_tiny_family(tmp_path / "hf", "gemma3", seed=7, multimodal=True)
+    """The text part of a Gemma3ForConditionalGeneration (its vision tower skipped), with the
+    RoPE of 4B and larger: linear scaling on the global layers."""
+    hf = make_tiny_family(tmp_path / "hf", "gemma3", seed=7, multimodal=True,
+                          rope_parameters=GEMMA3_LINEAR)
     out = tmp_path / "q8.gguf"
     convert(hf, out, keep=["*=q8"], embedding_bits=8)
     model = transformers.Gemma3ForConditionalGeneration.from_pretrained(hf, dtype=torch.float32).eval()
+    assert model.config.text_config.rope_parameters["full_attention"]["factor"] == 8.0
     ref = hf_logits(model)
     got = pyklei_logits(out)
     print(f"\ngemma3 image-text q8: KLD {kld(ref, got):.2e}")
     assert kld(ref, got) <= Q8_KLD
-    assert read_model(out).hparams.layer_window == (16, 16, 0, 16)
+    hp = read_model(out).hparams
+    assert hp.layer_window == (16, 16, 0, 16) and hp.layer_rope_factor == (1.0, 1.0, 8.0, 1.0)
 
 
 # ----------------------------------------------------------------------------- published shapes
@@ -296,19 +414,30 @@ def _shape_summary(cfg):
 def test_published_configs_give_their_shapes(name):
     hp, n = _shape_summary(PUBLISHED[name])
     arch = hp["family"].arch
-    g = {  # billions of parameters as published (tied embeddings counted once)
+    g = {  # billions of parameters as published (tied embeddings counted once; Gemma 3 4B+:
+           # the language model's, without the vision tower's ~0.4)
         "Qwen3-0.6B": 0.596, "Qwen3-1.7B": 1.72, "Qwen2.5-0.5B": 0.494, "Qwen2.5-1.5B": 1.54,
-        "gemma-3-1b-it": 1.0, "Phi-4-mini-instruct": 3.84, "Ministral-8B-Instruct-2410": 8.02,
+        "gemma-3-1b-it": 1.0, "gemma-3-4b-it": 3.88, "gemma-3-12b-it": 11.77,
+        "gemma-3-27b-it": 27.0, "Phi-4-mini-instruct": 3.84, "Ministral-8B-Instruct-2410": 8.02,
         "Mistral-7B-v0.1": 7.24,
         "SmolLM3-3B": 3.08}[name]
     assert n / 1e9 == pytest.approx(g, rel=0.05), n
     if arch == "gemma3":
         globals_ = [i for i, w in enumerate(hp["layer_window"]) if w == 0]
-        assert globals_ == [5, 11, 17, 23]
-        assert {w for w in hp["layer_window"] if w} == {512}
+        assert globals_ == list(range(5, hp["n_layer"], 6))
+        one_b = name == "gemma-3-1b-it"
+        assert {w for w in hp["layer_window"] if w} == {512 if one_b else 1024}
         assert [hp["layer_rope_base"][i] for i in (0, 5)] == [10000.0, 1e6]
-        assert hp["embedding_scale"] == pytest.approx(1152 ** 0.5) and hp["attention_scale"] == 0.0
+        # 4B+: linear RoPE scaling x8 on exactly the global layers
+        assert [i for i, f in enumerate(hp["layer_rope_factor"]) if f != 1.0] == ([] if one_b else globals_)
+        assert set(hp["layer_rope_factor"]) == ({1.0} if one_b else {1.0, 8.0})
+        assert hp["embedding_scale"] == pytest.approx(hp["n_embd"] ** 0.5)
+        # 27B scales scores by query_pre_attn_scalar 168, not head_dim 128
+        assert hp["attention_scale"] == (pytest.approx(168 ** -0.5) if name == "gemma-3-27b-it" else 0.0)
         assert hp["activation"] == "gelu_tanh" and hp["tied"]
+        assert (hp["n_layer"], hp["n_head"], hp["n_head_kv"], hp["head_dim"]) == {
+            "gemma-3-1b-it": (26, 4, 1, 256), "gemma-3-4b-it": (34, 8, 4, 256),
+            "gemma-3-12b-it": (48, 16, 8, 256), "gemma-3-27b-it": (62, 32, 16, 128)}[name]
     elif arch == "phi3":
         assert (hp["head_dim"], hp["rope_dim"], hp["context_length"]) == (128, 96, 131072)
         assert hp["rope_factors"].shape == hp["rope_long_factors"].shape == (48,)
@@ -331,7 +460,9 @@ BAD_CONFIGS = [
     ("qwen3", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0)), "'yarn'"),
     ("mistral", dict(hidden_act="gelu"), "hidden_act='gelu'"),
     ("gemma3", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
-    ("gemma3", dict(rope_scaling=dict(rope_type="linear", factor=8.0)), "'linear'"),
+    ("gemma3", dict(rope_scaling=dict(rope_type="yarn", factor=8.0)), "'yarn'"),
+    ("gemma3", dict(rope_scaling=dict(rope_type="linear", factor=0.0)), "factor"),
+    ("gemma3", dict(rope_scaling=dict(rope_type="linear")), "factor"),
     ("smollm3", dict(no_rope_layers=[1, 2]), "no_rope_layers"),
     ("qwen2", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
     ("phi3", dict(partial_rotary_factor=0.34), "partial_rotary_factor"),

@@ -176,6 +176,37 @@ def test_info_of_a_gguf_pyklei_cannot_convert(tmp_path):
         model_info(tmp_path / "cut.gguf")
 
 
+class _Field:
+    def __init__(self, value):
+        self.value = value
+
+    def contents(self):
+        return self.value
+
+
+@pytest.mark.parametrize("keys,expect", [
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}, [4.0] * 3),
+    ({"llama.rope.scale_linear": 2.0}, [2.0] * 3),                 # llama.cpp's older key
+    ({"llama.rope.scaling.type": "none"}, None),
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 0.0}, None),  # 0: none
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "'yarn'"),
+    ({"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": -2.0}, "factor -2"),
+    ({"llama.rope.scaling.attn_factor": 1.1}, "rope.scaling.attn_factor"),
+])
+def test_import_reads_llamacpp_rope_scaling_keys(keys, expect):
+    from pyklei.converters import ConversionError
+    from pyklei.converters.llamacpp_gguf import _family_kv
+
+    fields = {k: _Field(v) for k, v in keys.items()}
+    if isinstance(expect, str):
+        with pytest.raises(ConversionError, match=expect) as e:
+            _family_kv("llama", fields, 3, 64, 16, "x.gguf")
+        assert "\n" not in str(e.value)
+        return
+    kv = {k: v for k, v, _, _ in _family_kv("llama", fields, 3, 64, 16, "x.gguf")}
+    assert kv.get(K.KEY_LAYER_ROPE_FACTOR) == expect
+
+
 def test_llama_file_type_names_match_gguf():
     from pyklei.info import LLAMA_FILE_TYPES
 

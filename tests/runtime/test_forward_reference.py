@@ -40,10 +40,11 @@ def _rms(x, w, eps):
 
 class TinyModel:
     def __init__(self, seed=0, V=300, D=128, L=2, H=4, KV=2, HD=32, F=256, rope_freqs=None,
-                 emb_format="qsi4c32"):
+                 emb_format="qsi4c32", rope_factors=None):
         rng = np.random.default_rng(seed)
         self.dims = V, D, L, H, KV, HD, F
         self.rope_freqs = rope_freqs
+        self.rope_factors = rope_factors or [1.0] * L    # per layer: linear RoPE scaling
         self.emb_format = emb_format
         self.emb_qs, self.emb_s, self.emb = _q4(rng, V, D)
         if emb_format == "qsi6c32":   # the tied embedding / lm_head at 6 bits
@@ -63,8 +64,10 @@ class TinyModel:
         V, D, L, H, KV, HD, F = self.dims
         ops = _ext.Ops(n_threads)
         layers = []
-        for layer in self.layers:
+        for layer, factor in zip(self.layers, self.rope_factors):
             d = {k: v for k, v in layer.items() if k.endswith("norm")}
+            if factor != 1.0:
+                d["rope_factor"] = factor
             for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
                 qs, s, _ = layer[name]
                 d[name] = _ext.QWeight("qsi4c32", qs, s, 32)
@@ -82,19 +85,19 @@ class TinyModel:
         inv = (1.0 / 10000.0 ** (np.arange(0, HD, 2) / HD)).astype(np.float32)
         if self.rope_freqs is not None:
             inv = inv / self.rope_freqs
-        ang = np.arange(T)[:, None].astype(np.float32) * inv[None]
-        c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
 
-        def rope(v):  # llama.cpp "normal" RoPE: adjacent pairs
+        def rope(v, factor):  # llama.cpp "normal" RoPE: adjacent pairs
+            ang = np.arange(T)[:, None].astype(np.float32) * (inv / np.float32(factor))[None]
+            c, s = np.cos(ang)[:, None], np.sin(ang)[:, None]
             out = np.empty_like(v)
             a, b = v[..., 0::2], v[..., 1::2]
             out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
             return out
 
-        for r in self.layers:
+        for r, factor in zip(self.layers, self.rope_factors):
             xn = _rms(x, r["attn_norm"], 1e-5)
-            q = rope(_qmm(xn, r["wq"][2]).reshape(T, H, HD))
-            k = rope(_qmm(xn, r["wk"][2]).reshape(T, KV, HD))
+            q = rope(_qmm(xn, r["wq"][2]).reshape(T, H, HD), factor)
+            k = rope(_qmm(xn, r["wk"][2]).reshape(T, KV, HD), factor)
             v = _qmm(xn, r["wv"][2]).reshape(T, KV, HD)
             if kv_cache == "f16":   # the cache stores K (after RoPE) and V rounded to f16
                 k, v = (a.astype(np.float16).astype(np.float32) for a in (k, v))
@@ -139,6 +142,20 @@ def test_rope_frequency_factors():
     toks = np.random.default_rng(6).integers(0, 300, 30)
     rt = m.runtime(n_ctx=32)
     close(rt.forward(toks, 0, all_logits=True), m.forward(toks))
+
+
+def test_linear_rope_scaling_per_layer():
+    """Gemma 3 4B+'s linear scaling on some layers only (rope_factor: the layer's frequencies
+    divided by it), with llama3-style divisors on top: each layer turns by its own angles. A
+    runtime that scaled every layer or none is far from the reference (checked, not assumed)."""
+    factors = np.linspace(1, 2, 16).astype(np.float32)
+    m = TinyModel(seed=4, L=3, rope_freqs=factors, rope_factors=[1.0, 8.0, 1.0])
+    toks = np.random.default_rng(7).integers(0, 300, 30)
+    ref = m.forward(toks)
+    close(m.runtime(n_ctx=32).forward(toks, 0, all_logits=True), ref)
+    for wrong in ([1.0, 1.0, 1.0], [8.0, 8.0, 8.0]):
+        m.rope_factors = wrong
+        assert np.abs(m.forward(toks) - ref).max() > 0.5, wrong
 
 
 def test_bad_positions_and_tokens():

@@ -33,7 +33,8 @@
  *    sliding window (full attention's bits before it, different after), position invariance
  *    of a sliding layer over a ring's wrap, the soft cap, per-layer RoPE bases, NoPE, the
  *    embedding and attention scales, and that no feature is ignored;
- *  - invalid hyperparameters (also rope_dim, act, the scales, a layer's window and RoPE base)
+ *  - invalid hyperparameters (also rope_dim, act, the scales, a layer's window, RoPE base and
+ *    linear RoPE factor)
  *    make pk_llama_create return NULL (no leak);
  *  - everything is freed (LeakSanitizer checks at exit). */
 #include <math.h>
@@ -396,6 +397,15 @@ static void test_family(const config *c) {
         CHECK(logits_of(&f, &hp, toks, ns, b) == 0 && memcmp(a, b, sizeof(float) * ns * V),
               "%s: the sliding layers' own RoPE base changes nothing", c->name);
         RESTORE();
+        /* linear RoPE scaling on the global layers only (Gemma 3 4B+): a factor of 1 is none,
+         * bit for bit; 8 changes the logits */
+        for (int l = 0; l < nl; l++) f.layers[l].rope_factor = saved[l].rope_theta > 0.0f ? 0.0f : 1.0f;
+        CHECK(logits_of(&f, &hp, toks, ns, b) == 0 && !memcmp(a, b, sizeof(float) * ns * V),
+              "%s: a linear RoPE factor of 1 changes the logits", c->name);
+        for (int l = 0; l < nl; l++) f.layers[l].rope_factor = saved[l].rope_theta > 0.0f ? 0.0f : 8.0f;
+        CHECK(logits_of(&f, &hp, toks, ns, b) == 0 && memcmp(a, b, sizeof(float) * ns * V),
+              "%s: the global layers' linear RoPE factor changes nothing", c->name);
+        RESTORE();
     }
     /* NoPE: a model without RoPE on any layer does not depend on the RoPE base nor rope_dim;
      * the configuration's layers without RoPE differ from the same layers with it */
@@ -504,6 +514,9 @@ static void test_bad_hparams(void) {
     BAD_LAYER(window, INT32_MIN);
     BAD_LAYER(rope_theta, -10000.0f);
     BAD_LAYER(rope_theta, NAN);
+    BAD_LAYER(rope_factor, -8.0f);
+    BAD_LAYER(rope_factor, NAN);
+    BAD_LAYER(rope_factor, INFINITY);
 #undef BAD_LAYER
     /* the edges that are valid: RoPE on 2 dimensions or on all, a window of 1 */
     hp = good;
