@@ -111,9 +111,10 @@ def _linear_factor(arch: str, fields, path) -> float:
     rope.scaling.factor, or the older rope.scale_linear; 0 means none. Any other scaling key
     is refused (Phi-3's LongRoPE keys are _phi3_longrope's)."""
     tkey, fkey = K.arch_key(arch, K.LLAMACPP_ROPE_SCALING_TYPE), K.arch_key(arch, K.LLAMACPP_ROPE_SCALING_FACTOR)
+    # Phi-3 scales by LongRoPE alone
+    allowed = (tkey, *PHI3_ROPE_KEYS) if arch == "phi3" else (tkey, fkey)
     for key in fields:
-        if (key.startswith(f"{arch}.rope.scaling.") and key not in (tkey, fkey)
-                and not (arch == "phi3" and key in PHI3_ROPE_KEYS)):
+        if key.startswith(f"{arch}.rope.scaling.") and key not in allowed:
             raise ConversionError(f"{path}: unsupported feature: RoPE scaling ({key}) in a "
                                   f"{arch} file")
     kind = fields[tkey].contents() if tkey in fields else "linear"
