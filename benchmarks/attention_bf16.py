@@ -229,7 +229,7 @@ def quality_table(q: list[dict]) -> str:
     for r in q:
         if r["attention"] != "bf16":
             continue
-        f = next(x for x in q if all(x[k] == r[k] for k in ("bed", "text", "depth", "kv_cache"))
+        f = next(x for x in q if all(x[k] == r[k] for k in ("bed", "text", "depth", "positions", "kv_cache"))
                  and x["attention"] == "f32")
         lines.append(f"| {r['bed']} | {r['text']} | {r['depth']}-{r['depth'] + r['positions'] - 1} | {r['kv_cache']} | "
                      f"{f['kld']:.4f} | {r['kld']:.4f} | {100 * r['kld_change']:+.1f}% ({100 * r['kld_change_lo']:+.1f}% "
