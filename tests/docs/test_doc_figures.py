@@ -213,7 +213,8 @@ def test_activation_costs_are_the_results_files():
 
 # benchmarks/attention_bf16.py's runs behind docs/QUALITY.md's "Attention in bf16 at depth", in
 # the table's order
-BF16_KLD_RESULTS = ("attention-bf16-kld-smollm2", "attention-bf16-kld-smollm2-long", "attention-bf16-kld-offgrid")
+BF16_KLD_RESULTS = ("attention-bf16-kld-smollm2", "attention-bf16-kld-smollm2-long", "attention-bf16-kld-offgrid",
+                    "attention-bf16-kld-gemma3")
 
 
 def test_bf16_attention_table_is_the_results_files():
