@@ -209,3 +209,26 @@ def test_activation_costs_are_the_results_files():
              f"{(one[1] / two[1] - 1) * 100:+.1f}%)")
     missing = [s for s in (said, said2) if s not in text]
     assert not missing, f"docs/QUALITY.md should say, as the results files do: {missing}"
+
+
+# benchmarks/attention_bf16.py's runs behind docs/QUALITY.md's "Attention in bf16 at depth", in
+# the table's order
+BF16_KLD_RESULTS = ("attention-bf16-kld-smollm2", "attention-bf16-kld-smollm2-long", "attention-bf16-kld-offgrid",
+                    "attention-bf16-kld-gemma3")
+
+
+def test_bf16_attention_table_is_the_results_files():
+    """docs/QUALITY.md's table of bf16 attention against f32 at depth is what
+    benchmarks/attention_bf16.py's quality_table makes of its results files."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("attention_bf16", ROOT / "benchmarks" / "attention_bf16.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    q = [r for name in BF16_KLD_RESULTS
+         for r in json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())["quality"]]
+    block = bench.DOC_BLOCK.search((ROOT / "docs" / "QUALITY.md").read_text())
+    assert block, "docs/QUALITY.md has no attention-bf16-kld block"
+    table = bench.quality_table(q)
+    assert table.count("\n") >= 2 * len(BF16_KLD_RESULTS) + 1
+    assert block.group(2) == table + "\n", \
+        "docs/QUALITY.md's bf16 attention table differs from its results files: rerun the benchmark"
