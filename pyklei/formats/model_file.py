@@ -431,29 +431,24 @@ def _pooling(md, vtype, key, where) -> str | None:
 def _rope_long(md, vtype, hp: HParams, need, where) -> HParams:
     """hp with LongRoPE's long factors (gguf_keys.KEY_ROPE_LONG_FACTORS), checked: rope_dim / 2
     positive divisors beside rope_freqs' short ones, and the context past which they apply."""
-    key, n = K.KEY_ROPE_LONG_FACTORS, hp.rope_dim // 2
-    v = md[key]
-    if vtype(key) != 9 or not isinstance(v, list) or len(v) != n:
-        raise ModelFileError(f"{where}: {key} must be an array of {n} values (rope_dim / 2)")
-    try:
-        f = tuple(float(x) for x in v)
-    except (TypeError, ValueError):
-        raise ModelFileError(f"{where}: {key} holds a value that is not a number") from None
-    if not all(0.0 < x < 1e30 for x in f):
-        raise ModelFileError(f"{where}: {key} holds a value that is not a positive number")
+    f = _array(md, vtype, K.KEY_ROPE_LONG_FACTORS, hp.rope_dim // 2, "rope_dim / 2", float, 1e-30, 1e30,
+               where)
     if not hp.has_rope_freqs:
-        raise ModelFileError(f"{where}: {key} without the short factors ({K.ROPE_FREQS})")
+        raise ModelFileError(f"{where}: {K.KEY_ROPE_LONG_FACTORS} without the short factors ({K.ROPE_FREQS})")
     start = need(K.ROPE_SCALING_ORIG_CTX, hi=hp.context_length)
     return replace(hp, rope_long_factors=f, rope_long_from=start)
 
 
 def _layer_array(md, vtype, key, n_layer, typ, lo, hi, where) -> tuple:
     """A per-layer array of family hyperparameters (gguf_keys), checked; () when absent."""
-    if key not in md:
-        return ()
+    return _array(md, vtype, key, n_layer, "one per layer", typ, lo, hi, where) if key in md else ()
+
+
+def _array(md, vtype, key, n, what, typ, lo, hi, where) -> tuple:
+    """The array md[key] of n numbers (`what` says why n) of typ within [lo, hi], checked."""
     v = md[key]
-    if vtype(key) != 9 or not isinstance(v, list) or len(v) != n_layer:
-        raise ModelFileError(f"{where}: {key} must be an array of {n_layer} values (one per layer)")
+    if vtype(key) != 9 or not isinstance(v, list) or len(v) != n:
+        raise ModelFileError(f"{where}: {key} must be an array of {n} values ({what})")
     try:
         out = tuple(typ(x) for x in v)
     except (TypeError, ValueError):

@@ -32,6 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from converter_checks import llamacpp_writer  # noqa: E402
 from models import make_tiny_family  # noqa: E402
 
 from pyklei.converters import ConversionError, convert  # noqa: E402
@@ -323,7 +324,6 @@ def _write_llamacpp_gemma3(hf_dir: Path, out: Path) -> None:
     order, RMSNorm gains stored as 1 + w, f16 matrices, the sliding window, and (from the
     pyklei conversion's metadata, in llama.cpp's spelling) rope.scaling.type / factor;
     llama.cpp's rules give the rest (every 6th layer global, the local RoPE base 10000)."""
-    import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import quantize
     from safetensors.torch import load_file
@@ -332,12 +332,7 @@ def _write_llamacpp_gemma3(hf_dir: Path, out: Path) -> None:
     convert(hf_dir, tmp, keep=["*=q8"], embedding_bits=8)    # for its metadata
     mf = read_model(tmp)
     hf = {k: v.float().numpy() for k, v in load_file(hf_dir / "model.safetensors").items()}
-    w = gguf.GGUFWriter(out, "gemma3")
-    for k, v in mf.metadata.items():
-        if k.startswith("pyklei.") or k in ("general.architecture", "general.alignment"):
-            continue
-        vt, sub = mf.metadata_types[k]
-        w.add_key_value(k, v, gguf.GGUFValueType(vt), None if sub is None else gguf.GGUFValueType(sub))
+    w = llamacpp_writer(out, "gemma3", mf)
     w.add_sliding_window(json.loads((hf_dir / "config.json").read_text())["sliding_window"])
     parts = {**HF_PARTS, **GEMMA_PARTS}
     for name in mf.tensors:

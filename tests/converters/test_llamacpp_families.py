@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
+from converter_checks import llamacpp_writer
 from models import make_tiny_family
 from pyklei.converters import ConversionError, convert
 from pyklei.converters.hf_llama import permute_qk
@@ -104,12 +105,8 @@ def write_llamacpp_layout(hf_dir: Path, out: Path, family: str, qtype=Q.F32, edi
         tensors[gname] = x
     if edit:
         edit(keys, tensors)
-    w = gguf.GGUFWriter(out, arch)
-    mf = read_model(_pyklei_file(hf_dir))     # the tokenizer keys, as any converter writes them
-    for k, v in mf.metadata.items():
-        if k.startswith("tokenizer."):
-            vt, sub = mf.metadata_types[k]
-            w.add_key_value(k, v, gguf.GGUFValueType(vt), None if sub is None else gguf.GGUFValueType(sub))
+    # the tokenizer keys, as any converter writes them
+    w = llamacpp_writer(out, arch, read_model(_pyklei_file(hf_dir)), keep=lambda k: k.startswith("tokenizer."))
     for k, v in keys.items():
         vt = (gguf.GGUFValueType.STRING if isinstance(v, str) else gguf.GGUFValueType.FLOAT32
               if isinstance(v, float) else gguf.GGUFValueType.UINT32)

@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from converter_checks import check_tensor, fails_to_convert, hf_name, hf_tensors
+from converter_checks import check_tensor, fails_to_convert, hf_name, hf_tensors, llamacpp_writer
 from pyklei.converters import convert
 from pyklei.converters.hf_llama import permute_qk
 from pyklei.formats import gguf_keys as K
@@ -28,12 +28,7 @@ def _write_llamacpp_gguf(hf_dir: Path, out: Path, qtype) -> None:
     convert(hf_dir, tmp, embedding_bits=16)  # reuse its metadata
     mf = read_model(tmp)
     hf = hf_tensors(hf_dir)
-    w = gguf.GGUFWriter(out, "llama")
-    for k, v in mf.metadata.items():
-        if k.startswith("pyklei.") or k in ("general.architecture", "general.alignment"):
-            continue
-        vt, sub = mf.metadata_types[k]
-        w.add_key_value(k, v, gguf.GGUFValueType(vt), None if sub is None else gguf.GGUFValueType(sub))
+    w = llamacpp_writer(out, "llama", mf)
     for name in mf.tensors:
         if name == K.ROPE_FREQS:
             w.add_tensor(name, mf.tensor(name).data.copy())
