@@ -253,6 +253,19 @@ def test_phi3_past_its_original_context_takes_the_long_factors(converted):
           f"with the short factors there {np.abs(short - ref).max():.3f}")
     assert diff <= EXACT_MAX_DIFF
     assert np.abs(short - ref).max() >= FEATURE_MIN_DIFF
+    # the reader checks the long factors and the context they start past
+    from pyklei.formats import gguf_keys as K
+    from pyklei.formats.model_file import ModelFileError, read_hparams
+    mf = read_model(files["q8"])
+    assert mf.hparams.rope_long_from == 64 and len(mf.hparams.rope_long_factors) == 8
+    long = mf.metadata[K.KEY_ROPE_LONG_FACTORS]
+    for edit, msg in ((dict(long=long[:3]), "must be an array of 8 values"),
+                      (dict(long=[-1.0] * 8), "out of range"),
+                      (dict(drop=K.ROPE_SCALING_ORIG_CTX), "lacks metadata key")):
+        md = {**mf.metadata, K.KEY_ROPE_LONG_FACTORS: edit.get("long", long)}
+        md.pop(edit.get("drop"), None)
+        with pytest.raises(ModelFileError, match=msg):
+            read_hparams(md, lambda k: mf.metadata_types[k][0], set(mf.tensors), "x")
 
 
 def test_the_file_says_what_the_family_needs(converted):
