@@ -306,6 +306,8 @@ def _family_features(hp) -> list[str]:
     if scaled:
         out.append("RoPE linear scaling " + "/".join(f"{f:g}" for f in sorted(set(scaled)))
                    + f" on {len(scaled)} of {hp.n_layer} layers")
+    if hp.rope_long_factors:
+        out.append(f"LongRoPE long factors past {hp.rope_long_from} tokens of context")
     if hp.rope_dim != hp.head_dim:
         out.append(f"RoPE on {hp.rope_dim} of {hp.head_dim} dims")
     if hp.activation != "silu":

@@ -258,6 +258,8 @@ def test_phi3_past_its_original_context_takes_the_long_factors(converted):
     from pyklei.formats.model_file import ModelFileError, read_hparams
     mf = read_model(files["q8"])
     assert mf.hparams.rope_long_from == 64 and len(mf.hparams.rope_long_factors) == 8
+    from pyklei.info import _family_features     # what `pyklei info` lists as "family"
+    assert "LongRoPE long factors past 64 tokens of context" in _family_features(mf.hparams)
     long = mf.metadata[K.KEY_ROPE_LONG_FACTORS]
     for edit, msg in ((dict(long=long[:3]), "must be an array of 8 values"),
                       (dict(long=[-1.0] * 8), "out of range"),
