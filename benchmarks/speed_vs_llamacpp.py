@@ -397,12 +397,18 @@ def main(argv=None) -> int:
         size = engines[e.removesuffix(IDLE)][1].stat().st_size / 1e6
         lines.append(f"| {e} | {size:.1f} MB | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests)
                      + f" | {statistics.median(rss[(e, t, kv)]):.0f} MB |")
-    lines += ["", "pyklei / llama.cpp, the same threads and cache type:", ""]
+    lines += ["", "pyklei / llama.cpp, the same threads and cache type (the ratio of the medians; in "
+              "brackets the lowest and highest of the rounds' own ratios):", ""]
+
+    def spread(ours, peer, x):
+        r = [a[x] / b[x] for a, b in zip(runs[ours], runs[peer])]
+        return f"({min(r):.2f}-{max(r):.2f})"
     for kv in kvs:
         for t in args.threads.split(","):
             for ours in (e for e in engines if e.startswith("pyklei")):
                 for peer in (f"llama.cpp {k}" for k in peers):
-                    r = [f"{x} **{med[(ours, t, kv)][x] / med[(peer, t, kv)][x]:.2f}**" for x in tests]
+                    r = [f"{x} **{med[(ours, t, kv)][x] / med[(peer, t, kv)][x]:.2f}** "
+                         f"{spread((ours, t, kv), (peer, t, kv), x)}" for x in tests]
                     lines.append(f"- {ours} / {peer}, {t} thread{'s' if t != '1' else ''}, KV {kv}: "
                                  + ", ".join(r))
     if args.busy:
