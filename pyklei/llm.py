@@ -53,7 +53,9 @@ class LLM:
         path = model_file(path, is_model=is_model_file)    # org/name:file.gguf: the hub cache's copy
         self.model = Model(path, n_threads=n_threads, n_ctx=n_ctx, n_batch=n_batch,
                            kv_cache=kv_cache, activations=activations, n_seq=n_seq)
-        self.tokenizer = Tokenizer.from_gguf(path)
+        # from the metadata the model already read: a second read would hold a 262k-token
+        # vocabulary's lists twice (Gemma 3: 30 MB)
+        self.tokenizer = Tokenizer.from_metadata(self.model.file.metadata, path=str(path))
         if self.tokenizer.vocab_size != self.model.vocab_size:
             raise ValueError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, the model "
                              f"{self.model.vocab_size}")
