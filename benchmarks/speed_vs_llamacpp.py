@@ -269,10 +269,13 @@ def model_files(model: str, peers: list[str]) -> tuple[str, Path, dict[str, Path
     if model in LLAMA_SHAPES:
         shape, name, title = LLAMA_SHAPES[model]
         hf = cache_dir() / name
-        if not (hf / "config.json").exists():
+        ours = cache_dir() / ("speed1b" if shape == "1b" else f"speed-{model}") / "pyklei-rotated.gguf"
+        # the checkpoint only while a file is still to be made: the 8B's is 16 GB on disk,
+        # and its f16 copies (llamacpp_files_from_pyklei_f16) need room of their own
+        made = ours.exists() and all((work / f"{k}.gguf").is_file() for k in peers)
+        if not made and not (hf / "config.json").exists():
             subprocess.run([sys.executable, str(ROOT / "scripts" / "make_llama32_1b_random.py"),
                             "--shape", shape], check=True)
-        ours = cache_dir() / ("speed1b" if shape == "1b" else f"speed-{model}") / "pyklei-rotated.gguf"
     else:
         from random_family import random_checkpoint
         hf, title = random_checkpoint(RANDOM[model]), f"random {RANDOM[model]}-shaped"
