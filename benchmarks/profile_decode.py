@@ -8,7 +8,7 @@ call into C).
 Tokens are generated with pyklei.generate.stream_generate (greedy, EOS ignored so every run
 makes the same number of tokens) after a short prompt; the operation timer (two clock reads
 per operation) runs only over the decode steps. Writes benchmarks/results/profile-decode.md
-unless --no-write.
+(--out NAME: NAME.md) unless --no-write.
 """
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def profile(path: Path, threads: int, tokens: int) -> dict:
 def render(r: dict) -> str:
     per = 1e3 / r["steps"]
     lines = [f"# One decode step of {r['model']}, {r['threads']} thread(s)", "",
-             f"Command: `python benchmarks/profile_decode.py --threads {r['threads']}`; "
+             f"Command: `python benchmarks/profile_decode.py {r['model']} --threads {r['threads']} "
+             f"--tokens {r['steps'] + 1}`; "
              f"{r['steps']} greedy steps (EOS ignored) after a short chat prompt; "
              f"CPU features: {r['features']}.", "",
              f"Token rate through `stream_generate`: **{r['steps'] / r['wall_s']:.1f} tok/s** "
@@ -85,13 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--out", default="profile-decode", help="results file name, no suffix")
     args = ap.parse_args(argv)
     r = profile(args.model or default_model(), args.threads, args.tokens)
     md = render(r)
     print(md)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "profile-decode.md").write_text(md)
+        (RESULTS / f"{args.out}.md").write_text(md)
     return 0
 
 

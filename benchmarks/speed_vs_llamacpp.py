@@ -208,6 +208,12 @@ def readme_table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_model() -> str:
+    """The CPU's model name, as the tables date themselves with it."""
+    return next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+                platform.processor())
+
+
 def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss) -> None:
     """Every (engine, threads, cache type) once per round, all depths in one go; fills runs,
     loads (the 1-min load average after each) and rss (each round's largest peak RSS, MB). An
@@ -372,8 +378,7 @@ def main(argv=None) -> int:
 
     tests = [_key(f"pp{p}", d) for d in depths for p in pl] + [_key(f"tg{args.n_gen}", d) for d in depths]
     med = {k: {x: statistics.median(r[x] for r in v) for x in tests} for k, v in runs.items()}
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor())
+    cpu = cpu_model()
     cmd = (f"python benchmarks/speed_vs_llamacpp.py --threads {args.threads} --rounds {args.rounds}"
            + (f" --model {args.model}" if args.model != "smollm2" else "")
            + (f" --peers {args.peers}" if args.peers != "Q4_K_M,Q4_0" else "")
