@@ -132,8 +132,11 @@ def _start_local(ray, part: str, num_cpus: int | None) -> None:
     here = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     try:
-        # no dashboard: its start-up time and ports are no use to one command
-        ray.init(num_cpus=num_cpus, include_dashboard=False,
+        # no dashboard: its start-up time and ports are no use to one command. address="local":
+        # a new cluster even where one runs on this machine (`ray start`, another command's),
+        # which ray.init() would join instead, hanging on it when it does not answer and
+        # refusing num_cpus; --ray-address auto joins that one
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                  runtime_env={"env_vars": {"PYTHONPATH": path}}, **_QUIET)
     except Exception as e:
         raise RayUnavailable(f"cannot start a local Ray cluster: {_first_line(e)}") from None

@@ -89,12 +89,13 @@ def test_without_ray_the_message_says_so(monkeypatch):
 
 
 @pytest.mark.parametrize("part, serve_timeouts", [("serve", True), ("data", False)])
-def test_a_local_cluster_is_started_here_without_a_dashboard(fake_ray, part, serve_timeouts):
+def test_a_new_local_cluster_is_started_here_without_a_dashboard(fake_ray, part, serve_timeouts):
     ray = fake_ray(part)
     assert rc.connect(part=part, num_cpus=3) is ray
     (kwargs,) = ray.calls
     assert kwargs["num_cpus"] == 3 and kwargs["include_dashboard"] is False
-    assert "address" not in kwargs
+    # a new cluster, never one already running here (ray.init's default would join it)
+    assert kwargs["address"] == "local"
     assert kwargs["runtime_env"]["env_vars"]["PYTHONPATH"].split(rc.os.pathsep)[0] == \
         str(rc.Path(rc.__file__).resolve().parents[2])
     # Serve's proxy checks get the loaded machine's longer timeouts; Ray Data needs none
