@@ -94,7 +94,8 @@ def add_parser(sub):
                         "least-loaded one)")
     r.add_argument("--ray-address", metavar="ADDR",
                    help="the Ray cluster to join (HOST:PORT of its head, ray://HOST:PORT, or "
-                        "auto); default: start a local one on this machine's cores")
+                        "auto, which joins one running here); default: start a new local one on this "
+                        "machine's cores")
     r.add_argument("--replicas", type=_positive, default=None, metavar="N",
                    help="replicas (default 1; with autoscaling the initial number)")
     r.add_argument("--min-replicas", type=_positive, default=None, metavar="N",
