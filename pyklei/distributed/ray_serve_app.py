@@ -235,10 +235,6 @@ class PykleiIngress:
         CLUSTER_VIEW_TIMEOUT_S; one that died or did not answer in time is named, not awaited."""
         from ray.serve.exceptions import DeploymentUnavailableError
 
-        if not hasattr(self.handle, "broadcast"):
-            import ray
-            raise RuntimeError(f"Ray Serve {ray.__version__} has no DeploymentHandle.broadcast: "
-                               f"upgrade Ray for the replicas' /metrics and /health")
         places = {p.replica: p for p in await self._running_replicas()}
         answers: dict[str, bytes | str] = {}
         missing = "did not answer"
@@ -261,6 +257,11 @@ class PykleiIngress:
         from prometheus_client.exposition import CONTENT_TYPE_LATEST
         from starlette.responses import JSONResponse, Response
 
+        if not hasattr(self.handle, "broadcast"):      # Ray Serve before its broadcast API
+            import ray
+            return _error(fwd.path, 501, f"Ray Serve {ray.__version__} has no DeploymentHandle."
+                          f"broadcast: upgrade Ray for the replicas' {fwd.path}", "server_error",
+                          "not_implemented")
         places, answers = await self._every_replica(fwd)
         if fwd.path == "/metrics":
             return Response(merge_metrics(places, answers), media_type=CONTENT_TYPE_LATEST)
