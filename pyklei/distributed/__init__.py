@@ -4,6 +4,8 @@
                            per replica, the choice (no Ray: unit-tested alone)
     ray_serve_router.py    that choice behind Ray Serve's request-router API
     ray_serve_app.py       the ingress and the replicas (each one engine and the server's app)
+    cluster_view.py        the whole deployment's /metrics and /health from each replica's own
+                           (no Ray: unit-tested alone)
     ray_serve_run.py       `pyklei serve --ray`: deploy, hold until SIGTERM, take down
     ray_connect.py         the one way onto a cluster, for serve --ray and batch --ray: the
                            extra (Ray Serve or Ray Data), the address and its deadline, a local

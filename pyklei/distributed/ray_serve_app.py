@@ -12,6 +12,13 @@ Why a separate ingress: Ray's proxy routes an HTTP request before it has read th
 router behind it cannot see the prompt; the ingress reads it once and hands the replicas a
 ForwardedRequest with the key (ray.llm's OpenAI ingress does the same for its LLM servers).
 
+/metrics and /health: the ingress answers them for every running replica (the list and
+their nodes from Serve's controller, each asked at once through DeploymentHandle.broadcast:
+PykleiReplica.answer_whole), merged by cluster_view.py.
+
+Nodes: the ingress holds the router's prefix tree and lives on the head node
+(ray_serve_run.HEAD_NODE_RESOURCE); the replicas spread over the nodes by their CPUs.
+
 Failures: a replica that dies fails only the requests it was serving. One that had not started
 its reply gets 503 `replica_unavailable` (a client retries it and the router sends it to a live
 replica); a streamed reply that was under way ends with an error event in the stream (its
@@ -34,16 +41,21 @@ import os
 from dataclasses import dataclass
 
 from ..server.intake import MAX_BODY
+from .cluster_view import ReplicaPlace, merge_health, merge_metrics, running_replicas
 from .prefix_routing import routing_key
 
 log = logging.getLogger("ray.serve")
 
 APP_NAME = "pyklei"
+REPLICA_DEPLOYMENT = "PykleiReplica"
+INGRESS_DEPLOYMENT = "PykleiIngress"
 REPLICA_HEADER = "x-pyklei-replica"    # which replica served a request (routing is observable)
 HEALTH_CHECK_PERIOD_S = 10.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 DRAIN_S = 10.0             # a stopping replica's wait for its requests (graceful_shutdown_timeout_s)
 STREAM_FLUSH_S = 0.025     # body chunks after the first, joined over this long (_coalesced)
+CLUSTER_VIEW_TIMEOUT_S = 5.0   # a replica's time to answer the ingress's /metrics or /health
+CLUSTER_PATHS = ("/metrics", "/health")   # answered by the ingress for every replica
 
 
 @dataclass
@@ -117,6 +129,7 @@ class PykleiReplica:
     pyklei.server.app.create_app's."""
 
     def __init__(self, model_id: str, load_kwargs: dict, engine_kwargs: dict, app_kwargs: dict):
+        import ray
         from ray import serve
 
         from ..llm import load
@@ -125,6 +138,7 @@ class PykleiReplica:
         from ..server.run import served_model
 
         self.name = serve.get_replica_context().replica_id.unique_id
+        self.node = ray.get_runtime_context().get_node_id()
         cores = _pin_to_own_cores(load_kwargs.get("n_threads") or 1)
         log.info("pyklei replica %s: cores %s", self.name, cores or "not pinned (too few)")
         llm = load(**load_kwargs)
@@ -143,6 +157,17 @@ class PykleiReplica:
             self.models.shutdown(cancel=True, timeout=DRAIN_S)
         except Exception:
             pass
+
+    async def answer_whole(self, req: ForwardedRequest) -> dict:
+        """`req`'s whole answer with this replica's id and node: {"replica", "node", "status",
+        "body"} (the ingress's /metrics and /health, broadcast to every replica)."""
+        status, body = None, bytearray()
+        async for part in self.forward(req):
+            if isinstance(part, dict):
+                status = part["status"]
+            else:
+                body += part
+        return {"replica": self.name, "node": self.node, "status": status, "body": bytes(body)}
 
     async def forward(self, req: ForwardedRequest):
         """Runs `req` through the app: yields {"status", "headers", "replica"} once, then the
@@ -226,10 +251,62 @@ async def _coalesced(sent: asyncio.Queue, flush_s: float):
 
 class PykleiIngress:
     """Reads each request, computes its routing key and passes it to the replicas (their
-    router picks one); streams the replica's answer back with REPLICA_HEADER added."""
+    router picks one); streams the replica's answer back with REPLICA_HEADER added. GET
+    /metrics and /health it answers itself for every running replica (cluster_view.py)."""
 
     def __init__(self, replicas):
+        self.handle = replicas
         self.replicas = replicas.options(method_name="forward", stream=True)
+
+    async def _running_replicas(self) -> list[ReplicaPlace]:
+        """The replicas the Serve controller reports running (the list serve.status() reads)."""
+        import ray
+        from ray import serve
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        details = await controller.get_serve_instance_details.remote()
+        return running_replicas(details, serve.get_replica_context().app_name,
+                                REPLICA_DEPLOYMENT)
+
+    async def _every_replica(self, fwd: ForwardedRequest):
+        """(the running replicas, {replica id: its answer to `fwd`}): every replica asked at
+        once (Ray Serve's broadcast, past the router and its queues), all held to
+        CLUSTER_VIEW_TIMEOUT_S; one that died or did not answer in time is named, not awaited."""
+        from ray.serve.exceptions import DeploymentUnavailableError
+
+        places = {p.replica: p for p in await self._running_replicas()}
+        answers: dict[str, bytes | str] = {}
+        missing = "did not answer"
+        try:
+            results = await self.handle.broadcast("answer_whole", fwd).results_async(
+                timeout_s=CLUSTER_VIEW_TIMEOUT_S, return_exceptions=True)
+        except TimeoutError:       # the broadcast is one wait: no replica's answer is kept
+            results, missing = [], f"no answer within {CLUSTER_VIEW_TIMEOUT_S:g} s"
+        except DeploymentUnavailableError:
+            results = []
+        for r in results:
+            if isinstance(r, dict):    # else the exception of a replica that died meanwhile
+                places.setdefault(r["replica"], ReplicaPlace(r["replica"], r["node"]))
+                answers[r["replica"]] = r["body"] if r["status"] == 200 else f"HTTP {r['status']}"
+        for replica in places:
+            answers.setdefault(replica, missing)
+        return sorted(places.values(), key=lambda p: p.replica), answers
+
+    async def _cluster_view(self, fwd: ForwardedRequest):
+        from prometheus_client.exposition import CONTENT_TYPE_LATEST
+        from starlette.responses import JSONResponse, Response
+
+        if not hasattr(self.handle, "broadcast"):      # Ray Serve before its broadcast API
+            import ray
+            return _error(fwd.path, 501, f"Ray Serve {ray.__version__} has no DeploymentHandle."
+                          f"broadcast: upgrade Ray for the replicas' {fwd.path}", "server_error",
+                          "not_implemented")
+        places, answers = await self._every_replica(fwd)
+        if fwd.path == "/metrics":
+            return Response(merge_metrics(places, answers), media_type=CONTENT_TYPE_LATEST)
+        status, body = merge_health(places, answers)
+        return JSONResponse(body, status_code=status)
 
     async def __call__(self, request):
         from starlette.responses import StreamingResponse
@@ -249,6 +326,8 @@ class PykleiIngress:
                                list(request.headers.raw), body,
                                tuple(request.client) if request.client else None,
                                routing_key(path, body, headers))
+        if request.method == "GET" and path in CLUSTER_PATHS:
+            return await self._cluster_view(fwd)
         stream = self.replicas.remote(fwd)
         try:
             start = await stream.__anext__()

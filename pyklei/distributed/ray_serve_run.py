@@ -9,8 +9,13 @@ import socket
 import sys
 import threading
 
-from .ray_serve_app import APP_NAME, PykleiIngress, PykleiReplica, deployment_options
+from .ray_serve_app import (APP_NAME, INGRESS_DEPLOYMENT, REPLICA_DEPLOYMENT, PykleiIngress,
+                            PykleiReplica, deployment_options)
 from .ray_connect import RayUnavailable, connect
+
+# a resource only the head node has (Ray's own ray._common.constants.HEAD_NODE_RESOURCE_NAME;
+# Ray Train pins its state actor with it the same way)
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 def build_application(*, model_id: str, load_kwargs: dict, engine_kwargs: dict,
@@ -22,14 +27,18 @@ def build_application(*, model_id: str, load_kwargs: dict, engine_kwargs: dict,
     from ray import serve
 
     threads = load_kwargs.get("n_threads") or 1
-    replica = serve.deployment(PykleiReplica, name="PykleiReplica").options(
+    replica = serve.deployment(PykleiReplica, name=REPLICA_DEPLOYMENT).options(
         **deployment_options(replicas=replicas, threads=threads,
                              n_parallel=engine_kwargs["n_parallel"],
                              max_queue=engine_kwargs["max_queue"], min_replicas=min_replicas,
                              max_replicas=max_replicas, imbalance=imbalance))
-    # the ingress only reads bodies and passes bytes on: no CPU of the replicas' reserved
-    ingress = serve.deployment(PykleiIngress, name="PykleiIngress",
-                               ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1 << 16)
+    # the ingress only reads bodies and passes bytes on: no CPU of the replicas' reserved.
+    # It holds the router's prefix tree, so it lives on the head node (as Serve's controller
+    # does): losing a worker node loses that node's replicas, never the routing of the rest
+    ingress = serve.deployment(PykleiIngress, name=INGRESS_DEPLOYMENT,
+                               ray_actor_options={"num_cpus": 0,
+                                                  "resources": {HEAD_NODE_RESOURCE: 0.001}},
+                               max_ongoing_requests=1 << 16)
     return ingress.bind(replica.bind(model_id, load_kwargs, engine_kwargs, app_kwargs))
 
 

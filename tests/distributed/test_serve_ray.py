@@ -2,7 +2,8 @@
 SmolLM2 replicas of one thread behind the prefix-aware router. A conversation's turns stay on
 the replica that served its previous turn, which reuses that prompt (cached_tokens); new
 conversations spread over both; streaming passes through; errors keep their API's shape; a
-replica killed mid-stream fails only its own request, which a retry completes elsewhere.
+replica killed mid-stream fails only its own request, which a retry completes elsewhere;
+/metrics and /health answer for both replicas.
 (The cluster: tests/distributed/conftest.py; autoscaling: test_serve_ray_autoscale.py.)"""
 import json
 import threading
@@ -86,6 +87,33 @@ def test_stream_passes_through_and_errors_keep_their_shape(served):
     assert r.status_code == 413 and "at most" in r.json()["error"]["message"]
     assert served.get("/v1/models").json()["data"][0]["id"] == "smollm2"
     assert served.get("/health").json()["status"] == "ok"
+
+
+def _generated_tokens(client) -> dict:
+    """{replica: its pyklei_generated_tokens_total}, from the ingress's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    return {s.labels["replica"]: s.value for s in fams["pyklei_generated_tokens"].samples
+            if s.name == "pyklei_generated_tokens_total"}
+
+
+def test_metrics_and_health_answer_for_every_replica(served):
+    before = _generated_tokens(served)
+    assert len(before) == 2
+    replica, reply = _chat(served, [{"role": "user", "content": "Say yes."}])
+    after = _generated_tokens(served)
+    # the replica that answered counted its tokens; the other one's series did not move
+    assert after[replica] - before[replica] == reply["usage"]["completion_tokens"] > 0
+    (other,) = set(after) - {replica}
+    assert after[other] == before[other]
+    health = served.get("/health")
+    assert health.status_code == 200, health.text
+    body = health.json()
+    assert body["status"] == "ok" and {r["replica"] for r in body["replicas"]} == set(after)
+    assert body["n_parallel"] == sum(r["n_parallel"] for r in body["replicas"])
 
 
 def _stream_lines(client, body, out: list, first: threading.Event):
