@@ -441,6 +441,26 @@ static int mm_multi(pk_llama *m, int count, const pk_rhs *const *w, int n, const
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
+/* The last layer past its K/V store: only the rows whose output is asked for (m->row_out)
+ * still matter, so their q, x, slot and position move to rows 0..n_out-1 (ascending, so each
+ * row moves down or stays) and the rest of the layer runs on those alone, as llama.cpp's
+ * graph drops the unused rows before the last layer's attention. A prefill chunk then pays
+ * one row, not all of them, for the last layer's attention, o_proj and MLP. Every kernel gives
+ * a row the same bits whatever the rows beside it (pk_llama.h), so the logits do not change. */
+static void keep_out_rows(pk_llama *m, int n_out) {
+    const size_t d = (size_t)m->hp.n_embd, qd = (size_t)m->hp.n_head * m->hp.head_dim;
+    for (int i = 0; i < n_out; i++) {
+        const int r = m->row_out[i];
+        if (r != i) {
+            memcpy(m->q + i * qd, m->q + (size_t)r * qd, sizeof(float) * qd);
+            memcpy(m->x + i * d, m->x + (size_t)r * d, sizeof(float) * d);
+            m->row_seq[i] = m->row_seq[r];
+            m->row_pos[i] = m->row_pos[r];
+        }
+        m->row_out[i] = i;
+    }
+}
+
 /* x += xn, through the layer's output norm where it has one */
 static void residual(pk_llama *m, row_job *job, const float *norm_w, int n) {
     if (!norm_w) {   /* Llama: the plain add, in one thread as ever */
@@ -487,6 +507,12 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
         PROF(OP_QKV);
         run_rows(m, job_rope_store, &job, n);
         PROF(OP_ROPE);
+        /* the activation statistics read every row's inputs: then the whole layer runs */
+        if (l == hp->n_layer - 1 && n_out < n && !m->stats) {
+            if (!n_out) return 0;   /* a chunk that only fills the cache: done */
+            keep_out_rows(m, n_out);
+            job.n = n = n_out;
+        }
         if (split_attention(m, l, n, pk_ctx_threads(m->ctx))) {
             run_rows(m, job_attention_split, &job, n * hp->n_head_kv * m->n_chunks);
             run_rows(m, job_attention_fold, &job, n * hp->n_head_kv);
