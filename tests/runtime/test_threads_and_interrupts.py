@@ -34,8 +34,15 @@ def _long_tokens(n):
     return [(i * 7) % 383 + 1 for i in range(n)]
 
 
+# The long passes below collect activation statistics, so that the seed model's one layer runs
+# on every row: without them a prefill's last layer stops at the K/V store for the rows whose
+# logits are not asked for (pyklei_ext/model/pk_llama.c, keep_out_rows), and a one-layer
+# model's cache-filling pass is then over before it can be interrupted.
+
+
 def test_second_thread_is_refused_while_busy():
     model = Model(SEED, n_threads=1, n_ctx=4096, n_batch=256)
+    model.runtime.collect_stats(True)   # the whole layer on every row (above)
     started, errors = threading.Event(), []
 
     def worker():
@@ -94,6 +101,7 @@ def test_interrupt_keeps_the_cached_prefix():
     pass): the eval ends within 2 s of CPU in all. CPU seconds, not wall-clock ones, so that a
     busy machine stretches neither the wait nor the bound."""
     model = Model(SEED, n_threads=1, n_ctx=8192)
+    model.runtime.collect_stats(True)   # the whole layer on every row (above)
     model.eval([1, 2, 3])
     since = thread_cpu_seconds(os.getpid())
 
@@ -120,6 +128,7 @@ _SIGINT_CHILD = textwrap.dedent("""
     import numpy as np
     from pyklei.llm import LLM
     llm = LLM(sys.argv[1], n_threads=1, n_ctx=8192, n_batch=256)
+    llm.model.runtime.collect_stats(True)   # the whole layer on every row (see the test file)
     toks = [(i * 7) % 383 + 1 for i in range(8192)]
     print("start", flush=True)
     t0 = time.monotonic()
@@ -173,6 +182,7 @@ _SIGINT_LOGITS_CHILD = textwrap.dedent("""
     import numpy as np
     from pyklei.llm import LLM
     llm = LLM(sys.argv[1], n_threads=1, n_ctx=8192, n_batch=256)
+    llm.model.runtime.collect_stats(True)   # the whole layer on every row (see the test file)
     ids = [(i * 7) % 383 + 1 for i in range(300)]
     ref = llm.logits(ids)
     long = [(i * 11) % 383 + 1 for i in range(8192)]
