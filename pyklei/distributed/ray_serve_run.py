@@ -84,6 +84,11 @@ def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=prin
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        serve.shutdown()           # deletes the application: each replica drains, then stops
+        if ray_address:
+            # a cluster others may use: this application alone goes (its replicas drain, then
+            # stop); Serve's controller, proxies and other applications stay
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()       # the cluster this command started: everything goes
         ray.shutdown()
     return 0

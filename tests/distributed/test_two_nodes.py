@@ -197,3 +197,16 @@ def test_serve_on_two_nodes_then_the_worker_node_goes(two_nodes, smollm2_q4):
             assert body["unavailable"] == [on_worker] and on_worker in body["message"], body
         else:
             assert health.status_code == 200 and len(body["replicas"]) == 1, body
+
+    # stopped, a server that joined a cluster takes its own application away, not Serve: other
+    # users' applications and the controller stay (serve.delete, not serve.shutdown)
+    import ray
+    from ray import serve
+
+    from pyklei.distributed.ray_serve_app import APP_NAME
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        assert APP_NAME not in serve.status().applications
+        assert ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+    finally:
+        ray.shutdown()
