@@ -244,7 +244,12 @@ def _run_on_ray(args, keys, cors) -> int:
             engine_kwargs=dict(n_parallel=args.n_parallel, max_queue=args.max_queue,
                                prefill_chunk=args.batch_size,
                                speculative="lookup" if args.lookup else None,
-                               drain_timeout=args.drain_timeout),
+                               drain_timeout=args.drain_timeout,
+                               # each replica's prefix cache; a node's replicas may share one
+                               # --cache-dir: its blocks are files named by their content's key,
+                               # written whole under that name, and a vanished one is a miss
+                               cache_ram=args.cache_ram, cache_dir=args.cache_dir,
+                               cache_disk=args.cache_disk),
             app_kwargs=dict(api_key=keys, cors=cors, body_timeout=args.timeout_body,
                             write_timeout=args.timeout_write,
                             allowed_hosts=allowed_host_names(args.host, args.allow_host),

@@ -63,9 +63,15 @@ def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=prin
 
     port = port or _free_port(host)
     stop = threading.Event()
+    deployed = False
     old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         serve.start(http_options={"host": host, "port": port})
+        if ray_address and APP_NAME in serve.status().applications:
+            # serve.run would redeploy it: another user's server would become this one
+            raise RayUnavailable(f"the Ray cluster at {ray_address} already serves an application "
+                                 f"named {APP_NAME!r} (another pyklei serve --ray); stop it first")
+        deployed = True
         try:
             serve.run(build_application(**application), name=APP_NAME, route_prefix="/")
         except RuntimeError as e:        # a replica's constructor failed: Ray's message, short
@@ -87,7 +93,8 @@ def serve_on_ray(*, ray_address: str | None, host: str, port: int, announce=prin
         if ray_address:
             # a cluster others may use: this application alone goes (its replicas drain, then
             # stop); Serve's controller, proxies and other applications stay
-            serve.delete(APP_NAME)
+            if deployed:
+                serve.delete(APP_NAME)
         else:
             serve.shutdown()       # the cluster this command started: everything goes
         ray.shutdown()

@@ -53,3 +53,18 @@ def test_without_the_extra_it_names_the_extra(tmp_path):
 ])
 def test_flags_that_do_not_go_together(args, says):
     assert says in one_line_error(pyklei_serve(*args))
+
+
+def test_every_engine_flag_reaches_the_replicas(monkeypatch, tmp_path):
+    """The engine's flags go to each replica's engine as to `pyklei serve`'s own: the prefix
+    cache's (--cache-ram, --cache-dir, --cache-disk) among them."""
+    pytest.importorskip("ray.serve", reason="needs the 'ray' extra")
+    import pyklei.distributed.ray_serve_run as run
+    from pyklei.cli import main
+    seen = {}
+    monkeypatch.setattr(run, "serve_on_ray", lambda **kw: seen.update(kw) or 0)
+    assert main(["serve", str(SEED), "--ray", "--parallel", "3", "--cache-ram", "64",
+                 "--cache-dir", str(tmp_path), "--cache-disk", "128", "--max-queue", "7"]) == 0
+    engine = seen["engine_kwargs"]
+    assert (engine["cache_ram"], engine["cache_dir"], engine["cache_disk"]) == (64, str(tmp_path), 128)
+    assert (engine["n_parallel"], engine["max_queue"]) == (3, 7)

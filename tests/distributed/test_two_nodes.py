@@ -137,6 +137,15 @@ def test_serve_on_two_nodes_then_the_worker_node_goes(two_nodes, smollm2_q4):
         assert sorted(placed.values()) == sorted([head_id, worker.node_id]), (placed, head_id)
         on_worker = next(r for r, node in placed.items() if node == worker.node_id)
 
+        # a second server joining the same cluster is refused in one line: it would redeploy
+        # this one's application under it; this one goes on
+        second = subprocess.run([sys.executable, "-m", "pyklei", "serve", str(smollm2_q4), *args,
+                                 "--port", "0", "--quiet"], capture_output=True, text=True,
+                                timeout=180, cwd=ROOT)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert "already serves an application named 'pyklei'" in second.stderr, second.stderr[-2000:]
+        assert client.get("/health").status_code == 200
+
         # conversations spread over both nodes, and each turn follows its replica
         conversations = [[SYSTEM, {"role": "user", "content": f"Name a {thing}."}]
                          for thing in ("colour", "fruit")]
