@@ -15,6 +15,7 @@ pytest.importorskip("ray.serve", reason="needs the 'ray' extra (pip install -e '
 
 from pyklei.distributed.ray_serve_app import APP_NAME, REPLICA_HEADER  # noqa: E402
 from ray_serve_apps import smollm2_application  # noqa: E402
+from sse_lines import stream_lines  # noqa: E402
 
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in one short sentence."}
 
@@ -117,13 +118,7 @@ def test_metrics_and_health_answer_for_every_replica(served):
 
 
 def _stream_lines(client, body, out: list, first: threading.Event):
-    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-        out.append(r.headers.get(REPLICA_HEADER))
-        for line in r.iter_lines():
-            if line:
-                out.append(line)
-                first.set()
-    first.set()
+    stream_lines(client, body, out, first, REPLICA_HEADER)
 
 
 def test_a_killed_replica_fails_only_its_own_request(served, ray_cluster):

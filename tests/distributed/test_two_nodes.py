@@ -24,6 +24,7 @@ from paths import ROOT, SEED  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from pyklei.distributed.ray_connect import SLOW_MACHINE_SERVE_TIMEOUTS  # noqa: E402
 from pyklei.distributed.ray_serve_app import REPLICA_HEADER  # noqa: E402
+from sse_lines import stream_lines  # noqa: E402
 
 
 def _free_port() -> int:
@@ -108,14 +109,8 @@ def _chat(client, messages, **kw):
 
 
 def _stream_lines(url, body, out: list, first: threading.Event):
-    with httpx.Client(base_url=url, timeout=120) as client, \
-            client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
-        out.append(r.headers.get(REPLICA_HEADER))
-        for line in r.iter_lines():
-            if line:
-                out.append(line)
-                first.set()
-    first.set()
+    with httpx.Client(base_url=url, timeout=120) as client:     # one client per thread
+        stream_lines(client, body, out, first, REPLICA_HEADER)
 
 
 def _series(metrics_text: str, family: str) -> dict:
