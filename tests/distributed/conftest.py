@@ -1,14 +1,7 @@
 """The local Ray cluster of the live `pyklei serve --ray` tests: 2 CPUs (this machine's), Ray
 Serve's HTTP proxy on a free loopback port; one per test module, shut down after it."""
-import socket
-
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from live_server import free_port
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +13,7 @@ def ray_cluster():
     from pyklei.distributed.ray_connect import connect
 
     ray = connect(None, part="serve", num_cpus=2)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         yield ray, f"http://127.0.0.1:{port}"

@@ -19,19 +19,12 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="needs the 'ray' extra (pip install -e '.[ray]')")
 pytest.importorskip("ray.data", reason="needs the 'ray' extra (pip install -e '.[ray]')")
 
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer, free_port  # noqa: E402
 from paths import ROOT, SEED  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from pyklei.distributed.ray_connect import SLOW_MACHINE_SERVE_TIMEOUTS  # noqa: E402
 from pyklei.distributed.ray_serve_app import REPLICA_HEADER  # noqa: E402
 from sse_lines import stream_lines  # noqa: E402
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +35,7 @@ def two_nodes():
     from ray.cluster_utils import Cluster
 
     env = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-           "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(_free_port()), **SLOW_MACHINE_SERVE_TIMEOUTS}
+           "RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(free_port()), **SLOW_MACHINE_SERVE_TIMEOUTS}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,

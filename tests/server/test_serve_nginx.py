@@ -5,7 +5,6 @@ the other takes every request."""
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,18 +12,12 @@ from pathlib import Path
 import pytest
 
 httpx = pytest.importorskip("httpx")
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer, free_port  # noqa: E402
 from paths import ROOT  # noqa: E402
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (Debian: apt-get install "
                                                       "nginx-light; scripts/test.sh installs it)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def nginx_conf(replica_ports, listen_port) -> str:
