@@ -35,7 +35,6 @@ node (its local rank's) when the node has enough of them for every replica on it
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -43,13 +42,13 @@ from dataclasses import dataclass
 from ..server.intake import MAX_BODY
 from .cluster_view import ReplicaPlace, merge_health, merge_metrics, running_replicas
 from .prefix_routing import routing_key
+from .replica_errors import REPLICA_HEADER, error_response, replica_unavailable, stream_error_event
 
 log = logging.getLogger("ray.serve")
 
 APP_NAME = "pyklei"
 REPLICA_DEPLOYMENT = "PykleiReplica"
 INGRESS_DEPLOYMENT = "PykleiIngress"
-REPLICA_HEADER = "x-pyklei-replica"    # which replica served a request (routing is observable)
 HEALTH_CHECK_PERIOD_S = 10.0
 HEALTH_CHECK_TIMEOUT_S = 30.0
 DRAIN_S = 10.0             # a stopping replica's wait for its requests (graceful_shutdown_timeout_s)
@@ -300,7 +299,7 @@ class PykleiIngress:
 
         if not hasattr(self.handle, "broadcast"):      # Ray Serve before its broadcast API
             import ray
-            return _error(fwd.path, 501, f"Ray Serve {ray.__version__} has no DeploymentHandle."
+            return error_response(fwd.path, 501, f"Ray Serve {ray.__version__} has no DeploymentHandle."
                           f"broadcast: upgrade Ray for the replicas' {fwd.path}", "server_error",
                           "not_implemented")
         places, answers = await self._every_replica(fwd)
@@ -316,7 +315,7 @@ class PykleiIngress:
         async for chunk in request.stream():     # the server's own limit, before any replica
             body += chunk
             if len(body) > MAX_BODY:
-                return _error(request.url.path, 413, f"the body must be at most {MAX_BODY} "
+                return error_response(request.url.path, 413, f"the body must be at most {MAX_BODY} "
                               f"bytes", "invalid_request_error", None)
         body = bytes(body)
         headers = {k.lower(): v for k, v in request.headers.items()}
@@ -334,7 +333,7 @@ class PykleiIngress:
             start = await stream.__anext__()
         except Exception as e:
             log.warning("pyklei ingress: %s %s failed before its reply: %s", fwd.method, fwd.path, e)
-            return _replica_unavailable(fwd.path, e)
+            return replica_unavailable(fwd.path, e)
         sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                   for k, v in start["headers"])
 
@@ -346,42 +345,10 @@ class PykleiIngress:
                 log.warning("pyklei ingress: replica %s failed mid-reply: %s", start["replica"], e)
                 if not sse:
                     raise
-                yield _stream_error_event(fwd.path, e)
+                yield stream_error_event(fwd.path, e)
             finally:
                 stream.cancel()
 
         out = StreamingResponse(rest(), status_code=start["status"])
         out.raw_headers = [*start["headers"], (REPLICA_HEADER.encode(), start["replica"].encode())]
         return out
-
-
-def _failure(e: BaseException) -> str:
-    return (f"the replica serving this request failed ({type(e).__name__}); retry it: another "
-            f"replica will take it")
-
-
-def _error_body(path: str, message: str, type: str, code: str | None) -> dict:
-    """The API's own error shape: Anthropic's on /v1/messages, OpenAI's elsewhere."""
-    if path.startswith("/v1/messages"):
-        kind = "api_error" if type == "server_error" else type
-        return {"type": "error", "error": {"type": kind, "message": message}}
-    return {"error": {"message": message, "type": type, "param": None, "code": code}}
-
-
-def _error(path: str, status: int, message: str, type: str, code: str | None, headers=None):
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(_error_body(path, message, type, code), status_code=status,
-                        headers=headers)
-
-
-def _replica_unavailable(path: str, e: BaseException):
-    return _error(path, 503, _failure(e), "server_error", "replica_unavailable",
-                  {"Retry-After": "1"})
-
-
-def _stream_error_event(path: str, e: BaseException) -> bytes:
-    body = json.dumps(_error_body(path, _failure(e), "server_error", "replica_unavailable"))
-    if path.startswith("/v1/messages"):
-        return b"event: error\ndata: " + body.encode() + b"\n\n"
-    return b"data: " + body.encode() + b"\n\n"
