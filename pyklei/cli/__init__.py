@@ -1,4 +1,4 @@
-"""The `pyklei` command line: convert, generate, chat, serve, batch, bench, info, perplexity,
+"""The `pyklei` command line: convert, generate, chat, serve, route, batch, bench, info, perplexity,
 imatrix.
 
     pyklei convert SmolLM2-135M-Instruct/ -o smollm2.gguf
@@ -27,13 +27,13 @@ import argparse
 import os
 import sys
 
-from . import batch, bench, chat, convert, generate, imatrix, info, perplexity, serve
+from . import batch, bench, chat, convert, generate, imatrix, info, perplexity, route, serve
 from ._common import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USER, PROG, CLIError,
                       _add_debug, _Parser)
 
 __all__ = ["CLIError", "build_parser", "main"]
 
-COMMANDS = (convert, generate, chat, serve, batch, bench, info, perplexity, imatrix)   # in --help's order
+COMMANDS = (convert, generate, chat, serve, route, batch, bench, info, perplexity, imatrix)   # in --help's order
 
 EPILOG = """\
 examples:
@@ -42,6 +42,7 @@ examples:
   pyklei generate smollm2.gguf --chat -p "Name three colours." --temperature 0
   pyklei chat smollm2.gguf --system "You are a terse assistant."
   pyklei serve smollm2.gguf --port 8000 --parallel 8
+  pyklei route http://127.0.0.1:8001 http://127.0.0.1:8002 --port 8080
   pyklei batch smollm2.gguf requests.jsonl -o results.jsonl
   pyklei bench smollm2.gguf -p 64,128,512 -n 128 --threads 1,2 --price-per-hour 0.05
   pyklei info smollm2.gguf

@@ -237,12 +237,15 @@ def test_serve_without_its_extra_says_how_to_install_it_before_loading(module, t
 def test_serve_checks_every_module_of_its_extra():
     import tomllib
 
+    from pyklei.cli.route import ROUTE_EXTRA_MODULES
     from pyklei.cli.serve import SERVE_EXTRA_MODULES
 
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["serve"]
     # pyklei[grammar] (llguidance) is in the extra too, but the server starts without it: a
-    # constrained request then gets a 400 naming it
-    assert {re.split(r"[<>=!~\[ ;]", d)[0] for d in extra} - {"pyklei"} == set(SERVE_EXTRA_MODULES)
+    # constrained request then gets a 400 naming it; httpx is `pyklei route`'s alone
+    assert {re.split(r"[<>=!~\[ ;]", d)[0] for d in extra} - {"pyklei"} == \
+        set(SERVE_EXTRA_MODULES) | set(ROUTE_EXTRA_MODULES)
+    assert set(SERVE_EXTRA_MODULES) <= set(ROUTE_EXTRA_MODULES)
 
 
 # ---- info / bench / perplexity ------------------------------------------------------------
