@@ -1,6 +1,7 @@
-"""Two replicas of `pyklei serve`, three ways of spreading a multi-turn chat workload over them
-(issue 44): `pyklei serve --ray` (Ray Serve, the prefix-aware router), nginx round-robin and
-nginx least_conn (examples/nginx-replicas.conf) in front of two plain `pyklei serve`s.
+"""Two replicas of `pyklei serve`, four ways of spreading a multi-turn chat workload over them
+(issue 44): `pyklei serve --ray` (Ray Serve, the prefix-aware router), and in front of two
+plain `pyklei serve`s: `pyklei route` (the same rule, one hop), nginx round-robin and nginx
+least_conn (examples/nginx-replicas.conf).
 
     python benchmarks/scale_out.py                       # SmolLM2, 2 replicas x 1 thread
     python benchmarks/scale_out.py --users 12 --rounds 3 --parallel 4
@@ -8,8 +9,10 @@ nginx least_conn (examples/nginx-replicas.conf) in front of two plain `pyklei se
 The workload: --users users at once, each a conversation of 4-8 turns (seeded) under one shared
 system prompt; each turn sends the whole conversation so far (the previous replies included)
 and waits for its reply (greedy, --max-tokens, streamed with usage) before the next. Each round
-runs every setup once, in alternating order, with fresh conversations (another seed), so the
-figures of a round are taken under the same load; the report gives each figure's median over
+runs every setup once, in alternating order, with fresh conversations (another seed; the same
+questions in every setup, each setup's users named apart, so that no setup finds another's
+conversations in the replicas they share), so the figures of a round are taken under the same
+load; the report gives each figure's median over
 the rounds and the ratios to round-robin, per round then median.
 
     TTFT p50 / p95         request sent -> first text chunk, client side
@@ -75,10 +78,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def conversations(users: int, seed: int) -> list[list[str]]:
-    """Each user's questions (4-8 of them), seeded."""
+def conversations(users: int, seed: int, tag: str = "") -> list[list[str]]:
+    """Each user's questions (4-8 of them), seeded; `tag` only renames the users. The setups of
+    a round ask the same questions with their own tag: the nginx setups share their two
+    replicas, and without it the second of them would find the first one's whole
+    conversations (greedy: the same replies) in the replicas' caches."""
     rng = random.Random(seed)
-    return [[f"{q} (I am user {seed}-{u}, question {t + 1}.)"
+    return [[f"(User {tag}{seed}-{u}, question {t + 1}.) {q}"
              for t, q in enumerate(rng.sample(QUESTIONS, rng.randint(4, 8)))]
             for u in range(users)]
 
@@ -184,6 +190,23 @@ class Nginx:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class Route:
+    """`pyklei route` over the plain replicas (the same rule as the Ray router, one hop)."""
+
+    def __init__(self, replica_urls):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pyklei", "route", *replica_urls, "--port", str(self.port),
+             "--quiet"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_http(self.url + "/health", 30)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
 class RayServe:
     """`pyklei serve MODEL --ray` as a user starts it (its own local Ray cluster)."""
 
@@ -287,6 +310,7 @@ def main(argv=None):
     try:
         ray = RayServe(model, args)
         setups["ray prefix-aware"] = ray.url
+        setups["pyklei route"] = Route([r.url for r in replicas])
         if nginx_bin:
             for balance in ("round_robin", "least_conn"):
                 setups[f"nginx {balance}"] = Nginx(nginx_bin, [r.port for r in replicas], balance)
@@ -299,11 +323,11 @@ def main(argv=None):
         for name, s in setups.items():
             run_workload(s if isinstance(s, str) else s.url, warm, 4)
         for rnd in range(args.rounds):
-            convs = conversations(args.users, seed=rnd)
             order = list(setups) if rnd % 2 == 0 else list(reversed(setups))
             loads.append(os.getloadavg()[0])
             for name in order:
                 s = setups[name]
+                convs = conversations(args.users, seed=rnd, tag="abcd"[list(setups).index(name)])
                 r = run_workload(s if isinstance(s, str) else s.url, convs, args.max_tokens)
                 runs[name].append(r)
                 print(f"round {rnd + 1} {name}: TTFT p50 {r['ttft_p50_ms']:.0f} ms, computed "
@@ -311,7 +335,7 @@ def main(argv=None):
                       f"errors {len(r['errors'])}", flush=True)
     finally:
         for s in setups.values():
-            if isinstance(s, Nginx):
+            if isinstance(s, (Nginx, Route)):
                 s.stop()
         if ray:
             ray.stop()
