@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -103,6 +104,16 @@ def test_stream_and_errors_pass_through(router):
         events = [ln for ln in r.iter_lines() if ln]
     assert events[-1] == "data: [DONE]" and len(events) > 3
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+
+    # a client that leaves mid-stream: the replica stops its sequence, the router its count
+    for _ in range(2):
+        with httpx.stream("POST", router.url + "/v1/completions", timeout=60, json={
+                "prompt": "leave", "max_tokens": 200, "stream": True}) as r:
+            next(ln for ln in r.iter_lines() if ln.startswith("data:"))
+    deadline = time.monotonic() + 10
+    while any(x["in_flight"] for x in httpx.get(router.url + "/health").json()["replicas"]):
+        assert time.monotonic() < deadline, "the router still counts requests whose client left"
+        time.sleep(0.1)
 
     # the replica's own answers to bad requests, unchanged
     r = httpx.post(router.url + "/v1/completions", content=b"{not json", timeout=30,
