@@ -64,3 +64,13 @@ def tiny64(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny128(tmp_path_factory):
     return _tiny(tmp_path_factory, 128)
+
+
+@pytest.fixture
+def f32_attention(monkeypatch):
+    """Attention's dot products in f32 for the models the test makes (PYKLEI_ATTENTION, read
+    when a model is made): for a reference, a tolerance or an expected text that assumes f32
+    arithmetic. The default reads an f16 cache in bf16 where AVX-512 BF16 runs (docs/KERNELS.md,
+    "Attention in bf16"); tests/runtime/test_attention_bf16_model.py and the bf16 test of
+    test_vs_transformers.py check that path."""
+    monkeypatch.setenv("PYKLEI_ATTENTION", "f32")

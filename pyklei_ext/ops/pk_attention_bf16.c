@@ -27,14 +27,15 @@ int pk_attend_bf16_runs(void) {
 #endif
 }
 
-/* The forward pass's default when PYKLEI_ATTENTION is unset: f32, until bf16 holds the KLD
- * bound at depth (issue 45: +1% against f32 attention at depth 4096 on both test beds; the
- * figures that decided it: docs/QUALITY.md, "Attention in bf16 at depth"). */
-#define BF16_BY_DEFAULT 0
+/* The forward pass's default when PYKLEI_ATTENTION is unset, by the cache's type: bf16 where
+ * it held the KLD bound (issue 45: at most +1% over f32 attention's, at depth 0 and 4096 on
+ * both test beds): the f16 cache, the default; f32 for the q8 cache, which did not at depth 0.
+ * The figures that decided it: docs/QUALITY.md, "Attention in bf16 at depth". */
+static int bf16_by_default(pk_kv_type type) { return type == PK_KV_F16; }
 
 int pk_attend_bf16_pick(pk_kv_type type) {
     const char *want = getenv("PYKLEI_ATTENTION");
-    int bf16 = BF16_BY_DEFAULT;
+    int bf16 = bf16_by_default(type);
     if (want && *want) {
         if (strcmp(want, "bf16") && strcmp(want, "f32")) {
             fail("PYKLEI_ATTENTION=%s: expected bf16 or f32", want);
@@ -45,7 +46,8 @@ int pk_attend_bf16_pick(pk_kv_type type) {
     const int on = bf16 && type != PK_KV_F32 && pk_attend_bf16_runs();
     if (type != PK_KV_F32 && pk_dispatch_init() == 0 && pk_log_kernels > 0)
         fprintf(stderr, "pyklei: attention dot products in %s\n",
-                on ? "bf16 (avx512bf16)" : bf16 ? "f32 (bf16 asked; no AVX-512 BF16 here)" : "f32");
+                on ? "bf16 (avx512bf16)" : !bf16 ? "f32"
+                : want && *want ? "f32 (bf16 asked; no AVX-512 BF16 here)" : "f32 (no AVX-512 BF16 here)");
     return on;
 }
 

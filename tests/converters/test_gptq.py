@@ -135,6 +135,7 @@ def test_calibration_forward_matches_transformers(tiny64):
     assert np.abs(ours - ref).max() <= 1e-4
 
 
+@pytest.mark.usefixtures("f32_attention")        # the numpy forward's attention is f32
 def test_calibration_forward_matches_the_c_runtime(tiny64, tmp_path):
     from pyklei.runtime.model import Model
     hf, _ = tiny64

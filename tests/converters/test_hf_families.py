@@ -2,8 +2,8 @@
 
 Tiny random checkpoints (tests/fixtures/models.py: make_tiny_family, every feature of the family on,
 saved by transformers 5) are converted with q8 weights (`keep=["*=q8"]`, 8-bit embedding)
-and with the default 4-bit weights, and run by the C runtime (qai8dx2 activations) over 60
-positions, beyond every sliding window (16-24). Stated tolerances (`-s` prints the measured
+and with the default 4-bit weights, and run by the C runtime (qai8dx2 activations, attention
+in f32: the exact bounds check the conversion, not bf16's rounding) over 60 positions, beyond every sliding window (16-24). Stated tolerances (`-s` prints the measured
 values):
 
 - exact: pyklei (q8 file) against transformers running the *same* dequantized weights,
@@ -40,6 +40,8 @@ from pyklei.converters.hf_config import hparams_from_config  # noqa: E402
 from pyklei.converters.hf_llama import expected_tensors  # noqa: E402
 from pyklei.formats.model_file import read_model  # noqa: E402
 from pyklei_dev.published_configs import PUBLISHED  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("f32_attention")
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

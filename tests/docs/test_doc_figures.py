@@ -212,7 +212,9 @@ def test_activation_costs_are_the_results_files():
 
 # benchmarks/attention_bf16.py's runs behind docs/QUALITY.md's "Attention in bf16 at depth", in
 # the table's order
-BF16_KLD_RESULTS = ("attention-bf16-kld-smollm2", "attention-bf16-kld-smollm2-long", "attention-bf16-kld-offgrid",
+BF16_KLD_RESULTS = ("attention-bf16-kld-smollm2", "attention-bf16-kld-smollm2-long",
+                    "attention-bf16-kld-smollm2-gpl3-long", "attention-bf16-kld-offgrid",
+                    "attention-bf16-kld-offgrid-langref-long", "attention-bf16-kld-offgrid-gpl3-long",
                     "attention-bf16-kld-gemma3")
 
 

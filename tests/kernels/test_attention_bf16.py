@@ -81,18 +81,24 @@ def _pick(env_value):
     env["PYKLEI_LOG"] = "kernels"
     if env_value is not None:
         env["PYKLEI_ATTENTION"] = env_value
-    code = "from pyklei import _ext; print(_ext.attention_bf16_pick('f16'), _ext.attention_bf16_pick('f32'))"
+    code = ("from pyklei import _ext; print(*(_ext.attention_bf16_pick(t) for t in "
+            "('f16', 'q8', 'f32')))")
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_pyklei_attention_picks_the_arithmetic_and_the_log_says_which():
     out = _pick("bf16")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [str(RUNS), "False"]     # an f32 cache stays f32
+    assert out.stdout.split() == [str(RUNS), str(RUNS), "False"]     # an f32 cache stays f32
     assert ("attention dot products in bf16 (avx512bf16)" if RUNS else "bf16 asked; no AVX-512 BF16") in out.stderr
-    for value in ("f32", None):                           # the default: f32 (docs/KERNELS.md)
-        out = _pick(value)
-        assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stderr
-        assert "attention dot products in f32" in out.stderr
+    out = _pick("f32")
+    assert out.returncode == 0 and out.stdout.split() == ["False", "False", "False"], out.stderr
+    assert "attention dot products in f32" in out.stderr
+    # the default (docs/KERNELS.md): bf16 for the f16 cache where it runs, f32 for q8
+    out = _pick(None)
+    assert out.returncode == 0 and out.stdout.split() == [str(RUNS), "False", "False"], out.stderr
+    assert ("attention dot products in bf16 (avx512bf16)" if RUNS else
+            "attention dot products in f32 (no AVX-512 BF16 here)") in out.stderr
+    assert "bf16 asked" not in out.stderr
     out = _pick("fp8")
     assert out.returncode != 0 and "PYKLEI_ATTENTION=fp8: expected bf16 or f32" in out.stderr

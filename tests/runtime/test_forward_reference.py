@@ -116,6 +116,7 @@ class TinyModel:
         return _qmm(_rms(x, self.out_norm, 1e-5), self.emb)
 
 
+@pytest.mark.usefixtures("f32_attention")      # the reference's attention is f32
 @pytest.mark.parametrize("emb_format", ["qsi4c32", "qsi6c32"])
 @pytest.mark.parametrize("n_threads", [1, 2])
 @pytest.mark.parametrize("kv_cache", ["f32", "f16", "q8"])

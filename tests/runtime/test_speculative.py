@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from paths import ROOT, SEED
+from paths import ROOT, SEED, SMOLLM2_CACHED
 from speculative_cases import markov_run, repetitive_prompt, tokens_text_finish
 from pyklei.runtime.generate import stream_generate
 from pyklei.llm import LLM
@@ -430,8 +430,12 @@ def test_engine_prediction_gives_each_request_its_plain_tokens(steady_costs):
         eng.shutdown(cancel=True)
 
 
-def test_engine_lookup_on_smollm2_quotes_like_plain(smollm2, steady_costs):
-    llm = smollm2
+def test_engine_lookup_on_smollm2_quotes_like_plain(steady_costs, f32_attention):
+    # attention in f32: which of the 135M model's replies quote their document verbatim moves
+    # with the last bits of its logits (bf16 attention quotes none of these three)
+    if not SMOLLM2_CACHED.exists():
+        pytest.skip(f"{SMOLLM2_CACHED} is not cached")
+    llm = LLM(SMOLLM2_CACHED, n_threads=1, n_ctx=2048, n_seq=3)
     docs = ["The meeting is on Tuesday at 10:00 in room 4B. Bring the quarterly report and the "
             "budget sheet.", "Alice Smith, 42 Elm Street, Springfield, phone 555-0134, "
             "account number 88172.", "To reset the router, hold the power button for ten "
