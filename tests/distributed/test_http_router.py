@@ -15,7 +15,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
-from live_server import LiveServer, free_port  # noqa: E402
+from live_server import free_port, tiny_replicas  # noqa: E402
 from paths import ROOT  # noqa: E402
 
 from pyklei.distributed.replica_errors import REPLICA_HEADER  # noqa: E402
@@ -43,15 +43,8 @@ class Router:
 
 @pytest.fixture
 def replicas(tiny64):
-    a = LiveServer(tiny64[1], "--parallel", "2", "--model-id", "tiny", ctx=256).start()
-    try:
-        b = LiveServer(tiny64[1], "--parallel", "2", "--model-id", "tiny", ctx=256).start()
-        try:
-            yield a, b
-        finally:
-            b.stop()
-    finally:
-        a.stop()
+    with tiny_replicas(tiny64[1]) as servers:
+        yield servers
 
 
 @pytest.fixture

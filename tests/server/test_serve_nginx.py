@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 httpx = pytest.importorskip("httpx")
-from live_server import LiveServer, free_port  # noqa: E402
+from live_server import free_port, tiny_replicas  # noqa: E402
 from paths import ROOT  # noqa: E402
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
@@ -33,15 +33,8 @@ def nginx_conf(replica_ports, listen_port) -> str:
 
 @pytest.fixture
 def replicas(tiny64):
-    a = LiveServer(tiny64[1], "--parallel", "2", "--model-id", "tiny", ctx=256).start()
-    try:
-        b = LiveServer(tiny64[1], "--parallel", "2", "--model-id", "tiny", ctx=256).start()
-        try:
-            yield a, b
-        finally:
-            b.stop()
-    finally:
-        a.stop()
+    with tiny_replicas(tiny64[1]) as servers:
+        yield servers
 
 
 @pytest.fixture
