@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -358,7 +359,10 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     peers = args.peers.split(",")
-    title, ours, theirs = model_files(args.model, peers)
+    # made in a child: making a file loads a checkpoint, and every engine process started later
+    # would count this process's size at its exec as its own peak (wait4's ru_maxrss)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        title, ours, theirs = pool.apply(model_files, (args.model, peers))
     engines = {"pyklei default": ("pyklei", ours, "auto"),
                **({"pyklei default, qai8dx": ("pyklei", ours, "qai8dx")} if args.one_plane else {}),
                **({"pyklei default, before": ("pyklei", ours, "auto", args.before.resolve())} if args.before else {}),
