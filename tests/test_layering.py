@@ -20,8 +20,9 @@ Each room, bottom to top, and what it may import besides itself:
                                       tables): the API and everything under it; calibration
                                       alone meets the converters and the runtime
     server       pyklei/server/       runtime, text, formats
-    distributed  pyklei/distributed/  a model on a Ray cluster (serve --ray), Ray's import and
-                                      connection: server, llm and what they stand on
+    distributed  pyklei/distributed/  replicas routed by conversation (serve --ray, pyklei
+                                      route), Ray's import and connection: server, llm and what
+                                      they stand on
     batch        pyklei/batch/        OpenAI Batch API files through engines, here or on Ray
                                       Data: the server's request checks and replies, the API,
                                       runtime, text, formats, distributed
