@@ -26,6 +26,7 @@ engine metrics stay at that replica's /metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import sys
@@ -227,6 +228,7 @@ def create_router_app(urls: list[str], *, imbalance: int = 4, allowed_hosts=None
             await asyncio.sleep(health_period_s)
             await router.check_health(state["client"])
 
+    @contextlib.asynccontextmanager
     async def lifespan(app):
         state["client"] = httpx.AsyncClient(
             timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None, pool=None),
