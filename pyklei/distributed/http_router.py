@@ -17,8 +17,9 @@ Load: the router forwards every request, so it knows each replica's requests in 
 asking. Health: every HEALTH_PERIOD_S it asks each replica's /health; one that does not answer
 200 gets no new request and its conversations leave the tree (they start afresh elsewhere).
 When it answers again it is used again. A request whose connection to its replica cannot be
-opened (nothing was sent) goes to the next one; a replica that fails once the request was sent
-fails that request alone (replica_errors.py: 503 before the reply, an error event in a stream).
+opened (nothing was sent), or that its replica did not take (429: its queue is full; 503: it is
+shutting down), goes to the next one; a replica that fails once the request was sent fails that
+request alone (replica_errors.py: 503 before the reply, an error event in a stream).
 
 The router's own /health and /metrics describe the replicas as it sees them; each replica's
 engine metrics stay at that replica's /metrics.
@@ -42,6 +43,10 @@ log = logging.getLogger("uvicorn.error")
 HEALTH_PERIOD_S = 5.0       # each replica's /health is asked this often
 HEALTH_TIMEOUT_S = 3.0      # ... and counted down when it has not answered 200 in this long
 CONNECT_TIMEOUT_S = 5.0     # opening a connection to a replica
+# a replica's answers that say it did not take the request (its queue full, or it is shutting
+# down or loading another model): the request goes to the next replica, as examples/nginx-
+# replicas.conf's proxy_next_upstream does; from the last one, its answer is the reply
+NOT_TAKEN = frozenset({429, 503})
 # not passed on: they describe one connection, not the request (RFC 9110, 7.6.1); Host names
 # the router (the replica gets its own, so its allowed-host check holds)
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -195,6 +200,12 @@ def create_router_app(urls: list[str], *, imbalance: int = 4, allowed_hosts=None
                 upstream = await client.send(
                     client.build_request(request.method, r.url + target, headers=out_headers,
                                          content=bytes(body)), stream=True)
+                if upstream.status_code in NOT_TAKEN and i + 1 < len(ranked):
+                    await upstream.aclose()
+                    r.in_flight -= 1
+                    if key:
+                        router.tree.insert(key, ranked[i + 1])
+                    continue
                 return Relay(upstream, r, path)
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:   # nothing was sent
                 r.in_flight -= 1

@@ -152,15 +152,15 @@ def test_nothing_reachable_is_one_503():
         assert router.stop() == 0
 
 
-def fake_replica_dying_mid_stream() -> tuple[str, threading.Thread]:
-    """A replica that answers /health, then for any other request starts an SSE reply, sends
-    one event and drops the connection."""
+def fake_replica(answer: bytes, requests: int = 8) -> str:
+    """The URL of a replica that answers /health with 200 and any other request with the raw
+    bytes `answer` (then closes the connection), for `requests` connections (a daemon thread)."""
     srv = socket.create_server(("127.0.0.1", 0))
     srv.settimeout(60)
 
     def serve():
         with srv:
-            for _ in range(8):
+            for _ in range(requests):
                 try:
                     conn, _ = srv.accept()
                 except OSError:
@@ -169,21 +169,47 @@ def fake_replica_dying_mid_stream() -> tuple[str, threading.Thread]:
                     head = b""
                     while b"\r\n\r\n" not in head:
                         head += conn.recv(65536)
-                    if head.startswith(b"GET /health"):
-                        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n"
-                                     b"connection: close\r\n\r\n{}")
-                        continue
-                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                                 b"transfer-encoding: chunked\r\n\r\n"
-                                 b"1c\r\ndata: {\"choices\": [\"one\"]}\n\n\r\n")
-                    return                       # gone mid-reply
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return f"http://127.0.0.1:{srv.getsockname()[1]}", t
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+                                 if head.startswith(b"GET /health") else answer)
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}"
+
+
+def json_answer(status: str, body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+            f"connection: close\r\n\r\n").encode() + data
+
+
+# an SSE reply whose replica is gone after one event (the connection closes mid-body)
+DIES_MID_STREAM = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                   b"transfer-encoding: chunked\r\n\r\n1c\r\ndata: {\"choices\": [\"one\"]}\n\n\r\n")
+
+
+def test_a_request_a_replica_did_not_take_goes_to_the_next():
+    full = fake_replica(json_answer("429 Too Many Requests", {"error": {"message": "busy"}}))
+    ok = fake_replica(json_answer("200 OK", {"served": "by ok"}))
+    router = Router(full, ok)
+    try:
+        for i in range(3):         # whichever it picks first, the answer is the one that took it
+            r = httpx.post(router.url + "/v1/completions", json={"prompt": f"p{i}"}, timeout=30)
+            assert r.status_code == 200 and r.json() == {"served": "by ok"}, r.text
+            assert r.headers[REPLICA_HEADER] == ok
+    finally:
+        assert router.stop() == 0
+    # when every replica refuses, the last refusal is the reply (a client retries it)
+    a = fake_replica(json_answer("503 Service Unavailable", {"error": {"message": "stopping"}}))
+    b = fake_replica(json_answer("503 Service Unavailable", {"error": {"message": "stopping"}}))
+    router = Router(a, b)
+    try:
+        r = httpx.post(router.url + "/v1/completions", json={"prompt": "p"}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["message"] == "stopping"
+    finally:
+        assert router.stop() == 0
 
 
 def test_a_replica_dying_mid_stream_ends_that_stream_with_an_error():
-    url, t = fake_replica_dying_mid_stream()
+    url = fake_replica(DIES_MID_STREAM)
     router = Router(url)
     try:
         with httpx.stream("POST", router.url + "/v1/chat/completions", timeout=30, json={
@@ -197,7 +223,6 @@ def test_a_replica_dying_mid_stream_ends_that_stream_with_an_error():
         assert f'pyklei_route_replica_failures_total{{replica="{url}"}} 1.0' in metrics
     finally:
         assert router.stop() == 0
-        t.join(10)
 
 
 @pytest.mark.parametrize("args, message", [
