@@ -47,10 +47,12 @@ CONNECT_TIMEOUT_S = 5.0     # opening a connection to a replica
 # down or loading another model): the request goes to the next replica, as examples/nginx-
 # replicas.conf's proxy_next_upstream does; from the last one, its answer is the reply
 NOT_TAKEN = frozenset({429, 503})
-# not passed on: they describe one connection, not the request (RFC 9110, 7.6.1); Host names
-# the router (the replica gets its own, so its allowed-host check holds)
+# not passed on either way: they describe one connection, not the message (RFC 9110, 7.6.1)
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"})
+# nor, of a request, Host (it names the router: the replica gets its own, so its allowed-host
+# check holds) and Content-Length (httpx sets both)
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
 
 
 def replica_url(text: str) -> str:
@@ -125,7 +127,7 @@ class Router:
 
 def _forwarded_headers(request) -> list[tuple[bytes, bytes]]:
     out = [(k, v) for k, v in request.headers.raw
-           if k.lower().decode("latin-1") not in HOP_BY_HOP | {"host", "content-length"}]
+           if k.lower().decode("latin-1") not in NOT_FORWARDED]
     if request.client:
         prior = request.headers.get("x-forwarded-for")
         out = [(k, v) for k, v in out if k.lower() != b"x-forwarded-for"]
