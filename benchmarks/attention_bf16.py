@@ -12,7 +12,7 @@ window (--window positions from each depth in --at: positions 0-1023 and 4096-51
 each attention and KV cache, against transformers fp32 on the checkpoint the file came from
 (its logits at the windows cached on disk): per window, KLD (mean, p99), top-1 agreement and
 perplexity, and bf16's change of the KLD relative to f32's with a 95% interval
-(benchmarks/kv_cache.py's paired_change: positions resampled in blocks). A bed without its
+(benchmarks/quality.py's paired_change: positions resampled in blocks). A bed without its
 checkpoint (NAME=MODEL.gguf): bf16's drift from f32 over --tokens positions.
 The op alone (--kernel-reps): pk_attend_rows over 4096 positions, 8 rows and 1, medians.
 Speed: a prefill of `depth` random ordinary tokens, then n_gen decode steps at that depth, f16
@@ -37,8 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from kv_cache import kld_positions, paired_change  # noqa: E402
-from quality import log_softmax, texts  # noqa: E402
+from quality import kld_positions, log_softmax, paired_change, texts  # noqa: E402
 
 RESULTS = ROOT / "results"
 MODES = ("f32", "bf16")

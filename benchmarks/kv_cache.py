@@ -27,16 +27,10 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT.parent))  # pyklei_dev/ (not installed: its __init__.py)
 
-from quality import log_softmax, reference, score, texts  # noqa: E402
+from quality import kld_positions, paired_change, reference, score, texts  # noqa: E402
 
 RESULTS = ROOT / "results"
 KINDS = ("f32", "f16", "q8")
-
-
-def kld_positions(ref: np.ndarray, logits: np.ndarray) -> np.ndarray:
-    """KL(ref || logits) at every position (benchmarks/quality.py's score, not averaged)."""
-    a, b = log_softmax(ref[:-1]), log_softmax(logits[:-1])
-    return (np.exp(a) * (a - b)).sum(-1)
 
 
 def vs_f32(base: np.ndarray, logits: np.ndarray) -> dict:
@@ -45,25 +39,6 @@ def vs_f32(base: np.ndarray, logits: np.ndarray) -> dict:
     top1 = base[:-1].argmax(-1) == logits[:-1].argmax(-1)
     return {"kld_vs_f32": float(kld.mean()), "kld_vs_f32_p99": float(np.percentile(kld, 99)),
             "top1_vs_f32": float(top1.mean())}
-
-
-def paired_change(kld: np.ndarray, kld_f32: np.ndarray, block: int = 128, n: int = 2000,
-                  seed: int = 0) -> dict:
-    """What a cache type changes in the KLD against fp32, relative to the f32 cache's, with a
-    95% interval: the positions' paired differences resampled in blocks of `block` positions
-    (neighbouring positions share their context, so they are not independent draws). Small
-    changes to the cache move the logits far more than their size (f16 against f32: a KLD of
-    ~3e-3, likely through the int8 rounding of later activations), a little either way at each
-    position; the interval says what that noise allows."""
-    d = kld - kld_f32
-    nb = len(d) // block
-    blocks = d[:nb * block].reshape(nb, block).mean(1)
-    rng = np.random.default_rng(seed)
-    means = blocks[rng.integers(0, nb, size=(n, nb))].mean(1)
-    base = float(kld_f32.mean())
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return {"kld_change": float(d.mean()) / base, "kld_change_lo": float(lo) / base,
-            "kld_change_hi": float(hi) / base}
 
 
 def speed(model: str, threads: int, depth: int, n_gen: int, reps: int) -> list[dict]:
@@ -173,7 +148,7 @@ def report(res: dict) -> str:
                      f"{change} | {q['top1']:.4f} | {q['ppl']:.3f} | {q['kld_vs_f32']:.2e} / "
                      f"{q['kld_vs_f32_p99']:.2e} | {q['top1_vs_f32']:.4f} |")
     lines += ["", "The change's interval comes from resampling blocks of 128 positions' paired "
-              "differences (kv_cache.paired_change): a small change to the cache moves each "
+              "differences (quality.paired_change): a small change to the cache moves each "
               "position's KLD a little either way."]
     if not res["speed"]:
         return "\n".join(lines) + "\n"

@@ -89,13 +89,39 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
+def kld_positions(ref: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """KL(ref || logits) of the next-token distribution at every position but the last."""
+    a, b = log_softmax(ref[:-1]), log_softmax(logits[:-1])
+    return (np.exp(a) * (a - b)).sum(-1)
+
+
 def score(ref_logits: np.ndarray, logits: np.ndarray, ids: list[int]) -> dict:
+    kld = kld_positions(ref_logits, logits)
     lp_ref, lp = log_softmax(ref_logits[:-1]), log_softmax(logits[:-1])
-    kld = (np.exp(lp_ref) * (lp_ref - lp)).sum(-1)
     nxt = np.asarray(ids[1:])
     return {"kld": float(kld.mean()), "kld_p99": float(np.percentile(kld, 99)),
             "top1": float((lp_ref.argmax(-1) == lp.argmax(-1)).mean()),
             "ppl": float(np.exp(-lp[np.arange(len(nxt)), nxt].mean()))}
+
+
+def paired_change(kld: np.ndarray, kld_base: np.ndarray, block: int = 128, n: int = 2000,
+                  seed: int = 0) -> dict:
+    """What a change (a KV cache type, an attention, an activation scheme) does to the KLD
+    against fp32, relative to the base's KLD on the same positions, with a 95% interval: the
+    positions' paired differences resampled in blocks of `block` positions (neighbouring
+    positions share their context, so they are not independent draws). Small changes move the
+    logits far more than their size (an f16 cache against f32: a KLD of ~3e-3, likely through
+    the int8 rounding of later activations), a little either way at each position; the
+    interval says what that noise allows."""
+    d = kld - kld_base
+    nb = len(d) // block
+    blocks = d[:nb * block].reshape(nb, block).mean(1)
+    rng = np.random.default_rng(seed)
+    means = blocks[rng.integers(0, nb, size=(n, nb))].mean(1)
+    base = float(kld_base.mean())
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {"kld_change": float(d.mean()) / base, "kld_change_lo": float(lo) / base,
+            "kld_change_hi": float(hi) / base}
 
 
 def reference_model(src: Path):
@@ -171,6 +197,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=1024, help="tokens of each text (default 1024)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", type=Path, default=None, help="where converted files are cached")
+    ap.add_argument("--paired", default=None, metavar="VARIANT",
+                    help="also each variant's KLD change against this variant's on the same "
+                    "positions, with a 95%% interval (paired_change)")
     ap.add_argument("--llamacpp", default="all", help="llama.cpp files to score: comma list of "
                     "benchmarks/llamacpp_quality.py's KINDS, 'all' or 'none'")
     args = ap.parse_args(argv)
@@ -196,7 +225,9 @@ def main(argv=None) -> int:
         print(f"llama.cpp's files of checkpoints not scored: {', '.join(lcpp.tools_missing())} "
               f"missing (LLAMACPP_SRC, LLAMACPP_BIN)", file=sys.stderr)
         hf_kinds = []
-    rows = []
+    if args.paired is not None and args.paired not in variants:
+        ap.error(f"--paired {args.paired}: not one of the variants scored ({args.variants})")
+    rows, paired = [], []
     for bed in args.beds.split(","):
         hf = beds[bed]()
         files = {}
@@ -219,13 +250,20 @@ def main(argv=None) -> int:
             ref = refs[tname] = reference(hf, ids)
             rows.append({"bed": bed, "text": tname, "variant": "transformers fp32", "bytes": None,
                          **score(ref, ref, ids)})
+            per_position = {}
             for v, path in files.items():
                 act = VARIANTS[v].get("activations", "auto")
                 with LLM(path, n_threads=args.threads, n_ctx=len(ids), activations=act) as llm:
                     logits = llm.logits(ids)
+                per_position[v] = kld_positions(ref, logits)
                 rows.append({"bed": bed, "text": tname, "variant": f"pyklei {v}",
                              "bytes": path.stat().st_size, **score(ref, logits, ids)})
                 print(rows[-1], file=sys.stderr)
+            if args.paired in per_position:
+                for v, kld in per_position.items():
+                    if v != args.paired:
+                        paired.append({"bed": bed, "text": tname, "variant": v, "positions": len(kld),
+                                       **paired_change(kld, per_position[args.paired])})
         if kinds and hf.is_file():         # a llama.cpp file: its requantizations
             ids = {t: tok.encode(x, parse_special=False)[:args.tokens] for t, x in texts().items()}
             rows += lcpp.requant_rows(bed, hf, ids, refs, kinds, cache_dir() / "llamacpp" / bed)
@@ -236,7 +274,8 @@ def main(argv=None) -> int:
     groups = list(dict.fromkeys((r["bed"], r["text"]) for r in rows))
     rows.sort(key=lambda r: groups.index((r["bed"], r["text"])))  # stable: a text's rows together
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows}, indent=1))
+    (RESULTS / f"{args.out}.json").write_text(json.dumps({"tokens": args.tokens, "rows": rows,
+                                                             "paired": paired}, indent=1))
     lines = [f"`python benchmarks/quality.py` ({args.tokens} tokens per text; KLD = KL(fp32 || "
              f"variant), mean over positions):", "",
              "| test bed | text | variant | file | KLD | KLD p99 | top-1 | perplexity |",
@@ -245,6 +284,14 @@ def main(argv=None) -> int:
         size = f"{r['bytes'] / 1e6:.1f} MB" if r["bytes"] else "—"
         lines.append(f"| {r['bed']} | {r['text']} | {r['variant']} | {size} | {r['kld']:.4f} | "
                      f"{r['kld_p99']:.3f} | {100 * r['top1']:.1f}% | {r['ppl']:.3f} |")
+    if paired:
+        lines += ["", f"KLD change against `{args.paired}` on the same positions, 95% interval "
+                  "(blocks of 128 positions resampled):", "",
+                  "| test bed | text | variant | positions | KLD change | 95% interval |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {p['bed']} | {p['text']} | {p['variant']} | {p['positions']} | "
+                  f"{100 * p['kld_change']:+.1f}% | {100 * p['kld_change_lo']:+.1f}% .. "
+                  f"{100 * p['kld_change_hi']:+.1f}% |" for p in paired]
     lines += sensitivity_ranking(rows)
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
