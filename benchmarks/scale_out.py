@@ -122,15 +122,20 @@ def run_workload(url: str, convs: list[list[str]], max_tokens: int) -> dict:
 
     def user(questions):
         messages = [{"role": "system", "content": SYSTEM}]
-        last = None
+        last, seen = None, None
         try:
             for q in questions:
                 messages.append({"role": "user", "content": q})
                 t = stream_turn(url, messages, max_tokens)
                 messages.append({"role": "assistant", "content": t["text"]})
                 t["moved"] = last is not None and t["replica"] != last
-                t["first"] = last is None
-                last = t["replica"]
+                t["first"] = seen is None
+                # at the floor: it computed no more than what is new since the previous turn
+                # (the new message and the template's tokens around it; 2 for a reply that
+                # tokenizes otherwise in the next prompt)
+                t["floor"] = None if seen is None else \
+                    t["prompt"] - t["cached"] <= t["prompt"] - seen + 2
+                last, seen = t["replica"], t["prompt"] + t["completion"]
                 with lock:
                     turns.append(t)
         except Exception as e:          # counted, not hidden
@@ -147,6 +152,9 @@ def run_workload(url: str, convs: list[list[str]], max_tokens: int) -> dict:
     ttfts = sorted(t["ttft"] for t in turns)
     prompt = sum(t["prompt"] for t in turns)
     cached = sum(t["cached"] for t in turns)
+    later = [t for t in turns if not t["first"]]
+    floor = [t["ttft"] for t in later if t["floor"]]
+    above = [t["ttft"] for t in later if not t["floor"]]
     return {"turns": len(turns), "errors": errors, "wall_s": wall,
             "ttft_p50_ms": 1000 * statistics.median(ttfts),
             "ttft_p95_ms": 1000 * ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))],
@@ -154,6 +162,11 @@ def run_workload(url: str, convs: list[list[str]], max_tokens: int) -> dict:
             "computed_per_turn": (prompt - cached) / len(turns),
             "hit_rate": cached / prompt if prompt else 0.0,
             "tok_s": sum(t["completion"] for t in turns) / wall,
+            # why a TTFT median moves little: the share of later turns at the floor, and the
+            # TTFT p50 of those and of the others
+            "floor_share": len(floor) / len(later) if later else None,
+            "ttft_p50_floor_ms": 1000 * statistics.median(floor) if floor else None,
+            "ttft_p50_above_ms": 1000 * statistics.median(above) if above else None,
             # turns served by another replica than their conversation's previous turn (known
             # where the replica names itself: pyklei serve --ray)
             "moved_turns": sum(t["moved"] for t in turns) if turns[0]["replica"] else None,
@@ -272,6 +285,19 @@ def report(res: dict) -> str:
             lines.append(f"- {name}: prompt tokens computed x{r['computed_tokens']:.2f}, "
                          f"TTFT p50 {r['ttft_p50_speedup']:.2f}x lower, aggregate tok/s "
                          f"x{r['tok_s']:.2f}")
+    if any(r.get("floor_share") is not None for rs in res["runs"].values() for r in rs):
+        lines += ["", "Later turns (each conversation's second on) at the floor, i.e. computing no "
+                  "more than what is new since their previous turn, and the TTFT p50 of those and "
+                  "of the rest (medians over the rounds):", ""]
+    for name, rs in res["runs"].items():
+        def med(k):
+            xs = [r[k] for r in rs if r.get(k) is not None]
+            return statistics.median(xs) if xs else None
+        if med("floor_share") is not None:
+            f, a = med("ttft_p50_floor_ms"), med("ttft_p50_above_ms")
+            lines.append(f"- {name}: {med('floor_share'):.0%} at the floor, TTFT p50 "
+                         f"{f:.0f} ms there" if f is not None else f"- {name}: none at the floor")
+            lines[-1] += f", {a:.0f} ms above it" if a is not None else ", none above it"
     for name, rs in res["runs"].items():
         if rs and rs[0].get("moved_turns") is not None:
             lines += ["", f"{name}: turns served by another replica than their conversation's "
