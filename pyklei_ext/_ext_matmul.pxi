@@ -58,6 +58,8 @@ cdef extern from "ops/pk_matmul.h":
     void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,
                                  int8_t *q2, float *s2, int32_t *z2) nogil
     void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum) nogil
+    int pk_quantize_qsi8d32_row_impl(const char *impl, int k, const float *x, int8_t *q, float *bscale,
+                                     int32_t *bsum) nogil
     void pk_ctx_set_activations(pk_ctx *ctx, pk_act act)
     pk_act pk_ctx_activations(const pk_ctx *ctx)
     pk_ctx *pk_ctx_create(int n_threads)
@@ -188,23 +190,40 @@ def quantize_qai8dx2(x):
     return q, scale, zp
 
 
-def quantize_qsi8d32(x):
+def quantize_qsi8d32(x, impl=None):
     """C block quantizer: float32 [M, K] (K a multiple of 32) -> (q int8 [M, K],
-    scale f32 [M, K/32]); byte-exact with pyklei.formats.quantize_qsi8d32."""
+    scale f32 [M, K/32], the block sums of q int32 [M, K/32]); q and scale byte-exact with
+    pyklei.formats.quantize_qsi8d32.
+
+    impl (tests): force "scalar", "avx2" or "avx512"; None picks the best for this CPU."""
     cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
     cdef Py_ssize_t m = xv.shape[0], k = xv.shape[1], i
     if k == 0 or k % 32:
         raise ValueError(f"qsi8d32 rows must be a positive multiple of 32 long, got K={k}")
     q = np.empty((m, k), np.int8)
     scale = np.empty((m, k // 32), np.float32)
-    bsum = np.empty(k // 32, np.int32)
+    bsum = np.empty((m, k // 32), np.int32)
     cdef int8_t[:, ::1] qv = q
     cdef float[:, ::1] sv = scale
-    cdef int32_t[::1] bv = bsum
-    with nogil:
-        for i in range(m):
-            pk_quantize_qsi8d32_row(<int>k, &xv[i, 0], &qv[i, 0], &sv[i, 0], &bv[0])
-    return q, scale
+    cdef int32_t[:, ::1] bv = bsum
+    cdef bytes name
+    cdef const char *cname
+    cdef int rc = 0
+    if m == 0:
+        return q, scale, bsum
+    if impl is None:
+        with nogil:
+            for i in range(m):
+                pk_quantize_qsi8d32_row(<int>k, &xv[i, 0], &qv[i, 0], &sv[i, 0], &bv[i, 0])
+    else:
+        name = impl.encode()
+        cname = name
+        with nogil:
+            for i in range(m):
+                rc |= pk_quantize_qsi8d32_row_impl(cname, <int>k, &xv[i, 0], &qv[i, 0], &sv[i, 0], &bv[i, 0])
+        if rc:
+            raise KernelError(f"quantizer {impl!r} is not available on this CPU")
+    return q, scale, bsum
 
 
 # The activation schemes of Ops (pk_matmul.h, pk_act), name -> id (not ACTIVATIONS: that name,

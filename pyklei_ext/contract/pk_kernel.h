@@ -132,7 +132,8 @@ static inline void pk_fwht_scalar(int p, float *x) {
 
 /* The kernel layer's row helpers, one record per ISA (isa/fwht_f16_qai8dx_<isa>.c). Each SIMD
  * one is bit-exact (the quantizer byte-exact) with the generic version of the scalar record
- * (pk_fwht_scalar above, pk_f16_to_f32_scalar, pk_quantize_qai8dx_row_scalar), which runs
+ * (pk_fwht_scalar above, pk_f16_to_f32_scalar, pk_quantize_qai8dx_row_scalar,
+ * pk_quantize_qsi8d32_row_scalar), which runs
  * everywhere. The registry (ops/pk_registry.c) lists the records, widest first, the scalar one
  * last, and the ops files pick from that list by CPU feature (and, for the FWHT and the f16
  * conversion, by PYKLEI_KERNEL's ISA tags): they never name an ISA file's function, as with
@@ -146,6 +147,9 @@ typedef struct {
     pk_f16_to_f32_fn f16_to_f32;
     /* qai8dx of one row (ops/pk_quantize.c); NULL: none for this ISA */
     void (*quantize_qai8dx_row)(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+    /* qsi8d32 of one row, k a multiple of 32: q [k], the block scales and the block sums of q
+     * [k / 32] (ops/pk_quantize.c); NULL: none for this ISA */
+    void (*quantize_qsi8d32_row)(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum);
 } pk_isa_helpers;
 
 extern const pk_isa_helpers pk_helpers_scalar;           /* isa/fwht_f16_qai8dx_scalar.c */
@@ -160,5 +164,6 @@ extern const pk_isa_helpers pk_helpers_arm_neon;         /* isa/fwht_f16_qai8dx_
  * references the SIMD ones are tested against. */
 void pk_f16_to_f32_scalar(size_t n, const uint16_t *x, float *out);
 void pk_quantize_qai8dx_row_scalar(int k, const float *x, int8_t *q, float *scale, int32_t *zp);
+void pk_quantize_qsi8d32_row_scalar(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum);
 
 #endif

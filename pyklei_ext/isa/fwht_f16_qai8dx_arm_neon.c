@@ -62,5 +62,6 @@ const pk_isa_helpers pk_helpers_arm_neon = {
     .fwht = pk_fwht_neon,
     .f16_to_f32 = pk_f16_to_f32_neon,
     .quantize_qai8dx_row = NULL,   /* the scalar record's runs here */
+    .quantize_qsi8d32_row = NULL,
 };
 #endif

@@ -1,7 +1,7 @@
 /* The row helpers on x86 AVX2 + FMA + F16C (the pk_isa_helpers record of tag avx2,
  * contract/pk_kernel.h): the FWHT of the rotation (ops/pk_rotate.c), the f16 -> f32
- * conversion of the KV cache (ops/pk_f16.c) and the qai8dx row quantizer (ops/pk_quantize.c),
- * each bit-exact (the quantizer byte-exact) with the scalar record's
+ * conversion of the KV cache (ops/pk_f16.c) and the qai8dx and qsi8d32 row quantizers
+ * (ops/pk_quantize.c), each bit-exact (the quantizers byte-exact) with the scalar record's
  * (isa/fwht_f16_qai8dx_scalar.c). */
 #include "../contract/pk_kernel.h"
 
@@ -96,11 +96,40 @@ Y_TARGET static void pk_quantize_qai8dx_row_avx2(int k, const float *x, int8_t *
     }
 }
 
+/* qsi8d32 row quantizer, AVX2: byte-exact with pk_quantize_qsi8d32_row_scalar (the largest
+ * magnitude of the block's 32 as its max loop finds it: max is exact and order-free on
+ * numbers; vcvtps2dq = rint; |q| <= 127, so the packs saturate nothing). */
+Y_TARGET static void pk_quantize_qsi8d32_row_avx2(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < k / 32; b++) {
+        const float *xb = x + 32 * b;
+        __m256 v[4];
+        for (int t = 0; t < 4; t++) v[t] = _mm256_loadu_ps(xb + 8 * t);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const __m256 vinv = _mm256_set1_ps(pk_qsi8d32_params(_mm_cvtss_f32(h), bscale + b));
+        __m256i qi[4];
+        for (int t = 0; t < 4; t++) qi[t] = _mm256_cvtps_epi32(_mm256_mul_ps(v[t], vinv));
+        const __m256i w0 = _mm256_packs_epi32(qi[0], qi[1]), w1 = _mm256_packs_epi32(qi[2], qi[3]);
+        _mm256_storeu_si256((__m256i *)(q + 32 * b), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w0, w1), perm));
+        const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0, ones), _mm256_madd_epi16(w1, ones));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        bsum[b] = _mm_cvtsi128_si32(s4);
+    }
+}
+
 const pk_isa_helpers pk_helpers_x86_avx2 = {
     .isa = "avx2",
     .features = PK_CPU_AVX2,
     .fwht = pk_fwht_avx2,
     .f16_to_f32 = pk_f16_to_f32_avx2,
     .quantize_qai8dx_row = pk_quantize_qai8dx_row_avx2,
+    .quantize_qsi8d32_row = pk_quantize_qsi8d32_row_avx2,
 };
 #endif

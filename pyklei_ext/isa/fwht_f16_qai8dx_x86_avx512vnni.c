@@ -1,7 +1,7 @@
 /* The row helpers on x86 AVX-512 (the pk_isa_helpers record of tag avx512vnni,
  * contract/pk_kernel.h): the FWHT of the rotation (ops/pk_rotate.c), the f16 -> f32
- * conversion of the KV cache (ops/pk_f16.c) and the qai8dx row quantizer (ops/pk_quantize.c),
- * each bit-exact (the quantizer byte-exact) with the scalar record's
+ * conversion of the KV cache (ops/pk_f16.c) and the qai8dx and qsi8d32 row quantizers
+ * (ops/pk_quantize.c), each bit-exact (the quantizers byte-exact) with the scalar record's
  * (isa/fwht_f16_qai8dx_scalar.c). */
 #include "../contract/pk_kernel.h"
 
@@ -89,6 +89,22 @@ Z_TARGET static void pk_quantize_qai8dx_row_avx512(int k, const float *x, int8_t
     }
 }
 
+/* qsi8d32 row quantizer, AVX-512 (F + BW): byte-exact with pk_quantize_qsi8d32_row_scalar
+ * (the block's largest magnitude as its max loop finds it: max is exact and order-free on
+ * numbers; vcvtps2dq = rint; |q| <= 127, so the narrowing truncates nothing). */
+Z_TARGET static void pk_quantize_qsi8d32_row_avx512(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum) {
+    for (int b = 0; b < k / 32; b++) {
+        const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const __m512 vinv = _mm512_set1_ps(pk_qsi8d32_params(amax, bscale + b));
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vinv));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vinv));
+        _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+        bsum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
 /* The AVX-512 helpers use F + BW (+ VL) only; they sit under the avx512vnni tag and feature
  * bit, as the kernels of this file do. */
 const pk_isa_helpers pk_helpers_x86_avx512vnni = {
@@ -97,5 +113,6 @@ const pk_isa_helpers pk_helpers_x86_avx512vnni = {
     .fwht = pk_fwht_avx512,
     .f16_to_f32 = pk_f16_to_f32_avx512,
     .quantize_qai8dx_row = pk_quantize_qai8dx_row_avx512,
+    .quantize_qsi8d32_row = pk_quantize_qsi8d32_row_avx512,
 };
 #endif

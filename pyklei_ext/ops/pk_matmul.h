@@ -63,8 +63,11 @@ int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t 
                                 int32_t *zp);
 
 /* qsi8d32 of one row, k a multiple of 32: q [k], bscale and bsum [k/32] (the block sums of q);
- * byte-exact with pyklei.formats.quantize_qsi8d32. */
+ * byte-exact with pyklei.formats.quantize_qsi8d32. The _impl one names the implementation, as
+ * pk_quantize_qai8dx_row_impl. */
 void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum);
+int pk_quantize_qsi8d32_row_impl(const char *impl, int k, const float *x, int8_t *q, float *bscale,
+                                 int32_t *bsum);
 
 /* ---- matmul ------------------------------------------------------------------------- */
 

@@ -2,7 +2,7 @@
  * (symmetric int8, a scale per block of 32), byte-exact with the numpy reference
  * (pyklei.formats); the SIMD qai8dx row quantizers live in the ISA files and reach this file
  * through the registry's helper records (contract/pk_kernel.h, pk_isa_helpers), picked by CPU
- * feature; the qsi8d32 one is plain C the compiler vectorizes (PK_CLONES). */
+ * feature, as do the qsi8d32 ones. */
 #include "pk_ops_internal.h"
 
 #include <string.h>
@@ -50,25 +50,27 @@ void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float 
     pk_quantize_qai8dx_row(k, r, q2, s2, z2);
 }
 
-/* qsi8d32 of one row (k a multiple of 32): per block of 32 the largest magnitude sets the
- * scale (pk_qsi8d32_params), and the block's sum of q is kept for the kernels' weight-offset
- * correction (pk_lhs.bsum32). Element-wise float32 steps and a max: every clone gives the same
- * bytes as the numpy reference. */
-PK_CLONES void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum) {
-    for (int b = 0; b < k / 32; b++) {
-        const float *xb = x + 32 * b;
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            const float a = __builtin_fabsf(xb[i]);
-            amax = a > amax ? a : amax;
+/* qsi8d32 of one row: the widest of the records' quantizers that this CPU runs, as for qai8dx
+ * (every one gives the same bytes). */
+void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, int32_t *bsum) {
+    const uint32_t f = pk_cpu_features();
+    for (int i = 0;; i++) {
+        const pk_isa_helpers *h = pk_isa_helpers_at(i);
+        if (h->quantize_qsi8d32_row && (f & h->features) == h->features) {
+            h->quantize_qsi8d32_row(k, x, q, bscale, bsum);
+            return;
         }
-        const float inv = pk_qsi8d32_params(amax, bscale + b);
-        int32_t s = 0;
-        for (int i = 0; i < 32; i++) {
-            const int32_t v = (int32_t)__builtin_rintf(xb[i] * inv);
-            q[32 * b + i] = (int8_t)v;
-            s += v;
-        }
-        bsum[b] = s;
     }
+}
+
+int pk_quantize_qsi8d32_row_impl(const char *impl, int k, const float *x, int8_t *q, float *bscale,
+                                 int32_t *bsum) {
+    for (size_t i = 0; i < sizeof quantizer_impls / sizeof quantizer_impls[0]; i++) {
+        if (strcmp(impl, quantizer_impls[i].impl)) continue;
+        const pk_isa_helpers *h = pk_isa_helpers_for(quantizer_impls[i].isa);
+        if (!h || !h->quantize_qsi8d32_row) return -1;
+        h->quantize_qsi8d32_row(k, x, q, bscale, bsum);
+        return 0;
+    }
+    return -1;
 }

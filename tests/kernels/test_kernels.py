@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from paths import ROOT, SEED
+from quantizer_impls import quant_params
 from pyklei import _ext
 from pyklei.formats import (
     bf16_to_f32,
@@ -340,18 +341,6 @@ def quantizer_rows():
             np.concatenate([rng.standard_normal(1000), [1e4]]),           # one outlier
             np.full(33, -7.25), np.linspace(-1, 3, 577)]
     return [r.astype(np.float32) for r in rows]
-
-
-QUANT_IMPL = {"default": None, "scalar": None, "avx2": "avx2", "avx512": "avx512vnni"}
-
-
-def quant_params():
-    out = []
-    for impl, feat in QUANT_IMPL.items():
-        marks = [] if feat is None or feat in FEATURES else [
-            pytest.mark.skip(reason=f"quantizer {impl}: this CPU lacks {feat}")]
-        out.append(pytest.param(None if impl == "default" else impl, marks=marks, id=impl))
-    return out
 
 
 @pytest.mark.parametrize("impl", quant_params())

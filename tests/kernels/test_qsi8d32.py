@@ -14,6 +14,7 @@ from pyklei import _ext
 from pyklei.formats import (dequantize_qsi4c32, dequantize_qsi8d32, f32_to_bf16, pack_nibbles, quantize_qai8dx,
                             quantize_qsi4c32, quantize_qsi6c32, quantize_qsi8cx, quantize_qsi8d32)
 from pyklei.formats.qsi6c32 import dequantize_qsi6c32, pack_q6
+from quantizer_impls import quant_params
 
 KERNELS = _ext.kernels()
 U = 2.0 ** -24
@@ -44,15 +45,39 @@ def quantizer_rows():
     return x
 
 
-def test_quantizer_byte_exact():
+@pytest.mark.parametrize("impl", quant_params())
+def test_quantizer_byte_exact(impl):
     x = quantizer_rows()
-    q, s = _ext.quantize_qsi8d32(x)
+    q, s, bsum = _ext.quantize_qsi8d32(x, impl)
     q_ref, s_ref = quantize_qsi8d32(x)
     np.testing.assert_array_equal(q, q_ref)
-    np.testing.assert_array_equal(s, s_ref)
+    np.testing.assert_array_equal(s.view(np.uint32), s_ref.view(np.uint32))
+    np.testing.assert_array_equal(bsum, q_ref.reshape(len(x), -1, 32).astype(np.int32).sum(-1))
     assert q.min() >= -127 and q.max() <= 127
     assert (s[0, 3] == 0) and not q[0, 96:128].any()
     assert (q[4, 64:96] == -127).all()
+
+
+@pytest.mark.parametrize("impl", quant_params())
+def test_quantizer_many_rows(impl):
+    """Rows of every scale (each block's own), negative zeros, ties at every step, and a block
+    whose largest magnitude is its last element (the SIMD max reductions against the loop)."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((41, 1536)) * rng.uniform(1e-4, 1e4, (41, 1))).astype(np.float32)
+    x[3] = -0.0
+    x[5, ::7] *= 300.0
+    x[7] = np.float32(0.5) * np.arange(1536, dtype=np.float32) % 255 - 127   # halves: ties
+    x[9, 31::32] = 1e3
+    q, s, bsum = _ext.quantize_qsi8d32(x, impl)
+    q_ref, s_ref = quantize_qsi8d32(x)
+    np.testing.assert_array_equal(q, q_ref)
+    np.testing.assert_array_equal(s.view(np.uint32), s_ref.view(np.uint32))
+    np.testing.assert_array_equal(bsum, q_ref.reshape(41, -1, 32).astype(np.int32).sum(-1))
+
+
+def test_quantizer_unknown_impl():
+    with pytest.raises(_ext.KernelError, match="not available"):
+        _ext.quantize_qsi8d32(np.ones((1, 32), np.float32), "no_such_isa")
 
 
 def test_quantizer_block_error_bound_and_outlier():
@@ -163,7 +188,7 @@ def test_ops_qsi8d32_quantizes_then_runs_d32(fmt):
     x = rng.standard_normal((9, 576)).astype(np.float32)
     x[:, 3] *= 60.0
     y = _ext.Ops(2, "qsi8d32").matmul(w, x)
-    q, s = _ext.quantize_qsi8d32(x)
+    q, s, _ = _ext.quantize_qsi8d32(x)
     np.testing.assert_array_equal(y, _ext.Ops(1).matmul_lhs_d32(w, q, s))
     wq = _ext.Ops(2, "qai8dx2").matmul(w, x)   # ~16-bit activations: the weight's own product
     e_d32 = np.abs(y - wq).mean()
