@@ -6,8 +6,11 @@
 The same file is loaded once per scheme (qai8dx: one int8 plane per row; qai8dx2: two planes;
 qsi8d32: one plane with a scale per block of 32, docs/FORMAT.md) and the three models are
 measured in turn, round after round (a prefill of each --prompts length from an empty cache,
-then --gen greedy decode steps after a one-token prompt), so that a busy neighbour on the
-shared machine slows all of them alike. Rates are tokens per second of the process's CPU time
+then --gen greedy decode steps after a one-token prompt; the same tokens for each, each
+scheme first in turn), so that a busy neighbour on the shared machine slows all of them alike.
+The decode figures are not a finding about the schemes: here qai8dx decoded 15-25% slower
+than the others whatever the order, while three models loaded in another order, or one model
+per process (benchmarks/profile_decode.py's loop), decode at the same speed with each scheme. Rates are tokens per second of the process's CPU time
 (1 thread: the work itself; on this shared 2-core VM wall-clock rates moved 2x between rounds
 under a load of 20) and, beside them, of wall-clock time. Each figure is the median over the
 rounds; each ratio is the median over the rounds of that round's ratio to qai8dx; the load
@@ -76,15 +79,17 @@ def main(argv=None) -> int:
         models[s].model.eval(tokens(8))
     load = [os.getloadavg()[0]]
     for r in range(args.rounds):
-        for s in SCHEMES:
+        prompts = {p: tokens(p) for p in lengths}          # the same tokens for every scheme
+        first = tokens(1)
+        for s in SCHEMES[r % 3:] + SCHEMES[:r % 3]:        # each scheme first in turn
             model = models[s].model
             for p in lengths:
                 model.reset()
-                _, dt = timed(lambda: model.eval(tokens(p)))
+                _, dt = timed(lambda: model.eval(prompts[p]))
                 for c in clocks:
                     rates[c][s][f"pp{p}"].append(p / dt[c])
             model.reset()
-            logits = model.eval(tokens(1))
+            logits = model.eval(first)
 
             def decode(logits=logits, model=model):
                 for _ in range(args.gen):
