@@ -10,8 +10,9 @@
 /* ---- activations ----------------------------------------------------------------------- */
 
 /* The widest quantizer among the registry's helper records that this CPU runs (the generic
- * one, pk_quantize_qai8dx_row_scalar of isa/fwht_f16_qai8dx_scalar.c, last); all produce the same bytes, so PYKLEI_KERNEL does
- * not steer this choice. A walk of a few records per row: noise next to quantizing k floats. */
+ * one, pk_quantize_qai8dx_row_scalar of isa/fwht_f16_qai8dx_scalar.c, last); all produce the
+ * same bytes, so PYKLEI_KERNEL does not steer this choice. A walk of a few records per row:
+ * noise next to quantizing k floats. */
 void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int32_t *zp) {
     const uint32_t f = pk_cpu_features();
     for (int i = 0;; i++) {
@@ -23,22 +24,23 @@ void pk_quantize_qai8dx_row(int k, const float *x, int8_t *q, float *scale, int3
     }
 }
 
-/* The names tests pass (pk_matmul.h) and the helper record each one picks: "avx512" is the
- * avx512vnni record's quantizer, which needs AVX-512 F + BW only. */
-static const struct { const char *impl, *isa; } quantizer_impls[] = {
-    {"scalar", "scalar"}, {"avx2", "avx2"}, {"avx512", "avx512vnni"},
-};
+/* The helper record of a quantizer name tests pass (pk_matmul.h), or NULL: "avx512" is the
+ * avx512vnni record's, whose quantizers need AVX-512 F + BW only. */
+static const pk_isa_helpers *named_quantizers(const char *impl) {
+    static const struct { const char *impl, *isa; } names[] = {
+        {"scalar", "scalar"}, {"avx2", "avx2"}, {"avx512", "avx512vnni"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(impl, names[i].impl)) return pk_isa_helpers_for(names[i].isa);
+    return NULL;
+}
 
 int pk_quantize_qai8dx_row_impl(const char *impl, int k, const float *x, int8_t *q, float *scale,
                                 int32_t *zp) {
-    for (size_t i = 0; i < sizeof quantizer_impls / sizeof quantizer_impls[0]; i++) {
-        if (strcmp(impl, quantizer_impls[i].impl)) continue;
-        const pk_isa_helpers *h = pk_isa_helpers_for(quantizer_impls[i].isa);
-        if (!h || !h->quantize_qai8dx_row) return -1;
-        h->quantize_qai8dx_row(k, x, q, scale, zp);
-        return 0;
-    }
-    return -1;
+    const pk_isa_helpers *h = named_quantizers(impl);
+    if (!h || !h->quantize_qai8dx_row) return -1;
+    h->quantize_qai8dx_row(k, x, q, scale, zp);
+    return 0;
 }
 
 void pk_quantize_qai8dx2_row(int k, const float *x, float *r, int8_t *q1, float *s1, int32_t *z1,
@@ -65,12 +67,8 @@ void pk_quantize_qsi8d32_row(int k, const float *x, int8_t *q, float *bscale, in
 
 int pk_quantize_qsi8d32_row_impl(const char *impl, int k, const float *x, int8_t *q, float *bscale,
                                  int32_t *bsum) {
-    for (size_t i = 0; i < sizeof quantizer_impls / sizeof quantizer_impls[0]; i++) {
-        if (strcmp(impl, quantizer_impls[i].impl)) continue;
-        const pk_isa_helpers *h = pk_isa_helpers_for(quantizer_impls[i].isa);
-        if (!h || !h->quantize_qsi8d32_row) return -1;
-        h->quantize_qsi8d32_row(k, x, q, bscale, bsum);
-        return 0;
-    }
-    return -1;
+    const pk_isa_helpers *h = named_quantizers(impl);
+    if (!h || !h->quantize_qsi8d32_row) return -1;
+    h->quantize_qsi8d32_row(k, x, q, bscale, bsum);
+    return 0;
 }
