@@ -9,6 +9,7 @@
 #ifndef PK_ATTENTION_X86_AVX512_H
 #define PK_ATTENTION_X86_AVX512_H
 
+#include <math.h>      /* INFINITY */
 #include <stddef.h>
 #include <stdint.h>
 

@@ -53,16 +53,64 @@ PK_BF16_INLINE static inline void bf16_row(int n, const float *restrict x, uint1
     }
 }
 
+/* e^x for x <= 0, 16 lanes: ops/pk_softmax.h's exp_nonpos_fma, step for step (the clamp as
+ * its compare: vmaxps returns its second operand, x, for a NaN; rintf as roundscale to
+ * nearest; 2^n built in the exponent field). */
+PK_BF16_INLINE static inline __m512 exp16_fma(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f),
+                                     _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+/* x[i] = e^(x[i] - mx) for i < n, returning their sum: pk_softmax.h's exp_sum_fma in one pass
+ * (16 lane sums, a last partial 16 adding zeros, then folded in halves: 8, 4, 2, 1). */
+PK_BF16_INLINE static inline float exp_sum_bf16(int n, float *restrict x, float mx) {
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512 s = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 e = exp16_fma(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        s = _mm512_add_ps(s, _mm512_maskz_mov_ps(k, e));
+    }
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
+
+/* The weights x[i] * inv for i < n in bf16, to out[0, ceil(n / 16) * 16) (zeros past n, as
+ * bf16_row): the normalisation and the rounding in one pass. */
+PK_BF16_INLINE static inline void weights_bf16(int n, const float *restrict x, float inv, uint16_t *restrict out) {
+    const __m512 v = _mm512_set1_ps(inv);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), v)));
+    }
+}
+
 /* K blocks of an f16 cache as pair tiles: nb blocks of [HD][16] f16 to [nb][HD/2][16] pairs
  * (dimensions 2p, 2p + 1 of one position in a lane). The two dimensions' 16 positions are
- * adjacent in the block: one 64-byte load. */
+ * adjacent in the block. */
 PK_BF16_INLINE static inline void k_pairs_f16(const int HD, size_t nb, const uint16_t *restrict k16,
                                               uint32_t *restrict tile) {
     for (size_t r = 0; r < nb * HD / 2; r++) {
-        const __m512i h = _mm512_loadu_si512(k16 + r * 2 * PK_KV_BLOCK);
+        const __m256i *h = (const __m256i *)(k16 + r * 2 * PK_KV_BLOCK);   /* two loads folded into the conversions */
         _mm512_storeu_si512(tile + r * PK_KV_BLOCK,
-                            bf16_pairs(_mm512_cvtph_ps(_mm512_castsi512_si256(h)),
-                                       _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))));
+                            bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h)), _mm512_cvtph_ps(_mm256_loadu_si256(h + 1))));
     }
 }
 
@@ -135,6 +183,17 @@ PK_BF16_INLINE static inline void qk_blocks_bf16(const int T, const int HD, cons
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
         for (int b = 0; b < QK_NB; b++) _mm512_storeu_ps(s + (t * QK_NB + b) * PK_KV_BLOCK, acc[t][b]);
+}
+
+/* d[0, n) = s[0, n), n <= QK_NB * 16: a tile's scores to a row, by masked moves (memcpy of a
+ * length known only at run time came out as rep movsq, whose start-up cost was about 7% of a
+ * prefill's attention). */
+PK_BF16_INLINE static inline void copy_scores(int n, const float *restrict s, float *restrict d) {
+    for (int b = 0; b < QK_NB && b * 16 < n; b++) {
+        const int left = n - b * 16;
+        const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        _mm512_mask_storeu_ps(d + b * 16, k, _mm512_maskz_loadu_ps(k, s + b * 16));
+    }
 }
 
 /* acc[t][c0*16 .. (c0+NC)*16) += the weights' pairs pp[t * ldp + p] times V's pairs p of the

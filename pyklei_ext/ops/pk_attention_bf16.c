@@ -16,7 +16,6 @@
 
 #include "../contract/pk_cpu.h"
 #include "pk_ops_internal.h"   /* PK_ATTEND_SHAPES, pk_log_kernels */
-#include "pk_softmax.h"        /* exp_sum, scale_f32 */
 
 int pk_attend_bf16_runs(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -58,7 +57,7 @@ int pk_attend_bf16_pick(pk_kv_type type) {
 #include "../isa/attention_x86_avx512bf16.h"
 
 #define SPAN 128   /* positions converted at once (K pairs, then V pairs: L2-resident) */
-#define LDP (PK_ATTEND_CHUNK / 2 + 8)   /* a vector's weight pairs; bf16_row writes whole 16s */
+#define LDP (PK_ATTEND_CHUNK / 2 + 8)   /* a vector's weight pairs; weights_bf16 writes whole 16s */
 
 /* R query rows (R <= PK_ATTEND_ROWS) of G heads over one K/V head's partial: row r sees
  * positions [0, n_pos[r]) (<= PK_ATTEND_CHUNK); out, ml as pk_attend_part's. As
@@ -109,18 +108,16 @@ attend_rows_bf16(const int G, const int HD, const pk_kv_type T, int R, const int
                 for (int t = 0; t < nt; t++) {
                     const int r = (t0 + t) / G, end = n_pos[r] < p1 ? n_pos[r] : p1;
                     const int nv = end - j < QK_NB * PK_KV_BLOCK ? end - j : QK_NB * PK_KV_BLOCK;
-                    if (nv > 0) memcpy(scores + (size_t)(t0 + t) * ld_scores + j, s + t * QK_NB * PK_KV_BLOCK,
-                                       sizeof(float) * nv);
+                    if (nv > 0) copy_scores(nv, s + t * QK_NB * PK_KV_BLOCK, scores + (size_t)(t0 + t) * ld_scores + j);
                 }
             }
     }
-    for (int t = 0; t < NQ; t++) {   /* the softmax as pk_attention.c's, then the weights in bf16 */
+    for (int t = 0; t < NQ; t++) {   /* the softmax (exp_nonpos_fma's), then the weights in bf16 */
         float *sg = scores + (size_t)t * ld_scores;
         const int n = n_pos[t / G];
-        const float mx = max_wide(n, sg), sum = exp_sum(n, sg, mx);
-        scale_f32(n, sg, 1.0f / sum);
+        const float mx = max_wide(n, sg), sum = exp_sum_bf16(n, sg, mx);
         ml[2 * t] = mx, ml[2 * t + 1] = sum;
-        bf16_row(n, sg, (uint16_t *)pp[t]);
+        weights_bf16(n, sg, 1.0f / sum, (uint16_t *)pp[t]);
         for (int i = 0; i < HD; i++) accs[t][i] = 0.0f;
     }
     for (int p0 = 0; p0 < n_max; p0 += SPAN) {

@@ -4,7 +4,7 @@
  * fast path. A cache read in bf16 (pk_kv_head.dot_bf16) has its own arithmetic, attend_head_bf16. pk_attention.c folds its chunks' partials (pk_attend_group_reference). */
 #include "pk_nn.h"
 
-#include "pk_softmax.h"   /* max_f32, exp_sum */
+#include "pk_softmax.h"   /* max_f32, exp_sum, exp_sum_fma */
 
 /* K of position j, dimension i, and V of (j, i), converted in plain C. */
 static inline float k_at(const pk_kv_head *kv, int hd, int j, int i) {
@@ -48,7 +48,7 @@ static inline float dot_step(float a, float b, float s) {
 }
 
 /* One head in bf16 (kv->dot_bf16): q * scale, K, V and the normalised weights rounded to bf16,
- * f32 sums by pairs, each pair's odd element first (QK: dimensions 2p, 2p + 1; PV: positions
+ * the exponentials by exp_nonpos_fma, f32 sums by pairs, each pair's odd element first (QK: dimensions 2p, 2p + 1; PV: positions
  * 2p, 2p + 1 from the span's first; an odd last position pairs a zero weight with a zero):
  * the arithmetic of isa/attention_x86_avx512bf16.h. */
 static void attend_head_bf16(int hd, int j0, int n_pos, const float *q, const pk_kv_head *kv, float scale,
@@ -61,7 +61,7 @@ static void attend_head_bf16(int hd, int j0, int n_pos, const float *q, const pk
         }
         scores[j] = s;
     }
-    const float mx = max_f32(n_pos, scores), sum = exp_sum(n_pos, scores, mx), inv = 1.0f / sum;
+    const float mx = max_f32(n_pos, scores), sum = exp_sum_fma(n_pos, scores, mx), inv = 1.0f / sum;
     ml[0] = mx, ml[1] = sum;
     for (int i = 0; i < hd; i++) out[i] = 0.0f;
     for (int j = 0; j < n_pos; j += 2) {
