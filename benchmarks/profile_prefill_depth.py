@@ -10,7 +10,8 @@ round by round so that both see the same load.
 Each measurement is a fresh process: load, prefill D random tokens (untimed), then P more with
 the operation timer on (two clock reads per operation). Reports the medians over the rounds of
 the prefill's tokens per second and of each operation's seconds, and the after / before ratio.
-Writes benchmarks/results/OUT.md and .json (--out), else prints.
+--decode N: then N decode steps with the timer on, at depth D + P, each operation's time per
+step beside the other tree's. Writes benchmarks/results/OUT.md and .json (--out), else prints.
 """
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 import pyklei
-path, threads, depth, tokens, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-llm = pyklei.load(path, n_threads=threads, n_ctx=depth + tokens + 16)
+path, threads, depth, tokens, reps, steps = (sys.argv[1], *map(int, sys.argv[2:7]))
+llm = pyklei.load(path, n_threads=threads, n_ctx=depth + tokens + steps + 16)
 m, rt = llm.model, llm.model.runtime
-toks = np.random.default_rng(0).integers(10, llm.tokenizer.vocab_size - 10, depth + tokens).tolist()
+toks = np.random.default_rng(0).integers(10, llm.tokenizer.vocab_size - 10, depth + tokens + steps).tolist()
 best = None
 for _ in range(reps):   # the fastest pass: the one the rest of the machine disturbed least
     m.reset()
@@ -42,20 +43,30 @@ for _ in range(reps):   # the fastest pass: the one the rest of the machine dist
         m.eval(toks[:depth])
     rt.profile_ops(True)
     t0 = time.perf_counter()
-    m.eval(toks)
+    m.eval(toks[:depth + tokens])
     wall = time.perf_counter() - t0
     if best is None or wall < best[0]:
         best = (wall, rt.op_profile()[0])
 wall, ops = best
-print(json.dumps({"pyklei": pyklei.__file__, "wall_s": wall, "tok_s": tokens / wall, "ops_s": ops}))
+out = {"pyklei": pyklei.__file__, "wall_s": wall, "tok_s": tokens / wall, "ops_s": ops}
+if steps:   # decode after the last pass, at depth + tokens: each op's seconds per step
+    rt.profile_ops(True)
+    t0 = time.perf_counter()
+    for t in toks[depth + tokens:]:
+        m.step(t)
+    wall = time.perf_counter() - t0
+    out.update(decode_tok_s=steps / wall, decode_ops_s={k: v / steps for k, v in rt.op_profile()[0].items()})
+print(json.dumps(out))
 """
 
 
-def measure(tree: Path | None, model: Path, threads: int, depth: int, tokens: int, reps: int = 1) -> dict:
-    """One fresh process of the pyklei in tree (None: this one): its fastest of reps passes."""
+def measure(tree: Path | None, model: Path, threads: int, depth: int, tokens: int, reps: int = 1,
+            steps: int = 0) -> dict:
+    """One fresh process of the pyklei in tree (None: this one): its fastest of reps passes, then
+    `steps` decode steps after it."""
     env = {**os.environ, "PYTHONPATH": str(tree or ROOT)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(model), str(threads), str(depth), str(tokens),
-                          str(reps)],
+                          str(reps), str(steps)],
                          env=env, cwd=tree or ROOT, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -89,6 +100,19 @@ def render(res: dict) -> str:
         per = sorted(y["tok_s"] / x["tok_s"] for x, y in zip(res["runs"][a], res["runs"][b]))
         lines += ["", f"Prefill ratio round by round: median {statistics.median(per):.3f}x, "
                   f"range {per[0]:.3f}-{per[-1]:.3f}x."]
+    if res.get("steps"):
+        dec = {e: {"tok_s": statistics.median(r["decode_tok_s"] for r in runs),
+                   "ops": {op: statistics.median(r["decode_ops_s"][op] for r in runs)
+                           for op in runs[0]["decode_ops_s"]}}
+               for e, runs in res["runs"].items()}
+        lines += ["", f"Then {res['steps']} decode steps at depth {res['depth'] + res['tokens']} "
+                  "(medians over the rounds of each op's time per step):", "",
+                  "| operation | " + " | ".join(f"{e} (ms per step)" for e in engines) + " |",
+                  "|---|" + "---:|" * len(engines)]
+        for op in sorted(dec[last]["ops"], key=lambda o: -dec[last]["ops"][o]):
+            if max(dec[e]["ops"][op] for e in engines) >= 1e-4:
+                lines.append(f"| {op} | " + " | ".join(f"{1e3 * dec[e]['ops'][op]:.2f}" for e in engines) + " |")
+        lines += ["| decode tok/s | " + " | ".join(f"{dec[e]['tok_s']:.1f}" for e in engines) + " |"]
     return "\n".join(lines) + "\n"
 
 
@@ -101,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=1,
                     help="passes per process, the fastest kept (a shared machine's spikes hit single passes)")
+    ap.add_argument("--decode", type=int, default=0, metavar="N",
+                    help="then N decode steps, their op times per step beside the prefill's")
     ap.add_argument("--before", type=Path, default=None, metavar="DIR",
                     help="also the pyklei package in DIR (a tree with its built extension)")
     ap.add_argument("--out", default=None, help="results file name in benchmarks/results, no suffix")
@@ -112,17 +138,17 @@ def main(argv=None) -> int:
     loads = []
     for rnd in range(args.rounds):
         for e, tree in trees.items():
-            r = measure(tree, args.model, args.threads, args.depth, args.tokens, args.reps)
+            r = measure(tree, args.model, args.threads, args.depth, args.tokens, args.reps, args.decode)
             runs[e].append(r)
             loads.append(os.getloadavg()[0])
             print(f"round {rnd + 1}: {e}: {r['tok_s']:.1f} tok/s, attention {r['ops_s']['attention']:.3f} s "
                   f"(load {loads[-1]:.1f})", file=sys.stderr)
     cmd = (f"python benchmarks/profile_prefill_depth.py {args.model.name} --threads {args.threads} "
            f"--depth {args.depth} --tokens {args.tokens} --rounds {args.rounds}"
-           + (f" --reps {args.reps}" if args.reps > 1 else "")
+           + (f" --reps {args.reps}" if args.reps > 1 else "") + (f" --decode {args.decode}" if args.decode else "")
            + (f" --before {args.before}" if args.before else "") + (f" --out {args.out}" if args.out else ""))
     res = {"model": args.model.name, "threads": args.threads, "depth": args.depth, "tokens": args.tokens,
-           "rounds": args.rounds, "reps": args.reps, "runs": runs, "loadavg": loads, "command": cmd,
+           "rounds": args.rounds, "reps": args.reps, "steps": args.decode, "runs": runs, "loadavg": loads, "command": cmd,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     text = render(res)
     if args.out:

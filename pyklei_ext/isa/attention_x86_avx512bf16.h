@@ -1,8 +1,9 @@
 /* Attention's AVX-512 BF16 path (vdpbf16ps) over an f16 or q8 KV cache (contract/pk_kv.h): the
  * cache's values and the query / probability vectors rounded to bf16 and laid out as pairs
  * (bf16_pairs, k_pairs_*, v_pairs_*, bf16_row), the query-key scores of up to QK_T query vectors
- * over QK_NB K blocks (qk_blocks_bf16) and the V sums of up to QK_T vectors (pv_tile_bf16,
- * pv_half_bf16). A template header, as isa/attention_x86_avx512.h: ops/pk_attention_bf16.c
+ * over QK_NB K blocks (qk_blocks_bf16, copy_scores), the softmax's exponentials and sum
+ * (exp16_fma, exp_sum_bf16) and weights (weights_bf16), and the V sums of up to QK_T vectors
+ * (pv_tile_bf16, pv_half_bf16). A template header, as isa/attention_x86_avx512.h: ops/pk_attention_bf16.c
  * includes it (QK_NB and QK_T defined first) into functions compiled for AVX-512 BF16 alone
  * (a per-function target attribute), called only when the CPU has it.
  *
@@ -44,8 +45,7 @@ PK_BF16_INLINE static inline __m512i bf16_pairs(__m512 even, __m512 odd) {
     return _mm512_permutexvar_epi16(_mm512_loadu_si512(interleave), both);
 }
 
-/* x[0, n) in bf16, to out[0, ceil(n / 16) * 16): past n zeros (a partial's odd last position
- * then pairs with a zero weight). */
+/* x[0, n) in bf16, to out[0, ceil(n / 16) * 16), past n zeros: a query vector's pairs. */
 PK_BF16_INLINE static inline void bf16_row(int n, const float *restrict x, uint16_t *restrict out) {
     for (int i = 0; i < n; i += 16) {
         const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
@@ -91,8 +91,9 @@ PK_BF16_INLINE static inline float exp_sum_bf16(int n, float *restrict x, float 
     return _mm_cvtss_f32(q);
 }
 
-/* The weights x[i] * inv for i < n in bf16, to out[0, ceil(n / 16) * 16) (zeros past n, as
- * bf16_row): the normalisation and the rounding in one pass. */
+/* The weights x[i] * inv for i < n in bf16, to out[0, ceil(n / 16) * 16), past n zeros (a
+ * partial's odd last position then pairs with a zero weight): the normalisation and the
+ * rounding in one pass. */
 PK_BF16_INLINE static inline void weights_bf16(int n, const float *restrict x, float inv, uint16_t *restrict out) {
     const __m512 v = _mm512_set1_ps(inv);
     for (int i = 0; i < n; i += 16) {

@@ -1,7 +1,8 @@
 /* Attention over an f16 or q8 KV cache in bf16 (pk_kv_head.dot_bf16): the query-key scores and
  * the V sums on AVX-512 BF16's vdpbf16ps (isa/attention_x86_avx512bf16.h, whose header states
- * the arithmetic), f32 sums; the softmax, the chunks (partials of PK_ATTEND_CHUNK positions,
- * folded by pk_attend_merge) and the scores' scratch are pk_attention.c's. One function
+ * the arithmetic), f32 sums; the softmax's exponentials and sum in one pass of its own
+ * (exp_sum_bf16: pk_softmax.h's exp_sum_fma); the chunks (partials of PK_ATTEND_CHUNK
+ * positions, folded by pk_attend_merge) and the scores' scratch are pk_attention.c's. One function
  * serves a decode row and a prefill chunk's rows alike (R = 1 or more), so batched rows are
  * their solo selves bit for bit, and both are the bf16 reference's
  * (pk_attention_reference.c). Elsewhere (no AVX-512 BF16, or a shape without a kernel) the
