@@ -100,6 +100,9 @@ if not os.path.exists(generated) or os.path.getmtime(generated) < max(map(os.pat
 ext = Extension(
     "pyklei._ext",
     sources=[PYX] + c_sources,
+    # every header: a change to one rebuilds the C files (distutils compares the .c files only,
+    # and an edited ISA header once went unbuilt under a passing test run)
+    depends=sorted(glob.glob("pyklei_ext/**/*.h", recursive=True)),
     include_dirs=["pyklei_ext", numpy.get_include()],
     extra_compile_args=compile_args,
     extra_link_args=["-pthread"],

@@ -84,7 +84,7 @@ PK_BF16_INLINE static inline float exp_sum_bf16(int n, float *restrict x, float 
         _mm512_mask_storeu_ps(x + i, k, e);
         s = _mm512_add_ps(s, _mm512_maskz_mov_ps(k, e));
     }
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
     q = _mm_add_ss(q, _mm_movehdup_ps(q));

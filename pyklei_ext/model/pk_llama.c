@@ -218,6 +218,7 @@ typedef struct {
     int n, layer;
     const int32_t *seq, *pos;  /* [n] each row's slot and position */
     const float *norm_w;       /* rmsnorm */
+    int next;                  /* attention: the next work item to claim (atomic; 0 before each run) */
 } row_job;
 
 static void job_rmsnorm(void *arg, int ith, int nth) {
@@ -298,7 +299,9 @@ static void job_rope_store(void *arg, int ith, int nth) {
  * item = a window of PK_ATTEND_ROWS consecutive rows and one K/V head, so the query heads that
  * share the K/V head read it once, and in a prefill chunk (the window's rows of one slot) an
  * f16 cache is converted once for all the rows (pk_attend_rows_window; a sliding layer's rows
- * each over their own window, together where their windows meet one chunk). A group is not split between
+ * each over their own window, together where their windows meet one chunk). Items are claimed
+ * by whichever thread is free, the longest (the last windows) first, as the matmuls' chunks
+ * are: a thread that the rest of the machine slows takes fewer. A group is not split between
  * threads to balance decode's few items: that measured slower (docs/KERNELS.md, "Attention
  * work items"). */
 static int attention_items(const pk_llama *m, int n) {
@@ -314,8 +317,10 @@ static void job_attention(void *arg, int ith, int nth) {
     const float scale = m->attn_scale;
     const int window = m->layers[j->layer].window;
     float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * m->ld_scores;
-    for (int idx = ith; idx < attention_items(m, j->n); idx += nth) {
-        const int w = idx / nkv, kvh = idx % nkv;
+    const int items = attention_items(m, j->n);
+    (void)nth;
+    for (int c; (c = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < items;) {
+        const int idx = items - 1 - c, w = idx / nkv, kvh = idx % nkv;   /* the last windows, the longest, first */
         const int t_end = (w + 1) * PK_ATTEND_ROWS < j->n ? (w + 1) * PK_ATTEND_ROWS : j->n;
         for (int t0 = w * PK_ATTEND_ROWS, t1; t0 < t_end; t0 = t1) {   /* runs of one slot */
             const pk_kv_head kv = kv_view(m, j->seq[t0], j->layer, kvh);
@@ -351,7 +356,8 @@ static void job_attention_split(void *arg, int ith, int nth) {
     const size_t ldq = (size_t)nh * hd, part = (size_t)group * hd + 2 * group;
     const float scale = m->attn_scale;
     float *scores = m->scores + (size_t)ith * PK_ATTEND_ROWS * group * m->ld_scores;
-    for (int idx = ith; idx < j->n * nkv * m->n_chunks; idx += nth) {
+    (void)nth;
+    for (int idx; (idx = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED)) < j->n * nkv * m->n_chunks;) {
         const int pair = idx / m->n_chunks, c = idx % m->n_chunks, t = pair / nkv, kvh = pair % nkv;
         const int n_pos = j->pos[t] + 1, p0 = c * PK_ATTEND_CHUNK;
         if (p0 >= n_pos) continue;
@@ -513,6 +519,7 @@ static int forward_chunk(pk_llama *m, const int32_t *tokens, int n, int n_out, f
             keep_out_rows(m, n_out);
             job.n = n = n_out;
         }
+        job.next = 0;
         if (split_attention(m, l, n, pk_ctx_threads(m->ctx))) {
             run_rows(m, job_attention_split, &job, n * hp->n_head_kv * m->n_chunks);
             run_rows(m, job_attention_fold, &job, n * hp->n_head_kv);

@@ -443,16 +443,18 @@ static pk_kv_head kv_from(const pk_kv_head *kv, int hd, int p0) { return pk_kv_h
 
 /* The partial of positions [at + lo, at + n) of the cache (at a multiple of PK_KV_BLOCK, lo < n
  * any position: a window's start), its scores from position at on: the shape's kernel, or the
- * reference. A cache read in bf16 (pk_attention_bf16.c) has kernels for spans from a chunk's
- * start only: a span from inside one (a window's first chunk) takes the reference's same bf16
- * arithmetic, so which one runs depends on the row alone, never on its batch. */
+ * reference. A cache read in bf16 (pk_attention_bf16.c) is read so from a chunk's start only
+ * (its V pairs count from there); a partial from inside a chunk (a sliding window's first
+ * chunk, lo > 0 here, and pk_attend_rows_window sends every such row apart) runs the f32
+ * arithmetic. So which one runs depends on the row alone, never on its batch. (It took the
+ * reference's bf16 arithmetic until that made Gemma 3's prefill at depth 4096 20x slower.) */
 static void attend_span(int group, int hd, int at, int lo, int n, const float *q, const pk_kv_head *kv,
                         float scale, float *scores, size_t ld_scores, float *out, float *ml) {
-    const pk_kv_head c = kv_from(kv, hd, at);
+    pk_kv_head c = kv_from(kv, hd, at);
+    if (lo > 0) c.dot_bf16 = 0;
     if (c.dot_bf16 && c.type != PK_KV_F32) {
-        if (lo == 0 && pk_attend_rows_bf16(1, &n, group, hd, q, 0, &c, scale, scores, ld_scores, out, 0, ml))
-            return;
-        if (lo > 0 || !by_fours(group, hd)) {
+        if (pk_attend_rows_bf16(1, &n, group, hd, q, 0, &c, scale, scores, ld_scores, out, 0, ml)) return;
+        if (!by_fours(group, hd)) {
             pk_attend_span_reference(group, hd, lo, n - lo, q, &c, scale, scores, out, ml);
             return;
         }
@@ -579,24 +581,39 @@ void pk_attend_rows_window(int rows, const int *lo, const int *hi, int ring, int
     for (int c0 = lo_min / PK_ATTEND_CHUNK * PK_ATTEND_CHUNK; c0 < hi_max; c0 += PK_ATTEND_CHUNK) {
         /* the rows that see this chunk, each with its positions in it, from the block of the
          * first one's start (a ring holds the chunk whole: ring is a multiple of the chunk) */
-        int idx[PK_ATTEND_ROWS] = {0}, s[PK_ATTEND_ROWS], e[PK_ATTEND_ROWS], k = 0, s_min = hi_max;
+        int idx[PK_ATTEND_ROWS] = {0}, s[PK_ATTEND_ROWS], e[PK_ATTEND_ROWS], k = 0;
         for (int r = 0; r < rows; r++) {
             const int a = lo[r] > c0 ? lo[r] : c0, b = hi[r] < c0 + PK_ATTEND_CHUNK ? hi[r] : c0 + PK_ATTEND_CHUNK;
             if (a >= b) continue;
             idx[k] = r, s[k] = a, e[k++] = b;
-            s_min = a < s_min ? a : s_min;
         }
         if (!k) continue;
-        const int base = s_min / PK_KV_BLOCK * PK_KV_BLOCK, at = (ring ? c0 % ring : c0) + (base - c0);
-        for (int i = 0; i < k; i++) s[i] -= base, e[i] -= base;
-        /* the rows as a run from idx[0] when they are one (a prefill window's rows), else one by one */
-        if (idx[k - 1] - idx[0] + 1 == k) {
-            attend_rows_part(k, s, e, group, hd, at, q + (size_t)idx[0] * ldq, ldq, kv, scale, scores, ld_scores,
-                             tmp, (size_t)group * hd, tml);
-        } else {
+        /* bf16 reads a chunk from its start only (attend_span): the rows whose window starts
+         * inside this chunk go apart, in f32 (pass 1) */
+        const int split = kv->dot_bf16 && kv->type != PK_KV_F32;
+        for (int pass = 0; pass <= split; pass++) {
+            pk_kv_head v = *kv;
+            if (pass) v.dot_bf16 = 0;
+            int sel[PK_ATTEND_ROWS], m = 0, from = hi_max;   /* sel: indices into idx, s, e */
             for (int i = 0; i < k; i++)
-                attend_span(group, hd, at, s[i], e[i], q + (size_t)idx[i] * ldq, kv, scale, scores, ld_scores,
-                            tmp + (size_t)i * group * hd, tml + (size_t)i * 2 * group);
+                if (!split || (s[i] > c0) == pass) {
+                    sel[m++] = i;
+                    from = s[i] < from ? s[i] : from;
+                }
+            if (!m) continue;
+            const int base = from / PK_KV_BLOCK * PK_KV_BLOCK, at = (ring ? c0 % ring : c0) + (base - c0);
+            int ss[PK_ATTEND_ROWS], ee[PK_ATTEND_ROWS];
+            for (int j = 0; j < m; j++) ss[j] = s[sel[j]] - base, ee[j] = e[sel[j]] - base;
+            /* the rows as a run when they are one (a prefill window's rows), else one by one */
+            if (sel[m - 1] - sel[0] + 1 == m && idx[sel[m - 1]] - idx[sel[0]] + 1 == m) {
+                attend_rows_part(m, ss, ee, group, hd, at, q + (size_t)idx[sel[0]] * ldq, ldq, &v, scale, scores,
+                                 ld_scores, tmp + (size_t)sel[0] * group * hd, (size_t)group * hd,
+                                 tml + (size_t)sel[0] * 2 * group);
+            } else {
+                for (int j = 0; j < m; j++)
+                    attend_span(group, hd, at, ss[j], ee[j], q + (size_t)idx[sel[j]] * ldq, &v, scale, scores,
+                                ld_scores, tmp + (size_t)sel[j] * group * hd, tml + (size_t)sel[j] * 2 * group);
+            }
         }
         for (int i = 0; i < k; i++) {
             const int r = idx[i];

@@ -99,6 +99,8 @@ void pk_attend_part_reference(int group, int hd, int n, const float *q, const pk
 
 void pk_attend_span_reference(int group, int hd, int j0, int n, const float *q, const pk_kv_head *kv, float scale,
                               float *scores, float *out, float *ml) {
+    /* bf16 from a chunk's start only; a partial from inside one in f32 (pk_attention.c's attend_span) */
+    const int bf16 = kv->dot_bf16 && kv->type != PK_KV_F32 && j0 == 0;
     for (int g = 0; g < group; g++)
-        (kv->dot_bf16 && kv->type != PK_KV_F32 ? attend_head_bf16 : attend_head)(hd, j0, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
+        (bf16 ? attend_head_bf16 : attend_head)(hd, j0, n, q + (size_t)g * hd, kv, scale, scores, out + (size_t)g * hd, ml + 2 * g);
 }

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_attention import SHAPES, _case, _rows, _values
+from test_attention import SHAPES, _case, _numpy_attention, _rows, _values
 
 from pyklei import _ext
 
@@ -74,6 +74,50 @@ def test_bf16_rows_equal_each_row_alone(rows, group, hd, cache):
         want = np.stack([_ext.attend_group(q[r], _rows(k, n_pos[r]), _rows(v, n_pos[r]), bf16=True)
                          for r in range(rows)])
         assert np.array_equal(_ext.attend_group(q, k, v, n_pos=n_pos, bf16=True), want), list(n_pos)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 11])
+@pytest.mark.parametrize("group,hd,window,ring", [(4, 256, 37, 512), (4, 256, 500, 1024), (3, 64, 129, 0),
+                                                  (4, 64, 700, 0)])
+@pytest.mark.parametrize("cache", ["f16", "q8"])
+def test_bf16_window_rows_equal_each_row_alone(rows, group, hd, window, ring, cache):
+    """Sliding windows in bf16: a partial from inside a chunk (a window's first) runs in f32,
+    one from a chunk's start in bf16 (pk_attention.c's attend_span), so a batch of rows equals
+    each row alone bit for bit, and both stay near the f32 attention of the window."""
+    rng = np.random.default_rng(rows * 100 + group + hd + window)
+    n = ring or 1100
+    _, k, v = _case(group, hd, n, cache, seed=rows + hd + window)
+    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
+    hi = np.arange(n + rows // 2 - rows, n + rows // 2) + 1 if ring else np.arange(n - rows, n) + 1
+    lo = np.maximum(hi - window, 0)
+    alone = [_ext.attend_group(q[r:r + 1], k, v, n_pos=hi[r:r + 1], lo=lo[r:r + 1], ring=ring, bf16=True)[0]
+             for r in range(rows)]
+    for r in range(rows):
+        at = np.arange(lo[r], hi[r]) % n
+        kw = tuple(a[at] for a in k) if isinstance(k, tuple) else k[at]
+        vw = tuple(a[at] for a in v) if isinstance(v, tuple) else v[at]
+        # against f32 attention of the window: bf16's roundings of q, K, V and the weights move
+        # the output by up to ~4e-2 here (as they move bf16 attention over the window's rows as
+        # a cache of their own); a wrong position or window moves it by about the values
+        np.testing.assert_allclose(alone[r], _numpy_attention(q[r], kw, vw), rtol=0, atol=6e-2)
+    got = _ext.attend_group(q, k, v, n_pos=hi, lo=lo, ring=ring, bf16=True)
+    assert np.array_equal(got, np.stack(alone)), rows
+    if not ring:   # a window from 0 is the whole row, all of it in bf16
+        assert np.array_equal(_ext.attend_group(q, k, v, n_pos=hi, lo=np.zeros(rows, np.int32), bf16=True),
+                              _ext.attend_group(q, k, v, n_pos=hi, bf16=True))
+
+
+@pytest.mark.parametrize("group,hd", [(3, 64), (4, 256)])
+@pytest.mark.parametrize("cache", ["f16", "q8"])
+def test_bf16_window_from_a_chunk_start_is_bf16_over_its_rows(group, hd, cache):
+    """A window that starts on a chunk's first position is read in bf16 throughout: bit for bit
+    the bf16 attention over the window's rows as a cache of their own (the same chunks)."""
+    q, k, v = _case(group, hd, 1100, cache, seed=21 + hd)
+    lo, hi = 512, 1100
+    got = _ext.attend_group(q[None], k, v, n_pos=[hi], lo=[lo], bf16=True)[0]
+    cut = (lambda a: tuple(x[lo:hi] for x in a)) if cache == "q8" else (lambda a: a[lo:hi])
+    own = _ext.attend_group(q, cut(k), cut(v), bf16=True)
+    assert np.array_equal(got, own)
 
 
 def _pick(env_value):
