@@ -106,24 +106,33 @@ def test_rows_equal_each_row_alone(rows, group, hd, cache):
             assert np.array_equal(got, want), (isa, list(n_pos))
 
 
+def window_case(rows, group, hd, window, ring, cache):
+    """rows query rows at consecutive positions ending just past the ring's wrap (or the
+    cache's end), each over its window: q, k, v, lo, hi and the cache's length."""
+    rng = np.random.default_rng(rows * 100 + group + hd + window)
+    n = ring or 1100
+    _, k, v = _case(group, hd, n, cache, seed=rows + hd + window)
+    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
+    hi = np.arange(n + rows // 2 - rows, n + rows // 2) + 1 if ring else np.arange(n - rows, n) + 1
+    return q, k, v, np.maximum(hi - window, 0), hi, n
+
+
+def window_rows(kv, lo, hi, n):
+    """The cache rows of the window [lo, hi), in order (a ring's wrapped)."""
+    at = np.arange(lo, hi) % n
+    return tuple(a[at] for a in kv) if isinstance(kv, tuple) else kv[at]
+
+
 @pytest.mark.parametrize("rows", [1, 3, 8, 11])
 @pytest.mark.parametrize("group,hd,window,ring", [(4, 256, 37, 512), (4, 256, 500, 1024), (3, 64, 129, 0),
                                                   (5, 96, 9, 512)])
 @pytest.mark.parametrize("cache", ["f32", "f16", "q8"])
 def test_window_rows_equal_each_row_alone(rows, group, hd, window, ring, cache):
-    rng = np.random.default_rng(rows * 100 + group + hd + window)
-    n = ring or 1100
-    _, k, v = _case(group, hd, n, cache, seed=rows + hd + window)
-    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
-    # consecutive positions ending just past the ring's wrap (or the cache's end)
-    hi = np.arange(n + rows // 2 - rows, n + rows // 2) + 1 if ring else np.arange(n - rows, n) + 1
-    lo = np.maximum(hi - window, 0)
+    q, k, v, lo, hi, n = window_case(rows, group, hd, window, ring, cache)
     alone = [_ext.attend_group(q[r:r + 1], k, v, n_pos=hi[r:r + 1], lo=lo[r:r + 1], ring=ring)[0]
              for r in range(rows)]
     for r in range(rows):
-        at = np.arange(lo[r], hi[r]) % n                  # the window's rows of the cache, in order
-        kw = tuple(a[at] for a in k) if isinstance(k, tuple) else k[at]
-        vw = tuple(a[at] for a in v) if isinstance(v, tuple) else v[at]
+        kw, vw = window_rows(k, lo[r], hi[r], n), window_rows(v, lo[r], hi[r], n)
         np.testing.assert_allclose(alone[r], _numpy_attention(q[r], kw, vw), rtol=0, atol=5e-5)
     for isa in F16_ISAS if cache != "f32" else (None,):
         try:

@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_attention import SHAPES, _case, _numpy_attention, _rows, _values
+from test_attention import SHAPES, _case, _numpy_attention, _rows, _values, window_case, window_rows
 
 from pyklei import _ext
 
@@ -84,18 +84,11 @@ def test_bf16_window_rows_equal_each_row_alone(rows, group, hd, window, ring, ca
     """Sliding windows in bf16: a partial from inside a chunk (a window's first) runs in f32,
     one from a chunk's start in bf16 (pk_attention.c's attend_span), so a batch of rows equals
     each row alone bit for bit, and both stay near the f32 attention of the window."""
-    rng = np.random.default_rng(rows * 100 + group + hd + window)
-    n = ring or 1100
-    _, k, v = _case(group, hd, n, cache, seed=rows + hd + window)
-    q = rng.standard_normal((rows, group, hd)).astype(np.float32) * 2
-    hi = np.arange(n + rows // 2 - rows, n + rows // 2) + 1 if ring else np.arange(n - rows, n) + 1
-    lo = np.maximum(hi - window, 0)
+    q, k, v, lo, hi, n = window_case(rows, group, hd, window, ring, cache)
     alone = [_ext.attend_group(q[r:r + 1], k, v, n_pos=hi[r:r + 1], lo=lo[r:r + 1], ring=ring, bf16=True)[0]
              for r in range(rows)]
     for r in range(rows):
-        at = np.arange(lo[r], hi[r]) % n
-        kw = tuple(a[at] for a in k) if isinstance(k, tuple) else k[at]
-        vw = tuple(a[at] for a in v) if isinstance(v, tuple) else v[at]
+        kw, vw = window_rows(k, lo[r], hi[r], n), window_rows(v, lo[r], hi[r], n)
         # against f32 attention of the window: bf16's roundings of q, K, V and the weights move
         # the output by up to ~4e-2 here (as they move bf16 attention over the window's rows as
         # a cache of their own); a wrong position or window moves it by about the values
@@ -115,8 +108,7 @@ def test_bf16_window_from_a_chunk_start_is_bf16_over_its_rows(group, hd, cache):
     q, k, v = _case(group, hd, 1100, cache, seed=21 + hd)
     lo, hi = 512, 1100
     got = _ext.attend_group(q[None], k, v, n_pos=[hi], lo=[lo], bf16=True)[0]
-    cut = (lambda a: tuple(x[lo:hi] for x in a)) if cache == "q8" else (lambda a: a[lo:hi])
-    own = _ext.attend_group(q, cut(k), cut(v), bf16=True)
+    own = _ext.attend_group(q, window_rows(k, lo, hi, hi), window_rows(v, lo, hi, hi), bf16=True)
     assert np.array_equal(got, own)
 
 
