@@ -131,6 +131,8 @@ def main(argv=None) -> int:
                     help="also the pyklei package in DIR (a tree with its built extension)")
     ap.add_argument("--out", default=None, help="results file name in benchmarks/results, no suffix")
     args = ap.parse_args(argv)
+    if args.decode < 0:
+        ap.error(f"--decode {args.decode}: a number of decode steps, 0 or more")
     if args.before is not None and not (args.before / "pyklei" / "__init__.py").is_file():
         ap.error(f"--before {args.before}: no pyklei package there")
     trees = {**({"before": args.before.resolve()} if args.before else {}), "this tree": None}

@@ -36,6 +36,11 @@
  * copies with a variable T: sums spilled) */
 #define PK_BF16_INLINE PK_BF16_TARGET __attribute__((always_inline))
 
+/* The lanes [0, left) of a 16-lane step that has `left` values to go (all 16 when left >= 16). */
+PK_BF16_INLINE static inline __mmask16 lanes_left(int left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
 /* 16 pairs (even[l], odd[l]) in bf16, lane l's 32 bits, the even one low: the order vdpbf16ps
  * pairs them in. vcvtne2ps2bf16 gives [even 0..15 | odd 0..15]; one vpermw interleaves. */
 PK_BF16_INLINE static inline __m512i bf16_pairs(__m512 even, __m512 odd) {
@@ -48,7 +53,7 @@ PK_BF16_INLINE static inline __m512i bf16_pairs(__m512 even, __m512 odd) {
 /* x[0, n) in bf16, to out[0, ceil(n / 16) * 16), past n zeros: a query vector's pairs. */
 PK_BF16_INLINE static inline void bf16_row(int n, const float *restrict x, uint16_t *restrict out) {
     for (int i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 k = lanes_left(n - i);
         _mm256_storeu_si256((__m256i *)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, x + i)));
     }
 }
@@ -79,7 +84,7 @@ PK_BF16_INLINE static inline float exp_sum_bf16(int n, float *restrict x, float 
     const __m512 m = _mm512_set1_ps(mx);
     __m512 s = _mm512_setzero_ps();
     for (int i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 k = lanes_left(n - i);
         const __m512 e = exp16_fma(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
         _mm512_mask_storeu_ps(x + i, k, e);
         s = _mm512_add_ps(s, _mm512_maskz_mov_ps(k, e));
@@ -97,7 +102,7 @@ PK_BF16_INLINE static inline float exp_sum_bf16(int n, float *restrict x, float 
 PK_BF16_INLINE static inline void weights_bf16(int n, const float *restrict x, float inv, uint16_t *restrict out) {
     const __m512 v = _mm512_set1_ps(inv);
     for (int i = 0; i < n; i += 16) {
-        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 k = lanes_left(n - i);
         _mm256_storeu_si256((__m256i *)(out + i),
                             (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), v)));
     }
@@ -191,8 +196,7 @@ PK_BF16_INLINE static inline void qk_blocks_bf16(const int T, const int HD, cons
  * prefill's attention). */
 PK_BF16_INLINE static inline void copy_scores(int n, const float *restrict s, float *restrict d) {
     for (int b = 0; b < QK_NB && b * 16 < n; b++) {
-        const int left = n - b * 16;
-        const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 k = lanes_left(n - b * 16);
         _mm512_mask_storeu_ps(d + b * 16, k, _mm512_maskz_loadu_ps(k, s + b * 16));
     }
 }
