@@ -108,6 +108,16 @@ PK_BF16_INLINE static inline void weights_bf16(int n, const float *restrict x, f
     }
 }
 
+/* How far ahead of the conversion an f16 cache is asked for, one prefetch per 64 bytes
+ * converted: a decode row reads its head's cache once, a span converted, then its scores or
+ * sums computed with no read in flight; asked for as it goes, the next span's lines arrive
+ * meanwhile. The next span asked for at once after each span's conversion gained nothing
+ * (the prefetches wait on the same miss buffers as loads); spread over the loop, 8 to 32 KiB
+ * ahead, a one-thread decode's attention over 4096 positions took 1.25-2x less time (head
+ * sizes 256-64, docs/KERNELS.md). Past the cache's end the hint is harmless: a prefetch never
+ * faults. */
+#define KV_PREFETCH_BYTES 16384
+
 /* K blocks of an f16 cache as pair tiles: nb blocks of [HD][16] f16 to [nb][HD/2][16] pairs
  * (dimensions 2p, 2p + 1 of one position in a lane). The two dimensions' 16 positions are
  * adjacent in the block. */
@@ -115,6 +125,7 @@ PK_BF16_INLINE static inline void k_pairs_f16(const int HD, size_t nb, const uin
                                               uint32_t *restrict tile) {
     for (size_t r = 0; r < nb * HD / 2; r++) {
         const __m256i *h = (const __m256i *)(k16 + r * 2 * PK_KV_BLOCK);   /* two loads folded into the conversions */
+        _mm_prefetch((const char *)h + KV_PREFETCH_BYTES, _MM_HINT_T1);
         _mm512_storeu_si512(tile + r * PK_KV_BLOCK,
                             bf16_pairs(_mm512_cvtph_ps(_mm256_loadu_si256(h)), _mm512_cvtph_ps(_mm256_loadu_si256(h + 1))));
     }
@@ -143,9 +154,11 @@ PK_BF16_INLINE static inline __m512 v_f16_at(const uint16_t *restrict v16, int H
 PK_BF16_INLINE static inline void v_pairs_f16(const int HD, size_t n, const uint16_t *restrict v16,
                                               uint32_t *restrict tile) {
     for (size_t j = 0; j < n; j += 2)
-        for (int c = 0; c < HD / 16; c++)
+        for (int c = 0; c < HD / 16; c++) {   /* rows j and j + 1: HD / 16 lines */
+            _mm_prefetch((const char *)(v16 + j * HD) + 64 * c + KV_PREFETCH_BYTES, _MM_HINT_T1);
             _mm512_storeu_si512(tile + (j / 2 * (HD / 16) + c) * 16,
                                 bf16_pairs(v_f16_at(v16, HD, j, n, c), v_f16_at(v16, HD, j + 1, n, c)));
+        }
 }
 PK_BF16_INLINE static inline __m512 v_q8_at(const int8_t *restrict v8, const float *restrict sc, int HD, size_t j,
                                             size_t n, int c) {
