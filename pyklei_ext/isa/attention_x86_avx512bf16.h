@@ -114,8 +114,8 @@ PK_BF16_INLINE static inline void weights_bf16(int n, const float *restrict x, f
  * meanwhile. The next span asked for at once after each span's conversion gained nothing
  * (the prefetches wait on the same miss buffers as loads); spread over the loop, 8 to 32 KiB
  * ahead, a one-thread decode's attention over 4096 positions read from memory took 1.56-1.64x
- * less time (head sizes 64-256; docs/KERNELS.md, "The bf16 path's cache read ahead"). Past the cache's end the hint is harmless: a prefetch never
- * faults. */
+ * less time (head sizes 64-256; docs/KERNELS.md, "The bf16 path's cache read ahead"). Past
+ * the cache's end the hint is harmless: a prefetch never faults. */
 #define KV_PREFETCH_BYTES 16384
 
 /* K blocks of an f16 cache as pair tiles: nb blocks of [HD][16] f16 to [nb][HD/2][16] pairs
