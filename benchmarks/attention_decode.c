@@ -8,12 +8,14 @@
  *
  *   source scripts/cflags.sh; SRCS=$(find pyklei_ext/contract pyklei_ext/ops pyklei_ext/isa -name '*.c')
  *   gcc -O3 "${PK_CFLAGS[@]}" -Ipyklei_ext benchmarks/attention_decode.c $SRCS -lm -o /tmp/attention_decode
- *   /tmp/attention_decode [GROUP 4] [HEAD_DIM 64] [N 4096] [BF16 1] [H 32] [REPS 30]
+ *   /tmp/attention_decode [GROUP 4] [HEAD_DIM 64] [N 4096] [BF16 1] [H 32] [REPS 30] [CACHE f16]
  *
  * BF16 = 1: the bf16 dot products (where AVX-512 BF16 runs; else the reference's arithmetic in
- * plain C), 0: f32. Not a test: figures for docs/KERNELS.md. */
+ * plain C), 0: f32. CACHE: f16 or bf16 (the values in the bf16 kernels' pair order,
+ * contract/pk_kv.h; the same bytes). Not a test: figures for docs/KERNELS.md. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "ops/pk_matmul.h"   /* pk_dispatch_init */
@@ -30,8 +32,11 @@ static int arg(int argc, char **argv, int i, int dflt) { return argc > i ? atoi(
 int main(int argc, char **argv) {
     const int group = arg(argc, argv, 1, 4), hd = arg(argc, argv, 2, 64), n = arg(argc, argv, 3, 4096);
     const int bf16 = arg(argc, argv, 4, 1), heads = arg(argc, argv, 5, 32), reps = arg(argc, argv, 6, 30);
-    if (group < 1 || group > 8 || hd < 16 || hd > 256 || hd % 32 || n < 1 || heads < 1 || reps < 1) {
-        fprintf(stderr, "usage: %s [GROUP 1-8] [HEAD_DIM 32..256] [N] [BF16 0|1] [HEADS] [REPS]\n", argv[0]);
+    const char *cache = argc > 7 ? argv[7] : "f16";
+    const pk_kv_type type = !strcmp(cache, "bf16") ? PK_KV_BF16 : PK_KV_F16;
+    if (group < 1 || group > 8 || hd < 16 || hd > 256 || hd % 32 || n < 1 || heads < 1 || reps < 1 ||
+        (strcmp(cache, "f16") && strcmp(cache, "bf16"))) {
+        fprintf(stderr, "usage: %s [GROUP 1-8] [HEAD_DIM 32..256] [N] [BF16 0|1] [HEADS] [REPS] [f16|bf16]\n", argv[0]);
         return 2;
     }
     if (pk_dispatch_init() != 0) {
@@ -47,11 +52,12 @@ int main(int argc, char **argv) {
     srand(1);
     for (size_t i = 0; i < e; i++) x[i] = (float)(rand() % 2001 - 1000) / 1000.0f;
     for (int h = 0; h < heads; h++) {   /* every head's pages touched, as a filled cache's are */
-        pk_f32_to_f16_row((int)e, x, k + h * e);
-        pk_f32_to_f16_row((int)e, x, v + h * e);
+        /* (the values' order is the cache's own only for f16; timing does not depend on it) */
+        (type == PK_KV_BF16 ? pk_f32_to_bf16_row : pk_f32_to_f16_row)((int)e, x, k + h * e);
+        (type == PK_KV_BF16 ? pk_f32_to_bf16_row : pk_f32_to_f16_row)((int)e, x, v + h * e);
     }
     for (int i = 0; i < group * hd; i++) q[i] = (float)(rand() % 201 - 100) / 100.0f;
-    pk_kv_head kv = {.type = PK_KV_F16, .f16 = pk_f16_to_f32_pick(NULL), .dot_bf16 = bf16};
+    pk_kv_head kv = {.type = type, .f16 = pk_f16_to_f32_pick(NULL), .dot_bf16 = bf16};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         const double t0 = now_s();
@@ -64,8 +70,8 @@ int main(int argc, char **argv) {
         const double t = (now_s() - t0) / heads;
         best = t < best ? t : best;
     }
-    printf("group %d, head size %d, %d positions, %s, %d heads: %.1f us per head, %.1f GB/s of cache\n", group, hd,
-           n, bf16 ? "bf16" : "f32", heads, 1e6 * best, (double)n * hd * 2 * 2 / best / 1e9);
+    printf("group %d, head size %d, %d positions, %s cache, %s, %d heads: %.1f us per head, %.1f GB/s of cache\n",
+           group, hd, n, cache, bf16 ? "bf16" : "f32", heads, 1e6 * best, (double)n * hd * 2 * 2 / best / 1e9);
     free(k), free(v), free(x), free(q), free(scores), free(out);
     return 0;
 }

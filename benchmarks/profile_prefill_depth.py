@@ -33,7 +33,7 @@ import json, sys, time
 import numpy as np
 import pyklei
 path, threads, depth, tokens, reps, steps = (sys.argv[1], *map(int, sys.argv[2:7]))
-llm = pyklei.load(path, n_threads=threads, n_ctx=depth + tokens + steps + 16)
+llm = pyklei.load(path, n_threads=threads, n_ctx=depth + tokens + steps + 16, kv_cache=sys.argv[7])
 m, rt = llm.model, llm.model.runtime
 toks = np.random.default_rng(0).integers(10, llm.tokenizer.vocab_size - 10, depth + tokens + steps).tolist()
 best = None
@@ -61,12 +61,12 @@ print(json.dumps(out))
 
 
 def measure(tree: Path | None, model: Path, threads: int, depth: int, tokens: int, reps: int = 1,
-            steps: int = 0) -> dict:
-    """One fresh process of the pyklei in tree (None: this one): its fastest of reps passes, then
-    `steps` decode steps after it."""
+            steps: int = 0, kv_cache: str = "f16") -> dict:
+    """One fresh process of the pyklei in tree (None: this one), its cache of type kv_cache: its
+    fastest of reps passes, then `steps` decode steps after it."""
     env = {**os.environ, "PYTHONPATH": str(tree or ROOT)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(model), str(threads), str(depth), str(tokens),
-                          str(reps), str(steps)],
+                          str(reps), str(steps), kv_cache],
                          env=env, cwd=tree or ROOT, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -129,18 +129,24 @@ def main(argv=None) -> int:
                     help="then N decode steps, their op times per step beside the prefill's")
     ap.add_argument("--before", type=Path, default=None, metavar="DIR",
                     help="also the pyklei package in DIR (a tree with its built extension)")
+    ap.add_argument("--kv-caches", default="f16", metavar="TYPE[,TYPE]",
+                    help="the KV cache type of every run (default f16); two: each tree with each, alternated")
     ap.add_argument("--out", default=None, help="results file name in benchmarks/results, no suffix")
     args = ap.parse_args(argv)
+    caches = args.kv_caches.split(",")
+    if not 1 <= len(caches) <= 2 or any(c not in ("f32", "f16", "bf16", "q8") for c in caches):
+        ap.error(f"--kv-caches {args.kv_caches}: one or two of f32, f16, bf16, q8")
     if args.decode < 0:
         ap.error(f"--decode {args.decode}: a number of decode steps, 0 or more")
     if args.before is not None and not (args.before / "pyklei" / "__init__.py").is_file():
         ap.error(f"--before {args.before}: no pyklei package there")
     trees = {**({"before": args.before.resolve()} if args.before else {}), "this tree": None}
-    runs = {e: [] for e in trees}
+    engines = {(f"{e}, {c} cache" if len(caches) > 1 else e): (tree, c) for e, tree in trees.items() for c in caches}
+    runs = {e: [] for e in engines}
     loads = []
     for rnd in range(args.rounds):
-        for e, tree in trees.items():
-            r = measure(tree, args.model, args.threads, args.depth, args.tokens, args.reps, args.decode)
+        for e, (tree, kv) in engines.items():
+            r = measure(tree, args.model, args.threads, args.depth, args.tokens, args.reps, args.decode, kv)
             runs[e].append(r)
             loads.append(os.getloadavg()[0])
             print(f"round {rnd + 1}: {e}: {r['tok_s']:.1f} tok/s, attention {r['ops_s']['attention']:.3f} s "
@@ -148,7 +154,9 @@ def main(argv=None) -> int:
     cmd = (f"python benchmarks/profile_prefill_depth.py {args.model.name} --threads {args.threads} "
            f"--depth {args.depth} --tokens {args.tokens} --rounds {args.rounds}"
            + (f" --reps {args.reps}" if args.reps > 1 else "") + (f" --decode {args.decode}" if args.decode else "")
-           + (f" --before {args.before}" if args.before else "") + (f" --out {args.out}" if args.out else ""))
+           + (f" --before {args.before}" if args.before else "")
+           + (f" --kv-caches {args.kv_caches}" if args.kv_caches != "f16" else "")
+           + (f" --out {args.out}" if args.out else ""))
     res = {"model": args.model.name, "threads": args.threads, "depth": args.depth, "tokens": args.tokens,
            "rounds": args.rounds, "reps": args.reps, "steps": args.decode, "runs": runs, "loadavg": loads, "command": cmd,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

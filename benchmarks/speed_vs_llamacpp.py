@@ -64,7 +64,12 @@ sys.path.append(str(ROOT))  # pyklei_dev/ (not installed: its __init__.py)
 
 
 # pyklei's KV cache type -> llama.cpp's (-ctk / -ctv)
-LLAMACPP_KV = {"f32": "f32", "f16": "f16", "q8": "q8_0"}
+LLAMACPP_KV = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8": "q8_0"}
+
+
+def llamacpp_kv(kv: str, override: str | None) -> str:
+    """llama.cpp's cache type beside pyklei's kv: --llamacpp-kv when given, else the match."""
+    return override or LLAMACPP_KV[kv]
 IDLE = " idle"   # an engine name's suffix: measured with --busy's loops stopped
 
 
@@ -108,9 +113,10 @@ def pyklei_run(path: Path, threads: int, pl: list[int], n_gen: int, act: str, de
 
 def llamacpp_run(bench: Path, path: Path, threads: int, pl: list[int], n_gen: int, depth: int,
                  kv: str) -> tuple[dict, float]:
+    """kv: llama.cpp's own name of the cache type (f16, q8_0, ...)."""
     out, rss = run_measured([str(bench), "-m", str(path), "-t", str(threads), "-p", ",".join(map(str, pl)),
                              "-n", str(n_gen), "-r", str(_reps(depth)), "-d", str(depth), "-fa", "1",
-                             "-ctk", LLAMACPP_KV[kv], "-ctv", LLAMACPP_KV[kv], "-o", "json"])
+                             "-ctk", kv, "-ctv", kv, "-o", "json"])
     got = {}
     for r in json.loads(out):
         key = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
@@ -195,7 +201,8 @@ def readme_table(results: dict) -> str:
              "| engine | threads | KV | " + " | ".join(tests) + " |" + " peak RSS |" * bool(rss),
              "|---|---|---|" + "---|" * (len(tests) + bool(rss))]
     for (e, t, kv), m in med.items():
-        lines.append(f"| {e} | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |"
+        shown = results.get("llamacpp_kv", kv) if e.startswith("llama.cpp") else kv   # what it ran
+        lines.append(f"| {e} | {t} | {shown} | " + " | ".join(f"{m[x]:.1f}" for x in tests) + " |"
                      + (f" {rss[f'{e} | {t} | {kv}']:.0f} MB |" if rss else ""))
     for (e, t, kv), m in med.items():
         if e.startswith("llama.cpp"):
@@ -229,7 +236,8 @@ def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss) -> 
             try:
                 for d in depths:
                     one, mb = (pyklei_run(path, int(t), pl, args.n_gen, act, d, kv, *tree) if kind == "pyklei"
-                               else llamacpp_run(bench, path, int(t), pl, args.n_gen, d, kv))
+                               else llamacpp_run(bench, path, int(t), pl, args.n_gen, d,
+                                                 llamacpp_kv(kv, args.llamacpp_kv)))
                     got.update(one)
                     peak = max(peak, mb)
             finally:
@@ -238,7 +246,8 @@ def measure_rounds(args, engines, runs, depths, pl, bench, loads, busy, rss) -> 
             loads.append(os.getloadavg()[0])
             runs[(e, t, kv)].append(got)
             rss[(e, t, kv)].append(peak)
-            print(f"round {rnd + 1}: {e}, {t} threads, KV {kv}: {got} (load {loads[-1]:.1f})",
+            ran = kv if kind == "pyklei" else llamacpp_kv(kv, args.llamacpp_kv)
+            print(f"round {rnd + 1}: {e}, {t} threads, KV {ran}: {got} (load {loads[-1]:.1f})",
                   file=sys.stderr)
 
 
@@ -332,7 +341,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="results file name, no suffix (default "
                     "speed-vs-llamacpp, -1b for the 1B-shaped model)")
     ap.add_argument("--kv-caches", default="f16", help="comma list of pyklei KV cache types "
-                    "(f32, f16, q8; llama.cpp gets f32, f16, q8_0) (default f16)")
+                    "(f32, f16, bf16, q8; llama.cpp gets f32, f16, bf16, q8_0) (default f16)")
+    ap.add_argument("--llamacpp-kv", default=None, choices=sorted(set(LLAMACPP_KV.values())),
+                    help="llama.cpp's cache type beside every pyklei one (e.g. f16 beside pyklei's "
+                         "bf16: the same bytes; default: the matching type)")
     ap.add_argument("--one-plane", action="store_true", help="also pyklei's file with one activation "
                     "plane (--activations qai8dx), where auto runs two (a file not wholly rotated)")
     ap.add_argument("--before", type=Path, default=None, metavar="DIR",
@@ -390,6 +402,7 @@ def main(argv=None) -> int:
               if (args.prompt_lengths, args.n_gen) != ("128,512", 128) else "")
            + (f" --depths {args.depths}" if depths != [0] else "")
            + (f" --kv-caches {args.kv_caches}" if kvs != ["f16"] else "")
+           + (f" --llamacpp-kv {args.llamacpp_kv}" if args.llamacpp_kv else "")
            + (f" --busy {args.busy}" if args.busy else "")
            + (" --one-plane" if args.one_plane else "")
            + (f" --before {args.before}" if args.before else "")
@@ -400,17 +413,19 @@ def main(argv=None) -> int:
              f"during the run ({os.cpu_count()} CPUs, shared). Tokens per second, median of "
              f"{args.rounds} alternating rounds (pp = prefill of N tokens, tg = decode; "
              f"@ dD: after D tokens of context). KV: pyklei's cache type and llama.cpp's "
-             f"({', '.join(f'{k} = {LLAMACPP_KV[k]}' for k in kvs)}; llama.cpp with -fa 1)."
+             f"({', '.join(f'{k} = {llamacpp_kv(k, args.llamacpp_kv)}' for k in kvs)}; llama.cpp with -fa 1)."
              + (f" **{args.busy} busy-loop process{'es' if args.busy > 1 else ''} ran beside every "
                 f"measurement.**" if args.busy else ""), "",
              "| engine | file | threads | KV | " + " | ".join(tests) + " | peak RSS |",
              "|---|---|---|---|" + "---|" * (len(tests) + 1)]
     for (e, t, kv), m in med.items():
         size = engines[e.removesuffix(IDLE)][1].stat().st_size / 1e6
-        lines.append(f"| {e} | {size:.1f} MB | {t} | {kv} | " + " | ".join(f"{m[x]:.1f}" for x in tests)
+        shown = args.llamacpp_kv or kv if e.startswith("llama.cpp") else kv   # the type it ran
+        lines.append(f"| {e} | {size:.1f} MB | {t} | {shown} | " + " | ".join(f"{m[x]:.1f}" for x in tests)
                      + f" | {statistics.median(rss[(e, t, kv)]):.0f} MB |")
-    lines += ["", "pyklei / llama.cpp, the same threads and cache type (the ratio of the medians; in "
-              "brackets the lowest and highest of the rounds' own ratios):", ""]
+    lines += ["", "pyklei / llama.cpp, the same threads and "
+              + (f"llama.cpp's cache {args.llamacpp_kv}" if args.llamacpp_kv else "cache type")
+              + " (the ratio of the medians; in brackets the lowest and highest of the rounds' own ratios):", ""]
 
     def spread(ours, peer, x):
         r = [a[x] / b[x] for a, b in zip(runs[ours], runs[peer])]
@@ -434,7 +449,8 @@ def main(argv=None) -> int:
     results = {"rounds": {f"{e} | {t} | {kv}": v for (e, t, kv), v in runs.items()},
                "peak_rss_mb": {f"{e} | {t} | {kv}": v for (e, t, kv), v in rss.items()}, "cpu": cpu,
                "loadavg": loads, "command": cmd, "title": title,
-               "date": time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}
+               "date": time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+               **({"llamacpp_kv": args.llamacpp_kv} if args.llamacpp_kv else {})}
     (RESULTS / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{args.out}.json").write_text(json.dumps(results, indent=1))
     if args.out == "speed-vs-llamacpp" and "f16" in kvs and 0 in depths:   # the doc's table

@@ -11,7 +11,7 @@ cdef extern from "ops/pk_nn.h":
     pk_f16_to_f32_fn pk_f16_to_f32_pick(const char **isa)
     pk_f16_to_f32_fn pk_f16_to_f32_for_isa(const char *isa)
     ctypedef enum pk_kv_type:
-        PK_KV_F32, PK_KV_F16, PK_KV_Q8
+        PK_KV_F32, PK_KV_F16, PK_KV_Q8, PK_KV_BF16
     ctypedef struct pk_kv_head:
         pk_kv_type type
         const void *k
@@ -23,6 +23,7 @@ cdef extern from "ops/pk_nn.h":
     int pk_attend_bf16_pick(pk_kv_type type)
     int pk_attend_bf16_runs()
     void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) nogil
+    uint16_t pk_kv_bf16_round(float x) nogil
     void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                          float *scores, size_t ld_scores, float *out) nogil
     void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv,
@@ -158,7 +159,7 @@ cdef class LlamaRuntime:
         h.n_head, h.n_head_kv, h.head_dim, h.n_ff = hp["n_head"], hp["n_head_kv"], hp["head_dim"], hp["n_ff"]
         h.rms_eps, h.rope_theta = hp["rms_eps"], hp["rope_theta"]
         h.n_ctx, h.n_batch = hp["n_ctx"], hp["n_batch"]
-        kv_types = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8}   # pyklei.options' names
+        kv_types = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8, "bf16": PK_KV_BF16}   # pyklei.options' names
         if hp.get("kv_cache", "f32") not in kv_types:
             raise ValueError(f"kv_cache must be one of {', '.join(kv_types)}, not {hp['kv_cache']!r}")
         h.kv_type = kv_types[hp.get("kv_cache", "f32")]

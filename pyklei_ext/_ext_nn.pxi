@@ -53,10 +53,10 @@ def attention_bf16_runs():
 
 
 def attention_bf16_pick(kv_type="f16"):
-    """Whether the forward pass reads a cache of kv_type ("f32", "f16", "q8") with bf16 dot
+    """Whether the forward pass reads a cache of kv_type ("f32", "f16", "q8", "bf16") with bf16 dot
     products here (pk_attend_bf16_pick: PYKLEI_ATTENTION and the CPU; a PYKLEI_LOG=kernels line
     says which); ValueError for a PYKLEI_ATTENTION other than bf16 or f32."""
-    cdef pk_kv_type kt = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8}[kv_type]
+    cdef pk_kv_type kt = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8, "bf16": PK_KV_BF16}[kv_type]
     cdef int on = pk_attend_bf16_pick(kt)
     if on < 0:
         raise ValueError(_last_error())
@@ -70,6 +70,34 @@ def _position_blocked(a):
     pad = np.zeros((nb * PK_KV_BLOCK, a.shape[1]), a.dtype)
     pad[:n] = a
     return np.ascontiguousarray(pad.reshape(nb, PK_KV_BLOCK, a.shape[1]).transpose(0, 2, 1))
+
+
+def kv_bf16_round(x):
+    """x (float32) rounded to bf16 as a bf16 KV cache holds it (pk_kv_bf16_round: to nearest
+    even, an f32 subnormal to a signed zero), the bits as uint16 (tests)."""
+    cdef float[::1] xv = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.empty(xv.shape[0], np.uint16)
+    cdef uint16_t[::1] ov = out
+    cdef Py_ssize_t i
+    with nogil:
+        for i in range(xv.shape[0]):
+            ov[i] = pk_kv_bf16_round(xv[i])
+    return out.reshape(np.shape(x))
+
+
+def _bf16_pairs(k, v):
+    """Rows k, v [n, hd] of bf16 bits as a bf16 cache holds them (contract/pk_kv.h): K's
+    blocks [ceil(n/16)][hd/2][16] pairs of dimensions, V [ceil(n/2)][hd] pairs of positions,
+    zeros past n."""
+    n, hd = k.shape
+    nb = (n + PK_KV_BLOCK - 1) // PK_KV_BLOCK
+    kp = np.zeros((nb * PK_KV_BLOCK, hd), np.uint16)
+    kp[:n] = k
+    kp = kp.reshape(nb, PK_KV_BLOCK, hd // 2, 2).transpose(0, 2, 1, 3)
+    vp = np.zeros((n + n % 2, hd), np.uint16)
+    vp[:n] = v
+    vp = vp.reshape(-1, 2, hd).transpose(0, 2, 1)
+    return np.ascontiguousarray(kp), np.ascontiguousarray(vp)
 
 
 def kv_q8_rows(x):
@@ -89,7 +117,7 @@ def kv_q8_rows(x):
     return q, sc
 
 
-def attend_group(q, k, v, impl=None, n_pos=None, lo=None, ring=0, bf16=False):
+def attend_group(q, k, v, impl=None, n_pos=None, lo=None, ring=0, bf16=False, cache=None):
     """Causal attention of the query heads q [group, hd] that share one K/V head, over the
     cache rows k, v [n, hd] (float32: an f32 cache; float16: an f16 cache; a pair (int8 [n, hd],
     float16 scales [n, hd // 32]) each: a q8 cache, as kv_q8_rows makes it), by pk_attend_group
@@ -100,9 +128,10 @@ def attend_group(q, k, v, impl=None, n_pos=None, lo=None, ring=0, bf16=False):
     p % ring, so n_pos may pass n (not with impl="reference"). impl:
     "reference" runs pk_attend_group_reference row by row; else, for an f16 or q8 cache, the
     conversion's ISA tag ("scalar", "avx2", "avx512vnni", "neon"; None: the one the forward
-    pass picks; KernelError if this CPU cannot run it). bf16: an f16 or q8 cache's dot products
+    pass picks; KernelError if this CPU cannot run it). bf16: an f16, q8 or bf16 cache's dot products
     in bf16 (pk_kv_head.dot_bf16; the AVX-512 BF16 kernels where attention_bf16_runs(), else
-    the reference's same arithmetic). -> float32, q's shape"""
+    the reference's same arithmetic). cache="bf16": k, v float32 rows held as a bf16 cache holds
+    them (kv_bf16_round, in its pairs' order). -> float32, q's shape"""
     qa = np.asarray(q, np.float32)
     one = qa.ndim == 2
     cdef float[:, :, ::1] qv = np.ascontiguousarray(qa[None] if one else qa)
@@ -121,7 +150,9 @@ def attend_group(q, k, v, impl=None, n_pos=None, lo=None, ring=0, bf16=False):
         ka, va = np.asarray(k), np.asarray(v)
         if ka.dtype not in (np.float32, np.float16) or va.dtype != ka.dtype:
             raise ValueError(f"k and v must both be float32 or both float16, got {ka.dtype} and {va.dtype}")
-        kt = PK_KV_F16 if ka.dtype == np.float16 else PK_KV_F32
+        if cache not in (None, "bf16") or (cache == "bf16" and ka.dtype != np.float32):
+            raise ValueError(f"cache={cache!r}: None, or \"bf16\" with float32 rows")
+        kt = PK_KV_BF16 if cache == "bf16" else PK_KV_F16 if ka.dtype == np.float16 else PK_KV_F32
     cdef int rows = qv.shape[0], group = qv.shape[1], hd = qv.shape[2], n = ka.shape[0]
     if ka.ndim != 2 or ka.shape != va.shape or ka.shape[1] != hd or n < 1 or group < 1 or rows < 1:
         raise ValueError(f"shapes: q {list(qa.shape)}, k {list(ka.shape)}, v {list(va.shape)}")
@@ -143,11 +174,16 @@ def attend_group(q, k, v, impl=None, n_pos=None, lo=None, ring=0, bf16=False):
     kv.type = kt
     kv.f16 = NULL
     kv.dot_bf16 = 1 if bf16 else 0
-    if kt != PK_KV_F32 and impl != "reference":
+    if (kt == PK_KV_F16 or kt == PK_KV_Q8) and impl != "reference":
         kv.f16 = pk_f16_to_f32_pick(&tag) if impl is None else pk_f16_to_f32_for_isa(impl.encode())
         if kv.f16 == NULL:
             raise KernelError(f"no f16 conversion {impl!r} on this CPU")
-    kb, vc = _position_blocked(ka), np.ascontiguousarray(va)
+    if kt == PK_KV_BF16:
+        if hd % 2:
+            raise ValueError(f"a bf16 cache pairs dimensions: head size {hd} is odd")
+        kb, vc = _bf16_pairs(kv_bf16_round(ka), kv_bf16_round(va))
+    else:
+        kb, vc = _position_blocked(ka), np.ascontiguousarray(va)
     keep = [kb, vc]
     kv.k_scale = kv.v_scale = NULL
     if kt == PK_KV_Q8:

@@ -45,8 +45,8 @@ pyklei.runtime.prefix_cache, keeps prefixes so beyond the life of a slot). `veri
 continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
 rejected tail (speculative decoding: pyklei.runtime.speculative). A slot costs memory only for the
 positions it has held: 2 * n_layer * n_head_kv * head_dim bytes per token times 4 (f32), 2
-(kv_cache="f16", the default) or 1 + 2/32 (q8: int8 with an f16 scale per 32 values); SmolLM2:
-45, 22.5 or 12 KiB per token.
+(kv_cache="f16", the default, or "bf16") or 1 + 2/32 (q8: int8 with an f16 scale per 32 values);
+SmolLM2: 45, 22.5 or 12 KiB per token.
 
 `close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
 """
@@ -133,7 +133,7 @@ def _check_int(name: str, v, allow_none: bool = False) -> None:
 
 
 #: bytes one cached K or V value takes, per kv_cache type (q8: int8 and an f16 scale per 32)
-KV_VALUE_BYTES = {"f32": 4.0, "f16": 2.0, "q8": 1.0 + 2.0 / 32}
+KV_VALUE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8": 1.0 + 2.0 / 32}
 
 
 class Model:
@@ -642,7 +642,7 @@ class Model:
 
     def export_kv(self, seq: int, a: int, b: int) -> bytes:
         """The K/V of every layer for positions [a, b) of slot `seq`, in the cache's own type
-        (f32, f16, q8 and its scales): bytes that import_kv of this model takes back bit for bit.
+        (f32, f16, bf16, q8 and its scales): bytes that import_kv of this model takes back bit for bit.
         a and b are multiples of kv_row_block, and the slot holds at least b tokens, whose
         positions its sliding-window rings (if any) still keep."""
         with self._busy():

@@ -109,9 +109,10 @@ MODEL_OPTIONS: tuple[Option, ...] = (
     # f16 by default, as llama.cpp: half the memory, the same speed (docs/KERNELS.md), KLD
     # within the noise of the activations' rounding (benchmarks/results/kv-cache.md); q8 is
     # smaller and faster but costs about +1% KLD against f16 (docs/CLI.md)
-    Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16,q8}", "KV cache type",
-           "KV cache precision (q8: int8 with an f16 scale per 32 values, as llama.cpp's q8_0)",
-           choices=("f32", "f16", "q8")),
+    Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16,bf16,q8}", "KV cache type",
+           "KV cache precision (q8: int8 with an f16 scale per 32 values, as llama.cpp's q8_0; "
+           "bf16: as the bf16 attention reads it, no conversion)",
+           choices=("f32", "f16", "bf16", "q8")),
     Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx,qsi8d32}", "activations",
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file), qai8dx "
            "(one plane per row, KleidiAI's scheme: faster prefill, a little less accurate) or "

@@ -1,6 +1,7 @@
-/* Attention's AVX-512 BF16 path (vdpbf16ps) over an f16 or q8 KV cache (contract/pk_kv.h): the
- * cache's values and the query / probability vectors rounded to bf16 and laid out as pairs
- * (bf16_pairs, k_pairs_*, v_pairs_*, bf16_row), the query-key scores of up to QK_T query vectors
+/* Attention's AVX-512 BF16 path (vdpbf16ps) over an f16, q8 or bf16 KV cache (contract/pk_kv.h):
+ * the cache's values and the query / probability vectors rounded to bf16 and laid out as pairs
+ * (bf16_pairs, k_pairs_*, v_pairs_*, bf16_row; a bf16 cache holds its values so already), the
+ * query-key scores of up to QK_T query vectors
  * over QK_NB K blocks (qk_blocks_bf16, copy_scores), the softmax's exponentials and sum
  * (exp16_fma, exp_sum_bf16) and weights (weights_bf16), and the V sums of up to QK_T vectors
  * (pv_tile_bf16, pv_half_bf16). A template header, as isa/attention_x86_avx512.h: ops/pk_attention_bf16.c
@@ -9,7 +10,7 @@
  *
  * The arithmetic, which ops/pk_attention_reference.c repeats in plain C (attend_head_bf16):
  * - rounding to bf16 is vcvtneps2bf16's: to nearest even, an f32 subnormal to a signed zero, a
- *   NaN quiet (pk_bf16_round_attn there);
+ *   NaN quiet (contract/pk_kv.h's pk_kv_bf16_round);
  * - one vdpbf16ps lane adds a pair's two products to an f32 sum, the odd element's first,
  *   each product exact and each add one rounding, a subnormal sum flushed to zero (Intel's
  *   definition; a Zen 4 gives those bits, checked on 3.2M random lanes);
@@ -114,8 +115,9 @@ PK_BF16_INLINE static inline void weights_bf16(int n, const float *restrict x, f
  * meanwhile. The next span asked for at once after each span's conversion gained nothing
  * (the prefetches wait on the same miss buffers as loads); spread over the loop, 8 to 32 KiB
  * ahead, a one-thread decode's attention over 4096 positions read from memory took 1.56-1.64x
- * less time (head sizes 64-256; docs/KERNELS.md, "The bf16 path's cache read ahead"). Past
- * the cache's end the hint is harmless: a prefetch never faults. */
+ * less time (head sizes 64-256; docs/KERNELS.md, "The bf16 path's cache read ahead"). A bf16
+ * cache, read where it is, is asked for the same distance ahead of each load (qk_blocks_bf16's
+ * and pv_tile_bf16's PF). Past the cache's end the hint is harmless: a prefetch never faults. */
 #define KV_PREFETCH_BYTES 16384
 
 /* K blocks of an f16 cache as pair tiles: nb blocks of [HD][16] f16 to [nb][HD/2][16] pairs
@@ -176,8 +178,9 @@ PK_BF16_INLINE static inline void v_pairs_q8(const int HD, size_t n, const int8_
 
 /* s[t][b * 16 + l] = the bf16 dot product of query vector t (qp [T][HD/2] pairs) with position
  * l of K block b (blk: QK_NB pair blocks [HD/2][16]); T <= QK_T. As qk_blocks: each K vector
- * loaded once into a register for all T sums, T x QK_NB independent chains. */
-PK_BF16_INLINE static inline void qk_blocks_bf16(const int T, const int HD, const uint32_t *restrict qp,
+ * loaded once into a register for all T sums, T x QK_NB independent chains. PF: blk is a bf16
+ * cache itself, each line asked for KV_PREFETCH_BYTES ahead as it is loaded. */
+PK_BF16_INLINE static inline void qk_blocks_bf16(const int T, const int HD, const int PF, const uint32_t *restrict qp,
                                                  const uint32_t *restrict blk, float *restrict s) {
     __m512 acc[QK_T][QK_NB];
     __m512i k[QK_NB];
@@ -188,7 +191,9 @@ PK_BF16_INLINE static inline void qk_blocks_bf16(const int T, const int HD, cons
     for (int p = 0; p < HD / 2; p++) {
 #pragma GCC unroll 4
         for (int b = 0; b < QK_NB; b++) {
-            k[b] = _mm512_loadu_si512(blk + ((size_t)b * (HD / 2) + p) * PK_KV_BLOCK);
+            const uint32_t *at = blk + ((size_t)b * (HD / 2) + p) * PK_KV_BLOCK;
+            k[b] = _mm512_loadu_si512(at);
+            if (PF) _mm_prefetch((const char *)at + KV_PREFETCH_BYTES, _MM_HINT_T1);
             __asm__("" : "+v"(k[b]));
         }
 #pragma GCC unroll 6
@@ -217,7 +222,8 @@ PK_BF16_INLINE static inline void copy_scores(int n, const float *restrict s, fl
 /* acc[t][c0*16 .. (c0+NC)*16) += the weights' pairs pp[t * ldp + p] times V's pairs p of the
  * tile vt ([np][HD/16][16]), p in order, for T vectors (acc [T][HD]); T x NC <= 24 sums in
  * registers, each V vector loaded once for all T. */
-PK_BF16_INLINE static inline void pv_tile_bf16(const int T, const int HD, const int c0, const int NC, int np,
+PK_BF16_INLINE static inline void pv_tile_bf16(const int T, const int HD, const int PF, const int c0, const int NC,
+                                               int np,
                                                const uint32_t *restrict pp, size_t ldp,
                                                const uint32_t *restrict vt, float *restrict acc) {
     __m512 a[QK_T][8] = {{_mm512_setzero_ps()}};   /* past NC unused; zeroed for the compiler's sake */
@@ -229,7 +235,9 @@ PK_BF16_INLINE static inline void pv_tile_bf16(const int T, const int HD, const 
     for (int p = 0; p < np; p++) {
 #pragma GCC unroll 8
         for (int c = 0; c < NC; c++) {
-            vv[c] = _mm512_loadu_si512(vt + ((size_t)p * (HD / 16) + c0 + c) * 16);
+            const uint32_t *at = vt + ((size_t)p * (HD / 16) + c0 + c) * 16;
+            vv[c] = _mm512_loadu_si512(at);
+            if (PF) _mm_prefetch((const char *)at + KV_PREFETCH_BYTES, _MM_HINT_T1);
             __asm__("" : "+v"(vv[c]));
         }
 #pragma GCC unroll 6

@@ -49,7 +49,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
     if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
         hp->head_dim <= 0 || hp->head_dim % 2 || hp->head_dim > 512 || hp->n_head % hp->n_head_kv || hp->n_ctx <= 0 ||
         hp->n_batch <= 0 || hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_seq < 0 ||
-        hp->kv_type < PK_KV_F32 || hp->kv_type > PK_KV_Q8 || hp->act < PK_ACT_SILU || hp->act > PK_ACT_GELU_TANH ||
+        hp->kv_type < PK_KV_F32 || hp->kv_type > PK_KV_BF16 || hp->act < PK_ACT_SILU || hp->act > PK_ACT_GELU_TANH ||
         hp->rope_dim < 0 || hp->rope_dim % 2 || hp->rope_dim > hp->head_dim || !(hp->embd_scale >= 0.0f) ||
         !(hp->attn_scale >= 0.0f) || !(hp->logit_softcap >= 0.0f)) {
         err("invalid hyperparameters");
@@ -82,7 +82,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
         m->slot_elems += (size_t)hp->n_head_kv * (m->ring[l] ? m->ring[l] : m->ctx_pad) * hd;
     }
     const size_t kv_elems = (size_t)m->hp.n_seq * m->slot_elems;
-    m->kv_read = hp->kv_type != PK_KV_F32 ? pk_f16_to_f32_pick(NULL) : NULL;
+    m->kv_read = hp->kv_type == PK_KV_F16 || hp->kv_type == PK_KV_Q8 ? pk_f16_to_f32_pick(NULL) : NULL;
     m->rope_dim = hp->rope_dim ? hp->rope_dim : hd;
     m->attn_scale = hp->attn_scale > 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     /* the distinct RoPE frequency sets, each a (base, linear factor) pair (Gemma 3: its
@@ -282,6 +282,15 @@ static void job_rope_store(void *arg, int ith, int nth) {
                 for (int c = 0; c < hd / PK_KV_Q8_GROUP; c++)
                     m->k_scale[kblk / PK_KV_Q8_GROUP + (size_t)c * PK_KV_BLOCK + at % PK_KV_BLOCK] = ks[c];
                 pk_kv_q8_row(hd, vh, (int8_t *)m->v_cache + voff, m->v_scale + voff / PK_KV_Q8_GROUP);
+            } else if (hp->kv_type == PK_KV_BF16) {   /* in its pairs' order (contract/pk_kv.h) */
+                uint16_t k16[512], v16[512];
+                pk_f32_to_bf16_row(hd, kh, k16);
+                pk_f32_to_bf16_row(hd, vh, v16);
+                /* K: dimensions 2p, 2p + 1 one 32-bit pair, a pair row (16 pairs) apart */
+                uint16_t *kp = (uint16_t *)m->k_cache + head + pk_kv_bf16_k_at(hd, at, 0);
+                for (int p = 0; p < hd / 2; p++) memcpy(kp + (size_t)p * 2 * PK_KV_BLOCK, k16 + 2 * p, 4);
+                uint16_t *vp = (uint16_t *)m->v_cache + head + pk_kv_bf16_v_at(hd, at, 0);
+                for (int i = 0; i < hd; i++) vp[2 * i] = v16[i];
             } else if (hp->kv_type == PK_KV_F16) {
                 uint16_t k16[512];
                 pk_f32_to_f16_row(hd, kh, k16);

@@ -28,7 +28,7 @@ typedef struct {
     float rms_eps, rope_theta;
     int n_ctx;        /* KV cache length */
     int n_batch;      /* rows per prefill chunk (scratch is sized for it) */
-    int kv_type;      /* pk_kv_type (pk_nn.h): the KV cache's f32, f16 or q8 */
+    int kv_type;      /* pk_kv_type (contract/pk_kv.h): the KV cache's f32, f16, q8 or bf16 */
     int n_seq;        /* KV cache slots, each of n_ctx positions (0 means 1) */
     /* family features; zero is Llama's behaviour */
     int act;              /* pk_llama_act: the MLP's gate */

@@ -28,7 +28,7 @@ struct pk_llama {
     uint16_t *k_scale;   /* q8: f16 scales, one per 32 elements of k_cache, in its order (pk_nn.h) */
     uint16_t *v_scale;   /* q8: one per 32 elements of v_cache */
     pk_f16_to_f32_fn kv_read;   /* f16 cache, q8's scales: the conversion attention reads with */
-    int kv_bf16;         /* f16 or q8 cache: its dot products in bf16 (pk_attend_bf16_pick) */
+    int kv_bf16;         /* f16, q8 or bf16 cache: its dot products in bf16 (pk_attend_bf16_pick) */
     int *seq_seen;       /* [n_seq] scratch of pk_llama_forward_batch's checks */
     /* scratch, n_batch rows each */
     int32_t *row_seq;    /* [B] slot of each row of a chunk */

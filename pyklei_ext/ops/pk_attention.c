@@ -16,12 +16,12 @@
  * [head_dim][16], so the scores of 16 positions are one vector accumulated over head_dim from
  * contiguous memory. The fast path handles the G query heads that share one K/V head (GQA) in
  * one pass, each K and V row read once for all of them; `acc` stays in registers when HD is a
- * compile-time 64 or 128. An f16 or q8 cache is read one block of 16 positions at a time: the
- * block's K (and then its V rows) converted into a tile that stays in L1 (f16 by the ISA's
- * f16 -> f32 instruction; q8 as int8 times its group's scale), and the same float code runs on
- * the tile. Both conversions are exact, and per head the arithmetic and its order are those
- * of the reference (pk_attend_group_reference), so every path and every cache type agree with
- * it bit for bit. Decode runs one row here; a prefill window of a converted cache goes
+ * compile-time 64 or 128. An f16, q8 or bf16 cache is read one block of 16 positions at a time:
+ * the block's K (and then its V rows) converted into a tile that stays in L1 (f16 by the ISA's
+ * f16 -> f32 instruction; q8 as int8 times its group's scale; bf16 out of its pairs, a shift),
+ * and the same float code runs on the tile. The conversions are exact, and per head the
+ * arithmetic and its order are those of the reference (pk_attend_group_reference), so every
+ * path and every cache type agree with it bit for bit. Decode runs one row here; a prefill window of a converted cache goes
  * through attend_rows_conv below, a sliding window's rows too (pk_attend_rows_window). */
 
 /* Query-key scores on K's blocked layout: a block of 16 positions is 16 lanes per dimension.
@@ -118,7 +118,7 @@ static inline __attribute__((always_inline)) void pv_rows(const int G, const int
 /* The most positions converted at once (a prefill window's span). */
 #define KV_SPAN 128
 
-/* K blocks [b0, b0 + nb) of a converted (f16 or q8) cache as f32, [nb][HD][16];
+/* K blocks [b0, b0 + nb) of a converted (f16, q8 or bf16) cache as f32, [nb][HD][16];
  * nb * 16 <= KV_SPAN. */
 static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T, const int HD,
                                                               const pk_kv_head *kv, size_t b0, size_t nb,
@@ -126,6 +126,15 @@ static inline __attribute__((always_inline)) void kv_k_to_f32(const pk_kv_type T
     const size_t e0 = b0 * PK_KV_BLOCK * HD;
     if (T == PK_KV_F16) {
         kv->f16(nb * PK_KV_BLOCK * HD, (const uint16_t *)kv->k + e0, tile);
+        return;
+    }
+    if (T == PK_KV_BF16) {   /* pair row r (dimensions 2p, 2p + 1 of a block) to rows 2r, 2r + 1 */
+        const uint16_t *restrict k16 = (const uint16_t *)kv->k + e0;
+        for (size_t r = 0; r < nb * HD / 2; r++)
+            for (int l = 0; l < PK_KV_BLOCK; l++) {
+                tile[2 * r * PK_KV_BLOCK + l] = pk_bf16_to_f32(k16[2 * (r * PK_KV_BLOCK + l)]);
+                tile[(2 * r + 1) * PK_KV_BLOCK + l] = pk_bf16_to_f32(k16[2 * (r * PK_KV_BLOCK + l) + 1]);
+            }
         return;
     }
     const int NS = HD / PK_KV_Q8_GROUP * PK_KV_BLOCK;   /* scales per block, [HD/32][16] as K's blocked order */
@@ -155,6 +164,13 @@ static inline __attribute__((always_inline)) void kv_v_to_f32(const pk_kv_type T
                                                               float *restrict tile) {
     if (T == PK_KV_F16) {
         kv->f16(n * HD, (const uint16_t *)kv->v + j0 * HD, tile);
+        return;
+    }
+    if (T == PK_KV_BF16) {   /* j0 any position (a window's start): row j is one half of its pairs */
+        for (size_t j = 0; j < n; j++) {
+            const uint16_t *restrict vj = (const uint16_t *)kv->v + pk_kv_bf16_v_at(HD, (int)(j0 + j), 0);
+            for (int i = 0; i < HD; i++) tile[j * HD + i] = pk_bf16_to_f32(vj[2 * i]);
+        }
         return;
     }
     const int GPR = HD / PK_KV_Q8_GROUP;   /* groups per row */
@@ -280,11 +296,16 @@ int pk_attend_is_fast(int group, int hd) { return shape_compiled(group, hd) || b
                                                   float scale, float *scores, size_t ld_scores, float *out, \
                                                   float *ml) {                                     \
         attend_fast(G, HD, PK_KV_Q8, lo, n_pos, q, kv, scale, scores, ld_scores, out, ml);             \
+    }                                                                                              \
+    PK_CLONES static void attend_bf16_g##G##_hd##HD(int lo, int n_pos, const float *q, const pk_kv_head *kv, \
+                                                    float scale, float *scores, size_t ld_scores, float *out, \
+                                                    float *ml) {                                   \
+        attend_fast(G, HD, PK_KV_BF16, lo, n_pos, q, kv, scale, scores, ld_scores, out, ml);           \
     }
 PK_ATTEND_SHAPES(ATTEND)
 #undef ATTEND
 
-/* A converted cache (f16 or q8) in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one
+/* A converted cache (f16, q8 or bf16) in a prefill chunk: R <= PK_ATTEND_ROWS query rows of one
  * sequence (row r sees positions [lo[r], n_pos[r]): a sliding window's rows each start at
  * their own lo) with G heads each, all over one K/V head. The
  * cache is converted once for all R rows, a span of KV_SPAN positions at a time (K, then V,
@@ -427,6 +448,11 @@ static inline __attribute__((always_inline)) void attend_rows_conv(const int G, 
                                                        const pk_kv_head *kv, float scale, float *scores, \
                                                        size_t ld_scores, float *out, size_t ldo, float *ml) { \
         attend_rows_conv(G, HD, PK_KV_Q8, R, lo, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
+    }                                                                                              \
+    PK_CLONES static void attend_rows_bf16_g##G##_hd##HD(int R, const int *lo, const int *n_pos, const float *q, \
+                                                         size_t ldq, const pk_kv_head *kv, float scale, float *scores, \
+                                                         size_t ld_scores, float *out, size_t ldo, float *ml) { \
+        attend_rows_conv(G, HD, PK_KV_BF16, R, lo, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }
 PK_ATTEND_SHAPES(ATTEND_ROWS)
 #undef ATTEND_ROWS
@@ -461,7 +487,8 @@ static void attend_span(int group, int hd, int at, int lo, int n, const float *q
     } else {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
         (c.type == PK_KV_F32 ? attend_f32_g##G##_hd##HD                                            \
-         : c.type == PK_KV_F16 ? attend_f16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(             \
+         : c.type == PK_KV_F16 ? attend_f16_g##G##_hd##HD                                          \
+         : c.type == PK_KV_BF16 ? attend_bf16_g##G##_hd##HD : attend_q8_g##G##_hd##HD)(           \
             lo, n, q, &c, scale, scores, ld_scores, out, ml);                                      \
         return; }
     PK_ATTEND_SHAPES(CASE)
@@ -536,7 +563,8 @@ static void attend_rows_part(int rows, const int *lo, const int *n, int group, i
             return;
         if (!c.dot_bf16) {
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
-        (c.type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)(     \
+        (c.type == PK_KV_F16 ? attend_rows_f16_g##G##_hd##HD                                      \
+         : c.type == PK_KV_BF16 ? attend_rows_bf16_g##G##_hd##HD : attend_rows_q8_g##G##_hd##HD)( \
             rows, lo, n, q, ldq, &c, scale, scores, ld_scores, out, ldo, ml);                      \
         return; }
         PK_ATTEND_SHAPES(CASE)

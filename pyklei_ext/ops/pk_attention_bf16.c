@@ -1,4 +1,4 @@
-/* Attention over an f16 or q8 KV cache in bf16 (pk_kv_head.dot_bf16): the query-key scores and
+/* Attention over an f16, q8 or bf16 KV cache in bf16 (pk_kv_head.dot_bf16): the query-key scores and
  * the V sums on AVX-512 BF16's vdpbf16ps (isa/attention_x86_avx512bf16.h, whose header states
  * the arithmetic), f32 sums; the softmax's exponentials and sum in one pass of its own
  * (exp_sum_bf16: pk_softmax.h's exp_sum_fma); the chunks (partials of PK_ATTEND_CHUNK
@@ -8,7 +8,9 @@
  * (pk_attention_reference.c). Elsewhere (no AVX-512 BF16, or a shape without a kernel) the
  * reference runs the same arithmetic; the forward pass asks for bf16 only where it runs here
  * (pk_attend_bf16_pick). Why a pair of bf16 products: twice the multiply-adds of an f32 FMA
- * per instruction, on the same ports (docs/KERNELS.md). */
+ * per instruction, on the same ports (docs/KERNELS.md). A bf16 cache holds the pairs the kernels
+ * read (contract/pk_kv.h): its spans are read where they are, with no conversion, which was half
+ * of a decode row's arithmetic over an f16 cache. */
 #include "pk_nn.h"
 
 #include <stdio.h>
@@ -29,9 +31,10 @@ int pk_attend_bf16_runs(void) {
 
 /* The forward pass's default when PYKLEI_ATTENTION is unset, by the cache's type: bf16 where
  * it held the KLD bound (issue 45: at most +1% over f32 attention's, at depth 0 and 4096 on
- * both test beds): the f16 cache, the default; f32 for the q8 cache, which did not at depth 0.
+ * both test beds): the f16 cache, the default, and the bf16 cache, which holds its values as
+ * bf16 reads them; f32 for the q8 cache, which did not at depth 0.
  * The figures that decided it: docs/QUALITY.md, "Attention in bf16 at depth". */
-static int bf16_by_default(pk_kv_type type) { return type == PK_KV_F16; }
+static int bf16_by_default(pk_kv_type type) { return type == PK_KV_F16 || type == PK_KV_BF16; }
 
 int pk_attend_bf16_pick(pk_kv_type type) {
     const char *want = getenv("PYKLEI_ATTENTION");
@@ -62,8 +65,8 @@ int pk_attend_bf16_pick(pk_kv_type type) {
 
 /* R query rows (R <= PK_ATTEND_ROWS) of G heads over one K/V head's partial: row r sees
  * positions [0, n_pos[r]) (<= PK_ATTEND_CHUNK); out, ml as pk_attend_part's. As
- * attend_rows_conv (pk_attention.c): a span of the cache converted once for all rows, query
- * vectors in tiles of QK_T (scores) and 24 / NC (V sums) over it; a tile's V sums jointly over
+ * attend_rows_conv (pk_attention.c): a span of the cache converted once for all rows (a bf16
+ * cache's read where it lies), query vectors in tiles of QK_T (scores) and 24 / NC (V sums) over it; a tile's V sums jointly over
  * the pairs all its vectors see, then each vector on to its own end. */
 PK_BF16_TARGET static inline __attribute__((always_inline)) void
 attend_rows_bf16(const int G, const int HD, const pk_kv_type T, int R, const int *n_pos, const float *restrict q,
@@ -86,25 +89,37 @@ attend_rows_bf16(const int G, const int HD, const pk_kv_type T, int R, const int
         const int p1 = n_max - p0 < SPAN ? n_max : p0 + SPAN;
         const int nbk = (p1 - p0 + PK_KV_BLOCK - 1) / PK_KV_BLOCK, nbp = (nbk + QK_NB - 1) / QK_NB * QK_NB;
         const size_t e0 = (size_t)p0 * HD;
-        if (T == PK_KV_F16) {
+        /* the span's K pair blocks, padded with zeros to whole groups of QK_NB: a bf16 cache's
+         * are read where they are, but for the last group's, copied (no read past the cache) */
+        const uint32_t *kt = tile;
+        int copied = 0;   /* the first block of kt that is the tile's block 0 */
+        if (T == PK_KV_BF16) {
+            kt = (const uint32_t *)kv->k + e0 / 2;
+            copied = nbk / QK_NB * QK_NB;
+            if (copied < nbk)
+                memcpy(tile, kt + (size_t)copied * HD / 2 * PK_KV_BLOCK,
+                       sizeof(uint32_t) * (nbk - copied) * HD / 2 * PK_KV_BLOCK);
+        } else if (T == PK_KV_F16) {
             k_pairs_f16(HD, nbk, (const uint16_t *)kv->k + e0, tile);
         } else {
             kv->f16((size_t)nbk * HD / PK_KV_Q8_GROUP * PK_KV_BLOCK, kv->k_scale + e0 / PK_KV_Q8_GROUP, sc);
             k_pairs_q8(HD, nbk, (const int8_t *)kv->k + e0, sc, tile);
         }
-        memset(tile + (size_t)nbk * HD / 2 * PK_KV_BLOCK, 0, sizeof(uint32_t) * (nbp - nbk) * HD / 2 * PK_KV_BLOCK);
+        memset(tile + (size_t)(nbk - copied) * HD / 2 * PK_KV_BLOCK, 0,
+               sizeof(uint32_t) * (nbp - nbk) * HD / 2 * PK_KV_BLOCK);
         for (int j = p0; j < p1; j += QK_NB * PK_KV_BLOCK)
             for (int t0 = 0; t0 < NQ; t0 += QK_T) {
                 float s[QK_T * QK_NB * PK_KV_BLOCK];
-                const int nt = NQ - t0 < QK_T ? NQ - t0 : QK_T;
-                const uint32_t *kb = tile + (size_t)(j - p0) * HD / 2;
+                const int nt = NQ - t0 < QK_T ? NQ - t0 : QK_T, b = (j - p0) / PK_KV_BLOCK;
+                const uint32_t *kb = b >= copied ? tile + (size_t)(b - copied) * HD / 2 * PK_KV_BLOCK
+                                                 : kt + (size_t)b * HD / 2 * PK_KV_BLOCK;
                 switch (nt) {   /* a constant T in each: its sums in registers */
-                case 6: qk_blocks_bf16(6, HD, qp[t0], kb, s); break;
-                case 5: qk_blocks_bf16(5, HD, qp[t0], kb, s); break;
-                case 4: qk_blocks_bf16(4, HD, qp[t0], kb, s); break;
-                case 3: qk_blocks_bf16(3, HD, qp[t0], kb, s); break;
-                case 2: qk_blocks_bf16(2, HD, qp[t0], kb, s); break;
-                default: qk_blocks_bf16(1, HD, qp[t0], kb, s); break;
+                case 6: qk_blocks_bf16(6, HD, T == PK_KV_BF16, qp[t0], kb, s); break;
+                case 5: qk_blocks_bf16(5, HD, T == PK_KV_BF16, qp[t0], kb, s); break;
+                case 4: qk_blocks_bf16(4, HD, T == PK_KV_BF16, qp[t0], kb, s); break;
+                case 3: qk_blocks_bf16(3, HD, T == PK_KV_BF16, qp[t0], kb, s); break;
+                case 2: qk_blocks_bf16(2, HD, T == PK_KV_BF16, qp[t0], kb, s); break;
+                default: qk_blocks_bf16(1, HD, T == PK_KV_BF16, qp[t0], kb, s); break;
                 }
                 for (int t = 0; t < nt; t++) {
                     const int r = (t0 + t) / G, end = n_pos[r] < p1 ? n_pos[r] : p1;
@@ -124,7 +139,10 @@ attend_rows_bf16(const int G, const int HD, const pk_kv_type T, int R, const int
     for (int p0 = 0; p0 < n_max; p0 += SPAN) {
         const int p1 = n_max - p0 < SPAN ? n_max : p0 + SPAN;
         const size_t e0 = (size_t)p0 * HD, GPR = HD / PK_KV_Q8_GROUP;
-        if (T == PK_KV_F16) {
+        const uint32_t *vt = tile;   /* the span's V pairs: a bf16 cache's where they are */
+        if (T == PK_KV_BF16) {
+            vt = (const uint32_t *)kv->v + e0 / 2;
+        } else if (T == PK_KV_F16) {
             v_pairs_f16(HD, (size_t)(p1 - p0), (const uint16_t *)kv->v + e0, tile);
         } else {
             kv->f16((size_t)(p1 - p0) * GPR, kv->v_scale + (size_t)p0 * GPR, sc);
@@ -137,21 +155,21 @@ attend_rows_bf16(const int G, const int HD, const pk_kv_type T, int R, const int
             const int np = joint > p0 ? (joint - p0) / 2 : 0;   /* whole pairs */
             for (int c0 = 0; c0 < HD / 16 && np > 0; c0 += NC)
                 switch (nt) {
-                case 6: pv_tile_bf16(6, HD, c0, NC, np, pp[t0] + p0 / 2, LDP, tile, accs[t0]); break;
-                case 5: pv_tile_bf16(5, HD, c0, NC, np, pp[t0] + p0 / 2, LDP, tile, accs[t0]); break;
-                case 4: pv_tile_bf16(4, HD, c0, NC, np, pp[t0] + p0 / 2, LDP, tile, accs[t0]); break;
-                case 3: pv_tile_bf16(3, HD, c0, NC, np, pp[t0] + p0 / 2, LDP, tile, accs[t0]); break;
-                case 2: pv_tile_bf16(2, HD, c0, NC, np, pp[t0] + p0 / 2, LDP, tile, accs[t0]); break;
-                default: pv_tile_bf16(1, HD, c0, NC, np, pp[t0] + p0 / 2, LDP, tile, accs[t0]); break;
+                case 6: pv_tile_bf16(6, HD, T == PK_KV_BF16, c0, NC, np, pp[t0] + p0 / 2, LDP, vt, accs[t0]); break;
+                case 5: pv_tile_bf16(5, HD, T == PK_KV_BF16, c0, NC, np, pp[t0] + p0 / 2, LDP, vt, accs[t0]); break;
+                case 4: pv_tile_bf16(4, HD, T == PK_KV_BF16, c0, NC, np, pp[t0] + p0 / 2, LDP, vt, accs[t0]); break;
+                case 3: pv_tile_bf16(3, HD, T == PK_KV_BF16, c0, NC, np, pp[t0] + p0 / 2, LDP, vt, accs[t0]); break;
+                case 2: pv_tile_bf16(2, HD, T == PK_KV_BF16, c0, NC, np, pp[t0] + p0 / 2, LDP, vt, accs[t0]); break;
+                default: pv_tile_bf16(1, HD, T == PK_KV_BF16, c0, NC, np, pp[t0] + p0 / 2, LDP, vt, accs[t0]); break;
                 }
             const int from = p0 + 2 * np;
             for (int t = t0; t < t0 + nt; t++) {   /* each vector on to its own end */
                 const int end = n_pos[t / G] < p1 ? n_pos[t / G] : p1, whole = end > from ? (end - from) / 2 : 0;
                 for (int c0 = 0; c0 < HD / 16 && whole > 0; c0 += NC)
-                    pv_tile_bf16(1, HD, c0, NC, whole, pp[t] + from / 2, LDP, tile + (size_t)(from - p0) / 2 * HD,
-                                 accs[t]);
+                    pv_tile_bf16(1, HD, T == PK_KV_BF16, c0, NC, whole, pp[t] + from / 2, LDP,
+                                 vt + (size_t)(from - p0) / 2 * HD, accs[t]);
                 if (end > from && (end - from) % 2)   /* an odd last position: p1 is even unless n_max */
-                    pv_half_bf16(HD, pp[t][(end - 1) / 2], tile + (size_t)(end - 1 - p0) / 2 * HD, accs[t]);
+                    pv_half_bf16(HD, pp[t][(end - 1) / 2], vt + (size_t)(end - 1 - p0) / 2 * HD, accs[t]);
             }
         }
     }
@@ -169,6 +187,11 @@ attend_rows_bf16(const int G, const int HD, const pk_kv_type T, int R, const int
                                                             const pk_kv_head *kv, float scale, float *scores, \
                                                             size_t ld_scores, float *out, size_t ldo, float *ml) { \
         attend_rows_bf16(G, HD, PK_KV_Q8, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
+    }                                                                                              \
+    PK_BF16_TARGET static void attend_bf16_bf16_g##G##_hd##HD(int R, const int *n_pos, const float *q, size_t ldq, \
+                                                              const pk_kv_head *kv, float scale, float *scores, \
+                                                              size_t ld_scores, float *out, size_t ldo, float *ml) { \
+        attend_rows_bf16(G, HD, PK_KV_BF16, R, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml); \
     }
 PK_ATTEND_SHAPES(ATTEND_BF16)
 #undef ATTEND_BF16
@@ -182,7 +205,8 @@ int pk_attend_rows_bf16(int rows, const int *n_pos, int group, int hd, const flo
     if (runs < 0) runs = pk_attend_bf16_runs();
     if (!runs || kv->type == PK_KV_F32 || rows < 1 || rows > PK_ATTEND_ROWS) return 0;
 #define CASE(G, HD) if (group == G && hd == HD) {                                                  \
-        (kv->type == PK_KV_F16 ? attend_bf16_f16_g##G##_hd##HD : attend_bf16_q8_g##G##_hd##HD)(   \
+        (kv->type == PK_KV_F16 ? attend_bf16_f16_g##G##_hd##HD                                    \
+         : kv->type == PK_KV_BF16 ? attend_bf16_bf16_g##G##_hd##HD : attend_bf16_q8_g##G##_hd##HD)( \
             rows, n_pos, q, ldq, kv, scale, scores, ld_scores, out, ldo, ml);                     \
         return 1; }
     PK_ATTEND_SHAPES(CASE)

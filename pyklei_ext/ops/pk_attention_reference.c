@@ -13,6 +13,7 @@ static inline float k_at(const pk_kv_head *kv, int hd, int j, int i) {
     switch (kv->type) {
     case PK_KV_F32: return ((const float *)kv->k)[e];
     case PK_KV_F16: return pk_f16_to_f32(((const uint16_t *)kv->k)[e]);
+    case PK_KV_BF16: return pk_bf16_to_f32(((const uint16_t *)kv->k)[pk_kv_bf16_k_at(hd, j, i)]);
     default:
         return (float)((const int8_t *)kv->k)[e] *
                pk_f16_to_f32(kv->k_scale[(b * (hd / PK_KV_Q8_GROUP) + i / PK_KV_Q8_GROUP) * PK_KV_BLOCK + l]);
@@ -24,20 +25,14 @@ static inline float v_at(const pk_kv_head *kv, int hd, int j, int i) {
     switch (kv->type) {
     case PK_KV_F32: return ((const float *)kv->v)[e];
     case PK_KV_F16: return pk_f16_to_f32(((const uint16_t *)kv->v)[e]);
+    case PK_KV_BF16: return pk_bf16_to_f32(((const uint16_t *)kv->v)[pk_kv_bf16_v_at(hd, j, i)]);
     default:
         return (float)((const int8_t *)kv->v)[e] * pk_f16_to_f32(kv->v_scale[e / PK_KV_Q8_GROUP]);
     }
 }
 
-/* x rounded to bf16 as vcvtneps2bf16 rounds (to nearest even; an f32 subnormal to a signed
- * zero; a NaN quiet), as a float. */
-static inline float bf16_round(float x) {
-    union { float f; uint32_t u; } v = {x};
-    if ((v.u & 0x7F800000u) == 0) v.u &= 0x80000000u;
-    else if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) v.u = (v.u | 0x00400000u) & 0xFFFF0000u;
-    else v.u = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) & 0xFFFF0000u;
-    return v.f;
-}
+/* x rounded to bf16 (contract/pk_kv.h's rounding), as a float. */
+static inline float bf16_round(float x) { return pk_bf16_to_f32(pk_kv_bf16_round(x)); }
 
 /* s + a * b (exact product, one rounding), a subnormal result flushed to a signed zero: one
  * of vdpbf16ps's two steps. */

@@ -1,4 +1,4 @@
-/* f16 in the kernel layer: the cache writer's f32 -> f16 rows, and the choice of the f16 -> f32
+/* f16 in the kernel layer: the cache writer's f32 -> f16 (and -> bf16) rows, and the choice of the f16 -> f32
  * conversion a KV cache is read through (the ISA files' helper records; PYKLEI_KERNEL's ISA
  * tags steer it, PYKLEI_LOG=kernels names it). The element conversions themselves are the
  * contract's (pk_f16_to_f32, pk_f32_to_f16: contract/pk_format.h). */
@@ -11,6 +11,10 @@
 
 PK_CLONES void pk_f32_to_f16_row(int n, const float *x, uint16_t *out) {
     for (int i = 0; i < n; i++) out[i] = pk_f32_to_f16(x[i]);
+}
+
+PK_CLONES void pk_f32_to_bf16_row(int n, const float *x, uint16_t *out) {
+    for (int i = 0; i < n; i++) out[i] = pk_kv_bf16_round(x[i]);
 }
 
 /* The f16 -> f32 conversions come from the registry's helper records (widest first, the

@@ -72,7 +72,7 @@ void pk_attend_group(int group, int hd, int n_pos, const float *q, const pk_kv_h
                      float *scores, size_t ld_scores, float *out);
 /* The same for `rows` query rows of one sequence over the same K/V head (a prefill chunk):
  * row r's heads q + r * ldq ([group][hd]) see positions [0, n_pos[r]) and write out + r * ldo.
- * An f16 or q8 cache is converted once per span for up to PK_ATTEND_ROWS rows. scores:
+ * An f16, q8 or bf16 cache is converted once per span for up to PK_ATTEND_ROWS rows. scores:
  * [min(rows, PK_ATTEND_ROWS)][group][ld_scores >= min(max n_pos, PK_ATTEND_CHUNK)] scratch. Each row bit-identical
  * to pk_attend_group on it alone. */
 /* 8 rather than 4: the f16 cache's conversion shared by more rows (docs/KERNELS.md); the
@@ -85,7 +85,7 @@ void pk_attend_rows(int rows, const int *n_pos, int group, int hd, const float *
 void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, const pk_kv_head *kv, float scale,
                                float *scores, size_t ld_scores, float *out);
 
-/* The dot-product arithmetic the forward pass reads an f16 or q8 cache of `type` with
+/* The dot-product arithmetic the forward pass reads an f16, q8 or bf16 cache of `type` with
  * (pk_kv_head.dot_bf16): 1 for bf16 where AVX-512 BF16 runs and PYKLEI_ATTENTION=bf16 asks
  * (or the default does), else 0 (f32; always for an f32 cache); -1 with the error set for a
  * PYKLEI_ATTENTION other than bf16 or f32. PYKLEI_LOG=kernels: a line on stderr says which.
@@ -128,5 +128,7 @@ void pk_attend_merge(int group, int hd, float *acc, float *acc_ml, const float *
 
 /* out[i] = f16(x[i]), i < n (pk_f32_to_f16, contract/pk_format.h): a cache row written. */
 void pk_f32_to_f16_row(int n, const float *x, uint16_t *out);
+/* out[i] = pk_kv_bf16_round(x[i]), i < n: a bf16 cache's values (ops/pk_f16.c). */
+void pk_f32_to_bf16_row(int n, const float *x, uint16_t *out);
 
 #endif

@@ -1,8 +1,8 @@
 """The forward pass with attention in bf16 (PYKLEI_ATTENTION=bf16; the kernels:
 tests/kernels/test_attention_bf16.py), on the tiny random model (tests/conftest.py; GQA group 2,
 head size 64): batched prefill and decode rows equal solo runs bit for bit, past a chunk of
-PK_ATTEND_CHUNK positions, for the f16 and q8 caches; the logits move from f32's by bf16's
-rounding only."""
+PK_ATTEND_CHUNK positions, for the f16, q8 and bf16 caches; the logits move from f32's by
+bf16's rounding only."""
 import numpy as np
 import pytest
 
@@ -10,7 +10,7 @@ from pyklei import _ext
 from pyklei.runtime.model import Model
 
 
-@pytest.mark.parametrize("kv_cache", ["f16", "q8"])
+@pytest.mark.parametrize("kv_cache", ["f16", "q8", "bf16"])
 def test_bf16_batch_rows_equal_solo_rows_and_stay_near_f32(gguf, kv_cache, monkeypatch):
     rng = np.random.default_rng(4)
     seqs = [rng.integers(0, 512, size=n).tolist() for n in (530, 41, 17)]   # 530: two chunks

@@ -101,6 +101,8 @@ class TinyModel:
             v = _qmm(xn, r["wv"][2]).reshape(T, KV, HD)
             if kv_cache == "f16":   # the cache stores K (after RoPE) and V rounded to f16
                 k, v = (a.astype(np.float16).astype(np.float32) for a in (k, v))
+            elif kv_cache == "bf16":   # or to bf16 (nearest even)
+                k, v = ((_ext.kv_bf16_round(a).astype(np.uint32) << 16).view(np.float32) for a in (k, v))
             elif kv_cache == "q8":  # or as int8 with an f16 scale per 32 values of a head
                 k, v = (_q8_0(a) for a in (k, v))
             att = np.zeros((T, H, HD), np.float32)
@@ -119,7 +121,7 @@ class TinyModel:
 @pytest.mark.usefixtures("f32_attention")      # the reference's attention is f32
 @pytest.mark.parametrize("emb_format", ["qsi4c32", "qsi6c32"])
 @pytest.mark.parametrize("n_threads", [1, 2])
-@pytest.mark.parametrize("kv_cache", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("kv_cache", ["f32", "f16", "q8", "bf16"])
 def test_prefill_decode_match_numpy(n_threads, kv_cache, emb_format):
     m = TinyModel(seed=n_threads, emb_format=emb_format)
     toks = np.random.default_rng(5).integers(0, 300, 20)
@@ -173,5 +175,5 @@ def test_bad_positions_and_tokens():
 def test_q8_cache_needs_head_size_multiple_of_32():
     with pytest.raises(ValueError, match="q8 KV cache needs a head size that is a multiple of 32, not 16"):
         TinyModel(HD=16, D=64).runtime(kv_cache="q8")
-    with pytest.raises(ValueError, match="kv_cache must be one of f32, f16, q8"):
+    with pytest.raises(ValueError, match="kv_cache must be one of f32, f16, q8, bf16"):
         TinyModel().runtime(kv_cache="q4")

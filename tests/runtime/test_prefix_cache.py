@@ -22,7 +22,7 @@ def _tokens(n, seed):
 
 # ---- Model.export_kv / import_kv ---------------------------------------------------------
 
-@pytest.mark.parametrize("kv", ["f32", "f16", "q8"])
+@pytest.mark.parametrize("kv", ["f32", "f16", "q8", "bf16"])
 def test_imported_rows_give_the_logits_of_computing_them(gguf, kv):
     m = Model(gguf, n_threads=2, n_ctx=128, n_seq=3, kv_cache=kv)
     s = _tokens(75, seed=1)

@@ -35,10 +35,11 @@ def _tokens(n, seed=0):
     return [int(t) for t in np.random.default_rng(seed).integers(3, 500, n)]
 
 
-def test_the_ring_changes_no_bit(windowed):
+@pytest.mark.parametrize("kv_cache", ["f16", "bf16"])   # bf16: V's pairs of positions in the ring
+def test_the_ring_changes_no_bit(windowed, kv_cache):
     toks = _tokens(N)
-    with Model(windowed, n_threads=2, n_ctx=N + 16, n_batch=16) as ring, \
-         Model(windowed, n_threads=2, n_ctx=N + 16, n_batch=N) as whole:
+    with Model(windowed, n_threads=2, n_ctx=N + 16, n_batch=16, kv_cache=kv_cache) as ring, \
+         Model(windowed, n_threads=2, n_ctx=N + 16, n_batch=N, kv_cache=kv_cache) as whole:
         rings = ring.runtime.rings
         assert any(rings) and not any(whole.runtime.rings), (rings, whole.runtime.rings)
         assert all(r == 512 for r, w in zip(rings, [ring.hparams.window(i) for i in range(len(rings))]) if w)
@@ -80,14 +81,15 @@ def test_the_engine_copies_only_prefixes_the_ring_holds(windowed):
         eng.shutdown()
 
 
-def test_kv_rows_move_through_the_ring_and_a_ring_file_is_not_prefix_cached(windowed):
+@pytest.mark.parametrize("kv_cache", ["f16", "bf16"])
+def test_kv_rows_move_through_the_ring_and_a_ring_file_is_not_prefix_cached(windowed, kv_cache):
     """export_kv reads only positions the rings still hold; import_kv writes each at p % ring,
     as the forward pass does, so rows exported while they were held restore a slot that
     continues bit for bit. The engine's prefix cache skips such files (a finished request's
     early positions are gone from its rings: pyklei.runtime.prefix_cache)."""
     from pyklei.runtime.prefix_cache import cacheable, engine_cache
     toks = _tokens(1040, seed=4)
-    with Model(windowed, n_threads=2, n_ctx=1100, n_batch=16, n_seq=2) as m:
+    with Model(windowed, n_threads=2, n_ctx=1100, n_batch=16, n_seq=2, kv_cache=kv_cache) as m:
         m.eval(toks[:512])
         first = m.export_kv(0, 0, 512)
         m.eval(toks[:1024])

@@ -249,7 +249,10 @@ typedef struct {
     float *kl, *vl;
 } kv_case;
 
-static const char *const kv_names[] = {"f32", "f16", "q8"};
+static const char *const kv_names[] = {"f32", "f16", "q8", "bf16"};
+
+/* Whether a cache of type t is read through an f16 -> f32 conversion (one run per conversion). */
+static int kv_converts_f16(int t) { return t == PK_KV_F16 || t == PK_KV_Q8; }
 
 static void kv_case_make(kv_case *c, pk_kv_type t, int hd, int n_rows, const float *kf, const float *vf) {
     const size_t ne = (size_t)n_rows * hd, es = pk_kv_value_bytes(t);
@@ -257,6 +260,19 @@ static void kv_case_make(kv_case *c, pk_kv_type t, int hd, int n_rows, const flo
     c->kl = malloc(sizeof(float) * ne), c->vl = malloc(sizeof(float) * ne);
     c->k = malloc(es * ne), c->v = malloc(es * ne);
     c->ks = c->vs = NULL;
+    if (t == PK_KV_BF16) {   /* rounded by the writer's row function, laid out in pairs */
+        uint16_t *kr = malloc(sizeof(uint16_t) * ne), *vr = malloc(sizeof(uint16_t) * ne);
+        pk_f32_to_bf16_row((int)ne, kf, kr), pk_f32_to_bf16_row((int)ne, vf, vr);
+        for (int j = 0; j < n_rows; j++)
+            for (int i = 0; i < hd; i++) {
+                const size_t e = (size_t)j * hd + i;
+                ((uint16_t *)c->k)[pk_kv_bf16_k_at(hd, j, i)] = kr[e];
+                ((uint16_t *)c->v)[pk_kv_bf16_v_at(hd, j, i)] = vr[e];
+                c->kl[e] = pk_bf16_to_f32(kr[e]), c->vl[e] = pk_bf16_to_f32(vr[e]);
+            }
+        free(kr), free(vr);
+        return;
+    }
     void *krows = malloc(es * ne);   /* K rows before blocking */
     if (t == PK_KV_F32) {
         memcpy(krows, kf, sizeof(float) * ne), memcpy(c->v, vf, sizeof(float) * ne);
@@ -398,7 +414,7 @@ static void test_attention(int quick) {
     /* past PK_ATTEND_CHUNK: 530 (two chunks, kept by --quick), 1100 (three) */
     static const int npos[] = {1, 2, 15, 16, 17, 33, 100, 530, 257, 1100};
     const int p0 = n_pass, f0 = n_fail;
-    int runs[3][COUNT(f16_isas)] = {{0}};
+    int runs[4][COUNT(f16_isas)] = {{0}};
     double worst = 0.0;
     for (int ig = 0; ig < COUNT(groups); ig++)
         for (int ih = 0; ih < COUNT(hds); ih++)
@@ -415,7 +431,7 @@ static void test_attention(int quick) {
                 for (int i = 0; i < G * hd; i++) q[i] = rndf() * mag;
                 for (size_t i = 0; i < ne; i++) kf[i] = rndf() * mag, vf[i] = rndf();
                 const float scale = 1.0f / sqrtf((float)hd);
-                for (int t = PK_KV_F32; t <= PK_KV_Q8; t++) {
+                for (int t = PK_KV_F32; t <= PK_KV_BF16; t++) {
                     /* the rows as the cache holds them, the padding of the last block filled too */
                     kv_case c;
                     kv_case_make(&c, (pk_kv_type)t, hd, nb * PK_KV_BLOCK, kf, vf);
@@ -430,7 +446,7 @@ static void test_attention(int quick) {
                     /* a sliding window [lo, n): its unaligned head in plain C, then chunks */
                     const int lo = rnd_int(0, n - 1);
                     const pk_kv_head wkv = kv_case_head(&c, (pk_kv_type)t,
-                                                        t != PK_KV_F32 ? pk_f16_to_f32_for_isa("scalar") : NULL);
+                                                        kv_converts_f16(t) ? pk_f16_to_f32_for_isa("scalar") : NULL);
                     attend_double(G, hd, n - lo, q, c.kl + (size_t)lo * hd, c.vl + (size_t)lo * hd, scale, exact);
                     pk_attend_window(G, hd, lo, n, 0, q, &wkv, scale, scores, ld, got);
                     err = 0.0;
@@ -440,9 +456,9 @@ static void test_attention(int quick) {
                     pk_attend_window(G, hd, 0, n, 0, q, &wkv, scale, scores, ld, got);
                     CHECK(!memcmp(got, want, sizeof(float) * (size_t)G * hd),
                           "pk_attend_window from 0 differs from pk_attend_group G=%d hd=%d n=%d %s", G, hd, n, kv_names[t]);
-                    for (int ii = 0; ii < (t != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
-                        pk_f16_to_f32_fn fn = t != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
-                        if (t != PK_KV_F32 && !fn) continue;
+                    for (int ii = 0; ii < (kv_converts_f16(t) ? COUNT(f16_isas) : 1); ii++) {
+                        pk_f16_to_f32_fn fn = kv_converts_f16(t) ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                        if (kv_converts_f16(t) && !fn) continue;
                         const pk_kv_head kv = kv_case_head(&c, (pk_kv_type)t, fn);
                         for (int i = 0; i < G * hd; i++) got[i] = NAN;
                         pk_attend_group(G, hd, n, q, &kv, scale, scores, ld, got);
@@ -472,15 +488,15 @@ static void test_attention(int quick) {
         float *want = malloc(sizeof(float) * ldq * rows), *got = malloc(sizeof(float) * ldq * rows);
         for (size_t i = 0; i < ldq * rows; i++) q[i] = rndf() * 3.0f;
         for (size_t i = 0; i < ne; i++) kf[i] = rndf() * 3.0f, vf[i] = rndf();
-        for (int kt = PK_KV_F32; kt <= PK_KV_Q8; kt++) {
+        for (int kt = PK_KV_F32; kt <= PK_KV_BF16; kt++) {
             kv_case c;
             kv_case_make(&c, (pk_kv_type)kt, hd, n_rows, kf, vf);
             const pk_kv_head ref = kv_case_head(&c, (pk_kv_type)kt, NULL);
             for (int r = 0; r < rows; r++)
                 pk_attend_group_reference(G, hd, n_pos[r], q + r * ldq, &ref, 0.125f, scores, ld, want + r * ldq);
-            for (int ii = 0; ii < (kt != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
-                pk_f16_to_f32_fn fn = kt != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
-                if (kt != PK_KV_F32 && !fn) continue;
+            for (int ii = 0; ii < (kv_converts_f16(kt) ? COUNT(f16_isas) : 1); ii++) {
+                pk_f16_to_f32_fn fn = kv_converts_f16(kt) ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                if (kv_converts_f16(kt) && !fn) continue;
                 const pk_kv_head kv = kv_case_head(&c, (pk_kv_type)kt, fn);
                 for (size_t i = 0; i < ldq * rows; i++) got[i] = NAN;
                 pk_attend_rows(rows, n_pos, G, hd, q, ldq, &kv, 0.125f, scores, ld, got, ldq);
@@ -501,6 +517,7 @@ static void test_attention(int quick) {
     for (int t = PK_KV_F16; t <= PK_KV_Q8; t++)
         for (int ii = 0; ii < COUNT(f16_isas); ii++)
             if (runs[t][ii]) printf(", %s by f16_to_f32_%s %d cases", kv_names[t], f16_isas[ii], runs[t][ii]);
+    printf(", bf16 %d cases", runs[PK_KV_BF16][0]);
     printf(" bit-identical with the reference (max %.2g from double); %d checks%s\n", worst, n_pass - p0,
            n_fail > f0 ? " (FAILURES)" : "");
 }
@@ -556,7 +573,7 @@ static void test_attention_window(int quick) {
         double *exact = malloc(sizeof(double) * (size_t)G * hd);
         for (size_t i = 0; i < ldq * rows; i++) q[i] = rndf() * 3.0f;
         for (size_t i = 0; i < ne; i++) kf[i] = rndf() * 3.0f, vf[i] = rndf();
-        for (int kt = PK_KV_F32; kt <= PK_KV_Q8; kt++) {
+        for (int kt = PK_KV_F32; kt <= PK_KV_BF16; kt++) {
             kv_case c;
             kv_case_make(&c, (pk_kv_type)kt, hd, n_cache, kf, vf);
             const pk_kv_head ref = kv_case_head(&c, (pk_kv_type)kt, NULL);
@@ -574,9 +591,9 @@ static void test_attention_window(int quick) {
                 CHECK(err <= 1e-5, "window reference G=%d hd=%d [%d, %d) ring %d %s: %.3g from double", G, hd, lo[r],
                       hi[r], ring, kv_names[kt], err);
             }
-            for (int ii = 0; ii < (kt != PK_KV_F32 ? COUNT(f16_isas) : 1); ii++) {
-                pk_f16_to_f32_fn fn = kt != PK_KV_F32 ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
-                if (kt != PK_KV_F32 && !fn) continue;
+            for (int ii = 0; ii < (kv_converts_f16(kt) ? COUNT(f16_isas) : 1); ii++) {
+                pk_f16_to_f32_fn fn = kv_converts_f16(kt) ? pk_f16_to_f32_for_isa(f16_isas[ii]) : NULL;
+                if (kv_converts_f16(kt) && !fn) continue;
                 const pk_kv_head kv = kv_case_head(&c, (pk_kv_type)kt, fn);
                 for (size_t i = 0; i < ldq * rows; i++) got[i] = NAN;
                 pk_attend_rows_window(rows, lo, hi, ring, G, hd, q, ldq, &kv, 0.125f, scores, ld, got, ldq);
