@@ -183,8 +183,8 @@ check_run() {
     # read through it matched the reference
     grep -qx "f16_to_f32_neon: 65536 values and tails bit-exact with scalar" "$log" \
         || { say "  $name: f16_to_f32_neon did not run or differs"; bad=1; }
-    grep -qE "^attention: f32 [1-9][0-9]* cases.*, f16 by f16_to_f32_neon [1-9][0-9]* cases.*, q8 by f16_to_f32_neon [1-9][0-9]* cases bit-identical" "$log" \
-        || { say "  $name: attention over f16 and q8 caches read by f16_to_f32_neon did not run or differs"; bad=1; }
+    grep -qE "^attention: f32 [1-9][0-9]* cases, bf16 [1-9][0-9]* cases.*, f16 by f16_to_f32_neon [1-9][0-9]* cases.*, q8 by f16_to_f32_neon [1-9][0-9]* cases bit-identical" "$log" \
+        || { say "  $name: attention over bf16, f16 and q8 caches (f16 and q8 read by f16_to_f32_neon) did not run or differs"; bad=1; }
     grep -qE "^attention rows: [1-9][0-9]* pk_attend_rows cases bit-identical" "$log" \
         || { say "  $name: pk_attend_rows did not run or differs"; bad=1; }
     line=$(tail -n 1 "$log")

@@ -21,7 +21,9 @@ int pk_llama_kv_copy(pk_llama *m, int src, int dst, int n) {
              * ring that has wrapped, whole */
             const int ring = m->ring[l], wrapped = ring && n > ring;
             const size_t k_pos = wrapped ? (size_t)ring : (size_t)(n + PK_KV_BLOCK - 1) / PK_KV_BLOCK * PK_KV_BLOCK;
-            const size_t v_pos = wrapped ? (size_t)ring : (size_t)n;
+            /* a bf16 cache's V pairs positions 2p, 2p + 1: whole pairs (contract/pk_kv.h) */
+            const size_t v_pos = wrapped ? (size_t)ring
+                                 : hp->kv_type == PK_KV_BF16 ? (size_t)(n + 1) / 2 * 2 : (size_t)n;
             const size_t s = pk_llama_kv_head(m, src, l, h) * es, d = pk_llama_kv_head(m, dst, l, h) * es;
             memcpy((char *)m->k_cache + d, (const char *)m->k_cache + s, k_pos * hd * es);
             memcpy((char *)m->v_cache + d, (const char *)m->v_cache + s, v_pos * hd * es);

@@ -51,8 +51,9 @@ def test_batch_rows_equal_solo_rows_bit_for_bit(gguf, n_threads):
         assert m.seq_tokens(i) == s[:c + 15]
 
 
-def test_copy_seq_continues_like_the_source(gguf):
-    m = Model(gguf, n_threads=2, n_ctx=128, n_seq=3)
+@pytest.mark.parametrize("kv_cache", ["f16", "bf16"])   # bf16: an odd prefix ends inside a V pair
+def test_copy_seq_continues_like_the_source(gguf, kv_cache):
+    m = Model(gguf, n_threads=2, n_ctx=128, n_seq=3, kv_cache=kv_cache)
     s = _prompts(1, seed=2, lo=40, hi=41)[0]
     ref = m.logits(s)
     m.copy_seq(0, 2, 25)

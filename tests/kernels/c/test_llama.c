@@ -12,7 +12,7 @@
  *
  * For several configurations (embedding table f32 / f16 / bf16 / qsi4c32 / qsi8cx, tied
  * lm_head sharing the embedding bytes or not, qsi4c32 and qsi8cx layers, llama3 rope_freqs or
- * none, f32, f16 or q8 KV cache, 1 or 2 activation planes, 1 or 2 threads, shapes whose N and K
+ * none, f32, f16, q8 or bf16 KV cache, 1 or 2 activation planes, 1 or 2 threads, shapes whose N and K
  * are not multiples of the kernels' tiles; and the families' features of pk_llama.h: Qwen2's
  * q/k/v biases, Qwen3's q/k norms, SmolLM3's layers without RoPE, Phi-3's partial RoPE, and
  * Gemma 3's all at once, sliding windows below the sequence, once past a ring's wrap), checks:
@@ -484,7 +484,7 @@ static void test_bad_hparams(void) {
     BAD(n_ctx, 0);
     BAD(n_batch, 0);
     BAD(n_ff, -5);
-    BAD(kv_type, 3);       /* no such cache type */
+    BAD(kv_type, 4);       /* no such cache type */
     BAD(kv_type, 2);       /* q8 with head_dim 16: not a multiple of its group of 32 */
     BAD(n_vocab, 0);
     BAD(n_seq, -1);
@@ -560,7 +560,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     /* name, V, h, layers, heads, kv heads, hd, ff, n_ctx, emb, tied, q8 layers, rope_freqs,
-     * kv_type (0 f32, 1 f16, 2 q8), planes, threads, bl[, family features] */
+     * kv_type (0 f32, 1 f16, 2 q8, 3 bf16), planes, threads, bl[, family features] */
     const config configs[] = {
         {"f32-emb q4 1thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_FMT_F32, 0, 0, 1, 0, 1, 1, 32},
         {"f16-emb q4 kvf16 2thr", 37, 64, 2, 4, 2, 16, 96, 9, PK_FMT_F16, 0, 0, 0, 1, 2, 2, 32},
@@ -572,6 +572,8 @@ int main(int argc, char **argv) {
         {"kvq8 hd32 2thr", 29, 64, 2, 2, 2, 32, 64, 37, PK_FMT_QSI4C32, 1, 0, 0, 2, 1, 2, 32},
         {"kvq8 hd64 gqa3", 31, 192, 1, 6, 2, 64, 128, 35, PK_FMT_F32, 0, 0, 1, 2, 1, 2, 32},
         {"kvq8 hd128 gqa4", 19, 128, 1, 4, 1, 128, 96, 21, PK_FMT_QSI8CX, 1, 1, 1, 2, 2, 1, 32},
+        /* bf16 caches: K's pairs of dimensions across blocks, V's pairs of positions, an odd n */
+        {"kvbf16 hd32 2thr", 29, 64, 2, 4, 2, 32, 64, 37, PK_FMT_QSI4C32, 1, 0, 0, 3, 1, 2, 32},
         /* the families' features (pk_llama.h), each family's at odd tiny sizes */
         {"qwen2 qkv-bias", 37, 64, 2, 4, 2, 16, 96, 11, PK_FMT_F32, 0, 0, 0, 0, 1, 2, 32,
          .fam = {.bias = 1, .rope_theta = 1e6f}},
@@ -591,6 +593,7 @@ int main(int argc, char **argv) {
          * the solo prefill's rows bit for bit */
         {"chunks kvq8 hd32 2thr", 23, 64, 1, 4, 1, 32, 64, 600, PK_FMT_QSI4C32, 1, 0, 0, 2, 1, 2, 32},
         {"chunks f16 hd64 2thr", 23, 256, 1, 4, 1, 64, 64, 560, PK_FMT_F32, 0, 0, 0, 1, 1, 2, 32},
+        {"chunks bf16 hd64 2thr", 23, 256, 1, 4, 1, 64, 64, 560, PK_FMT_F32, 0, 0, 0, 3, 1, 2, 32},
         {"chunks f32 hd64 gqa2", 23, 128, 1, 4, 2, 64, 64, 530, PK_FMT_F32, 0, 0, 0, 0, 1, 2, 32},
         /* Gemma 3 past a ring: in chunks of a few rows, the sliding layers (0 and 2) keep a ring of
          * 512 positions that 560 wrap, over a q8 cache; layer 1 sees all, split by chunks */
@@ -602,6 +605,11 @@ int main(int argc, char **argv) {
          * 37 over an f16 ring: the rows of a chunk attend together (pk_attend_rows_window), each
          * from its own place in a K block, across the wrap */
         {"gemma3 hd256 win37 ring kvf16", 23, 64, 3, 4, 1, 256, 96, 560, PK_FMT_QSI8CX, 1, 0, 0, 1, 1, 2, 32,
+         .fam = {.qk_norm = 1, .post_norms = 1, .window = 37, .window_layers = 0x5, .local_theta = 1e4f,
+                 .rope_theta = 1e6f, .act = PK_ACT_GELU_TANH, .embd_scale = 8.0f, .attn_scale = 0.05f,
+                 .ring_wraps = 1}},
+        /* the same over a bf16 ring: V's pairs of positions across the wrap */
+        {"gemma3 hd256 win37 ring kvbf16", 23, 64, 3, 4, 1, 256, 96, 560, PK_FMT_QSI8CX, 1, 0, 0, 3, 1, 2, 32,
          .fam = {.qk_norm = 1, .post_norms = 1, .window = 37, .window_layers = 0x5, .local_theta = 1e4f,
                  .rope_theta = 1e6f, .act = PK_ACT_GELU_TANH, .embd_scale = 8.0f, .attn_scale = 0.05f,
                  .ring_wraps = 1}},

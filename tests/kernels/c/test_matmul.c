@@ -513,11 +513,10 @@ static void test_attention(int quick) {
     }
     printf("attention rows: %d pk_attend_rows cases bit-identical with the reference row by row%s\n", row_runs,
            n_fail > f0 ? " (FAILURES)" : "");
-    printf("attention: f32 %d cases", runs[0][0]);
+    printf("attention: f32 %d cases, bf16 %d cases", runs[0][0], runs[PK_KV_BF16][0]);
     for (int t = PK_KV_F16; t <= PK_KV_Q8; t++)
         for (int ii = 0; ii < COUNT(f16_isas); ii++)
             if (runs[t][ii]) printf(", %s by f16_to_f32_%s %d cases", kv_names[t], f16_isas[ii], runs[t][ii]);
-    printf(", bf16 %d cases", runs[PK_KV_BF16][0]);
     printf(" bit-identical with the reference (max %.2g from double); %d checks%s\n", worst, n_pass - p0,
            n_fail > f0 ? " (FAILURES)" : "");
 }
