@@ -467,6 +467,17 @@ static void test_attention(int quick) {
                               G, hd, n, kv_names[t], f16_isas[ii]);
                         runs[t][ii]++;
                     }
+                    if (t != PK_KV_F32) {   /* bf16 dot products: the AVX-512 BF16 kernels where they run */
+                        pk_kv_head kb = kv_case_head(&c, (pk_kv_type)t,
+                                                     kv_converts_f16(t) ? pk_f16_to_f32_for_isa("scalar") : NULL);
+                        kb.dot_bf16 = 1;
+                        pk_attend_group_reference(G, hd, n, q, &kb, scale, scores, ld, want);
+                        for (int i = 0; i < G * hd; i++) got[i] = NAN;
+                        pk_attend_group(G, hd, n, q, &kb, scale, scores, ld, got);
+                        CHECK(!memcmp(got, want, sizeof(float) * (size_t)G * hd),
+                              "pk_attend_group in bf16 G=%d hd=%d n=%d %s differs from the reference", G, hd, n,
+                              kv_names[t]);
+                    }
                     kv_case_free(&c);
                 }
                 free(q); free(kf); free(vf); free(scores); free(want); free(got); free(exact);
