@@ -21,8 +21,9 @@
  * f16 -> f32 instruction; q8 as int8 times its group's scale; bf16 out of its pairs, a shift),
  * and the same float code runs on the tile. The conversions are exact, and per head the
  * arithmetic and its order are those of the reference (pk_attend_group_reference), so every
- * path and every cache type agree with it bit for bit. Decode runs one row here; a prefill window of a converted cache goes
- * through attend_rows_conv below, a sliding window's rows too (pk_attend_rows_window). */
+ * path and every cache type agree with it bit for bit. Decode runs one row here; a prefill
+ * window of a converted cache goes through attend_rows_conv below, a sliding window's rows too
+ * (pk_attend_rows_window). */
 
 /* Query-key scores on K's blocked layout: a block of 16 positions is 16 lanes per dimension.
  * Every path sums over i in order, one fused multiply-add per term (__builtin_fmaf, written
