@@ -15,8 +15,8 @@
 # against the reference); test_llama (its --quick set: the Llama shapes and each family's
 # features, a Gemma 3 shape past a sliding layer's ring, ~10-30 s a CPU) runs the forward pass
 # on whichever kernels the CPU model has, and must end "<P> passed, 0 failed";
-# then builds and runs both programs natively (test_matmul once more with AddressSanitizer when
-# the compiler supports it; scripts/test_sanitizers.sh runs test_llama so). --full runs the
+# then builds and runs both programs natively (scripts/test_sanitizers.sh runs both under
+# AddressSanitizer + UBSan). --full runs the
 # large shape set and every test_llama configuration under qemu too (slower).
 # --objects DIR links the test programs with the aarch64 objects of a wheel build
 # (DIR/pyklei_ext/{contract,ops,isa,model}/*.o, setuptools' build/temp.* directory;
@@ -84,26 +84,16 @@ CFLAGS=(-O3 "${PK_CFLAGS[@]}" -Ipyklei_ext)
 # (internal compiler error in vect_transform_reduction)
 TEST_CFLAGS=("${CFLAGS[@]/-O3/-O2}")
 
-# compile CC DIR SRC...: each source with CFLAGS into DIR; OBJS: the objects
-compile() {
-    local cc=$1 dir=$2 o s
-    shift 2
-    mkdir -p "$dir"
-    OBJS=()
-    for s in "$@"; do
-        o="$dir/$(echo "$s" | tr / _).o"
-        "$cc" "${CFLAGS[@]}" -c "$s" -o "$o" || die "$cc could not compile $s"
-        OBJS+=("$o")
-    done
-}
-
-# build CC TAG [LDFLAGS...]: the kernel and model sources with CFLAGS, one object each, then
-# $WORK/test_matmul_TAG (kernels) and $WORK/test_llama_TAG (kernels and forward pass)
+# build CC TAG [LDFLAGS...]: the kernel and model sources with CFLAGS, one object each (all
+# cores at once), then $WORK/test_matmul_TAG (kernels) and $WORK/test_llama_TAG (kernels and
+# forward pass)
 build() {
     local cc=$1 tag=$2 kobjs mobjs
     shift 2
-    compile "$cc" "$WORK/$tag.objs" "${SRCS[@]}"; kobjs=("${OBJS[@]}")
-    compile "$cc" "$WORK/$tag.objs" "${MODEL_SRCS[@]}"; mobjs=("${OBJS[@]}")
+    pk_compile_objects "$cc" "$WORK/$tag.objs" "${SRCS[@]}" "${MODEL_SRCS[@]}" -- "${CFLAGS[@]}" \
+        || die "$cc could not compile the sources"
+    kobjs=("${PK_OBJS[@]:0:${#SRCS[@]}}")
+    mobjs=("${PK_OBJS[@]:${#SRCS[@]}}")
     "$cc" "${TEST_CFLAGS[@]}" "$@" "${TEST_SRCS[@]}" "${kobjs[@]}" -lm -o "$WORK/test_matmul_$tag" \
         || die "$cc could not link test_matmul_$tag"
     "$cc" "${TEST_CFLAGS[@]}" "$@" "${LLAMA_SRCS[@]}" "${mobjs[@]}" "${kobjs[@]}" -lm -o "$WORK/test_llama_$tag" \
@@ -127,8 +117,9 @@ if [ -n "$OBJDIR" ]; then
     shopt -u nullglob
     if [ "${#MOBJS[@]}" -eq 0 ]; then
         say "$OBJDIR has no pyklei_ext/model objects: compiling the forward pass from the tree for test_llama"
-        compile aarch64-linux-gnu-gcc "$WORK/model.objs" "${MODEL_SRCS[@]}"
-        MOBJS=("${OBJS[@]}")
+        pk_compile_objects aarch64-linux-gnu-gcc "$WORK/model.objs" "${MODEL_SRCS[@]}" -- "${CFLAGS[@]}" \
+            || die "aarch64-linux-gnu-gcc could not compile the forward pass"
+        MOBJS=("${PK_OBJS[@]}")
     else
         [ "${#MOBJS[@]}" -eq "${#MODEL_SRCS[@]}" ] \
             || die "$OBJDIR: ${#MOBJS[@]} objects for ${#MODEL_SRCS[@]} model sources"
@@ -226,18 +217,28 @@ QARGS=(--quick --emulated)
 LARGS=(--quick)
 [ $FULL -eq 1 ] && QARGS=(--emulated) && LARGS=()
 Q4=qai8dx_qsi4c32
-for spec in "cortex-a53|neon|neon|dotprod i8mm|m=1 -> ${Q4}_1x4_neon, m=64 -> ${Q4}_1x4_neon" \
-            "neoverse-n1|neon dotprod|neon dotprod|i8mm|m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_dotprod" \
-            "max|neon dotprod i8mm|neon dotprod i8mm||m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_i8mm"; do
+SPECS=("cortex-a53|neon|neon|dotprod i8mm|m=1 -> ${Q4}_1x4_neon, m=64 -> ${Q4}_1x4_neon"
+       "neoverse-n1|neon dotprod|neon dotprod|i8mm|m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_dotprod"
+       "max|neon dotprod i8mm|neon dotprod i8mm||m=1 -> ${Q4}_1x4_dotprod, m=64 -> ${Q4}_4x4_i8mm")
+# the three CPU models' runs side by side (each emulator is mostly one busy thread; the runs
+# share nothing but the binaries), each writing its logs and exit statuses; checked in order
+say "qemu-aarch64 -cpu cortex-a53 / neoverse-n1 / max: test_matmul ${QARGS[*]}, then test_llama ${LARGS[*]}"
+for spec in "${SPECS[@]}"; do
+    cpu=${spec%%|*}
+    (
+        rc=0
+        qemu-aarch64 -cpu "$cpu" "$WORK/test_matmul_aarch64" "${QARGS[@]}" >"$WORK/$cpu.log" 2>&1 || rc=$?
+        echo $rc >"$WORK/$cpu.rc"
+        rc=0
+        qemu-aarch64 -cpu "$cpu" "$WORK/test_llama_aarch64" "${LARGS[@]}" >"$WORK/$cpu.llama.log" 2>&1 || rc=$?
+        echo $rc >"$WORK/$cpu.llama.rc"
+    ) &
+done
+wait
+for spec in "${SPECS[@]}"; do
     IFS='|' read -r cpu feats run_tags skip_tags want_default <<<"$spec"
-    say "qemu-aarch64 -cpu $cpu ${QARGS[*]}"
-    rc=0
-    qemu-aarch64 -cpu "$cpu" "$WORK/test_matmul_aarch64" "${QARGS[@]}" >"$WORK/$cpu.log" 2>&1 || rc=$?
-    check_run "$cpu" "$WORK/$cpu.log" "$rc" "$feats" "$run_tags" "$skip_tags" "$want_default"
-    say "qemu-aarch64 -cpu $cpu test_llama ${LARGS[*]}"
-    rc=0
-    qemu-aarch64 -cpu "$cpu" "$WORK/test_llama_aarch64" "${LARGS[@]}" >"$WORK/$cpu.llama.log" 2>&1 || rc=$?
-    check_llama "$cpu test_llama" "$WORK/$cpu.llama.log" "$rc"
+    check_run "$cpu" "$WORK/$cpu.log" "$(cat "$WORK/$cpu.rc" 2>/dev/null || echo 99)" "$feats" "$run_tags" "$skip_tags" "$want_default"
+    check_llama "$cpu test_llama" "$WORK/$cpu.llama.log" "$(cat "$WORK/$cpu.llama.rc" 2>/dev/null || echo 99)"
 done
 
 if [ -n "$OBJDIR" ]; then
@@ -284,22 +285,12 @@ quick_verdict() {
 if [ "$(uname -m)" = x86_64 ] && grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo \
    && grep -qw f16c /proc/cpuinfo; then
     say "native run of the AVX2 code (-march=x86-64-v3, no clones; quick shape set)"
-    gcc "${CFLAGS[@]}" -DPK_NO_CLONES -march=x86-64-v3 "${TEST_SRCS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_v3"
+    pk_compile_objects gcc "$WORK/v3.objs" "${TEST_SRCS[@]}" "${SRCS[@]}" -- "${CFLAGS[@]}" \
+        -DPK_NO_CLONES -march=x86-64-v3 || die "gcc could not compile the x86-64-v3 build"
+    gcc "${PK_OBJS[@]}" -lm -o "$WORK/test_matmul_v3"
     rc=0
     "$WORK/test_matmul_v3" --quick >"$WORK/v3.log" 2>&1 || rc=$?
     quick_verdict x86-64-v3 "$WORK/v3.log" $rc "^FAIL"
-fi
-
-if echo 'int main(void){return 0;}' | gcc -fsanitize=address,undefined -x c - -o "$WORK/asan_probe" 2>/dev/null \
-   && "$WORK/asan_probe" 2>/dev/null; then
-    say "native run with AddressSanitizer + UBSan (quick shape set)"
-    gcc "${CFLAGS[@]/-O3/-O1}" -g -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-        -fno-omit-frame-pointer "${TEST_SRCS[@]}" "${SRCS[@]}" -lm -o "$WORK/test_matmul_asan"
-    rc=0
-    ASAN_OPTIONS=detect_leaks=1 "$WORK/test_matmul_asan" --quick >"$WORK/asan.log" 2>&1 || rc=$?
-    quick_verdict asan "$WORK/asan.log" $rc "ERROR|SUMMARY|runtime error|^FAIL"
-else
-    say "AddressSanitizer not available with this gcc; skipped"
 fi
 
 if [ $FAILED -ne 0 ]; then

@@ -82,8 +82,16 @@ run_c() {   # NAME LOG-CHECK ARGS...
 
 if [ $C_TESTS -eq 1 ]; then
     say "building tests/kernels/c/test_llama.c and tests/kernels/c/test_matmul.c with -fsanitize=address,undefined"
-    gcc "${CFLAGS[@]}" tests/kernels/c/test_llama.c pyklei_ext/model/*.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_llama"
-    gcc "${CFLAGS[@]}" tests/kernels/c/test_matmul.c tests/kernels/c/pk_testhook.c "${KERNEL_SRCS[@]}" -lm -o "$WORK/test_matmul"
+    # the kernel layer once for both programs, on every core
+    TEST_SRCS=(tests/kernels/c/test_llama.c tests/kernels/c/test_matmul.c tests/kernels/c/pk_testhook.c)
+    MODEL_SRCS=(pyklei_ext/model/*.c)
+    pk_compile_objects gcc "$WORK/objs" "${TEST_SRCS[@]}" "${MODEL_SRCS[@]}" "${KERNEL_SRCS[@]}" -- "${CFLAGS[@]}" \
+        || { say "FAIL: the sanitizer build did not compile"; exit 1; }
+    O_LLAMA=${PK_OBJS[0]} O_MATMUL=${PK_OBJS[1]} O_HOOK=${PK_OBJS[2]}
+    O_MODEL=("${PK_OBJS[@]:3:${#MODEL_SRCS[@]}}")
+    O_KERNELS=("${PK_OBJS[@]:$((3 + ${#MODEL_SRCS[@]}))}")
+    gcc "${CFLAGS[@]}" "$O_LLAMA" "${O_MODEL[@]}" "${O_KERNELS[@]}" -lm -o "$WORK/test_llama"
+    gcc "${CFLAGS[@]}" "$O_MATMUL" "$O_HOOK" "${O_KERNELS[@]}" -lm -o "$WORK/test_matmul"
     say "test_llama (forward pass)"
     run_c test_llama --verbose
     say "test_matmul --quick (kernels)"
@@ -99,7 +107,11 @@ if [ $PYTHON_TESTS -eq 1 ]; then
     rm -rf "$SRC/build"
     # LDFLAGS: setup.py puts the sanitizer flags on the compile line only; the link needs them
     # too, so that the .so depends on libasan and libubsan
-    if ! (cd "$SRC" && PYKLEI_DEBUG_BUILD="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+    # through ccache when it is installed (CI keeps its cache): the scratch copy's folder changes
+    # every run, so paths are hashed relative to it (BASEDIR) and the -g output's folder not at all
+    LAUNCH_CC=${CC:-gcc}
+    command -v ccache >/dev/null && [[ "$LAUNCH_CC" != ccache* ]] && LAUNCH_CC="ccache $LAUNCH_CC"
+    if ! (cd "$SRC" && CC="$LAUNCH_CC" CCACHE_BASEDIR="$SRC" CCACHE_NOHASHDIR=true PYKLEI_DEBUG_BUILD="-fsanitize=address,undefined -fno-sanitize-recover=undefined" \
             LDFLAGS="${LDFLAGS:-} -fsanitize=address,undefined" \
             python setup.py -q build_ext --inplace -j "$(nproc)" >"$WORK/build.log" 2>&1); then
         say "  build FAILED"; tail -n 30 "$WORK/build.log" | sed 's/^/    | /'; exit 1
