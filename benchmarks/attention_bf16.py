@@ -122,8 +122,9 @@ def quality(bed: str, model: str, hf: Path, at: list[int], window: int, threads:
         t0 = time.time()
         ref = reference_rows(hf, ids, rows)
         print(f"{bed} {tname}: reference of {n_tok} tokens in {time.time() - t0:.0f} s", file=sys.stderr)
+        per_cache = {}
         for kv in caches:
-            per = {}
+            per = per_cache[kv] = {}
             for mode in MODES:
                 with load(model, mode, n_threads=threads, n_ctx=n_tok, kv_cache=kv) as llm:
                     per[mode] = score_rows(ref, pyklei_rows(llm, ids, rows), ids, rows)
@@ -138,6 +139,17 @@ def quality(bed: str, model: str, hf: Path, at: list[int], window: int, threads:
                     if mode == "bf16":
                         rows_out[-1].update(paired_change(k, per["f32"]["kld"][sel], block=block))
                     print(rows_out[-1], file=sys.stderr)
+        # each later cache against the first with the same attention, on the same positions: a
+        # paired interval, far narrower than the two caches' separate changes against f32
+        for kv in caches[1:]:
+            for d in at:
+                sel = (rows >= d) & (rows < d + window)
+                for mode in MODES:
+                    row = next(r for r in rows_out if (r["bed"], r["text"], r["depth"], r["kv_cache"],
+                                                       r["attention"]) == (bed, tname, d, kv, mode))
+                    ch = paired_change(per_cache[kv][mode]["kld"][sel], per_cache[caches[0]][mode]["kld"][sel],
+                                       block=block)
+                    row.update({"cache_base": caches[0], **{"cache_" + k: v for k, v in ch.items()}})
     return rows_out
 
 
@@ -249,6 +261,19 @@ def report(res: dict) -> str:
     if res["quality"]:
         lines += [f"## Quality: KLD against transformers fp32, {res['window']} positions from each depth", "",
                   quality_table(res["quality"]), ""]
+        paired = [r for r in res["quality"] if "cache_kld_change" in r]
+        if paired:
+            lines += ["## Each KV cache against the first, the same attention, the same positions", "",
+                      "| bed | text | positions | attention | KLD, base cache | KLD, this cache | change (95% interval) |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in paired:
+                b = next(x for x in res["quality"] if x["kv_cache"] == r["cache_base"] and all(
+                    x[k] == r[k] for k in ("bed", "text", "depth", "positions", "attention")))
+                lines.append(f"| {r['bed']} | {r['text']} | {r['depth']}-{r['depth'] + r['positions'] - 1} | "
+                             f"{r['attention']} | {b['kv_cache']} {b['kld']:.4f} | {r['kv_cache']} {r['kld']:.4f} | "
+                             f"{100 * r['cache_kld_change']:+.1f}% ({100 * r['cache_kld_change_lo']:+.1f}% .. "
+                             f"{100 * r['cache_kld_change_hi']:+.1f}%) |")
+            lines.append("")
     if res.get("drift"):
         lines += ["## bf16 against f32 attention (no reference checkpoint): KL(f32 || bf16) per position", "",
                   "| bed | text | tokens | KV cache | mean | p99 | top-1 agreement |", "|---|---|---|---|---|---|---|"]
