@@ -177,6 +177,7 @@ def run_bench(path, prompt_lengths: Sequence[int] = (64, 128, 512), n_gen: int =
         model = llm.model
         if report["params"] is None:   # the first load: the file read once, "auto" resolved
             activations = report["activations"] = model.activations
+            kv_cache = report["kv_cache"] = model.kv_cache
             planes = 2 if activations == "qai8dx2" else 1
             report["params"] = sum(math.prod(t.shape) for t in model.file.tensors.values())
             report["name"] = model.file.metadata.get("general.name")

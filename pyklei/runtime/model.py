@@ -45,7 +45,7 @@ pyklei.runtime.prefix_cache, keeps prefixes so beyond the life of a slot). `veri
 continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
 rejected tail (speculative decoding: pyklei.runtime.speculative). A slot costs memory only for the
 positions it has held: 2 * n_layer * n_head_kv * head_dim bytes per token times 4 (f32), 2
-(kv_cache="f16", the default, or "bf16") or 1 + 2/32 (q8: int8 with an f16 scale per 32 values);
+(kv_cache="f16" or "bf16": the default "auto" picks one of them) or 1 + 2/32 (q8: int8 with an f16 scale per 32 values);
 SmolLM2: 45, 22.5 or 12 KiB per token.
 
 `close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
@@ -65,6 +65,7 @@ from ..formats.llama_tensors import (BLOCK_LINEARS, BLOCK_NORMS, BLOCK_VECTORS, 
 from ..formats.model_file import ModelFileError, Tensor, read_model
 from ..formats.registry import QUANTIZED, WEIGHT_FORMATS
 from .activation_policy import choose_activations
+from .kv_policy import choose_kv_cache
 from .kernels import load_ext
 from .options import check_model_options, model_default
 
@@ -157,6 +158,7 @@ class Model:
         # (KleidiAI's scheme), half the integer work, close once the file is rotated; qsi8d32:
         # one plane, a scale per block (the "auto" choice on unrotated files; docs/QUALITY.md).
         activations = choose_activations(self.file, activations)
+        kv_cache = choose_kv_cache(kv_cache)    # "auto": bf16 where bf16 attention reads it
         self.ops = _ext.Ops(self.n_threads, activations)
         self.activations = activations
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .activation_policy import ACTIVATIONS
+from .kv_policy import KV_CACHES
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,15 @@ MODEL_OPTIONS: tuple[Option, ...] = (
            note=" (None: the model's, at most 4096)"),
     Option("n_batch", int, 256, ("-b", "--batch-size"), "N", "batch size",
            "prompt tokens per forward pass (prefill chunk)", lo=1),
-    # f16 by default, as llama.cpp: half the memory, the same speed (docs/KERNELS.md), KLD
-    # within the noise of the activations' rounding (benchmarks/results/kv-cache.md); q8 is
-    # smaller and faster but costs about +1% KLD against f16 (docs/CLI.md)
-    Option("kv_cache", str, "f16", ("--kv-cache",), "{f32,f16,bf16,q8}", "KV cache type",
+    # 2 bytes a value by default, as llama.cpp's f16: half the memory, KLD within the noise of
+    # the activations' rounding (benchmarks/results/kv-cache.md); "auto" picks bf16 or f16 by
+    # what the attention reads fastest (kv_policy.py); q8 is smaller and faster but costs about
+    # +1% KLD against f16 (docs/CLI.md)
+    Option("kv_cache", str, "auto", ("--kv-cache",), "{auto,f32,f16,bf16,q8}", "KV cache type",
            "KV cache precision (q8: int8 with an f16 scale per 32 values, as llama.cpp's q8_0; "
            "bf16: as the bf16 attention reads it, no conversion)",
-           choices=("f32", "f16", "bf16", "q8")),
+           "default %(default)s: bf16 on a CPU with AVX-512 BF16, where attention runs in "
+           "bf16; f16 elsewhere", choices=KV_CACHES),
     Option("activations", str, "auto", ("--activations",), "{auto,qai8dx2,qai8dx,qsi8d32}", "activations",
            "activation quantization: qai8dx2 (two int8 planes, accurate on any file), qai8dx "
            "(one plane per row, KleidiAI's scheme: faster prefill, a little less accurate) or "

@@ -41,3 +41,22 @@ def test_bf16_batch_rows_equal_solo_rows_and_stay_near_f32(gguf, kv_cache, monke
     # little; a wrong pairing or a missed position would move them by their own size
     assert np.abs(solo[0] - f32).max() < 0.05 * np.abs(f32).max()
     assert (solo[0].argmax(-1) == f32.argmax(-1)).mean() > 0.9
+
+
+@pytest.mark.parametrize("attention", ["", "bf16", "f32"])
+def test_auto_kv_cache_is_bf16_where_bf16_attention_reads_it(gguf, attention, monkeypatch):
+    """kv_cache="auto" (the default) resolves to the cache the attention reads fastest: bf16
+    where bf16 dot products run (AVX-512 BF16, PYKLEI_ATTENTION not f32), f16 elsewhere; the
+    model runs exactly as with that type asked for by name."""
+    from pyklei.runtime.kv_policy import choose_kv_cache
+    monkeypatch.setenv("PYKLEI_ATTENTION", attention)
+    want = "bf16" if attention != "f32" and _ext.attention_bf16_runs() else "f16"
+    assert choose_kv_cache("auto") == want
+    assert choose_kv_cache("q8") == "q8"
+    with pytest.raises(ValueError, match="kv_cache must be one of auto, f32, f16, bf16, q8"):
+        choose_kv_cache("fp8")
+    toks = list(range(40, 90))
+    auto = Model(gguf, n_threads=1, n_ctx=64)
+    assert auto.kv_cache == want
+    named = Model(gguf, n_threads=1, n_ctx=64, kv_cache=want)
+    assert np.array_equal(auto.logits(toks), named.logits(toks))

@@ -17,7 +17,7 @@ def test_model_options_are_checked_by_their_rule():
            (dict(n_ctx="2048"), TypeError, r"n_ctx must be an integer or None"),
            (dict(n_batch=0), ValueError, r"n_batch must be >= 1"),
            (dict(n_threads=True), TypeError, r"n_threads must be an integer"),
-           (dict(kv_cache="q8_0"), ValueError, r"kv_cache must be one of f32, f16, bf16, q8, got 'q8_0'"),
+           (dict(kv_cache="q8_0"), ValueError, r"kv_cache must be one of auto, f32, f16, bf16, q8, got 'q8_0'"),
            (dict(kv_cache=16), TypeError, r"kv_cache must be a string"),
            (dict(activations="int8"), ValueError, r"activations must be one of auto, qai8dx2"),
            (dict(n_seq=0), ValueError, r"n_seq must be >= 1")]
@@ -31,7 +31,7 @@ def test_the_model_and_the_cli_use_the_same_rules(tiny64):
     tiny_gguf = tiny64[1]
     with pytest.raises(ValueError, match="n_ctx must be >= 2"):
         Model(tiny_gguf, n_ctx=1)
-    with pytest.raises(ValueError, match="kv_cache must be one of f32, f16"):
+    with pytest.raises(ValueError, match="kv_cache must be one of auto, f32, f16"):
         Model(tiny_gguf, kv_cache="fp8")
     help_text = subprocess.run([sys.executable, "-m", "pyklei", "generate", "--help"],
                                capture_output=True, text=True, check=True).stdout
