@@ -31,8 +31,9 @@ int pk_attend_bf16_runs(void) {
 
 /* The forward pass's default when PYKLEI_ATTENTION is unset, by the cache's type: bf16 where
  * it held the KLD bound (issue 45: at most +1% over f32 attention's, at depth 0 and 4096 on
- * both test beds): the f16 cache, the default, and the bf16 cache, which holds its values as
- * bf16 reads them; f32 for the q8 cache, which did not at depth 0.
+ * both test beds): the f16 and bf16 caches (Python's default "auto" picks bf16 where this
+ * runs, kv_policy.py), the latter holding its values as bf16 reads them; f32 for the q8 cache,
+ * which did not at depth 0.
  * The figures that decided it: docs/QUALITY.md, "Attention in bf16 at depth". */
 static int bf16_by_default(pk_kv_type type) { return type == PK_KV_F16 || type == PK_KV_BF16; }
 
