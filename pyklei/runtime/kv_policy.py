@@ -3,7 +3,8 @@ made from what this CPU's attention reads fastest.
 
     choose_kv_cache("auto")     # "bf16" on a CPU with AVX-512 BF16, "f16" elsewhere
 
-Model asks it when it is made (so `pyklei bench` and the server do); Model.kv_cache holds the answer.
+Model asks it when it is made (so `pyklei bench` and the server do); Model.kv_cache holds
+the answer.
 """
 from __future__ import annotations
 
