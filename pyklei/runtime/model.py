@@ -45,8 +45,8 @@ pyklei.runtime.prefix_cache, keeps prefixes so beyond the life of a slot). `veri
 continuation of a slot with the logits of every row, and `truncate_seq` forgets a slot's
 rejected tail (speculative decoding: pyklei.runtime.speculative). A slot costs memory only for the
 positions it has held: 2 * n_layer * n_head_kv * head_dim bytes per token times 4 (f32), 2
-(kv_cache="f16" or "bf16": the default "auto" picks one of them) or 1 + 2/32 (q8: int8 with an f16 scale per 32 values);
-SmolLM2: 45, 22.5 or 12 KiB per token.
+(kv_cache="f16" or "bf16": the default "auto" picks one of them) or 1 + 2/32 (q8: int8 with
+an f16 scale per 32 values); SmolLM2: 45, 22.5 or 12 KiB per token.
 
 `close()` (or `with Model(...) as m:`) frees the KV cache, the repacked weights and the map.
 """
