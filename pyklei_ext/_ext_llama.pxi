@@ -20,7 +20,7 @@ cdef extern from "ops/pk_nn.h":
         const uint16_t *v_scale
         pk_f16_to_f32_fn f16
         int dot_bf16
-    int pk_attend_bf16_pick(pk_kv_type type)
+    int pk_attend_bf16_pick(pk_kv_type type, int log_choice)
     int pk_attend_bf16_runs()
     void pk_kv_q8_row(int hd, const float *x, int8_t *out, uint16_t *scale) nogil
     uint16_t pk_kv_bf16_round(float x) nogil

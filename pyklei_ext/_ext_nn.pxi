@@ -52,12 +52,12 @@ def attention_bf16_runs():
     return bool(pk_attend_bf16_runs())
 
 
-def attention_bf16_pick(kv_type="f16"):
+def attention_bf16_pick(kv_type="f16", log=True):
     """Whether the forward pass reads a cache of kv_type ("f32", "f16", "q8", "bf16") with bf16 dot
-    products here (pk_attend_bf16_pick: PYKLEI_ATTENTION and the CPU; a PYKLEI_LOG=kernels line
-    says which); ValueError for a PYKLEI_ATTENTION other than bf16 or f32."""
+    products here (pk_attend_bf16_pick: PYKLEI_ATTENTION and the CPU; with log, a
+    PYKLEI_LOG=kernels line says which); ValueError for a PYKLEI_ATTENTION other than bf16 or f32."""
     cdef pk_kv_type kt = {"f32": PK_KV_F32, "f16": PK_KV_F16, "q8": PK_KV_Q8, "bf16": PK_KV_BF16}[kv_type]
-    cdef int on = pk_attend_bf16_pick(kt)
+    cdef int on = pk_attend_bf16_pick(kt, 1 if log else 0)
     if on < 0:
         raise ValueError(_last_error())
     return bool(on)

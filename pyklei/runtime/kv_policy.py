@@ -28,4 +28,5 @@ def choose_kv_cache(requested: str = "auto") -> str:
     if requested != "auto":
         return requested
     from .kernels import load_ext   # here: options.py takes KV_CACHES without the extension
-    return "bf16" if load_ext().attention_bf16_pick("bf16") else "f16"
+    # quietly: the forward pass logs the same choice (PYKLEI_LOG=kernels) when it is made
+    return "bf16" if load_ext().attention_bf16_pick("bf16", log=False) else "f16"

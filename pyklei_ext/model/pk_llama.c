@@ -60,7 +60,7 @@ pk_llama *pk_llama_create(const pk_llama_hparams *hp, const pk_llama_weights *w,
             hp->head_dim);
         return NULL;
     }
-    const int kv_bf16 = hp->kv_type != PK_KV_F32 ? pk_attend_bf16_pick((pk_kv_type)hp->kv_type) : 0;
+    const int kv_bf16 = hp->kv_type != PK_KV_F32 ? pk_attend_bf16_pick((pk_kv_type)hp->kv_type, 1) : 0;
     if (kv_bf16 < 0) return NULL;   /* PYKLEI_ATTENTION refused, the error set */
     pk_llama *m = calloc(1, sizeof *m);
     if (!m) { err("out of memory"); return NULL; }

@@ -37,7 +37,7 @@ int pk_attend_bf16_runs(void) {
  * The figures that decided it: docs/QUALITY.md, "Attention in bf16 at depth". */
 static int bf16_by_default(pk_kv_type type) { return type == PK_KV_F16 || type == PK_KV_BF16; }
 
-int pk_attend_bf16_pick(pk_kv_type type) {
+int pk_attend_bf16_pick(pk_kv_type type, int log_choice) {
     const char *want = getenv("PYKLEI_ATTENTION");
     int bf16 = bf16_by_default(type);
     if (want && *want) {
@@ -48,7 +48,7 @@ int pk_attend_bf16_pick(pk_kv_type type) {
         bf16 = !strcmp(want, "bf16");
     }
     const int on = bf16 && type != PK_KV_F32 && pk_attend_bf16_runs();
-    if (type != PK_KV_F32 && pk_dispatch_init() == 0 && pk_log_kernels > 0)
+    if (log_choice && type != PK_KV_F32 && pk_dispatch_init() == 0 && pk_log_kernels > 0)
         fprintf(stderr, "pyklei: attention dot products in %s\n",
                 on ? "bf16 (avx512bf16)" : !bf16 ? "f32"
                 : want && *want ? "f32 (bf16 asked; no AVX-512 BF16 here)" : "f32 (no AVX-512 BF16 here)");

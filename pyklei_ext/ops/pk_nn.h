@@ -88,9 +88,10 @@ void pk_attend_group_reference(int group, int hd, int n_pos, const float *q, con
 /* The dot-product arithmetic the forward pass reads an f16, q8 or bf16 cache of `type` with
  * (pk_kv_head.dot_bf16): 1 for bf16 where AVX-512 BF16 runs and PYKLEI_ATTENTION=bf16 asks
  * (or the default does), else 0 (f32; always for an f32 cache); -1 with the error set for a
- * PYKLEI_ATTENTION other than bf16 or f32. PYKLEI_LOG=kernels: a line on stderr says which.
- * (ops/pk_attention_bf16.c) */
-int pk_attend_bf16_pick(pk_kv_type type);
+ * PYKLEI_ATTENTION other than bf16 or f32. With log_choice and PYKLEI_LOG=kernels, a line on
+ * stderr says which: the forward pass logs it when it is made, Python's KV policy asks quietly
+ * (kv_policy.py), so the line appears once. (ops/pk_attention_bf16.c) */
+int pk_attend_bf16_pick(pk_kv_type type, int log_choice);
 /* Whether this CPU runs the bf16 attention kernels (AVX-512 F/BW/VL and BF16). */
 int pk_attend_bf16_runs(void);
 

@@ -60,3 +60,18 @@ def test_auto_kv_cache_is_bf16_where_bf16_attention_reads_it(gguf, attention, mo
     assert auto.kv_cache == want
     named = Model(gguf, n_threads=1, n_ctx=64, kv_cache=want)
     assert np.array_equal(auto.logits(toks), named.logits(toks))
+
+
+def test_the_attention_choice_is_logged_once_per_model(gguf):
+    """PYKLEI_LOG=kernels: making a model with kv_cache="auto" logs the attention's arithmetic
+    once. The KV policy asks the same C function quietly; the forward pass says it."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "PYKLEI_ATTENTION"}
+    env["PYKLEI_LOG"] = "kernels"
+    code = f"from pyklei.runtime.model import Model; print(Model({str(gguf)!r}, n_threads=1, n_ctx=64).kv_cache)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("bf16" if _ext.attention_bf16_runs() else "f16")
+    assert out.stderr.count("pyklei: attention dot products in") == 1, out.stderr
