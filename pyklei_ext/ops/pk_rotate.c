@@ -41,19 +41,33 @@ int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix
     return 0;
 }
 
-/* y[c][:] = sum_a x[a][:] * (transpose ? mix[c][a] : mix[a][c]) for m groups of p. */
-static inline __attribute__((always_inline)) void mix_groups(const pk_rotation *r, int transpose, const float *x,
-                                                              float *y) {
+/* x[c][:] <- s * sum_a x[a][:] * (transpose ? mix[c][a] : mix[a][c]) for m groups of p, in
+ * place, in tiles of T columns: each tile's m x T sums go through `tile` (m T <= n floats) and back
+ * while the tile is in L1, where a pass per (a, c) pair over whole groups took half of
+ * SmolLM2's rotation. The sums are in the order a = 0, 1, ... from 0 with separate products,
+ * as before, so the bits did not change. */
+#define MIX_T 16
+static inline __attribute__((always_inline)) void mix_tile(const pk_rotation *r, int transpose, float s, float *x,
+                                                            float *restrict tile, int j0, const int t) {
     const int m = r->m, p = r->p;
     for (int c = 0; c < m; c++) {
-        float *yc = y + (size_t)c * p;
-        memset(yc, 0, sizeof(float) * p);
+        float acc[MIX_T] = {0};
         for (int a = 0; a < m; a++) {
             const float w = transpose ? r->mix[c * m + a] : r->mix[a * m + c];
-            const float *xa = x + (size_t)a * p;
-            for (int j = 0; j < p; j++) yc[j] += w * xa[j];
+            const float *restrict xa = x + (size_t)a * p + j0;
+            for (int j = 0; j < t; j++) acc[j] += w * xa[j];
         }
+        for (int j = 0; j < t; j++) tile[c * t + j] = acc[j] * s;
     }
+    for (int c = 0; c < m; c++)
+        for (int j = 0; j < t; j++) x[(size_t)c * p + j0 + j] = tile[c * t + j];
+}
+
+static inline __attribute__((always_inline)) void mix_groups(const pk_rotation *r, int transpose, float s, float *x,
+                                                              float *tile) {
+    int j0 = 0;
+    for (; j0 + MIX_T <= r->p; j0 += MIX_T) mix_tile(r, transpose, s, x, tile, j0, MIX_T);
+    if (j0 < r->p) mix_tile(r, transpose, s, x, tile, j0, r->p - j0);
 }
 
 /* Cloned (PK_CLONES): the sign, mix and scale loops are element-wise, so every clone gives
@@ -65,17 +79,13 @@ PK_CLONES void pk_rotate_row(const pk_rotation *r, int transpose, float *x, floa
         for (int i = 0; i < n; i++) x[i] *= r->signs[i];
         for (int a = 0; a < m; a++) r->fwht(p, x + (size_t)a * p);
         if (m > 1) {
-            mix_groups(r, 0, x, scratch);
-            for (int i = 0; i < n; i++) x[i] = scratch[i] * scale;
+            mix_groups(r, 0, scale, x, scratch);
         } else {
             const float s = scale * r->mix[0];
             for (int i = 0; i < n; i++) x[i] *= s;
         }
     } else {            /* the inverse order: mix^T, H, signs */
-        if (m > 1) {
-            mix_groups(r, 1, x, scratch);
-            memcpy(x, scratch, sizeof(float) * n);
-        }
+        if (m > 1) mix_groups(r, 1, 1.0f, x, scratch);
         for (int a = 0; a < m; a++) r->fwht(p, x + (size_t)a * p);
         const float s = m > 1 ? scale : scale * r->mix[0];
         for (int i = 0; i < n; i++) x[i] *= s * r->signs[i];
