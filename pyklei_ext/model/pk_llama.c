@@ -213,6 +213,9 @@ size_t pk_llama_state_bytes(const pk_llama *m) { return m->state_bytes; }
 
 /* ---- parallel row ops ----------------------------------------------------------------- */
 
+/* Row jobs take contiguous shares of whole blocks of the KV cache's positions (pk_pool_share). */
+#define ROW_SHARE PK_KV_BLOCK
+
 typedef struct {
     pk_llama *m;
     int n, layer;
@@ -224,7 +227,9 @@ typedef struct {
 static void job_rmsnorm(void *arg, int ith, int nth) {
     row_job *j = arg;
     const int d = j->m->hp.n_embd;
-    for (int t = ith; t < j->n; t += nth)
+    int lo, hi;
+    pk_pool_share(j->n, ROW_SHARE, ith, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++)
         pk_rmsnorm(d, j->m->x + (size_t)t * d, j->norm_w, j->m->hp.rms_eps, j->m->xn + (size_t)t * d);
 }
 
@@ -250,7 +255,9 @@ static void job_rope_store(void *arg, int ith, int nth) {
     const int hd = hp->head_dim, nkv = hp->n_head_kv, rd = m->rope_dim;
     const pk_llama_layer *L = &m->layers[j->layer];
     const int base = m->layer_base[j->layer];
-    for (int t = ith; t < j->n; t += nth) {
+    int lo, hi;
+    pk_pool_share(j->n, ROW_SHARE, ith, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
         const int pos = j->pos[t];
         float *q = m->q + (size_t)t * hp->n_head * hd, *k = m->k + (size_t)t * nkv * hd;
         float *v = m->v + (size_t)t * nkv * hd;
@@ -400,7 +407,9 @@ static void job_attention_fold(void *arg, int ith, int nth) {
 static void job_residual(void *arg, int ith, int nth) {
     row_job *j = arg;
     const int d = j->m->hp.n_embd;
-    for (int t = ith; t < j->n; t += nth) {
+    int lo, hi;
+    pk_pool_share(j->n, ROW_SHARE, ith, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
         float *o = j->m->xn + (size_t)t * d, *x = j->m->x + (size_t)t * d;
         if (j->norm_w) pk_rmsnorm(d, o, j->norm_w, j->m->hp.rms_eps, o);
         for (int i = 0; i < d; i++) x[i] += o[i];
@@ -414,7 +423,9 @@ static void job_swiglu(void *arg, int ith, int nth) {
     const int f = m->hp.n_ff;
     const pk_rotation *rot = &m->w.rot_ffn_down;
     const int rot_len = m->hp.n_ff > m->hp.n_embd ? m->hp.n_ff : m->hp.n_embd;
-    for (int t = ith; t < j->n; t += nth) {
+    int lo, hi;
+    pk_pool_share(j->n, ROW_SHARE, ith, nth, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
         float *g = m->gate + (size_t)t * f;
         if (m->hp.act == PK_ACT_GELU_TANH) pk_geglu_tanh(f, g, m->up + (size_t)t * f, g);
         else pk_swiglu(f, g, m->up + (size_t)t * f, g);
