@@ -11,15 +11,10 @@
 
 #define Y_TARGET __attribute__((target("avx2,fma,f16c")))   /* as isa/matmul_x86_avx2.c */
 
-/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
- * pk_fwht_scalar, in the way of the AVX-512 one (isa/fwht_f16_qai8dx_x86_avx512vnni.c): up to
- * 8 vectors in registers through up to three stages before they are stored (the in-vector
- * stages h = 1, 2, 4 and h = 8 .. 32 on each block of 64 values, then h = 64 .. 256 on 8
- * vectors 64 values apart, and so on), the same pairs added and subtracted as the scalar
- * loop's. The stage by stage loop before it took 2.7x the time at p = 512. */
+/* The FWHT (x86_fwht_tmpl.h): the pairs inside one vector by permuting lanes and adding
+ * v * (+1 / -1), exact, so the fused multiply-add rounds once, as a + b on the low lane of a
+ * pair and a - b on the high one; then blocks of 8 vectors (16 ymm registers). */
 Y_TARGET static inline __attribute__((always_inline)) __m256 fwht_in_vector(__m256 v) {
-    /* the pairs inside one vector: permute lanes and add v * (+1 / -1), exact, so the fused
-     * multiply-add rounds once, as a + b on the low lane of a pair and a - b on the high one */
     const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
     const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
     const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
@@ -28,55 +23,17 @@ Y_TARGET static inline __attribute__((always_inline)) __m256 fwht_in_vector(__m2
     return _mm256_fmadd_ps(v, s4, _mm256_permute2f128_ps(v, v, 0x01));       /* h = 4 */
 }
 
-/* The R vectors at x + r * stride (R = 1, 2, 4 or 8, a constant where inlined): the
- * in-vector stages first if asked, then the log2(R) stages between the vectors. */
-Y_TARGET static inline __attribute__((always_inline)) void fwht_block(float *x, size_t stride, const int R,
-                                                                         const int in_vector) {
-    __m256 v[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        v[r] = _mm256_loadu_ps(x + r * stride);
-        if (in_vector) v[r] = fwht_in_vector(v[r]);
-    }
-#pragma GCC unroll 3
-    for (int hh = 1; hh < R; hh *= 2)
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
-            if (!(r & hh)) {
-                const __m256 a = v[r], b = v[r + hh];
-                v[r] = _mm256_add_ps(a, b);
-                v[r + hh] = _mm256_sub_ps(a, b);
-            }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) _mm256_storeu_ps(x + r * stride, v[r]);
-}
-
-Y_TARGET static void fwht_blocks(float *x, int p, size_t stride, int R, int in_vector) {
-    /* blocks of R vectors `stride` apart, each a whole butterfly group of its stages */
-    for (int b = 0; b < p; b += (int)stride * R)
-        for (int off = 0; off < (int)stride; off += 8) {
-            float *y = x + b + off;
-            switch (R * 2 + in_vector) {
-            case 3: fwht_block(y, stride, 1, 1); break;
-            case 5: fwht_block(y, stride, 2, 1); break;
-            case 9: fwht_block(y, stride, 4, 1); break;
-            case 17: fwht_block(y, stride, 8, 1); break;
-            case 4: fwht_block(y, stride, 2, 0); break;
-            case 8: fwht_block(y, stride, 4, 0); break;
-            default: fwht_block(y, stride, 8, 0); break;
-            }
-        }
-}
-
-Y_TARGET static void pk_fwht_avx2(int p, float *x) {
-    if (p < 8) {
-        pk_fwht_scalar(p, x);
-        return;
-    }
-    fwht_blocks(x, p, 8, p >= 64 ? 8 : p / 8, 1);           /* h = 1 .. 32 */
-    for (int h = 64; h < p; h *= 8)                         /* h .. 4 h */
-        fwht_blocks(x, p, (size_t)h, p / h >= 8 ? 8 : p / h, 0);
-}
+#define F_TARGET Y_TARGET
+#define F_V __m256
+#define F_W 8
+#define F_R 8
+#define F_LOAD _mm256_loadu_ps
+#define F_STORE _mm256_storeu_ps
+#define F_ADD _mm256_add_ps
+#define F_SUB _mm256_sub_ps
+#define F_IN_VECTOR fwht_in_vector
+#define F_NAME pk_fwht_avx2
+#include "x86_fwht_tmpl.h"
 
 /* f16 -> f32 (the f16 KV cache, ops/pk_f16.c), 8 per vcvtph2ps (F16C). Exact, as is every
  * f16 -> f32 conversion; the tail goes through a zero-padded vector so that every value takes

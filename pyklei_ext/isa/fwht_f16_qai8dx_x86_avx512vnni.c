@@ -23,17 +23,10 @@ Z_TARGET static void pk_f16_to_f32_avx512(size_t n, const uint16_t *x, float *ou
     }
 }
 
-/* Fast Walsh-Hadamard transform of one group (ops/pk_rotate.c), bit-exact with
- * pk_fwht_scalar: every stage adds and subtracts the same pairs as the scalar loop, only
- * grouped differently. Up to 16 vectors are loaded into registers and carried through up to
- * four stages before they are stored: the in-vector stages (h = 1, 2, 4, 8) and h = 16 .. 128
- * on each block of 256 values, then h = 256 .. 2048 on 16 vectors 256 values apart, and so
- * on. A stage by stage loop, which stored and reloaded every vector once per stage from h = 16
- * on, took 1.5x the time at p = 512 (SmolLM2's 1536 = 3 x 512). Each block's stages are
- * complete butterfly groups, so the order of operations on every value is the scalar one's. */
+/* The FWHT (x86_fwht_tmpl.h): the pairs inside one vector by permuting lanes and adding
+ * v * (+1 / -1), exact, so the fused multiply-add rounds once, as a + b on the low lane of a
+ * pair and a - b on the high one; then blocks of 16 vectors. */
 Z_TARGET static inline __attribute__((always_inline)) __m512 fwht_in_vector(__m512 v) {
-    /* the pairs inside one vector: permute lanes and add v * (+1 / -1), exact, so the fused
-     * multiply-add rounds once, as a + b on the low lane of a pair and a - b on the high one */
     const __m512 s1 = _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
     const __m512 s2 = _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1);
     const __m512 s4 = _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1);
@@ -44,57 +37,17 @@ Z_TARGET static inline __attribute__((always_inline)) __m512 fwht_in_vector(__m5
     return _mm512_fmadd_ps(v, s8, _mm512_shuffle_f32x4(v, v, 0x4E));        /* h = 8 */
 }
 
-/* The R vectors at x + r * stride (R = 1, 2, 4, 8 or 16, a constant where inlined): the
- * in-vector stages first if asked, then the log2(R) stages between the vectors. */
-Z_TARGET static inline __attribute__((always_inline)) void fwht_block(float *x, size_t stride, const int R,
-                                                                         const int in_vector) {
-    __m512 v[16];
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++) {
-        v[r] = _mm512_loadu_ps(x + r * stride);
-        if (in_vector) v[r] = fwht_in_vector(v[r]);
-    }
-#pragma GCC unroll 4
-    for (int hh = 1; hh < R; hh *= 2)
-#pragma GCC unroll 16
-        for (int r = 0; r < R; r++)
-            if (!(r & hh)) {
-                const __m512 a = v[r], b = v[r + hh];
-                v[r] = _mm512_add_ps(a, b);
-                v[r + hh] = _mm512_sub_ps(a, b);
-            }
-#pragma GCC unroll 16
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(x + r * stride, v[r]);
-}
-
-Z_TARGET static void fwht_blocks(float *x, int p, size_t stride, int R, int in_vector) {
-    /* blocks of R vectors `stride` apart, each a whole butterfly group of its stages */
-    for (int b = 0; b < p; b += (int)stride * R)
-        for (int off = 0; off < (int)stride; off += 16) {
-            float *y = x + b + off;
-            switch (R * 2 + in_vector) {
-            case 3: fwht_block(y, stride, 1, 1); break;
-            case 5: fwht_block(y, stride, 2, 1); break;
-            case 9: fwht_block(y, stride, 4, 1); break;
-            case 17: fwht_block(y, stride, 8, 1); break;
-            case 33: fwht_block(y, stride, 16, 1); break;
-            case 4: fwht_block(y, stride, 2, 0); break;
-            case 8: fwht_block(y, stride, 4, 0); break;
-            case 16: fwht_block(y, stride, 8, 0); break;
-            default: fwht_block(y, stride, 16, 0); break;
-            }
-        }
-}
-
-Z_TARGET static void pk_fwht_avx512(int p, float *x) {
-    if (p < 16) {
-        pk_fwht_scalar(p, x);
-        return;
-    }
-    fwht_blocks(x, p, 16, p >= 256 ? 16 : p / 16, 1);       /* h = 1 .. 128 */
-    for (int h = 256; h < p; h *= 16)                       /* h .. 8 h */
-        fwht_blocks(x, p, (size_t)h, p / h >= 16 ? 16 : p / h, 0);
-}
+#define F_TARGET Z_TARGET
+#define F_V __m512
+#define F_W 16
+#define F_R 16
+#define F_LOAD _mm512_loadu_ps
+#define F_STORE _mm512_storeu_ps
+#define F_ADD _mm512_add_ps
+#define F_SUB _mm512_sub_ps
+#define F_IN_VECTOR fwht_in_vector
+#define F_NAME pk_fwht_avx512
+#include "x86_fwht_tmpl.h"
 
 /* ====================================================================================
  * qai8dx row quantizer, AVX-512 (F + BW): byte-exact with pk_quantize_qai8dx_row_scalar.
