@@ -42,11 +42,11 @@ int pk_rotation_init(pk_rotation *r, int n, const float *signs, const float *mix
 }
 
 /* x[c][:] <- s * sum_a x[a][:] * (transpose ? mix[c][a] : mix[a][c]) for m groups of p, in
- * place, in tiles of T columns: each tile's m x T sums go through `tile` (m T <= n floats) and back
- * while the tile is in L1, where a pass per (a, c) pair over whole groups took half of
- * SmolLM2's rotation. The sums are in the order a = 0, 1, ... from 0 with separate products,
- * as before, so the bits did not change. */
-#define MIX_T 16
+ * place, a tile of MIX_T columns at a time: the tile's m x MIX_T sums go through `tile` (m t
+ * <= n floats) and back while it is in L1. A pass over whole groups per (a, c) pair, then a
+ * scale pass, took about half of SmolLM2's rotation. Each sum starts from 0 and adds the
+ * separate products for a = 0, 1, ..., the plain loop's order, in every clone. */
+#define MIX_T 16   /* columns per tile: one AVX-512 vector */
 static inline __attribute__((always_inline)) void mix_tile(const pk_rotation *r, int transpose, float s, float *x,
                                                             float *restrict tile, int j0, const int t) {
     const int m = r->m, p = r->p;
