@@ -13,7 +13,7 @@
 
 /* The FWHT (x86_fwht_tmpl.h): the pairs inside one vector by permuting lanes and adding
  * v * (+1 / -1), exact, so the fused multiply-add rounds once, as a + b on the low lane of a
- * pair and a - b on the high one; then blocks of 8 vectors (16 ymm registers). */
+ * pair and a - b on the high one; then blocks of 8 vectors (of AVX2's 16 ymm registers). */
 Y_TARGET static inline __attribute__((always_inline)) __m256 fwht_in_vector(__m256 v) {
     const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1);
     const __m256 s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);

@@ -72,3 +72,14 @@ F_TARGET static void F_NAME(int p, float *x) {
 }
 
 #undef F_INLINE
+/* the parameters too, so that nothing after the include reads them by accident */
+#undef F_TARGET
+#undef F_V
+#undef F_W
+#undef F_R
+#undef F_LOAD
+#undef F_STORE
+#undef F_ADD
+#undef F_SUB
+#undef F_IN_VECTOR
+#undef F_NAME
