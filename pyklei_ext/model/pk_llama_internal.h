@@ -1,9 +1,13 @@
-/* The state of a model (pk_llama.h) that the forward pass (pk_llama.c) and its statistics and
- * profile (pk_llama_stats.c) share. Private to model/. */
+/* The state of a model (pk_llama.h) that its making (pk_llama_create.c), the forward pass
+ * (pk_llama.c) and its statistics and profile (pk_llama_stats.c) share. Private to model/. */
 #ifndef PK_LLAMA_INTERNAL_H
 #define PK_LLAMA_INTERNAL_H
 
 #include "pk_llama.h"
+
+/* The (row, K/V head) pairs of a pass that decode at depth may split by chunks over nt
+ * threads (pk_llama.c's split_attention); m->parts holds as many. */
+#define SPLIT_PAIRS(nt) (2 * (nt))
 
 struct pk_llama {
     pk_llama_hparams hp;
@@ -40,8 +44,9 @@ struct pk_llama {
     float *k;            /* [B][n_kv*hd] */
     float *v;            /* [B][n_kv*hd] */
     float *att;          /* [B][n_head*hd] attention output */
-    float *gate;         /* [B][n_ff] */
-    float *up;           /* [B][n_ff] */
+    float *gate;         /* [mlp_rows][n_ff] */
+    float *up;           /* [mlp_rows][n_ff] */
+    int mlp_rows;        /* rows per slice of a chunk's MLP (pk_llama_create.c, mlp_slice_rows) */
     float *scores;       /* [n_threads][PK_ATTEND_ROWS][n_head/n_head_kv][ld_scores] */
     int ld_scores;       /* min(n_ctx, PK_ATTEND_CHUNK): attention scores a row holds at once */
     /* decode at depth split over threads by chunks (job_attention_split): each (row, K/V
