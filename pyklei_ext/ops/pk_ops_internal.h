@@ -104,5 +104,9 @@ int pk_rhs_prepare_canonical(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, c
                              const void *scales);
 /* The copy of rhs repacked for kern, or NULL (kern reads the canonical layout, or none made). */
 const void *pk_rhs_packed_for(const pk_rhs *rhs, const pk_kernel *kern);
+/* Memory for a repacked copy, 64-byte aligned, on 2 MB pages where the system allows
+ * (pk_arena.c); freed by pk_packed_free (NULL: nothing), never by free(). */
+void *pk_packed_alloc(size_t bytes);
+void pk_packed_free(void *p);
 
 #endif

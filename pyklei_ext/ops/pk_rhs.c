@@ -86,6 +86,6 @@ int pk_rhs_prepare_canonical(pk_rhs *rhs, pk_format fmt, int n, int k, int bl, c
 void pk_rhs_release(pk_rhs *rhs) {
     free(rhs->rsum);
     free(rhs->isum);
-    for (int i = 0; i < PK_MAX_PACKED; i++) free(rhs->packed[i]);
+    for (int i = 0; i < PK_MAX_PACKED; i++) pk_packed_free(rhs->packed[i]);
     memset(rhs, 0, sizeof *rhs);
 }

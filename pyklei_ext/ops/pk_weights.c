@@ -5,13 +5,11 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 /* ---- weights --------------------------------------------------------------------------- */
 
-/* Kernels that share a layout (the same rhs_pack) share one buffer. Large buffers ask for
- * transparent huge pages: a GEMV streams them once per token, and 2 MB pages spare it the
- * TLB misses of 4 KB ones. */
+/* Kernels that share a layout (the same rhs_pack) share one buffer, on 2 MB pages
+ * (pk_arena.c: a GEMV streams it once per token). */
 static int packed_slot(const pk_rhs *rhs, const pk_kernel *kern) {
     for (int i = 0; i < PK_MAX_PACKED; i++)
         if (rhs->packed_for[i] && rhs->packed_for[i]->rhs_pack == kern->rhs_pack) return i;
@@ -25,13 +23,8 @@ static int add_packed(pk_rhs *rhs, const pk_kernel *kern) {
         if (!rhs->packed_for[i]) slot = i;
     if (slot < 0) return fail("too many repacked layouts for one weight");
     const size_t bytes = kern->rhs_packed_size(rhs);
-    const size_t huge = (size_t)2 << 20;
-    void *p = NULL;
-    if (posix_memalign(&p, bytes >= huge ? huge : 64, bytes ? bytes : 64))
-        return fail("out of memory repacking for %s", kern->name);
-#if defined(MADV_HUGEPAGE)
-    if (bytes >= huge) madvise(p, (bytes + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
-#endif
+    void *p = pk_packed_alloc(bytes);
+    if (!p) return fail("out of memory repacking for %s", kern->name);
     kern->rhs_pack(rhs, p);
     rhs->packed_for[slot] = kern;
     rhs->packed[slot] = p;
